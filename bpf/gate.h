@@ -1,0 +1,55 @@
+/* Shared definitions for gatewrap's cgroup hooks. The loader (cli/gatewrap/bpf/)
+ * decodes events from this one definition through bcc's table.event(). */
+#ifndef GATEWRAP_GATE_H
+#define GATEWRAP_GATE_H
+
+/* Gate ports per run; the loader refuses more. */
+#define GW_MAX_PORTS 4
+/* Concurrent runs (entries in the per-cgroup maps). */
+#define GW_MAX_RUNS 1024
+
+#ifndef GW_PIN_DIR
+#error "GW_PIN_DIR must be set by the loader (cflags -DGW_PIN_DIR=\"...\")"
+#endif
+
+enum gw_hook {
+	GW_HOOK_CONNECT4 = 1,
+	GW_HOOK_CONNECT6 = 2,
+	GW_HOOK_SENDMSG4 = 3,
+	GW_HOOK_SENDMSG6 = 4,
+};
+
+enum gw_verdict {
+	GW_DENY_NOT_GATE = 1,   /* destination is not one of the gate's listeners */
+	GW_DENY_NO_RUN = 2,     /* the task's cgroup has no run config: fail closed */
+	GW_DENY_NO_ADDR = 3,    /* sendmsg saw a zeroed destination (control message) */
+};
+
+/* Per-run configuration, keyed by the run's cgroup id (cgroup directory inode). */
+struct gw_run_config {
+	__u32 gate_ip4;                 /* network byte order, e.g. 127.0.0.1 */
+	__u32 gate_ip6[4];              /* network byte order, e.g. ::1 */
+	__u16 ports[GW_MAX_PORTS];      /* host byte order; 0 = unused slot */
+};
+
+/* One denied attempt, as put on the run's ring buffer. */
+struct gw_event {
+	__u64 cgroup_id;
+	__u32 pid;                      /* thread id (kernel pid) */
+	__u32 tgid;                     /* process id */
+	__u32 uid;
+	__u16 family;                   /* AF_INET (2) or AF_INET6 (10) */
+	__u16 dst_port;                 /* host byte order */
+	__u32 sock_type;                /* SOCK_STREAM (1), SOCK_DGRAM (2), ... */
+	__u32 protocol;                 /* IPPROTO_* */
+	__u8 hook;                      /* enum gw_hook */
+	__u8 verdict;                   /* enum gw_verdict */
+	__u8 pad[6];
+	union {
+		__u32 v4;               /* network byte order */
+		__u32 v6[4];            /* network byte order */
+	} dst;
+	char comm[16];
+};
+
+#endif

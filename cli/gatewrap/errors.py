@@ -1,0 +1,34 @@
+"""gatewrap's own failures. Each carries a message that says what to do next.
+
+Exit codes follow ``docker run`` and env(1): 125 when gatewrap itself fails, 126 when the
+command cannot be executed, 127 when it is not found; otherwise the agent's own code.
+"""
+
+from __future__ import annotations
+
+EXIT_GATEWRAP = 125
+EXIT_CANNOT_EXEC = 126
+EXIT_NOT_FOUND = 127
+
+
+class GatewrapError(Exception):
+    """A failure of gatewrap (not of the agent). ``exit_code`` defaults to 125."""
+
+    exit_code = EXIT_GATEWRAP
+
+    def __init__(self, message: str, exit_code: int | None = None) -> None:
+        super().__init__(message)
+        if exit_code is not None:
+            self.exit_code = exit_code
+
+
+class NeedRoot(GatewrapError):
+    """The command needs root (cgroups, netns and BPF)."""
+
+
+class BpfError(GatewrapError):
+    """Compiling, loading, pinning or attaching the cgroup hooks failed."""
+
+
+class SandboxError(GatewrapError):
+    """Creating or removing a run's netns or cgroup failed."""
