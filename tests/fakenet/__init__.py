@@ -1,0 +1,49 @@
+"""Fake internet for gatewrap's kernel tests.
+
+``FakeInternet`` (context manager) builds a netns ``gwt-inet-<hex>`` behind a
+veth pair with DNS on 198.51.100.2:53 (UDP+TCP), HTTP :80 / HTTPS :443 / echo :7
+on 203.0.113.{10,20,30} and 2001:db8:100::{10,20,30}; see ``internet.py``.
+"""
+
+from .ca import TestPKI, make_pki
+from .internet import (
+    DEFAULT_NAMES,
+    DNS_PORT,
+    ECHO_PORT,
+    HOST_V4,
+    HOST_V6,
+    HTTP_PORT,
+    HTTPS_PORT,
+    INET_V4,
+    INET_V6,
+    SERVER_NET_V4,
+    SERVER_NET_V6,
+    SERVER_V4,
+    SERVER_V6,
+    FakeInternet,
+    FakeInternetError,
+    cleanup_leftovers,
+    leftovers,
+)
+
+__all__ = [
+    "DEFAULT_NAMES",
+    "DNS_PORT",
+    "ECHO_PORT",
+    "HOST_V4",
+    "HOST_V6",
+    "HTTP_PORT",
+    "HTTPS_PORT",
+    "INET_V4",
+    "INET_V6",
+    "SERVER_NET_V4",
+    "SERVER_NET_V6",
+    "SERVER_V4",
+    "SERVER_V6",
+    "FakeInternet",
+    "FakeInternetError",
+    "TestPKI",
+    "cleanup_leftovers",
+    "leftovers",
+    "make_pki",
+]

@@ -1,0 +1,109 @@
+"""Authoritative DNS server of the fake internet (runs inside the inet netns).
+
+Usage: ``python3 dns_server.py CONFIG.json``. The config holds::
+
+    {"names": {"allowed.test": ["203.0.113.10", "2001:db8:100::10"], ...},
+     "ttl": 0,                       # seconds, on every answer
+     "log": "/tmp/.../dns.jsonl",    # every query received -> one JSON line
+     "listen": [["198.51.100.2", 53], ["2001:db8:1::2", 53]]}   # UDP and TCP each
+
+Answers: A/AAAA from the table (a key ``*.x.test`` matches any name under
+x.test not listed itself); a known name with no address of the asked type, or
+another query type, gets NOERROR with no answer; an unknown ``.test`` name
+gets NXDOMAIN; any name outside ``.test`` gets REFUSED. Log line fields:
+ts (unix seconds), proto (udp|tcp), peer, peer_port, local, qname (lower
+case, no trailing dot), qtype (e.g. "A"), rcode (e.g. "NOERROR"), answers.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import sys
+import threading
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import JsonLog, exit_when_parent_goes, norm_ip  # noqa: E402
+
+from dnslib import AAAA, QTYPE, RCODE, RR, A  # noqa: E402
+from dnslib.server import DNSLogger, DNSServer  # noqa: E402
+
+
+def lookup(names: dict[str, list[str]], qname: str) -> list[str] | None:
+    """Addresses for ``qname`` or None when unknown (exact name, then wildcards)."""
+    if qname in names:
+        return names[qname]
+    labels = qname.split(".")
+    for i in range(1, len(labels)):
+        wild = "*." + ".".join(labels[i:])
+        if wild in names:
+            return names[wild]
+    return None
+
+
+class Resolver:
+    def __init__(self, names: dict[str, list[str]], ttl: int, log: JsonLog):
+        self.names = {k.lower().rstrip("."): v for k, v in names.items()}
+        self.ttl = ttl
+        self.log = log
+
+    def resolve(self, request, handler):
+        reply = request.reply()  # sets qr, aa, ra
+        q = request.q
+        qname = str(q.qname).lower().rstrip(".")
+        qtype = QTYPE.get(q.qtype, str(q.qtype))
+        answers: list[str] = []
+        if not (qname == "test" or qname.endswith(".test")):
+            reply.header.rcode = RCODE.REFUSED
+            reply.header.aa = 0
+        else:
+            addrs = lookup(self.names, qname)
+            if addrs is None:
+                reply.header.rcode = RCODE.NXDOMAIN
+            else:
+                for a in addrs:
+                    ip = ipaddress.ip_address(a)
+                    if ip.version == 4 and q.qtype in (QTYPE.A, QTYPE.ANY):
+                        reply.add_answer(RR(q.qname, QTYPE.A, ttl=self.ttl, rdata=A(a)))
+                        answers.append(a)
+                    elif ip.version == 6 and q.qtype in (QTYPE.AAAA, QTYPE.ANY):
+                        reply.add_answer(RR(q.qname, QTYPE.AAAA, ttl=self.ttl, rdata=AAAA(a)))
+                        answers.append(a)
+        # Logged before dnslib sends the reply: once a client has its answer, the line is there.
+        peer = handler.client_address
+        local = handler.server.server_address
+        self.log.write(
+            proto=handler.protocol,
+            peer=norm_ip(peer[0]),
+            peer_port=peer[1],
+            local=local[0],
+            qname=qname,
+            qtype=qtype,
+            rcode=RCODE.get(reply.header.rcode),
+            answers=answers,
+        )
+        return reply
+
+
+def main() -> None:
+    with open(sys.argv[1]) as f:
+        cfg = json.load(f)
+    exit_when_parent_goes()
+    log = JsonLog(cfg["log"])
+    resolver = Resolver(cfg["names"], int(cfg.get("ttl", 0)), log)
+    logger = DNSLogger(log="error", prefix=False, logf=lambda s: print(s, file=sys.stderr, flush=True))
+    servers = []
+    for addr, port in cfg["listen"]:
+        for tcp in (False, True):
+            s = DNSServer(resolver, address=addr, port=int(port), tcp=tcp, logger=logger)
+            s.server.daemon_threads = True
+            servers.append(s)
+    for s in servers:
+        s.start_thread()
+    print("READY", flush=True)
+    threading.Event().wait()
+
+
+if __name__ == "__main__":
+    main()
