@@ -1,0 +1,151 @@
+"""The ``gatewrap`` command. Commands are thin: parse, call one function, format output."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict
+
+import click
+
+from . import __version__
+from .errors import EXIT_GATEWRAP, GatewrapError
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+@click.group(context_settings=CONTEXT)
+@click.version_option(__version__, prog_name="gatewrap")
+def cli() -> None:
+    """Run an AI agent so that all of its network egress passes one admission gate.
+
+    \b
+    The agent gets its own network namespace and cgroup; eBPF hooks refuse (EPERM) every
+    connection that is not addressed to the gate, a local HTTP/HTTPS forward proxy that
+    allows or denies each request by policy. Every decision goes to the audit log.
+
+    \b
+    Examples:
+      sudo gatewrap run --allow pypi.org --allow files.pythonhosted.org -- pip download requests
+      sudo gatewrap run --policy policy.toml -- python agent.py
+      gatewrap audit --denied
+      sudo gatewrap doctor
+    """
+
+
+@cli.command(context_settings={**CONTEXT, "allow_interspersed_args": False})
+@click.option("--allow", "allow", multiple=True, metavar="HOST[:PORT]",
+              help="Allow HOST (exact, or *.suffix for strict subdomains). Without :PORT, ports 80 and 443. Repeatable.")
+@click.option("--deny", "deny", multiple=True, metavar="HOST[:PORT]",
+              help="Deny HOST; checked before --allow and the policy file. Repeatable.")
+@click.option("--policy", "policy_file", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Policy file (TOML; see DESIGN.md). Default without it: deny everything not allowed by a flag.")
+@click.option("--user", metavar="USER", help="Run the agent as USER (name or uid). Default: the user who ran sudo.")
+@click.option("--audit-log", default="/var/log/gatewrap/audit.jsonl", show_default=True, metavar="PATH",
+              help="Append audit records (JSON lines) here.")
+@click.option("--resolver", "nameservers", multiple=True, metavar="IP[:PORT]",
+              help="DNS server the gate resolves through. Default: the host's /etc/resolv.conf. Repeatable.")
+@click.option("--port", default=3128, show_default=True, type=click.IntRange(1, 65535),
+              help="Port of the gate inside the sandbox (127.0.0.1 and [::1]).")
+@click.option("--workdir", type=click.Path(file_okay=False, exists=True), metavar="DIR",
+              help="Working directory of the agent. Default: the current one.")
+@click.option("--json", "as_json", is_flag=True, help="Print the closing summary as one JSON object on stderr.")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def run(allow: tuple[str, ...], deny: tuple[str, ...], policy_file: str | None, user: str | None,
+        audit_log: str, nameservers: tuple[str, ...], port: int, workdir: str | None, as_json: bool,
+        command: tuple[str, ...]) -> int:
+    """Run COMMAND in a sandbox whose only egress is the gate.
+
+    \b
+    The agent runs as the invoking user (SUDO_UID), with no capabilities and
+    no_new_privs, in a new netns with only `lo` and a new cgroup under gatewrap/.
+    HTTP_PROXY, HTTPS_PROXY and ALL_PROXY (both spellings) point at the gate; any other
+    connection fails with EPERM and a notice here. The exit code is the agent's;
+    gatewrap's own failures exit 125 (126/127: COMMAND not executable / not found).
+
+    \b
+    Example:
+      sudo gatewrap run --allow pypi.org --allow files.pythonhosted.org -- python agent.py
+    """
+    from .runner import RunOptions, run as do_run, summary_line
+
+    opts = RunOptions(argv=list(command), allow=list(allow), deny=list(deny), policy_file=policy_file,
+                      user=user, audit_log=audit_log, nameservers=list(nameservers) or None, port=port,
+                      cwd=workdir)
+    result = do_run(opts)
+    if as_json:
+        click.echo(json.dumps(asdict(result)), err=True)
+    else:
+        click.echo(summary_line(result), err=True)
+    return result.exit_code
+
+
+@cli.command(context_settings=CONTEXT)
+@click.option("--run", "run_id", metavar="ID", help="Only records of run ID (gw-...).")
+@click.option("--denied", is_flag=True, help="Only denials (by policy, at the kernel, rejected, expired).")
+@click.option("--json", "as_json", is_flag=True, help="JSON lines, one record each, as written.")
+@click.option("--follow", "-f", is_flag=True, help="Keep printing new records as they are written.")
+@click.option("--log", "path", default="/var/log/gatewrap/audit.jsonl", show_default=True, metavar="PATH",
+              help="The audit log to read.")
+def audit(run_id: str | None, denied: bool, as_json: bool, follow: bool, path: str) -> int:
+    """Show the audit log as a table (or JSON lines with --json).
+
+    \b
+    Examples:
+      gatewrap audit --denied
+      gatewrap audit --run gw-0123456789 --json | jq .dst_host
+      gatewrap audit --follow
+    """
+    from . import audit_reader as ar
+
+    try:
+        if not as_json:
+            click.echo(ar.header())
+        for rec in ar.records(path, follow=follow):
+            if ar.matches(rec, run_id, denied):
+                click.echo(json.dumps(rec) if as_json else ar.row(rec))
+    except FileNotFoundError:
+        raise GatewrapError(f"no audit log at {path}: nothing has run yet, or pass --log PATH", exit_code=1)
+    except KeyboardInterrupt:
+        return 0
+    return 0
+
+
+@cli.command(context_settings=CONTEXT)
+@click.option("--json", "as_json", is_flag=True, help="Print the checks as a JSON array.")
+def doctor(as_json: bool) -> int:
+    """Check this machine: root, cgroup v2, BTF, bcc, kernel headers, bpffs, nsjail.
+
+    Exit 0 when gatewrap can run here, 1 when a check failed (each says how to fix it).
+    """
+    from .doctor import checks
+
+    results = checks()
+    if as_json:
+        click.echo(json.dumps([asdict(c) for c in results], indent=2))
+    else:
+        marks = {"ok": "ok  ", "warn": "warn", "fail": "FAIL"}
+        for c in results:
+            click.echo(f"[{marks[c.status]}] {c.name}: {c.detail}")
+            if c.fix:
+                click.echo(f"       fix: {c.fix}")
+    return 1 if any(c.status == "fail" for c in results) else 0
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: usage errors and gatewrap's failures exit 125 with a message on stderr."""
+    try:
+        code = cli.main(args=argv, prog_name="gatewrap", standalone_mode=False)
+    except click.UsageError as e:
+        e.show()
+        sys.exit(EXIT_GATEWRAP)
+    except click.Abort:
+        click.echo("gatewrap: aborted", err=True)
+        sys.exit(130)
+    except GatewrapError as e:
+        click.echo(f"gatewrap: {e}", err=True)
+        sys.exit(e.exit_code)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(EXIT_GATEWRAP)
+    sys.exit(code if isinstance(code, int) else 0)

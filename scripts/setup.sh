@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Set up gatewrap on a Debian/Ubuntu machine, then run the demo or the tests.
+#
+#   sudo scripts/setup.sh demo    # install, then run examples/agent.py in a sandbox against a fake internet
+#   sudo scripts/setup.sh test    # install, then run the whole test suite (kernel tests included)
+#   sudo scripts/setup.sh install # install only
+#
+# Installs: Debian packages (bcc's Python bindings, kernel headers, iproute2, curl, ...),
+# a virtualenv in .venv with gatewrap built from this checkout (maturin, Rust), and a
+# /usr/local/bin/gatewrap link. Needs root (apt, cgroups, BPF) and cargo on PATH (or apt's).
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+VENV=$ROOT/.venv
+say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
+die() { printf 'setup: %s\n' "$*" >&2; exit 1; }
+
+[ "$(id -u)" = 0 ] || die "run as root: sudo $0 ${1:-install}"
+
+apt_packages() {
+	say "Debian packages"
+	export DEBIAN_FRONTEND=noninteractive
+	apt-get update -qq
+	local pkgs=(python3-bpfcc libbpf1 iproute2 curl dnsutils python3-venv python3-requests
+		build-essential pkg-config hyperfine ca-certificates)
+	local kh="linux-headers-$(uname -r)"
+	if apt-cache show "$kh" >/dev/null 2>&1; then pkgs+=("$kh"); else pkgs+=(linux-headers-amd64); fi
+	command -v cargo >/dev/null || pkgs+=(cargo rustc)
+	apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null
+}
+
+kernel_headers() {
+	# bcc compiles against /lib/modules/$(uname -r)/build. Kernels without packaged
+	# headers (such as these VMs') can use the nearest Debian headers: the hooks use
+	# only uapi structs. 'gatewrap doctor' explains the same.
+	local rel build
+	rel=$(uname -r)
+	build=/lib/modules/$rel/build
+	[ -e "$build/include" ] && return 0
+	local best
+	best=$(ls -d /usr/src/linux-headers-*-amd64 /usr/src/linux-headers-*-arm64 2>/dev/null | sort -V | tail -n 1 || true)
+	[ -n "$best" ] || die "no kernel headers for $rel and none in /usr/src; install linux-headers-$rel"
+	say "kernel headers: linking $build -> $best (nearest available)"
+	mkdir -p "/lib/modules/$rel"
+	ln -sfn "$best" "$build"
+	ln -sfn "${best%-*}-common" "/lib/modules/$rel/source"
+}
+
+python_env() {
+	say "virtualenv $VENV with gatewrap (builds the Rust gate; a few minutes the first time)"
+	[ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+	"$VENV/bin/pip" install -q --upgrade pip >/dev/null
+	"$VENV/bin/pip" install -q "$ROOT[test]"
+	ln -sfn "$VENV/bin/gatewrap" /usr/local/bin/gatewrap
+	mountpoint -q /sys/fs/bpf || mount -t bpf bpf /sys/fs/bpf
+}
+
+install() {
+	apt_packages
+	kernel_headers
+	python_env
+	gatewrap doctor || die "gatewrap doctor found a problem (above)"
+}
+
+case "${1:-install}" in
+	install) install ;;
+	demo) install; say "demo"; exec "$VENV/bin/python" "$ROOT/examples/demo.py" ;;
+	test)
+		install
+		say "tests"
+		cd "$ROOT"
+		exec "$VENV/bin/python" -m pytest -p no:cacheprovider -rfEs tests "${@:2}"
+		;;
+	*) die "usage: $0 install|demo|test" ;;
+esac

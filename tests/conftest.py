@@ -1,0 +1,103 @@
+"""Shared fixtures: the fake internet, and a helper that runs ``gatewrap run`` for real.
+
+Kernel tests (marker ``kernel``) need root, cgroup v2, BPF and netns. They must run: a
+skipped kernel test is reported as a failure, so CI cannot pass without them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from fakenet import FakeInternet, cleanup_leftovers
+
+ROOT = Path(__file__).resolve().parent.parent
+#: The agents of the tests run as this user (as if `sudo` had been run by it).
+AGENT_UID = 65534
+#: Debian's interpreter: readable by the agent's user, with python3-requests.
+AGENT_PYTHON = "/usr/bin/python3"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    if rep.skipped and item.get_closest_marker("kernel") is not None:
+        rep.outcome = "failed"
+        rep.longrepr = f"kernel test skipped ({rep.longrepr}): kernel tests must run (root, cgroup v2, BPF)"
+
+
+@pytest.fixture(scope="session")
+def net():
+    """The fake internet (one per session: its addresses are fixed)."""
+    cleanup_leftovers()
+    with FakeInternet() as n:
+        yield n
+
+
+@dataclass
+class Run:
+    """The outcome of one ``gatewrap run``."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+    audit_path: Path
+
+    def audit(self) -> list[dict]:
+        """Records of the audit log, parsed."""
+        if not self.audit_path.exists():
+            return []
+        return [json.loads(line) for line in self.audit_path.read_text().splitlines() if line.strip()]
+
+    def records(self, **eq) -> list[dict]:
+        """Audit records whose fields equal ``eq``."""
+        return [r for r in self.audit() if all(r.get(k) == v for k, v in eq.items())]
+
+    @property
+    def run_id(self) -> str:
+        return next(r["run"] for r in self.audit() if r.get("event") == "run_start")
+
+
+def gatewrap_cmd(*args: str) -> list[str]:
+    """The gatewrap command line, with this interpreter (the project's venv)."""
+    return [sys.executable, "-m", "gatewrap", *args]
+
+
+@pytest.fixture
+def gatewrap(net, tmp_path):
+    """Run ``gatewrap run`` against the fake internet; returns a function.
+
+    ``gatewrap(argv, allow=[...], python=CODE, env={...})`` runs ``argv`` (or, with
+    ``python``, Debian's python3 running CODE) as uid 65534, resolving through the fake
+    DNS, with a fresh audit log, and returns a :class:`Run`.
+    """
+
+    def _run(argv=None, *, python=None, allow=(), deny=(), extra=(), env=None, timeout=60,
+             user_env=True) -> Run:
+        audit = tmp_path / f"audit-{len(list(tmp_path.iterdir()))}.jsonl"
+        if python is not None:
+            argv = [AGENT_PYTHON, "-c", textwrap.dedent(python)]
+        cmd = gatewrap_cmd("run", "--audit-log", str(audit), "--resolver", net.dns_server,
+                           "--workdir", "/tmp")
+        for a in allow:
+            cmd += ["--allow", a]
+        for d in deny:
+            cmd += ["--deny", d]
+        cmd += [*extra, "--", *argv]
+        e = dict(os.environ)
+        if user_env:
+            e.update(SUDO_UID=str(AGENT_UID), SUDO_GID=str(AGENT_UID))
+        e.update(REQUESTS_CA_BUNDLE=net.ca_path, CURL_CA_BUNDLE=net.ca_path, SSL_CERT_FILE=net.ca_path)
+        e.update(env or {})
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=e, cwd=ROOT)
+        return Run(p.returncode, p.stdout, p.stderr, audit)
+
+    return _run

@@ -1,0 +1,78 @@
+"""Command-line behaviour: usage errors, root check, audit reader, doctor."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import gatewrap_cmd
+
+
+def _gw(*args: str, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(gatewrap_cmd(*args), capture_output=True, text=True, timeout=60, **kw)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["run"], "Missing argument"),
+    (["run", "--bogus", "--", "true"], "No such option"),
+    (["run", "--allow", "exa mple.com", "--", "true"], "exa mple.com"),
+    (["run", "--allow", "example.com:99999", "--", "true"], "99999"),
+    (["run", "--policy", "/nonexistent.toml", "--", "true"], "/nonexistent.toml"),
+])
+def test_usage_errors_exit_125_with_a_message(args, needle):
+    p = _gw(*args)
+    assert p.returncode == 125, p.stderr
+    assert needle in p.stderr
+
+
+def test_without_root_run_exits_125_and_says_to_use_sudo():
+    code = ("import os, sys; from gatewrap.cli import main; import gatewrap.runner; "
+            "os.setresuid(65534, 65534, 0); main(['run', '--', '/bin/true'])")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 125
+    assert "sudo" in p.stderr
+
+
+def test_help_teaches_with_examples():
+    p = _gw("run", "--help")
+    assert p.returncode == 0
+    assert "Example" in p.stdout and "--allow" in p.stdout
+
+
+def test_audit_lists_denials_as_json_and_table(tmp_path):
+    log = tmp_path / "audit.jsonl"
+    recs = [
+        {"v": 1, "time": "2026-11-29T09:00:00.000000Z", "run": "gw-a", "event": "request", "decision": "allowed",
+         "dst_host": "allowed.test", "dst_port": 80, "proto": "http"},
+        {"v": 1, "time": "2026-11-29T09:00:01.000000Z", "run": "gw-a", "event": "request", "decision": "denied",
+         "dst_host": "evil\x1b[2J.test", "dst_port": 80, "proto": "http", "reason": "policy: default deny"},
+        {"v": 1, "time": "2026-11-29T09:00:02.000000Z", "run": "gw-b", "event": "direct_egress",
+         "decision": "denied", "dst_ip": "203.0.113.10", "dst_port": 7, "proto": "tcp", "pid": 7, "comm": "python3"},
+    ]
+    log.write_text("".join(json.dumps(r) + "\n" for r in recs) + "not json\n")
+    p = _gw("audit", "--denied", "--json", "--log", str(log))
+    assert p.returncode == 0
+    assert [json.loads(line) for line in p.stdout.splitlines()] == recs[1:]
+    assert f"{log}:4: not a JSON record" in p.stderr
+    p = _gw("audit", "--run", "gw-a", "--log", str(log))
+    lines = p.stdout.splitlines()
+    assert lines[0].startswith("TIME") and len(lines) == 3
+    assert "\x1b" not in p.stdout and "evil\\x1b[2J.test" in p.stdout
+
+
+def test_audit_without_a_log_says_so(tmp_path):
+    p = _gw("audit", "--log", str(tmp_path / "none.jsonl"))
+    assert p.returncode == 1
+    assert "no audit log" in p.stderr
+
+
+@pytest.mark.kernel
+def test_doctor_passes_here_and_speaks_json():
+    p = _gw("doctor", "--json")
+    assert p.returncode == 0, p.stdout
+    names = {c["name"]: c["status"] for c in json.loads(p.stdout)}
+    assert names["root"] == "ok" and names["cgroup v2"] == "ok" and names["bcc"] == "ok"
+    assert names["kernel headers"] == "ok"

@@ -1,0 +1,24 @@
+"""examples/agent.py under gatewrap: the allowed fetch, the 403 and the EPERM, all audited."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import AGENT_PYTHON, ROOT
+
+pytestmark = pytest.mark.kernel
+
+
+def test_the_example_agent_fetches_gets_403_and_eperm(gatewrap, net):
+    net.clear_logs()
+    r = gatewrap([AGENT_PYTHON, str(ROOT / "examples" / "agent.py")], allow=["allowed.test"])
+    assert r.returncode == 0, r.stderr
+    out = r.stdout.splitlines()
+    assert out[0] == "agent: fetched https://allowed.test/: 200 hello from allowed.test over https"
+    assert out[1].startswith("agent: http://denied.test/ answered 403: gatewrap: egress to denied.test:80")
+    assert out[2] == "agent: direct connection to 203.0.113.20:80 failed: [Errno 1] Operation not permitted"
+    assert "blocked direct egress" in r.stderr and "run " in r.stderr and "1 allowed, 1 denied by policy, 1 direct egress blocked" in r.stderr
+    denied = [rec for rec in r.audit() if rec.get("decision") == "denied"]
+    assert [(d["event"], d.get("dst_host") or d.get("dst_ip")) for d in denied] == [
+        ("request", "denied.test"), ("direct_egress", "203.0.113.20")]
+    assert net.access_entries(local="203.0.113.20") == []

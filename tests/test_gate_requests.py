@@ -1,0 +1,72 @@
+"""Requests through the gate: allowed hosts are reached over HTTP and HTTPS, others get 403."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.kernel
+
+CURL = ["curl", "-sS", "--max-time", "10"]
+
+
+def test_curl_reaches_an_allowed_host_over_http(gatewrap):
+    r = gatewrap([*CURL, "http://allowed.test/"], allow=["allowed.test"])
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "hello from allowed.test over http\n"
+    (rec,) = r.records(event="request")
+    assert rec["decision"] == "allowed"
+    assert rec["dst_host"] == "allowed.test" and rec["dst_port"] == 80
+    assert rec["rule"] == "--allow allowed.test"
+
+
+def test_curl_reaches_an_allowed_host_over_https_through_connect(gatewrap):
+    r = gatewrap([*CURL, "https://allowed.test/"], allow=["allowed.test"])
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "hello from allowed.test over https\n"
+    (rec,) = r.records(event="connect")
+    assert (rec["decision"], rec["dst_host"], rec["dst_port"]) == ("allowed", "allowed.test", 443)
+    assert rec["dst_ip"] == "203.0.113.10"
+
+
+def test_requests_reaches_an_allowed_host_over_http_and_https(gatewrap):
+    r = gatewrap(python="""
+        import requests
+        for url in ("http://allowed.test/", "https://allowed.test/"):
+            print(requests.get(url, timeout=10).text, end="")
+    """, allow=["allowed.test"])
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "hello from allowed.test over http\nhello from allowed.test over https\n"
+
+
+def test_a_denied_host_gets_403_with_a_body_that_says_how_to_allow_it(gatewrap, net):
+    r = gatewrap([*CURL, "-i", "http://denied.test/"], allow=["allowed.test"])
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("HTTP/1.1 403")
+    assert "denied.test:80" in r.stdout and "--allow denied.test" in r.stdout
+    (rec,) = r.records(event="request")
+    assert rec["decision"] == "denied"
+    assert rec["dst_host"] == "denied.test" and rec["dst_port"] == 80
+    assert rec["reason"] == "policy: default deny"
+    assert rec["status"] == 403
+    assert rec["run"] == r.run_id and rec["v"] == 1 and rec["time"].endswith("Z")
+
+
+def test_a_denied_https_host_gets_403_on_connect_and_is_never_resolved(gatewrap, net):
+    net.clear_logs()
+    r = gatewrap([*CURL, "https://denied.test/"], allow=["allowed.test"])
+    assert r.returncode != 0
+    assert "403" in r.stderr
+    (rec,) = r.records(event="connect")
+    assert (rec["decision"], rec["dst_host"], rec["dst_port"]) == ("denied", "denied.test", 443)
+    assert net.dns_queries(qname="denied.test") == []
+    assert net.access_entries(local="203.0.113.20") == []
+
+
+def test_subdomain_rules_stop_at_a_label_boundary(gatewrap):
+    r = gatewrap(python="""
+        import requests
+        for url in ("http://other.allowed.test/", "http://allowed.test/"):
+            print(url, requests.get(url, timeout=10).status_code)
+    """, allow=["*.allowed.test"])
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["http://other.allowed.test/ 200", "http://allowed.test/ 403"]

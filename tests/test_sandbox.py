@@ -1,0 +1,118 @@
+"""The agent's identity and confinement, exit codes, and what is left after a run."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from conftest import AGENT_PYTHON, gatewrap_cmd
+
+pytestmark = pytest.mark.kernel
+
+
+def _leftovers() -> dict[str, list[str]]:
+    """gatewrap's netns, cgroups and processes still on the machine."""
+    from gatewrap.sandbox import cgroup, netns
+
+    parent = cgroup.parent_dir()
+    procs = []
+    for p in os.listdir("/proc"):
+        if p.isdigit():
+            try:
+                with open(f"/proc/{p}/cgroup") as f:
+                    if "/gatewrap/gw-" in f.read():
+                        procs.append(p)
+            except OSError:
+                pass
+    return {"netns": netns.list_gatewrap(), "cgroups": cgroup.list_leaves(parent), "procs": procs}
+
+
+def test_the_agent_runs_as_the_invoking_user_without_privileges(gatewrap):
+    r = gatewrap(python="""
+        import os
+        st = dict(l.split(":", 1) for l in open("/proc/self/status"))
+        print(os.getuid(), os.geteuid(), os.getgid())
+        print(st["CapEff"].strip(), st["CapPrm"].strip(), st["CapBnd"].strip(), st["NoNewPrivs"].strip())
+        print(sorted(int(fd) for fd in os.listdir("/proc/self/fd")))
+        print(open("/proc/self/cgroup").read().strip().rsplit("/", 1)[-1])
+        print(sorted(os.listdir("/sys/class/net")))
+    """)
+    assert r.returncode == 0, r.stderr
+    ids, caps, fds, cg, links = r.stdout.splitlines()
+    assert ids == "65534 65534 65534"
+    assert caps == "0000000000000000 0000000000000000 0000000000000000 1"
+    assert fds == "[0, 1, 2, 3]"  # 3: the listing's own directory fd
+    assert cg == r.run_id
+    assert links == "['lo']"
+
+
+def test_a_root_agent_has_no_capabilities(gatewrap):
+    r = gatewrap(python="""
+        st = dict(l.split(":", 1) for l in open("/proc/self/status"))
+        print(st["Uid"].split()[0], st["CapEff"].strip(), st["CapBnd"].strip())
+    """, user_env=False, extra=["--user", "root"])
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "0 0000000000000000 0000000000000000"
+    assert "the agent runs as root" in r.stderr
+
+
+def test_the_agent_cannot_move_itself_to_another_cgroup(gatewrap):
+    from gatewrap.sandbox import cgroup
+
+    root = cgroup.cgroup2_mount()
+    r = gatewrap(python=f"""
+        import os, errno
+        for target in ("{root}/cgroup.procs", "{root}/gatewrap/cgroup.procs"):
+            try:
+                open(target, "w").write(str(os.getpid()))
+                print("MOVED")
+            except OSError as e:
+                print(errno.errorcode[e.errno])
+    """)
+    assert r.stdout.split() == ["EACCES", "EACCES"], r.stderr
+
+
+@pytest.mark.parametrize("code", [0, 3, 77])
+def test_the_exit_code_is_the_agents(gatewrap, code):
+    r = gatewrap(["/bin/sh", "-c", f"exit {code}"])
+    assert r.returncode == code, r.stderr
+    assert f"exited {code}" in r.stderr
+
+
+def test_a_signal_death_exits_128_plus_the_signal(gatewrap):
+    r = gatewrap(["/bin/sh", "-c", "kill -KILL $$"])
+    assert r.returncode == 128 + 9
+
+
+def test_nothing_is_left_after_a_run_even_a_double_forked_child(gatewrap):
+    r = gatewrap(["/bin/sh", "-c", "(setsid sleep 300 &) ; exit 0"])
+    assert r.returncode == 0, r.stderr
+    assert _leftovers() == {"netns": [], "cgroups": [], "procs": []}
+
+
+def test_sigterm_is_forwarded_and_the_sandbox_still_goes_away(net, tmp_path):
+    audit = tmp_path / "audit.jsonl"
+    env = dict(os.environ, SUDO_UID="65534", SUDO_GID="65534")
+    p = subprocess.Popen(
+        gatewrap_cmd("run", "--audit-log", str(audit), "--workdir", "/tmp", "--", AGENT_PYTHON, "-c",
+                     "import signal, sys, time\n"
+                     "signal.signal(signal.SIGTERM, lambda *a: (print('got TERM', flush=True), sys.exit(42)))\n"
+                     "print('ready', flush=True)\ntime.sleep(60)"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    assert p.stdout.readline() == "ready\n"
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=20)
+    assert out == "got TERM\n"
+    assert p.returncode == 42, err
+    assert _leftovers() == {"netns": [], "cgroups": [], "procs": []}
+
+
+def test_a_missing_command_exits_127(gatewrap):
+    r = gatewrap(["/nonexistent/agent"])
+    assert r.returncode == 127
+    assert "command not found: /nonexistent/agent" in r.stderr
+    assert _leftovers() == {"netns": [], "cgroups": [], "procs": []}
