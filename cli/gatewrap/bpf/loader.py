@@ -226,8 +226,8 @@ def _attach_types(bcc: Any) -> list[tuple[str, int]]:
     return [(name, int(getattr(bcc.BPFAttachType, t))) for name, t in HOOKS]
 
 
-def _remove_stale(parent_fd: int, keep: str, bcc: Any) -> None:
-    """Detach and unpin hooks left by other versions of the sources."""
+def _remove_stale(parent_fd: int, keep: str | None, bcc: Any) -> None:
+    """Detach and unpin hooks left by other versions of the sources (all of them if ``keep`` is None)."""
     if not os.path.isdir(PIN_ROOT):
         return
     for d in os.listdir(PIN_ROOT):
@@ -327,3 +327,24 @@ def verify_attached(parent_cgroup: str, pin_dir: str) -> None:
                 os.close(fd)
     finally:
         os.close(parent_fd)
+
+
+def unload(parent_cgroup: str) -> None:
+    """Detach every gatewrap hook from ``parent_cgroup`` and remove all pins.
+
+    Only when no run is active: a running sandbox would lose its hooks (its netns has
+    only ``lo``, so it still reaches nothing, but nothing is audited).
+
+    Raises:
+        BpfError: a run is active.
+    """
+    from ..sandbox.cgroup import list_leaves
+
+    if list_leaves(parent_cgroup):
+        raise BpfError(f"runs are active under {parent_cgroup}; not unloading the hooks")
+    bcc = import_bcc()
+    fd = os.open(parent_cgroup, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        _remove_stale(fd, None, bcc)
+    finally:
+        os.close(fd)
