@@ -1,0 +1,173 @@
+"""gatewrap's gate core (Rust, pyo3): policy, audit log, the gate, and the pre-exec launcher."""
+
+from typing import Any
+
+class PolicyError(ValueError):
+    """A bad policy file or ``--allow``/``--deny`` value.
+
+    The message names the file and line (``policy.toml:12: unknown key `foo```) or the bad
+    value (``invalid host "a..b": empty label``).
+    """
+
+class GateError(RuntimeError):
+    """The gate could not start (netns open/setns/bind failed, bad nameserver...).
+
+    The message says what failed and what to do.
+    """
+
+class SpawnError(OSError):
+    """The launcher could not start the agent; ``.errno`` is set.
+
+    A missing command gives errno ENOENT and ``strerror`` "command not found: X"; a
+    non-executable one EACCES and "permission denied: X"; a failing sandbox step (setns,
+    cgroup join, setresuid...) names the step.
+    """
+
+class Policy:
+    """Egress policy: rules evaluated in order, then the default.
+
+    Evaluation order of :meth:`decide`:
+
+    1. command-line rules (:meth:`add_rule`), in the order added;
+    2. policy-file rules, in file order;
+    3. the first rule whose host matches and whose ports include the port decides
+       (a rule without ``port``/``ports`` matches ports 80 and 443 only);
+    4. otherwise ``default`` decides.
+
+    Hosts are compared in canonical form: lower-case, one trailing dot stripped, IDN as
+    punycode, IP literals normalised. ``"*.example.com"`` matches strict subdomains only
+    (``a.example.com``, ``a.b.example.com``), never ``example.com`` nor ``evilexample.com``.
+
+    Rules added after a :class:`Gate` was started with this policy apply to its new requests.
+    """
+
+    @staticmethod
+    def from_toml(text: str, source: str) -> Policy:
+        """Parse a policy file (schema ``version = 1``).
+
+        ``source`` is the file name used in error messages and rule ids
+        (``"policy.toml:rule[3]"``). Unknown keys, unsupported keys (``methods``, ``path``,
+        ``timeout``, ``budget``, ``inspect``) and action ``"ask"`` raise :class:`PolicyError`
+        naming the key and line.
+        """
+
+    @staticmethod
+    def new(default: str = "deny") -> Policy:
+        """An empty policy with ``default`` ("deny" or "allow"; "ask" is not supported yet)."""
+
+    def add_rule(self, spec: str, action: str, origin: str) -> None:
+        """Add a command-line rule, evaluated before every file rule.
+
+        ``spec`` is ``HOST[:PORT]`` (``pypi.org``, ``*.example.com:8443``, ``[::1]:443``,
+        bare ``::1``); without a port the rule covers 80 and 443. ``action`` is "allow" or
+        "deny". ``origin`` (e.g. ``"--allow pypi.org"``) becomes the rule id.
+        Raises :class:`PolicyError` for a bad host, port or action.
+        """
+
+    def decide(self, host: str, port: int) -> tuple[str, str, str | None]:
+        """Decide on a destination as the gate would in ``enforce`` mode.
+
+        Returns ``(action, reason, rule_id)``: action "allow" | "deny"; reason
+        ``"policy: rule ID"`` or ``"policy: default deny"``; rule_id ``None`` when the
+        default applied. Raises :class:`PolicyError` if ``host`` is not a valid host.
+        """
+
+    @property
+    def default(self) -> str:
+        """The default action: "deny" or "allow"."""
+
+    @property
+    def mode(self) -> str:
+        """"enforce", or "report" (the gate allows everything and records ``would = "deny"``)."""
+
+    def describe(self) -> list[dict[str, Any]]:
+        """The rules in evaluation order, for display.
+
+        Each dict: ``id`` (str), ``host`` (canonical pattern), ``ports`` (list[int]),
+        ``ports_default`` (bool: no port given, so 80 and 443), ``action`` ("allow"|"deny"),
+        ``origin`` ("cli"|"file"), ``line`` (int for file rules, else None).
+        """
+
+class AuditLog:
+    """An append-only JSON-lines audit log shared by the gate and Python."""
+
+    def __init__(self, path: str) -> None:
+        """Open ``path`` for appending (created with mode 0o640; missing parent directories
+        with 0o750). Raises OSError on failure."""
+
+    @property
+    def path(self) -> str:
+        """The log's path."""
+
+    def write(self, record: dict[str, Any]) -> None:
+        """Append one record as one line, in one write(2).
+
+        The line starts with ``"v": 1`` and ``"time"`` (RFC 3339 UTC, microseconds), then the
+        record's keys in order. Values may be str, int, float, bool, None, list, tuple, dict
+        (str keys). Raises ValueError if the record sets ``v`` or ``time`` or holds a
+        non-finite float, TypeError for other value types, OSError if the write fails.
+        Thread-safe.
+        """
+
+    def sync(self) -> None:
+        """fsync the log."""
+
+class Gate:
+    """The gate: an HTTP forward proxy (absolute-form ``http://`` and CONNECT).
+
+    Listens on 127.0.0.1 and [::1] inside the sandbox netns; dials upstream from the host
+    netns. Every decision is one audit record (event "request" | "connect", decision
+    "allowed" | "denied" | "failed"). A denied destination gets 403 naming the rule and how
+    to allow it; names are resolved only after the policy allowed them; upstream failures get
+    502 (504 on timeout).
+    """
+
+    def __init__(
+        self,
+        *,
+        run_id: str,
+        netns_path: str,
+        policy: Policy,
+        audit: AuditLog,
+        listen_port: int = 3128,
+        nameservers: list[str] | None = None,
+        connect_timeout: float = 10.0,
+    ) -> None:
+        """Bind the listeners inside ``netns_path`` and start serving; returns once listening.
+
+        ``nameservers``: ``["198.51.100.2:53", "[2001:db8::2]:53"]`` (UDP and TCP each);
+        ``None`` reads the host's /etc/resolv.conf. ``listen_port`` 0 picks a free port.
+        ``connect_timeout`` bounds each connection attempt (and a DNS lookup), in seconds.
+        The IPv6 listener is skipped when the netns has no ``::1``.
+        Raises :class:`GateError` on failure. Needs root (setns).
+        """
+
+    @property
+    def listen_addrs(self) -> list[str]:
+        """Where the gate listens, e.g. ``["127.0.0.1:3128", "[::1]:3128"]``."""
+
+    def counts(self) -> dict[str, int]:
+        """Decisions so far: ``{"allowed": n, "denied": n, "failed": n}``."""
+
+    def stop(self) -> None:
+        """Stop accepting, abort tunnels and requests in flight, shut down (within ~1 s).
+        Idempotent; also done when the Gate is garbage-collected."""
+
+def spawn_agent(
+    argv: list[str],
+    env: dict[str, str],
+    cwd: str,
+    netns_path: str,
+    cgroup_dir: str,
+    uid: int,
+    gid: int,
+    groups: list[int],
+) -> int:
+    """Start ``argv`` inside the sandbox and return its pid (reap it with ``os.waitpid``).
+
+    The environment is exactly ``env``; ``argv[0]`` is looked up on ``env["PATH"]``. Before
+    exec, in this order, the child: resets SIGPIPE/SIGXFSZ to default; joins the netns and the
+    cgroup (``cgroup_dir/cgroup.procs``); sets ``groups``, then gid; empties the capability
+    bounding and ambient sets; sets uid; clears every capability (even for uid 0); sets
+    no_new_privs; marks every fd above 2 close-on-exec. Raises :class:`SpawnError`.
+    """

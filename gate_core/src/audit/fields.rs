@@ -1,0 +1,45 @@
+//! Audit record field names: the one place they are spelled.
+
+/// Schema version of a record (always written first).
+pub const V: &str = "v";
+/// RFC 3339 UTC time with microseconds (written second).
+pub const TIME: &str = "time";
+pub const RUN: &str = "run";
+/// `request` (absolute-form HTTP) | `connect` (CONNECT tunnel) | kernel events from Python.
+pub const EVENT: &str = "event";
+/// `allowed` | `denied` | `failed`.
+pub const DECISION: &str = "decision";
+pub const REASON: &str = "reason";
+pub const RULE: &str = "rule";
+pub const PID: &str = "pid";
+pub const CMDLINE: &str = "cmdline";
+/// Peer `ip:port` of the agent's connection to the gate.
+pub const CLIENT: &str = "client";
+pub const METHOD: &str = "method";
+pub const TARGET: &str = "target";
+pub const DST_HOST: &str = "dst_host";
+pub const DST_IP: &str = "dst_ip";
+pub const DST_PORT: &str = "dst_port";
+/// `http` | `connect`.
+pub const PROTO: &str = "proto";
+/// HTTP status the gate sent to the client.
+pub const STATUS: &str = "status";
+/// Cause of a failure, prefixed with where it came from (`upstream:`, `dns:`, `downstream:`).
+pub const ERROR: &str = "error";
+pub const HOOK: &str = "hook";
+pub const FAMILY: &str = "family";
+pub const COMM: &str = "comm";
+pub const CGROUP_ID: &str = "cgroup_id";
+/// In `report` mode: what `enforce` would have done (`deny`).
+pub const WOULD: &str = "would";
+
+/// Record schema version.
+pub const VERSION: u64 = 1;
+
+pub const EVENT_REQUEST: &str = "request";
+pub const EVENT_CONNECT: &str = "connect";
+pub const PROTO_HTTP: &str = "http";
+pub const PROTO_CONNECT: &str = "connect";
+pub const ALLOWED: &str = "allowed";
+pub const DENIED: &str = "denied";
+pub const FAILED: &str = "failed";

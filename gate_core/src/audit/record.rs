@@ -1,0 +1,54 @@
+//! The gate's one record per decision.
+
+use serde_json::{Map, Value};
+
+use super::fields as f;
+
+/// A gate decision as it goes to the audit log; unknown fields are left out, never `null`.
+#[derive(Debug, Clone, Default)]
+pub struct GateRecord {
+    pub run: String,
+    /// [`f::EVENT_REQUEST`] or [`f::EVENT_CONNECT`].
+    pub event: &'static str,
+    /// [`f::ALLOWED`], [`f::DENIED`] or [`f::FAILED`].
+    pub decision: &'static str,
+    pub reason: Option<String>,
+    pub rule: Option<String>,
+    pub would: Option<&'static str>,
+    pub client: Option<String>,
+    pub method: Option<String>,
+    pub target: Option<String>,
+    pub dst_host: Option<String>,
+    pub dst_ip: Option<String>,
+    pub dst_port: Option<u16>,
+    pub proto: &'static str,
+    pub status: Option<u16>,
+    pub error: Option<String>,
+}
+
+impl GateRecord {
+    pub fn into_map(self) -> Map<String, Value> {
+        let mut m = Map::new();
+        let mut put = |k: &str, v: Option<Value>| {
+            if let Some(v) = v {
+                m.insert(k.to_string(), v);
+            }
+        };
+        put(f::RUN, Some(self.run.into()));
+        put(f::EVENT, Some(self.event.into()));
+        put(f::DECISION, Some(self.decision.into()));
+        put(f::REASON, self.reason.map(Value::from));
+        put(f::RULE, self.rule.map(Value::from));
+        put(f::WOULD, self.would.map(Value::from));
+        put(f::CLIENT, self.client.map(Value::from));
+        put(f::METHOD, self.method.map(Value::from));
+        put(f::TARGET, self.target.map(Value::from));
+        put(f::DST_HOST, self.dst_host.map(Value::from));
+        put(f::DST_IP, self.dst_ip.map(Value::from));
+        put(f::DST_PORT, self.dst_port.map(Value::from));
+        put(f::PROTO, Some(self.proto.into()));
+        put(f::STATUS, self.status.map(Value::from));
+        put(f::ERROR, self.error.map(Value::from));
+        m
+    }
+}

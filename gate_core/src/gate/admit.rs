@@ -1,0 +1,44 @@
+//! From a request's host and port to a carried-out decision (policy + mode).
+
+use crate::audit::{fields as f, GateRecord};
+use crate::policy::{canonical_host, Action, Decision, Host, HostError, Mode};
+
+use super::Ctx;
+
+/// What the gate will do with a destination.
+pub struct Admission {
+    pub host: Host,
+    pub port: u16,
+    pub decision: Decision,
+    /// True when the gate proceeds: the policy allowed it, or `report` mode overrode a deny.
+    pub proceed: bool,
+    /// `Some("deny")` when `report` mode let a denied destination through.
+    pub would: Option<&'static str>,
+}
+
+impl Admission {
+    /// Copy the decision into an audit record (destination, reason, rule, `would`).
+    pub fn fill(&self, rec: &mut GateRecord) {
+        rec.dst_host = Some(self.host.to_string());
+        rec.dst_port = Some(self.port);
+        rec.reason = Some(self.decision.reason.clone());
+        rec.rule = self.decision.rule.clone();
+        rec.would = self.would;
+        rec.decision = if self.proceed { f::ALLOWED } else { f::DENIED };
+    }
+}
+
+/// Canonicalise `host` and decide on it with the current policy.
+pub fn admit(ctx: &Ctx, host: &str, port: u16) -> Result<Admission, HostError> {
+    let host = canonical_host(host)?;
+    let (decision, mode) = {
+        let policy = ctx.policy.read().unwrap_or_else(|p| p.into_inner());
+        (policy.decide(&host, port), policy.mode)
+    };
+    let (proceed, would) = match (decision.action, mode) {
+        (Action::Allow, _) => (true, None),
+        (Action::Deny, Mode::Report) => (true, Some("deny")),
+        (Action::Deny, Mode::Enforce) => (false, None),
+    };
+    Ok(Admission { host, port, decision, proceed, would })
+}

@@ -1,0 +1,69 @@
+//! CONNECT tunnels: decide, dial, answer 200, then copy bytes both ways.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use hyper::body::Incoming;
+use hyper::upgrade::OnUpgrade;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+
+use crate::audit::fields as f;
+
+use super::admit::admit;
+use super::respond::{self, Body};
+use super::{dial, Ctx};
+
+pub async fn handle(ctx: Arc<Ctx>, peer: SocketAddr, mut req: Request<Incoming>) -> Response<Body> {
+    let mut rec = ctx.record_for(f::EVENT_CONNECT, f::PROTO_CONNECT, peer, &req);
+    let Some((host, port)) = req.uri().authority().and_then(|a| a.port_u16().map(|p| (a.host().to_string(), p)))
+    else {
+        return ctx.refuse(rec, "protocol: CONNECT without HOST:PORT", respond::CONNECT_NEEDS_PORT);
+    };
+    let adm = match admit(&ctx, &host, port) {
+        Ok(adm) => adm,
+        Err(e) => return ctx.refuse(rec, &format!("protocol: {e}"), &format!("gatewrap gate: {e}")),
+    };
+    adm.fill(&mut rec);
+    if !adm.proceed {
+        rec.status = Some(StatusCode::FORBIDDEN.as_u16());
+        ctx.record(rec);
+        return respond::denied(&adm.host, port, &adm.decision);
+    }
+    let target = adm.host.with_port(port);
+    match dial::dial(&ctx.resolver, &adm.host, port, ctx.connect_timeout).await {
+        Err(e) => {
+            let resp = respond::upstream_failure(&target, &e);
+            rec.decision = f::FAILED;
+            rec.dst_ip = e.addr().map(|a| a.ip().to_string());
+            rec.error = Some(e.to_string());
+            rec.status = Some(resp.status().as_u16());
+            ctx.record(rec);
+            resp
+        }
+        Ok((upstream, addr)) => {
+            rec.dst_ip = Some(addr.ip().to_string());
+            rec.status = Some(StatusCode::OK.as_u16());
+            ctx.record(rec);
+            tokio::spawn(tunnel(hyper::upgrade::on(&mut req), upstream, peer, target));
+            Response::new(respond::empty())
+        }
+    }
+}
+
+/// Runs until either side closes; `Gate::stop` aborts it with the runtime.
+async fn tunnel(upgrade: OnUpgrade, mut upstream: TcpStream, peer: SocketAddr, target: String) {
+    let upgraded = match upgrade.await {
+        Ok(u) => u,
+        Err(e) => {
+            tracing::debug!(client = %peer, dst = %target, error = %e, "downstream: client left before the tunnel opened");
+            return;
+        }
+    };
+    let mut client = TokioIo::new(upgraded);
+    match tokio::io::copy_bidirectional(&mut client, &mut upstream).await {
+        Ok((up, down)) => tracing::debug!(client = %peer, dst = %target, bytes.up = up, bytes.down = down, "tunnel closed"),
+        Err(e) => tracing::debug!(client = %peer, dst = %target, error = %e, "tunnel ended with an error"),
+    }
+}

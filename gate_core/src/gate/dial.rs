@@ -1,0 +1,100 @@
+//! Resolve (names only, and only after the policy allowed them) and dial upstream.
+
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use hickory_resolver::error::ResolveErrorKind;
+use hickory_resolver::{Name, TokioAsyncResolver};
+use hyper::StatusCode;
+use tokio::net::TcpStream;
+use tokio::time::timeout;
+
+use crate::policy::Host;
+
+/// Why no upstream connection could be made; the text goes to the audit `error` field.
+#[derive(Debug, thiserror::Error)]
+pub enum DialError {
+    #[error("dns: no address for {0}")]
+    NoAddress(String),
+    #[error("dns: timeout resolving {0}")]
+    DnsTimeout(String),
+    #[error("dns: lookup of {host} failed: {msg}")]
+    Dns { host: String, msg: String },
+    #[error("upstream: connection refused")]
+    Refused(SocketAddr),
+    #[error("upstream: timeout")]
+    Timeout(SocketAddr),
+    #[error("upstream: {source}")]
+    Io { addr: SocketAddr, source: io::Error },
+}
+
+impl DialError {
+    /// 504 for timeouts, 502 for everything else.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            DialError::Timeout(_) | DialError::DnsTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
+            _ => StatusCode::BAD_GATEWAY,
+        }
+    }
+
+    /// The address that failed, when one was tried.
+    pub fn addr(&self) -> Option<SocketAddr> {
+        match self {
+            DialError::Refused(a) | DialError::Timeout(a) | DialError::Io { addr: a, .. } => Some(*a),
+            _ => None,
+        }
+    }
+}
+
+async fn resolve(resolver: &TokioAsyncResolver, name: &str, limit: Duration) -> Result<Vec<IpAddr>, DialError> {
+    // Fully qualified, so search domains never turn the name into one the policy did not see.
+    let fqdn = Name::from_ascii(format!("{name}.")).map_err(|e| DialError::Dns { host: name.into(), msg: e.to_string() })?;
+    let lookup = match timeout(limit, resolver.lookup_ip(fqdn)).await {
+        Err(_) => return Err(DialError::DnsTimeout(name.into())),
+        Ok(Err(e)) => {
+            return Err(match e.kind() {
+                ResolveErrorKind::NoRecordsFound { .. } => DialError::NoAddress(name.into()),
+                ResolveErrorKind::Timeout => DialError::DnsTimeout(name.into()),
+                _ => DialError::Dns { host: name.into(), msg: e.to_string() },
+            })
+        }
+        Ok(Ok(lookup)) => lookup,
+    };
+    let ips: Vec<IpAddr> = lookup.iter().collect();
+    if ips.is_empty() {
+        return Err(DialError::NoAddress(name.into()));
+    }
+    Ok(ips)
+}
+
+/// Connect to `host:port`: an IP literal directly, a name via its resolved addresses in
+/// order, each attempt bounded by `connect_timeout`. Returns the stream and the address
+/// it is connected to.
+pub async fn dial(
+    resolver: &TokioAsyncResolver,
+    host: &Host,
+    port: u16,
+    connect_timeout: Duration,
+) -> Result<(TcpStream, SocketAddr), DialError> {
+    let ips = match (host, host.ip()) {
+        (_, Some(ip)) => vec![ip],
+        (Host::Name(name), None) => resolve(resolver, name, connect_timeout).await?,
+        (other, None) => return Err(DialError::NoAddress(other.to_string())),
+    };
+    let mut last = DialError::NoAddress(host.to_string());
+    for ip in ips {
+        let addr = SocketAddr::new(ip, port);
+        match timeout(connect_timeout, TcpStream::connect(addr)).await {
+            Ok(Ok(stream)) => {
+                let _ = stream.set_nodelay(true);
+                return Ok((stream, addr));
+            }
+            Ok(Err(e)) if e.kind() == io::ErrorKind::ConnectionRefused => last = DialError::Refused(addr),
+            Ok(Err(source)) => last = DialError::Io { addr, source },
+            Err(_) => last = DialError::Timeout(addr),
+        }
+        tracing::debug!(dst.ip = %addr, error = %last, "dial attempt failed");
+    }
+    Err(last)
+}

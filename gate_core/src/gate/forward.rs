@@ -1,0 +1,136 @@
+//! Absolute-form `http://` requests: decide, dial, forward in origin form, stream back.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use hyper::header::{HeaderMap, HeaderName, HeaderValue, CONNECTION, HOST};
+use hyper::http::uri::PathAndQuery;
+use hyper::{Request, Response, StatusCode, Uri, Version};
+use hyper_util::rt::TokioIo;
+
+use crate::audit::fields as f;
+use crate::policy::Host;
+
+use super::admit::admit;
+use super::respond::{self, Body};
+use super::{dial, Ctx};
+
+/// Headers that describe one hop and are never forwarded (RFC 9110 §7.6.1), besides the
+/// ones the `Connection` header names.
+const HOP_BY_HOP: [&str; 8] = [
+    "connection",
+    "proxy-connection",
+    "keep-alive",
+    "proxy-authorization",
+    "proxy-authenticate",
+    "te",
+    "trailer",
+    "upgrade",
+];
+
+/// Remove hop-by-hop headers (Transfer-Encoding is left to hyper, which re-frames bodies).
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+        .collect();
+    for name in named {
+        headers.remove(name);
+    }
+    for name in HOP_BY_HOP {
+        headers.remove(name);
+    }
+    headers.remove(hyper::header::TRANSFER_ENCODING);
+}
+
+/// `Host` header value for the upstream request: canonical host, port unless 80.
+fn host_header(host: &Host, port: u16) -> Option<HeaderValue> {
+    let v = match (host, port) {
+        (Host::V6(a), 80) => format!("[{a}]"),
+        (h, 80) => h.to_string(),
+        (h, p) => h.with_port(p),
+    };
+    HeaderValue::from_str(&v).ok()
+}
+
+pub async fn handle(ctx: Arc<Ctx>, peer: SocketAddr, req: Request<Incoming>) -> Response<Body> {
+    let mut rec = ctx.record_for(f::EVENT_REQUEST, f::PROTO_HTTP, peer, &req);
+    let Some(authority) = req.uri().authority().cloned() else {
+        return ctx.refuse(rec, "protocol: absolute-form request without a host", respond::ORIGIN_FORM);
+    };
+    let port = authority.port_u16().unwrap_or(80);
+    let adm = match admit(&ctx, authority.host(), port) {
+        Ok(adm) => adm,
+        Err(e) => return ctx.refuse(rec, &format!("protocol: {e}"), &format!("gatewrap gate: {e}")),
+    };
+    adm.fill(&mut rec);
+    if !adm.proceed {
+        rec.status = Some(StatusCode::FORBIDDEN.as_u16());
+        ctx.record(rec);
+        return respond::denied(&adm.host, port, &adm.decision);
+    }
+    let target = adm.host.with_port(port);
+    let (stream, addr) = match dial::dial(&ctx.resolver, &adm.host, port, ctx.connect_timeout).await {
+        Ok(ok) => ok,
+        Err(e) => {
+            let resp = respond::upstream_failure(&target, &e);
+            rec.decision = f::FAILED;
+            rec.dst_ip = e.addr().map(|a| a.ip().to_string());
+            rec.error = Some(e.to_string());
+            rec.status = Some(resp.status().as_u16());
+            ctx.record(rec);
+            return resp;
+        }
+    };
+    rec.dst_ip = Some(addr.ip().to_string());
+
+    let (mut parts, body) = req.into_parts();
+    let pq = parts.uri.path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/"));
+    parts.uri = Uri::from(pq);
+    parts.version = Version::HTTP_11;
+    strip_hop_by_hop(&mut parts.headers);
+    if let Some(h) = host_header(&adm.host, port) {
+        parts.headers.insert(HOST, h);
+    }
+    let upstream_req = Request::from_parts(parts, body);
+
+    let result = async {
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "upstream connection ended with an error");
+            }
+        });
+        sender.send_request(upstream_req).await
+    }
+    .await;
+    match result {
+        Ok(resp) => {
+            rec.status = Some(resp.status().as_u16());
+            ctx.record(rec);
+            let (mut parts, body) = resp.into_parts();
+            strip_hop_by_hop(&mut parts.headers);
+            Response::from_parts(parts, body.boxed())
+        }
+        Err(e) => {
+            let cause = if e.is_incomplete_message() || e.is_canceled() {
+                "upstream: closed the connection before responding".to_string()
+            } else if e.is_user() || e.is_body_write_aborted() {
+                "downstream: client disconnected".to_string()
+            } else {
+                format!("upstream: {e}")
+            };
+            rec.decision = f::FAILED;
+            rec.status = Some(StatusCode::BAD_GATEWAY.as_u16());
+            let resp = respond::bad_gateway(&target, &cause);
+            rec.error = Some(cause);
+            ctx.record(rec);
+            resp
+        }
+    }
+}

@@ -1,0 +1,210 @@
+//! The gate: an HTTP forward proxy (absolute-form + CONNECT) listening inside the sandbox
+//! netns and dialing from the host netns.
+
+mod admit;
+mod connect;
+pub mod dial;
+mod forward;
+pub mod netns;
+pub mod respond;
+mod server;
+
+use std::io;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use hickory_resolver::config::{NameServerConfigGroup, ResolverConfig, ResolverOpts, LookupIpStrategy};
+use hickory_resolver::TokioAsyncResolver;
+use hyper::{Request, Response, StatusCode};
+
+use crate::audit::{fields as f, AuditLog, GateRecord};
+use crate::policy::Policy;
+
+pub use forward::strip_hop_by_hop;
+
+/// How long `stop` waits for the runtime's tasks to wind down.
+const STOP_TIMEOUT: Duration = Duration::from_millis(800);
+
+#[derive(Debug, thiserror::Error)]
+pub enum GateError {
+    #[error("cannot open netns {path}: {source}; does the sandbox exist?")]
+    NetnsOpen { path: PathBuf, source: io::Error },
+    #[error("cannot enter netns {path}: {source}; the gate needs CAP_SYS_ADMIN (run gatewrap as root)")]
+    Setns { path: PathBuf, source: io::Error },
+    #[error("cannot listen on {addr} in netns {path}: {source}; is `lo` up there and the port free?")]
+    Bind { addr: SocketAddr, path: PathBuf, source: io::Error },
+    #[error("{0}")]
+    Thread(String),
+    #[error("cannot start the gate's runtime: {0}")]
+    Runtime(io::Error),
+    #[error("cannot read the host's DNS configuration: {0}; pass nameservers explicitly")]
+    Dns(String),
+    #[error("invalid nameserver {0:?}: expected IP:PORT, e.g. \"198.51.100.2:53\" or \"[2001:db8::2]:53\"")]
+    Nameserver(String),
+    #[error("invalid connect_timeout {0}: expected a positive number of seconds")]
+    ConnectTimeout(f64),
+}
+
+pub struct GateConfig {
+    pub run_id: String,
+    pub netns_path: PathBuf,
+    pub policy: Arc<RwLock<Policy>>,
+    pub audit: Arc<AuditLog>,
+    pub listen_port: u16,
+    /// `None`: the host's /etc/resolv.conf.
+    pub nameservers: Option<Vec<String>>,
+    pub connect_timeout: Duration,
+}
+
+#[derive(Debug, Default)]
+pub struct Counts {
+    pub allowed: AtomicU64,
+    pub denied: AtomicU64,
+    pub failed: AtomicU64,
+}
+
+/// What every connection task shares.
+pub struct Ctx {
+    run_id: String,
+    policy: Arc<RwLock<Policy>>,
+    audit: Arc<AuditLog>,
+    resolver: TokioAsyncResolver,
+    connect_timeout: Duration,
+    counts: Arc<Counts>,
+}
+
+impl Ctx {
+    fn record_for<B>(&self, event: &'static str, proto: &'static str, peer: SocketAddr, req: &Request<B>) -> GateRecord {
+        GateRecord {
+            run: self.run_id.clone(),
+            event,
+            proto,
+            client: Some(peer.to_string()),
+            method: Some(req.method().to_string()),
+            target: Some(req.uri().to_string()),
+            ..GateRecord::default()
+        }
+    }
+
+    /// Count and log one decision; a failing audit write is reported, never fatal to traffic.
+    fn record(&self, rec: GateRecord) {
+        let counter = match rec.decision {
+            f::ALLOWED => &self.counts.allowed,
+            f::DENIED => &self.counts.denied,
+            _ => &self.counts.failed,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        tracing::info!(
+            dst.host = rec.dst_host.as_deref().unwrap_or("-"),
+            dst.port = rec.dst_port.unwrap_or(0),
+            client = rec.client.as_deref().unwrap_or("-"),
+            decision = rec.decision,
+            "gate decision"
+        );
+        if let Err(e) = self.audit.write(rec.into_map()) {
+            tracing::error!(error = %e, "audit write failed");
+        }
+    }
+
+    /// Answer 400 for a request that is not a proxy request, recording it as denied.
+    fn refuse(&self, mut rec: GateRecord, reason: &str, msg: &str) -> Response<respond::Body> {
+        rec.decision = f::DENIED;
+        rec.reason = Some(reason.to_string());
+        rec.status = Some(StatusCode::BAD_REQUEST.as_u16());
+        self.record(rec);
+        respond::bad_request(msg)
+    }
+}
+
+fn parse_nameservers(list: &[String]) -> Result<ResolverConfig, GateError> {
+    let mut group = NameServerConfigGroup::new();
+    for s in list {
+        let addr: SocketAddr = s.parse().map_err(|_| GateError::Nameserver(s.clone()))?;
+        // UDP and TCP for each server.
+        group.merge(NameServerConfigGroup::from_ips_clear(&[addr.ip()], addr.port(), true));
+    }
+    Ok(ResolverConfig::from_parts(None, vec![], group))
+}
+
+fn resolver(nameservers: Option<&[String]>) -> Result<TokioAsyncResolver, GateError> {
+    let (config, mut opts) = match nameservers {
+        Some(list) => (parse_nameservers(list)?, ResolverOpts::default()),
+        None => hickory_resolver::system_conf::read_system_conf().map_err(|e| GateError::Dns(e.to_string()))?,
+    };
+    opts.ip_strategy = LookupIpStrategy::Ipv4AndIpv6;
+    Ok(TokioAsyncResolver::tokio(config, opts))
+}
+
+/// A running gate; `stop` (or drop) shuts it down.
+pub struct Gate {
+    runtime: Mutex<Option<tokio::runtime::Runtime>>,
+    listen_addrs: Vec<SocketAddr>,
+    counts: Arc<Counts>,
+}
+
+impl Gate {
+    /// Bind the listeners in the sandbox netns and start serving. Returns once listening.
+    pub fn start(config: GateConfig) -> Result<Gate, GateError> {
+        if config.connect_timeout.is_zero() {
+            return Err(GateError::ConnectTimeout(config.connect_timeout.as_secs_f64()));
+        }
+        let listeners = netns::listeners(&config.netns_path, config.listen_port)?;
+        let listen_addrs = listeners.iter().filter_map(|l| l.local_addr().ok()).collect();
+        let next = AtomicUsize::new(0);
+        // Built on the caller's thread, so its workers are in the host netns.
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name_fn(move || format!("gate-{}", next.fetch_add(1, Ordering::Relaxed)))
+            .enable_all()
+            .build()
+            .map_err(GateError::Runtime)?;
+        let counts = Arc::new(Counts::default());
+        let ctx = {
+            let _guard = runtime.enter();
+            Arc::new(Ctx {
+                run_id: config.run_id,
+                policy: config.policy,
+                audit: config.audit,
+                resolver: resolver(config.nameservers.as_deref())?,
+                connect_timeout: config.connect_timeout,
+                counts: counts.clone(),
+            })
+        };
+        for l in listeners {
+            let _guard = runtime.enter();
+            let l = tokio::net::TcpListener::from_std(l).map_err(GateError::Runtime)?;
+            runtime.spawn(server::serve(l, ctx.clone()));
+        }
+        Ok(Gate { runtime: Mutex::new(Some(runtime)), listen_addrs, counts })
+    }
+
+    pub fn listen_addrs(&self) -> &[SocketAddr] {
+        &self.listen_addrs
+    }
+
+    /// (allowed, denied, failed) decisions so far.
+    pub fn counts(&self) -> (u64, u64, u64) {
+        (
+            self.counts.allowed.load(Ordering::Relaxed),
+            self.counts.denied.load(Ordering::Relaxed),
+            self.counts.failed.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Stop accepting, abort tunnels and in-flight requests, shut the runtime down. Idempotent.
+    pub fn stop(&self) {
+        let runtime = self.runtime.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(rt) = runtime {
+            rt.shutdown_timeout(STOP_TIMEOUT);
+        }
+    }
+}
+
+impl Drop for Gate {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

@@ -1,0 +1,144 @@
+//! What runs in the forked child between `fork` and `exec`: async-signal-safe calls only.
+
+use std::fmt;
+use std::io;
+
+const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
+const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+
+/// The steps, in the order they run; a failing one is reported to the parent by its code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Step {
+    Signals = 1,
+    Setns,
+    Cgroup,
+    Setgroups,
+    Setresgid,
+    BoundingSet,
+    Ambient,
+    Setresuid,
+    Capset,
+    NoNewPrivs,
+    CloseRange,
+}
+
+impl Step {
+    const ALL: [Step; 11] = [
+        Step::Signals,
+        Step::Setns,
+        Step::Cgroup,
+        Step::Setgroups,
+        Step::Setresgid,
+        Step::BoundingSet,
+        Step::Ambient,
+        Step::Setresuid,
+        Step::Capset,
+        Step::NoNewPrivs,
+        Step::CloseRange,
+    ];
+
+    pub fn from_code(code: u8) -> Option<Step> {
+        Step::ALL.iter().copied().find(|s| *s as u8 == code)
+    }
+}
+
+impl fmt::Display for Step {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Step::Signals => "resetting SIGPIPE/SIGXFSZ",
+            Step::Setns => "setns into the sandbox netns",
+            Step::Cgroup => "joining the sandbox cgroup",
+            Step::Setgroups => "setgroups",
+            Step::Setresgid => "setresgid",
+            Step::BoundingSet => "dropping the capability bounding set",
+            Step::Ambient => "clearing ambient capabilities",
+            Step::Setresuid => "setresuid",
+            Step::Capset => "capset (clearing capabilities)",
+            Step::NoNewPrivs => "prctl(PR_SET_NO_NEW_PRIVS)",
+            Step::CloseRange => "close_range(CLOSE_RANGE_CLOEXEC)",
+        })
+    }
+}
+
+/// Everything the child needs, prepared before `fork`.
+pub struct Plan {
+    pub netns_fd: libc::c_int,
+    pub procs_fd: libc::c_int,
+    pub status_fd: libc::c_int,
+    pub groups: Vec<libc::gid_t>,
+    pub uid: libc::uid_t,
+    pub gid: libc::gid_t,
+    pub last_cap: u32,
+}
+
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: libc::c_int,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+impl Plan {
+    fn fail(&self, step: Step) -> io::Error {
+        let err = io::Error::last_os_error();
+        let code = step as u8;
+        // SAFETY: write(2) of one byte from a local; the result does not matter.
+        unsafe { libc::write(self.status_fd, (&code as *const u8).cast(), 1) };
+        err
+    }
+
+    fn check(&self, step: Step, rc: libc::c_long) -> io::Result<()> {
+        if rc < 0 {
+            Err(self.fail(step))
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Enter the sandbox and drop privileges, in this order: signals, netns, cgroup, groups,
+    /// gid, capability bounding set + ambient set, uid, capset(0), no_new_privs, and
+    /// close-on-exec for every fd above 2.
+    pub fn enter(&self) -> io::Result<()> {
+        // SAFETY (whole block): plain system calls on prepared values, no allocation.
+        unsafe {
+            // Python ignores SIGPIPE and SIGXFSZ, and ignored signals survive exec.
+            if libc::signal(libc::SIGPIPE, libc::SIG_DFL) == libc::SIG_ERR
+                || libc::signal(libc::SIGXFSZ, libc::SIG_DFL) == libc::SIG_ERR
+            {
+                return Err(self.fail(Step::Signals));
+            }
+            self.check(Step::Setns, libc::setns(self.netns_fd, libc::CLONE_NEWNET).into())?;
+            let n = libc::write(self.procs_fd, b"0".as_ptr().cast(), 1);
+            self.check(Step::Cgroup, n as libc::c_long)?;
+            self.check(Step::Setgroups, libc::setgroups(self.groups.len(), self.groups.as_ptr()).into())?;
+            self.check(Step::Setresgid, libc::setresgid(self.gid, self.gid, self.gid).into())?;
+            // Done for every uid (not only root): with the bounding set empty, nothing the
+            // child execs can gain a capability back.
+            for cap in 0..=self.last_cap {
+                let rc = libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0);
+                self.check(Step::BoundingSet, rc.into())?;
+            }
+            let rc = libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong, 0, 0, 0);
+            self.check(Step::Ambient, rc.into())?;
+            self.check(Step::Setresuid, libc::setresuid(self.uid, self.uid, self.uid).into())?;
+            let header = CapHeader { version: LINUX_CAPABILITY_VERSION_3, pid: 0 };
+            let data = [CapData { effective: 0, permitted: 0, inheritable: 0 }; 2];
+            let rc = libc::syscall(libc::SYS_capset, &header as *const CapHeader, data.as_ptr());
+            self.check(Step::Capset, rc)?;
+            let rc = libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1 as libc::c_ulong, 0, 0, 0);
+            self.check(Step::NoNewPrivs, rc.into())?;
+            // Mark, don't close: std's exec-error pipe must stay open until exec.
+            let rc = libc::syscall(libc::SYS_close_range, 3 as libc::c_uint, libc::c_uint::MAX, CLOSE_RANGE_CLOEXEC);
+            self.check(Step::CloseRange, rc)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,165 @@
+//! The policy file (TOML, schema `version = 1`), kept apart from the model in `rules.rs`.
+//!
+//! ```toml
+//! version = 1            # optional; only 1 is accepted
+//! default = "deny"       # "deny" (default) | "allow"
+//! mode = "enforce"       # "enforce" (default) | "report"
+//!
+//! [[rule]]
+//! host = "*.example.com" # required: exact host, IP literal, or "*." + name (strict subdomains)
+//! ports = [443, 8443]    # optional: `port = N` or `ports = [..]`; none = 80 and 443
+//! action = "allow"       # required: "allow" | "deny"
+//! ```
+//! Any other key is refused with its line; keys the design has but the gate does not do yet
+//! (`methods`, `path`, `timeout`, `budget`, `inspect`, action `ask`) say "not supported yet".
+
+use serde::Deserialize;
+use toml::Spanned;
+
+use super::canon::canonical_pattern;
+use super::rules::{Action, Mode, Origin, Policy, Ports, Rule};
+use super::PolicyError;
+
+/// Keys from the design that a later version will accept.
+const NOT_YET: [&str; 5] = ["methods", "path", "timeout", "budget", "inspect"];
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileSchema {
+    version: Option<Spanned<i64>>,
+    default: Option<Spanned<String>>,
+    mode: Option<Spanned<String>>,
+    #[serde(default)]
+    rule: Vec<Spanned<RuleSchema>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RuleSchema {
+    host: Spanned<String>,
+    port: Option<Spanned<i64>>,
+    ports: Option<Spanned<Vec<Spanned<i64>>>>,
+    action: Spanned<String>,
+}
+
+/// Reads policy text; `source` names the file in messages and rule ids.
+struct Reader<'a> {
+    text: &'a str,
+    source: &'a str,
+}
+
+impl Reader<'_> {
+    fn line(&self, offset: usize) -> usize {
+        let end = offset.min(self.text.len());
+        1 + self.text.as_bytes()[..end].iter().filter(|&&b| b == b'\n').count()
+    }
+
+    fn err(&self, offset: usize, msg: impl Into<String>) -> PolicyError {
+        PolicyError::File { file: self.source.to_string(), line: self.line(offset), msg: msg.into() }
+    }
+
+    fn toml_err(&self, e: &toml::de::Error) -> PolicyError {
+        let offset = e.span().map(|s| s.start).unwrap_or(0);
+        let m = e.message();
+        let msg = if let Some(key) = quoted_after(m, "unknown field `") {
+            if NOT_YET.contains(&key) {
+                format!("key `{key}` is not supported yet")
+            } else {
+                format!("unknown key `{key}`")
+            }
+        } else if let Some(key) = quoted_after(m, "missing field `") {
+            format!("missing key `{key}`")
+        } else {
+            m.trim_end().to_string()
+        };
+        self.err(offset, msg)
+    }
+
+    fn action(&self, v: &Spanned<String>) -> Result<Action, PolicyError> {
+        parse_action(v.get_ref()).map_err(|e| self.err(v.span().start, e.to_string()))
+    }
+
+    fn port(&self, v: &Spanned<i64>) -> Result<u16, PolicyError> {
+        match u16::try_from(*v.get_ref()) {
+            Ok(p) if p != 0 => Ok(p),
+            _ => Err(self.err(v.span().start, format!("invalid port {}: expected 1-65535", v.get_ref()))),
+        }
+    }
+
+    fn rule(&self, index: usize, spanned: &Spanned<RuleSchema>) -> Result<Rule, PolicyError> {
+        let r = spanned.get_ref();
+        let host = canonical_pattern(r.host.get_ref())
+            .map_err(|e| self.err(r.host.span().start, e.to_string()))?;
+        let ports = match (&r.port, &r.ports) {
+            (Some(_), Some(p)) => {
+                return Err(self.err(p.span().start, "use either `port` or `ports`, not both"))
+            }
+            (Some(p), None) => Ports::List(vec![self.port(p)?]),
+            (None, Some(list)) if list.get_ref().is_empty() => {
+                return Err(self.err(list.span().start, "`ports` is empty"))
+            }
+            (None, Some(list)) => {
+                Ports::List(list.get_ref().iter().map(|p| self.port(p)).collect::<Result<_, _>>()?)
+            }
+            (None, None) => Ports::Web,
+        };
+        let line = self.line(spanned.span().start);
+        Ok(Rule {
+            id: format!("{}:rule[{}]", self.source, index + 1),
+            host,
+            ports,
+            action: self.action(&r.action)?,
+            origin: Origin::File,
+            line: Some(line),
+        })
+    }
+
+    fn policy(&self) -> Result<Policy, PolicyError> {
+        let file: FileSchema = toml::from_str(self.text).map_err(|e| self.toml_err(&e))?;
+        if let Some(v) = &file.version {
+            if *v.get_ref() != 1 {
+                return Err(self.err(v.span().start, format!("unsupported version {}: only 1 is known", v.get_ref())));
+            }
+        }
+        let default = match &file.default {
+            Some(d) => self.action(d)?,
+            None => Action::Deny,
+        };
+        let mode = match &file.mode {
+            None => Mode::Enforce,
+            Some(m) => match m.get_ref().as_str() {
+                "enforce" => Mode::Enforce,
+                "report" => Mode::Report,
+                other => {
+                    return Err(self.err(
+                        m.span().start,
+                        format!("invalid mode {other:?}: expected \"enforce\" or \"report\""),
+                    ))
+                }
+            },
+        };
+        let file_rules =
+            file.rule.iter().enumerate().map(|(i, r)| self.rule(i, r)).collect::<Result<_, _>>()?;
+        Ok(Policy { default, mode, cli_rules: Vec::new(), file_rules })
+    }
+}
+
+fn quoted_after<'m>(message: &'m str, prefix: &str) -> Option<&'m str> {
+    let rest = message.strip_prefix(prefix)?;
+    rest.split('`').next()
+}
+
+/// `allow` | `deny`; `ask` is part of the design but not implemented.
+pub fn parse_action(s: &str) -> Result<Action, PolicyError> {
+    match s {
+        "allow" => Ok(Action::Allow),
+        "deny" => Ok(Action::Deny),
+        "ask" => Err(PolicyError::AskUnsupported),
+        other => Err(PolicyError::Action { value: other.to_string() }),
+    }
+}
+
+/// Parse a policy file. `source` (the file name) prefixes messages and rule ids.
+pub fn from_toml(text: &str, source: &str) -> Result<Policy, PolicyError> {
+    Reader { text, source }.policy()
+}

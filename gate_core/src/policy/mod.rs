@@ -1,0 +1,50 @@
+//! Policy: canonical destinations (`canon`), the model and decision (`rules`), the file (`file`).
+
+pub mod canon;
+pub mod file;
+pub mod rules;
+#[cfg(test)]
+mod tests;
+
+pub use canon::{canonical_host, canonical_pattern, Host, HostError, HostPattern};
+pub use rules::{Action, Decision, Mode, Origin, Policy, Ports, Rule};
+
+/// A policy that cannot be used: bad file, bad flag value, or a feature not built yet.
+#[derive(Debug, thiserror::Error)]
+pub enum PolicyError {
+    #[error("{file}:{line}: {msg}")]
+    File { file: String, line: usize, msg: String },
+    #[error(transparent)]
+    Host(#[from] HostError),
+    #[error("invalid port {value:?}: expected 1-65535")]
+    Port { value: String },
+    #[error("invalid action {value:?}: expected \"allow\" or \"deny\"")]
+    Action { value: String },
+    #[error("action \"ask\" is not supported yet")]
+    AskUnsupported,
+}
+
+impl Policy {
+    /// Add a command-line rule (`--allow HOST[:PORT]`, `--deny ...`). `origin` becomes its id.
+    pub fn add_rule(&mut self, spec: &str, action: &str, origin: &str) -> Result<(), PolicyError> {
+        let action = file::parse_action(action)?;
+        let (host, port) = canon::split_spec(spec)?;
+        let host = canonical_pattern(host)?;
+        let ports = match port {
+            None => Ports::Web,
+            Some(p) => match p.parse::<u16>() {
+                Ok(n) if n != 0 && p.bytes().all(|b| b.is_ascii_digit()) => Ports::List(vec![n]),
+                _ => return Err(PolicyError::Port { value: p.to_string() }),
+            },
+        };
+        self.cli_rules.push(Rule {
+            id: origin.to_string(),
+            host,
+            ports,
+            action,
+            origin: Origin::Cli,
+            line: None,
+        });
+        Ok(())
+    }
+}

@@ -1,0 +1,149 @@
+//! The policy model (independent of the file format) and the one decision function.
+
+use super::canon::{Host, HostPattern};
+
+/// Ports a rule without `port`/`ports` applies to: plain HTTP and HTTPS.
+pub const WEB_PORTS: [u16; 2] = [80, 443];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    Allow,
+    Deny,
+}
+
+impl Action {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::Allow => "allow",
+            Action::Deny => "deny",
+        }
+    }
+}
+
+/// `enforce`: the decision is carried out. `report`: everything is let through and the
+/// audit record says what enforce would have done (`would = "deny"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Enforce,
+    Report,
+}
+
+impl Mode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Enforce => "enforce",
+            Mode::Report => "report",
+        }
+    }
+}
+
+/// Where a rule came from: a command-line flag or the policy file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    Cli,
+    File,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ports {
+    /// No port given: [`WEB_PORTS`].
+    Web,
+    List(Vec<u16>),
+}
+
+impl Ports {
+    pub fn contains(&self, port: u16) -> bool {
+        match self {
+            Ports::Web => WEB_PORTS.contains(&port),
+            Ports::List(list) => list.contains(&port),
+        }
+    }
+
+    pub fn to_vec(&self) -> Vec<u16> {
+        match self {
+            Ports::Web => WEB_PORTS.to_vec(),
+            Ports::List(list) => list.clone(),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Rule {
+    /// `FILE:rule[N]` for file rules, the flag (e.g. `--allow pypi.org`) for CLI rules.
+    pub id: String,
+    pub host: HostPattern,
+    pub ports: Ports,
+    pub action: Action,
+    pub origin: Origin,
+    /// 1-based line of the `[[rule]]` header, for file rules.
+    pub line: Option<usize>,
+}
+
+impl Rule {
+    pub fn matches(&self, host: &Host, port: u16) -> bool {
+        self.ports.contains(port) && self.host.matches(host)
+    }
+}
+
+/// The outcome of [`Policy::decide`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    pub action: Action,
+    /// `policy: rule ID` or `policy: default deny|allow`.
+    pub reason: String,
+    /// The matching rule's id; `None` when the default applied.
+    pub rule: Option<String>,
+}
+
+impl Decision {
+    pub fn default_applied(&self) -> bool {
+        self.rule.is_none()
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Policy {
+    pub default: Action,
+    pub mode: Mode,
+    /// Rules from `--allow`/`--deny`, in the order added.
+    pub cli_rules: Vec<Rule>,
+    /// Rules from the policy file, in file order.
+    pub file_rules: Vec<Rule>,
+}
+
+impl Policy {
+    pub fn new(default: Action) -> Self {
+        Policy { default, mode: Mode::Enforce, cli_rules: Vec::new(), file_rules: Vec::new() }
+    }
+
+    /// All rules in evaluation order.
+    pub fn rules(&self) -> impl Iterator<Item = &Rule> {
+        self.cli_rules.iter().chain(self.file_rules.iter())
+    }
+
+    /// Decide on a canonical destination.
+    ///
+    /// Evaluation order:
+    /// 1. Command-line rules (`--allow`/`--deny`), in the order they were added.
+    /// 2. Policy-file rules, in file order.
+    /// 3. The first rule whose host pattern matches `host` and whose ports include `port`
+    ///    (no ports given = 80 and 443) decides; its id is the reason.
+    /// 4. No rule matched: the policy's `default` decides (reason `policy: default ...`).
+    ///
+    /// `mode` is not applied here: the decision is what `enforce` would do; the gate lets a
+    /// denied destination through in `report` mode and records `would = "deny"`.
+    pub fn decide(&self, host: &Host, port: u16) -> Decision {
+        match self.rules().find(|r| r.matches(host, port)) {
+            Some(rule) => Decision {
+                action: rule.action,
+                reason: format!("policy: rule {}", rule.id),
+                rule: Some(rule.id.clone()),
+            },
+            None => Decision {
+                action: self.default,
+                reason: format!("policy: default {}", self.default.as_str()),
+                rule: None,
+            },
+        }
+    }
+}

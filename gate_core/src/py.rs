@@ -1,0 +1,285 @@
+//! pyo3 bindings (`gatewrap._gate_core`): conversions and exception mapping only.
+
+use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use pyo3::create_exception;
+use pyo3::exceptions::{PyOSError, PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
+use serde_json::{Map, Value};
+
+use crate::audit::{AuditError, AuditLog};
+use crate::gate::{self as gate, Gate, GateConfig};
+use crate::launcher::{self, SpawnRequest};
+use crate::policy::{self, canonical_host, Policy};
+
+create_exception!(gatewrap._gate_core, PolicyError, PyValueError, "A bad policy file or --allow/--deny value.");
+create_exception!(gatewrap._gate_core, GateError, PyRuntimeError, "The gate could not start.");
+create_exception!(gatewrap._gate_core, SpawnError, PyOSError, "The launcher could not start the agent.");
+
+fn policy_err(e: policy::PolicyError) -> PyErr {
+    PolicyError::new_err(e.to_string())
+}
+
+fn gate_err(e: gate::GateError) -> PyErr {
+    GateError::new_err(e.to_string())
+}
+
+fn spawn_err(e: launcher::SpawnError) -> PyErr {
+    SpawnError::new_err((e.errno(), e.to_string()))
+}
+
+fn audit_err(e: AuditError) -> PyErr {
+    match e.io() {
+        Some(io) => PyOSError::new_err((io.raw_os_error().unwrap_or(libc::EIO), e.to_string())),
+        None => PyValueError::new_err(e.to_string()),
+    }
+}
+
+#[pyclass(name = "Policy", module = "gatewrap._gate_core", frozen)]
+pub struct PyPolicy {
+    inner: Arc<RwLock<Policy>>,
+}
+
+impl PyPolicy {
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Policy> {
+        self.inner.read().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+#[pymethods]
+impl PyPolicy {
+    #[staticmethod]
+    fn from_toml(text: &str, source: &str) -> PyResult<Self> {
+        let p = policy::file::from_toml(text, source).map_err(policy_err)?;
+        Ok(PyPolicy { inner: Arc::new(RwLock::new(p)) })
+    }
+
+    #[staticmethod]
+    #[pyo3(name = "new", signature = (default = "deny"))]
+    fn new_policy(default: &str) -> PyResult<Self> {
+        let action = policy::file::parse_action(default).map_err(policy_err)?;
+        Ok(PyPolicy { inner: Arc::new(RwLock::new(Policy::new(action))) })
+    }
+
+    fn add_rule(&self, spec: &str, action: &str, origin: &str) -> PyResult<()> {
+        let mut p = self.inner.write().unwrap_or_else(|p| p.into_inner());
+        p.add_rule(spec, action, origin).map_err(policy_err)
+    }
+
+    fn decide(&self, host: &str, port: u16) -> PyResult<(&'static str, String, Option<String>)> {
+        let host = canonical_host(host).map_err(|e| policy_err(e.into()))?;
+        let d = self.read().decide(&host, port);
+        Ok((d.action.as_str(), d.reason, d.rule))
+    }
+
+    #[getter]
+    fn default(&self) -> &'static str {
+        self.read().default.as_str()
+    }
+
+    #[getter]
+    fn mode(&self) -> &'static str {
+        self.read().mode.as_str()
+    }
+
+    fn describe<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
+        self.read()
+            .rules()
+            .map(|r| {
+                let d = PyDict::new(py);
+                d.set_item("id", &r.id)?;
+                d.set_item("host", r.host.to_string())?;
+                d.set_item("ports", r.ports.to_vec())?;
+                d.set_item("ports_default", matches!(r.ports, policy::Ports::Web))?;
+                d.set_item("action", r.action.as_str())?;
+                d.set_item("origin", match r.origin {
+                    policy::Origin::Cli => "cli",
+                    policy::Origin::File => "file",
+                })?;
+                d.set_item("line", r.line)?;
+                Ok(d)
+            })
+            .collect()
+    }
+
+    fn __repr__(&self) -> String {
+        let p = self.read();
+        format!("<Policy default={} mode={} rules={}>", p.default.as_str(), p.mode.as_str(), p.rules().count())
+    }
+}
+
+#[pyclass(name = "AuditLog", module = "gatewrap._gate_core", frozen)]
+pub struct PyAuditLog {
+    inner: Arc<AuditLog>,
+}
+
+fn to_json(obj: &Bound<'_, PyAny>, depth: usize) -> PyResult<Value> {
+    if depth > 64 {
+        return Err(PyValueError::new_err("audit record nested too deeply"));
+    }
+    if obj.is_none() {
+        Ok(Value::Null)
+    } else if obj.is_instance_of::<PyBool>() {
+        Ok(Value::Bool(obj.extract()?))
+    } else if obj.is_instance_of::<PyInt>() {
+        if let Ok(i) = obj.extract::<i64>() {
+            Ok(Value::from(i))
+        } else {
+            Ok(Value::from(obj.extract::<u64>()?))
+        }
+    } else if obj.is_instance_of::<PyFloat>() {
+        let f: f64 = obj.extract()?;
+        serde_json::Number::from_f64(f)
+            .map(Value::Number)
+            .ok_or_else(|| PyValueError::new_err(format!("audit record: {f} is not a JSON number")))
+    } else if let Ok(s) = obj.downcast::<PyString>() {
+        Ok(Value::String(s.to_str()?.to_string()))
+    } else if let Ok(l) = obj.downcast::<PyList>() {
+        l.iter().map(|v| to_json(&v, depth + 1)).collect::<PyResult<_>>().map(Value::Array)
+    } else if let Ok(t) = obj.downcast::<PyTuple>() {
+        t.iter().map(|v| to_json(&v, depth + 1)).collect::<PyResult<_>>().map(Value::Array)
+    } else if let Ok(d) = obj.downcast::<PyDict>() {
+        dict_to_map(d, depth + 1).map(Value::Object)
+    } else {
+        Err(PyTypeError::new_err(format!(
+            "audit record: cannot store a value of type {}",
+            obj.get_type().name()?
+        )))
+    }
+}
+
+fn dict_to_map(d: &Bound<'_, PyDict>, depth: usize) -> PyResult<Map<String, Value>> {
+    let mut m = Map::with_capacity(d.len());
+    for (k, v) in d.iter() {
+        let key = k
+            .downcast::<PyString>()
+            .map_err(|_| PyTypeError::new_err("audit record keys must be str"))?
+            .to_str()?
+            .to_string();
+        m.insert(key, to_json(&v, depth)?);
+    }
+    Ok(m)
+}
+
+#[pymethods]
+impl PyAuditLog {
+    #[new]
+    fn new(py: Python<'_>, path: PathBuf) -> PyResult<Self> {
+        let log = py.allow_threads(|| AuditLog::open(&path)).map_err(audit_err)?;
+        Ok(PyAuditLog { inner: Arc::new(log) })
+    }
+
+    #[getter]
+    fn path(&self) -> String {
+        self.inner.path().to_string_lossy().into_owned()
+    }
+
+    fn write(&self, py: Python<'_>, record: &Bound<'_, PyDict>) -> PyResult<()> {
+        let map = dict_to_map(record, 0)?;
+        let log = self.inner.clone();
+        py.allow_threads(move || log.write(map)).map_err(audit_err)
+    }
+
+    fn sync(&self, py: Python<'_>) -> PyResult<()> {
+        let log = self.inner.clone();
+        py.allow_threads(move || log.sync()).map_err(audit_err)
+    }
+
+    fn __repr__(&self) -> String {
+        format!("<AuditLog {}>", self.inner.path().display())
+    }
+}
+
+#[pyclass(name = "Gate", module = "gatewrap._gate_core", frozen)]
+pub struct PyGate {
+    inner: Gate,
+}
+
+#[pymethods]
+impl PyGate {
+    #[new]
+    #[pyo3(signature = (*, run_id, netns_path, policy, audit, listen_port = 3128, nameservers = None, connect_timeout = 10.0))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        run_id: String,
+        netns_path: PathBuf,
+        policy: PyRef<'_, PyPolicy>,
+        audit: PyRef<'_, PyAuditLog>,
+        listen_port: u16,
+        nameservers: Option<Vec<String>>,
+        connect_timeout: f64,
+    ) -> PyResult<Self> {
+        if !(connect_timeout.is_finite() && connect_timeout > 0.0) {
+            return Err(gate_err(gate::GateError::ConnectTimeout(connect_timeout)));
+        }
+        let config = GateConfig {
+            run_id,
+            netns_path,
+            policy: policy.inner.clone(),
+            audit: audit.inner.clone(),
+            listen_port,
+            nameservers,
+            connect_timeout: Duration::from_secs_f64(connect_timeout),
+        };
+        let gate = py.allow_threads(move || Gate::start(config)).map_err(gate_err)?;
+        Ok(PyGate { inner: gate })
+    }
+
+    #[getter]
+    fn listen_addrs(&self) -> Vec<String> {
+        self.inner.listen_addrs().iter().map(|a| a.to_string()).collect()
+    }
+
+    fn counts<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let (allowed, denied, failed) = self.inner.counts();
+        let d = PyDict::new(py);
+        d.set_item("allowed", allowed)?;
+        d.set_item("denied", denied)?;
+        d.set_item("failed", failed)?;
+        Ok(d)
+    }
+
+    fn stop(&self, py: Python<'_>) {
+        py.allow_threads(|| self.inner.stop());
+    }
+
+    fn __repr__(&self) -> String {
+        let addrs: Vec<String> = self.listen_addrs();
+        format!("<Gate listening on {}>", addrs.join(", "))
+    }
+}
+
+#[pyfunction]
+#[pyo3(signature = (argv, env, cwd, netns_path, cgroup_dir, uid, gid, groups))]
+#[allow(clippy::too_many_arguments)]
+fn spawn_agent(
+    py: Python<'_>,
+    argv: Vec<String>,
+    env: std::collections::BTreeMap<String, String>,
+    cwd: PathBuf,
+    netns_path: PathBuf,
+    cgroup_dir: PathBuf,
+    uid: u32,
+    gid: u32,
+    groups: Vec<u32>,
+) -> PyResult<u32> {
+    let req = SpawnRequest { argv, env: env.into_iter().collect(), cwd, netns_path, cgroup_dir, uid, gid, groups };
+    py.allow_threads(|| launcher::spawn(&req)).map_err(spawn_err)
+}
+
+#[pymodule]
+fn _gate_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add("PolicyError", py.get_type::<PolicyError>())?;
+    m.add("GateError", py.get_type::<GateError>())?;
+    m.add("SpawnError", py.get_type::<SpawnError>())?;
+    m.add_class::<PyPolicy>()?;
+    m.add_class::<PyAuditLog>()?;
+    m.add_class::<PyGate>()?;
+    m.add_function(wrap_pyfunction!(spawn_agent, m)?)?;
+    Ok(())
+}
