@@ -1,0 +1,219 @@
+//! Table-driven policy tests: (case, input, expected verdict, expected reason).
+
+use super::canon::{canonical_host, canonical_pattern, split_spec, Host};
+use super::file::from_toml;
+use super::{Action, Policy, PolicyError};
+
+#[test]
+fn canonical_hosts() {
+    let ok: &[(&str, &str, &str)] = &[
+        ("a plain name is kept", "example.com", "example.com"),
+        ("upper case is lowered", "ExAmPle.COM", "example.com"),
+        ("one trailing dot is stripped", "example.com.", "example.com"),
+        ("an IDN becomes punycode", "bücher.example", "xn--bcher-kva.example"),
+        ("an upper-case IDN becomes punycode", "BÜCHER.example", "xn--bcher-kva.example"),
+        ("an IPv4 literal is kept", "192.0.2.1", "192.0.2.1"),
+        ("an IPv4 literal with a trailing dot", "192.0.2.1.", "192.0.2.1"),
+        ("a bracketed IPv6 literal is normalised", "[2001:DB8:0:0::1]", "2001:db8::1"),
+        ("a bare IPv6 literal is normalised", "0:0:0:0:0:0:0:1", "::1"),
+        ("a hyphenated label is fine", "my-host.example", "my-host.example"),
+        ("a single label is fine", "localhost", "localhost"),
+    ];
+    for (case, input, want) in ok {
+        match canonical_host(input) {
+            Ok(h) => assert_eq!(h.to_string(), *want, "{case}"),
+            Err(e) => panic!("{case}: {input:?} refused: {e}"),
+        }
+    }
+    let bad: &[(&str, &str, &str)] = &[
+        ("empty", "", "empty"),
+        ("only a dot", ".", "empty"),
+        ("two trailing dots", "example.com..", "empty label"),
+        ("an empty label inside", "a..example.com", "empty label"),
+        ("a leading dot", ".example.com", "empty label"),
+        ("an underscore", "a_b.example.com", "characters outside [a-z0-9-.]"),
+        ("a space", "a b.example", "characters outside [a-z0-9-.]"),
+        ("broken punycode", "xn--a.example", "not a valid IDN"),
+        ("a wildcard in a request host", "*.example.com", "'*' is only allowed as a leading \"*.\" in rules"),
+        ("a numeric last label", "127.1", "numeric last label (ambiguous IPv4 form)"),
+        ("a hex last label", "a.0x7f", "numeric last label (ambiguous IPv4 form)"),
+        ("a zone id", "[fe80::1%eth0]", "not an IPv6 address inside brackets"),
+        ("unbalanced bracket", "[::1", "unbalanced '['"),
+        ("a port glued on", "example.com:443", "':' outside an IPv6 literal"),
+        ("a 64-char label", &"a".repeat(64), "label longer than 63 characters"),
+    ];
+    for (case, input, why) in bad {
+        match canonical_host(input) {
+            Ok(h) => panic!("{case}: {input:?} accepted as {h}"),
+            Err(e) => assert_eq!(e.why, *why, "{case}"),
+        }
+    }
+    let long = format!("{}.example", vec!["a".repeat(50); 5].join("."));
+    assert_eq!(canonical_host(&long).map_err(|e| e.why), Err("longer than 253 characters"));
+}
+
+#[test]
+fn patterns_match_strict_subdomains_only() {
+    let table: &[(&str, &str, &str, bool)] = &[
+        ("exact matches itself", "example.com", "example.com", true),
+        ("exact matches regardless of case and dot", "example.com", "EXAMPLE.com.", true),
+        ("exact does not match a subdomain", "example.com", "a.example.com", false),
+        ("exact does not match a longer name", "example.com", "evilexample.com", false),
+        ("wildcard matches one label down", "*.example.com", "a.example.com", true),
+        ("wildcard matches two labels down", "*.example.com", "a.b.example.com", true),
+        ("wildcard does not match the apex", "*.example.com", "example.com", false),
+        ("wildcard does not match a label boundary miss", "*.example.com", "evilexample.com", false),
+        ("wildcard does not match a suffix trick", "*.example.com", "example.com.evil.test", false),
+        ("wildcard does not match an IP", "*.example.com", "192.0.2.1", false),
+        ("IPv6 exact matches a different spelling", "[2001:db8::1]", "2001:db8:0::1", true),
+        ("IPv4 does not match its mapped IPv6 form", "127.0.0.1", "[::ffff:127.0.0.1]", false),
+        ("IDN rule matches punycode request", "bücher.example", "xn--bcher-kva.example", true),
+    ];
+    for (case, pattern, host, want) in table {
+        let p = canonical_pattern(pattern).unwrap_or_else(|e| panic!("{case}: {e}"));
+        let h = canonical_host(host).unwrap_or_else(|e| panic!("{case}: {e}"));
+        assert_eq!(p.matches(&h), *want, "{case}");
+    }
+    for (case, pattern) in [("wildcard on an IP", "*.192.0.2.1"), ("inner wildcard", "a.*.example.com"), ("bare star", "*")] {
+        assert!(canonical_pattern(pattern).is_err(), "{case}");
+    }
+}
+
+#[test]
+fn cli_specs_split_host_and_port() {
+    let table: &[(&str, &str, Option<&str>)] = &[
+        ("name only", "pypi.org", None),
+        ("name and port", "pypi.org:8443", Some("8443")),
+        ("bracketed IPv6 and port", "[::1]:443", Some("443")),
+        ("bracketed IPv6 alone", "[::1]", None),
+        ("bare IPv6", "2001:db8::1", None),
+        ("wildcard and port", "*.example.com:443", Some("443")),
+    ];
+    for (case, spec, port) in table {
+        let (_, p) = split_spec(spec).unwrap_or_else(|e| panic!("{case}: {e}"));
+        assert_eq!(p, *port, "{case}");
+    }
+}
+
+const FILE: &str = r#"
+version = 1
+default = "deny"
+
+[[rule]]
+host = "blocked.example.com"
+action = "deny"
+
+[[rule]]
+host = "*.example.com"
+action = "allow"
+
+[[rule]]
+host = "api.example.org"
+ports = [8443, 9443]
+action = "allow"
+
+[[rule]]
+host = "127.0.0.1"
+port = 8080
+action = "allow"
+"#;
+
+fn policy_with_cli() -> Policy {
+    let mut p = from_toml(FILE, "policy.toml").expect("fixture parses");
+    p.add_rule("a.example.com", "deny", "--deny a.example.com").expect("valid flag");
+    p.add_rule("[::1]:443", "allow", "--allow [::1]:443").expect("valid flag");
+    p
+}
+
+#[test]
+fn decisions_follow_evaluation_order() {
+    let p = policy_with_cli();
+    let table: &[(&str, &str, u16, Action, &str)] = &[
+        ("a CLI deny beats a file allow", "a.example.com", 443, Action::Deny, "policy: rule --deny a.example.com"),
+        ("the first file rule wins over a later one", "blocked.example.com", 443, Action::Deny, "policy: rule policy.toml:rule[1]"),
+        ("a wildcard allows a subdomain on 443", "b.example.com", 443, Action::Allow, "policy: rule policy.toml:rule[2]"),
+        ("a wildcard allows a subdomain on 80", "b.example.com", 80, Action::Allow, "policy: rule policy.toml:rule[2]"),
+        ("no port means not 8080", "b.example.com", 8080, Action::Deny, "policy: default deny"),
+        ("the apex falls to the default", "example.com", 443, Action::Deny, "policy: default deny"),
+        ("a listed port is allowed", "api.example.org", 9443, Action::Allow, "policy: rule policy.toml:rule[3]"),
+        ("an unlisted port is not", "api.example.org", 443, Action::Deny, "policy: default deny"),
+        ("a single port on an IP", "127.0.0.1", 8080, Action::Allow, "policy: rule policy.toml:rule[4]"),
+        ("another port on that IP", "127.0.0.1", 80, Action::Deny, "policy: default deny"),
+        ("an IPv6 CLI rule with a port", "::1", 443, Action::Allow, "policy: rule --allow [::1]:443"),
+        ("an unrelated host", "evilexample.com", 443, Action::Deny, "policy: default deny"),
+    ];
+    for (case, host, port, action, reason) in table {
+        let h = canonical_host(host).unwrap_or_else(|e| panic!("{case}: {e}"));
+        let d = p.decide(&h, *port);
+        assert_eq!(d.action, *action, "{case}");
+        assert_eq!(d.reason, *reason, "{case}");
+        assert_eq!(d.default_applied(), reason.contains("default"), "{case}");
+    }
+}
+
+#[test]
+fn default_allow_and_report_mode() {
+    let p = from_toml("default = \"allow\"\nmode = \"report\"\n", "p.toml").expect("parses");
+    let d = p.decide(&Host::Name("x.test".into()), 443);
+    assert_eq!((d.action, d.reason.as_str(), d.rule), (Action::Allow, "policy: default allow", None));
+    assert_eq!(p.mode, super::Mode::Report);
+}
+
+#[test]
+fn file_rules_carry_line_numbers() {
+    let p = from_toml(FILE, "policy.toml").expect("parses");
+    let lines: Vec<_> = p.file_rules.iter().map(|r| r.line).collect();
+    assert_eq!(lines, vec![Some(5), Some(9), Some(13), Some(18)]);
+}
+
+#[test]
+fn bad_files_name_the_line_and_key() {
+    let table: &[(&str, &str, &str)] = &[
+        ("an unknown top-level key", "default = \"deny\"\ncolour = 1\n", "p.toml:2: unknown key `colour`"),
+        ("an unknown rule key", "[[rule]]\nhost = \"a.test\"\naction = \"allow\"\nfoo = 1\n", "p.toml:4: unknown key `foo`"),
+        ("methods is not supported yet", "[[rule]]\nhost = \"a.test\"\nmethods = [\"GET\"]\naction = \"allow\"\n", "p.toml:3: key `methods` is not supported yet"),
+        ("budget is not supported yet", "[[rule]]\nhost = \"a.test\"\naction = \"allow\"\nbudget = { count = 1, per = \"1m\" }\n", "p.toml:4: key `budget` is not supported yet"),
+        ("ask as an action", "[[rule]]\nhost = \"a.test\"\naction = \"ask\"\n", "p.toml:3: action \"ask\" is not supported yet"),
+        ("ask as the default", "default = \"ask\"\n", "p.toml:1: action \"ask\" is not supported yet"),
+        ("a bad action", "[[rule]]\nhost = \"a.test\"\naction = \"permit\"\n", "p.toml:3: invalid action \"permit\": expected \"allow\" or \"deny\""),
+        ("a missing host", "\n[[rule]]\naction = \"allow\"\n", "p.toml:2: missing key `host`"),
+        ("a bad host", "[[rule]]\nhost = \"a..test\"\naction = \"allow\"\n", "p.toml:2: invalid host \"a..test\": empty label"),
+        ("port zero", "[[rule]]\nhost = \"a.test\"\nport = 0\naction = \"allow\"\n", "p.toml:3: invalid port 0: expected 1-65535"),
+        ("port too large", "[[rule]]\nhost = \"a.test\"\nports = [443, 70000]\naction = \"allow\"\n", "p.toml:3: invalid port 70000: expected 1-65535"),
+        ("port and ports", "[[rule]]\nhost = \"a.test\"\nport = 1\nports = [2]\naction = \"allow\"\n", "p.toml:4: use either `port` or `ports`, not both"),
+        ("empty ports", "[[rule]]\nhost = \"a.test\"\nports = []\naction = \"allow\"\n", "p.toml:3: `ports` is empty"),
+        ("version 2", "version = 2\n", "p.toml:1: unsupported version 2: only 1 is known"),
+        ("a bad mode", "mode = \"audit\"\n", "p.toml:1: invalid mode \"audit\": expected \"enforce\" or \"report\""),
+    ];
+    for (case, text, want) in table {
+        match from_toml(text, "p.toml") {
+            Ok(_) => panic!("{case}: accepted"),
+            Err(e) => assert_eq!(e.to_string(), *want, "{case}"),
+        }
+    }
+    let syntax = from_toml("[[rule]\n", "p.toml").err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(syntax.starts_with("p.toml:1: "), "syntax error names the line: {syntax}");
+}
+
+#[test]
+fn bad_cli_rules_name_the_value() {
+    let mut p = Policy::new(Action::Deny);
+    let table: &[(&str, &str, &str, &str)] = &[
+        ("port zero", "a.test:0", "allow", "invalid port \"0\": expected 1-65535"),
+        ("port not a number", "a.test:https", "allow", "invalid port \"https\": expected 1-65535"),
+        ("port with a sign", "a.test:+443", "allow", "invalid port \"+443\": expected 1-65535"),
+        ("empty port", "a.test:", "allow", "invalid port \"\": expected 1-65535"),
+        ("empty host", ":443", "allow", "invalid host \"\": empty"),
+        ("bad host", "a..test", "allow", "invalid host \"a..test\": empty label"),
+        ("junk after brackets", "[::1]x", "allow", "invalid host \"[::1]x\": expected ':PORT' after ']'"),
+        ("ask", "a.test", "ask", "action \"ask\" is not supported yet"),
+    ];
+    for (case, spec, action, want) in table {
+        match p.add_rule(spec, action, "--x") {
+            Ok(()) => panic!("{case}: accepted"),
+            Err(e) => assert_eq!(e.to_string(), *want, "{case}"),
+        }
+    }
+    assert!(p.cli_rules.is_empty());
+    assert!(matches!(p.add_rule("a.test", "maybe", "--x"), Err(PolicyError::Action { .. })));
+}
