@@ -4,6 +4,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use hyper::body::Incoming;
+use hyper::header::{HeaderValue, CONNECTION};
 use hyper::upgrade::OnUpgrade;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
@@ -15,7 +16,17 @@ use super::admit::admit;
 use super::respond::{self, Body};
 use super::{dial, Ctx};
 
-pub async fn handle(ctx: Arc<Ctx>, peer: SocketAddr, mut req: Request<Incoming>) -> Response<Body> {
+/// A CONNECT that did not open a tunnel ends the connection: what the client sends next
+/// (typically a TLS ClientHello) is not HTTP.
+pub async fn handle(ctx: Arc<Ctx>, peer: SocketAddr, req: Request<Incoming>) -> Response<Body> {
+    let mut resp = open(ctx, peer, req).await;
+    if !resp.status().is_success() {
+        resp.headers_mut().insert(CONNECTION, HeaderValue::from_static("close"));
+    }
+    resp
+}
+
+async fn open(ctx: Arc<Ctx>, peer: SocketAddr, mut req: Request<Incoming>) -> Response<Body> {
     let mut rec = ctx.record_for(f::EVENT_CONNECT, f::PROTO_CONNECT, peer, &req);
     let Some((host, port)) = req.uri().authority().and_then(|a| a.port_u16().map(|p| (a.host().to_string(), p)))
     else {

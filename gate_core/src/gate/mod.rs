@@ -131,7 +131,12 @@ fn parse_nameservers(list: &[String]) -> Result<ResolverConfig, GateError> {
 
 fn resolver(nameservers: Option<&[String]>) -> Result<TokioAsyncResolver, GateError> {
     let (config, mut opts) = match nameservers {
-        Some(list) => (parse_nameservers(list)?, ResolverOpts::default()),
+        // Explicit nameservers mean exactly those: no /etc/hosts either.
+        Some(list) => {
+            let mut opts = ResolverOpts::default();
+            opts.use_hosts_file = false;
+            (parse_nameservers(list)?, opts)
+        }
         None => hickory_resolver::system_conf::read_system_conf().map_err(|e| GateError::Dns(e.to_string()))?,
     };
     opts.ip_strategy = LookupIpStrategy::Ipv4AndIpv6;

@@ -45,6 +45,7 @@ async fn connection(stream: TcpStream, peer: SocketAddr, ctx: Arc<Ctx>) {
         .timer(TokioTimer::new())
         .header_read_timeout(HEAD_TIMEOUT)
         .max_buf_size(MAX_HEAD_BYTES)
+        .max_header_size(MAX_HEAD_BYTES)
         .serve_connection(TokioIo::new(stream), service)
         .with_upgrades();
     if let Err(e) = conn.await {

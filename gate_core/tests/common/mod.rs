@@ -1,0 +1,79 @@
+//! Test fixtures that touch the kernel: a netns and a cgroup, removed on drop. Root only.
+
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::process::Command;
+
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+fn ip(args: &[&str]) {
+    let ok = Command::new("ip").args(args).status().map(|s| s.success()).unwrap_or(false);
+    assert!(ok, "ip {args:?} failed");
+}
+
+/// `ip netns add NAME` with `lo` up; deleted on drop.
+pub struct Netns {
+    pub name: String,
+}
+
+impl Netns {
+    pub fn new(tag: &str) -> Netns {
+        let name = format!("gwt-{tag}-{}", std::process::id());
+        let _ = Command::new("ip").args(["netns", "del", &name]).stderr(std::process::Stdio::null()).status();
+        ip(&["netns", "add", &name]);
+        ip(&["-n", &name, "link", "set", "lo", "up"]);
+        Netns { name }
+    }
+
+    pub fn path(&self) -> PathBuf {
+        PathBuf::from("/run/netns").join(&self.name)
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.name]).status();
+    }
+}
+
+/// The cgroup2 mount point, from /proc/self/mounts.
+pub fn cgroup2_root() -> PathBuf {
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+    mounts
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .find(|f| f.len() > 2 && f[2] == "cgroup2")
+        .map(|f| PathBuf::from(f[1]))
+        .unwrap_or_else(|| PathBuf::from("/sys/fs/cgroup"))
+}
+
+/// A child cgroup of the cgroup2 root; removed on drop (it must be empty by then).
+pub struct Cgroup {
+    pub dir: PathBuf,
+    pub rel: String,
+}
+
+impl Cgroup {
+    pub fn new(tag: &str) -> Cgroup {
+        let rel = format!("gwtest-{tag}-{}", std::process::id());
+        let dir = cgroup2_root().join(&rel);
+        let _ = std::fs::remove_dir(&dir);
+        std::fs::create_dir(&dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
+        Cgroup { dir, rel }
+    }
+}
+
+impl Drop for Cgroup {
+    fn drop(&mut self) {
+        for _ in 0..50 {
+            if std::fs::remove_dir(&self.dir).is_ok() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+}

@@ -1,0 +1,141 @@
+//! The pre-exec launcher against the real kernel (root): netns, cgroup, uid, capabilities,
+//! no_new_privs and inherited fds.
+
+mod common;
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use _gate_core::launcher::{spawn, SpawnError, SpawnRequest};
+use common::{is_root, Cgroup, Netns};
+
+const NOBODY: u32 = 65534;
+
+fn request(argv: &[&str], ns: &Netns, cg: &Cgroup, uid: u32, cwd: &Path) -> SpawnRequest {
+    SpawnRequest {
+        argv: argv.iter().map(|s| s.to_string()).collect(),
+        env: vec![("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into())],
+        cwd: cwd.to_path_buf(),
+        netns_path: ns.path(),
+        cgroup_dir: cg.dir.clone(),
+        uid,
+        gid: uid,
+        groups: vec![],
+    }
+}
+
+fn status_field(pid: u32, key: &str) -> String {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{key}:")))
+        .map(|v| v.split_whitespace().collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+fn kill_and_reap(pid: u32) {
+    // SAFETY: signalling and reaping our own child.
+    unsafe {
+        libc::kill(pid as i32, libc::SIGKILL);
+        let mut st = 0;
+        libc::waitpid(pid as i32, &mut st, 0);
+    }
+}
+
+fn wait_exit_code(pid: u32) -> i32 {
+    let mut st = 0;
+    // SAFETY: reaping our own child.
+    unsafe { libc::waitpid(pid as i32, &mut st, 0) };
+    libc::WEXITSTATUS(st)
+}
+
+fn tmpdir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("gw-launcher-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).expect("tmpdir");
+    std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    d
+}
+
+/// Checks one sleeping child: sandbox membership and no privileges.
+fn assert_sandboxed(pid: u32, ns: &Netns, cg: &Cgroup, uid: u32) {
+    let ids = format!("{uid} {uid} {uid} {uid}");
+    assert_eq!(status_field(pid, "Uid"), ids, "uid");
+    assert_eq!(status_field(pid, "Gid"), ids, "gid");
+    assert_eq!(status_field(pid, "Groups"), "", "no supplementary groups");
+    for caps in ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"] {
+        assert_eq!(status_field(pid, caps), "0000000000000000", "{caps}");
+    }
+    assert_eq!(status_field(pid, "NoNewPrivs"), "1");
+    let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+    assert!(cgroup.lines().any(|l| l == format!("0::/{}", cg.rel)), "cgroup: {cgroup}");
+    let ino = |p: &Path| std::fs::metadata(p).map(|m| m.ino()).unwrap_or(0);
+    assert_eq!(ino(&PathBuf::from(format!("/proc/{pid}/ns/net"))), ino(&ns.path()), "netns");
+    let mut fds: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| d.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .unwrap_or_default();
+    fds.sort();
+    assert_eq!(fds, vec!["0", "1", "2"], "only stdio is inherited");
+}
+
+#[test]
+fn child_enters_the_sandbox_without_privileges() {
+    if !is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let ns = Netns::new("l1");
+    let cg = Cgroup::new("l1");
+    let cwd = tmpdir("l1");
+    // An fd without O_CLOEXEC, as Python or a careless library might leave open.
+    // SAFETY: open(2) on a constant path.
+    let leaked = unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_RDONLY) };
+    assert!(leaked > 2);
+
+    for uid in [NOBODY, 0] {
+        let pid = spawn(&request(&["sleep", "30"], &ns, &cg, uid, &cwd)).expect("spawn sleep");
+        assert_sandboxed(pid, &ns, &cg, uid);
+        kill_and_reap(pid);
+    }
+
+    let out = cwd.join("out");
+    let script = format!("id -u > {}", out.display());
+    let pid = spawn(&request(&["sh", "-c", &script], &ns, &cg, NOBODY, &cwd)).expect("spawn id");
+    assert_eq!(wait_exit_code(pid), 0);
+    assert_eq!(std::fs::read_to_string(&out).unwrap_or_default().trim(), "65534");
+
+    // SAFETY: closing the fd opened above.
+    unsafe { libc::close(leaked) };
+    let _ = std::fs::remove_dir_all(&cwd);
+}
+
+#[test]
+fn exec_failures_name_the_command() {
+    if !is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let ns = Netns::new("l2");
+    let cg = Cgroup::new("l2");
+    let cwd = tmpdir("l2");
+    let not_exec = cwd.join("script");
+    std::fs::write(&not_exec, "#!/bin/sh\n").expect("write");
+    let not_exec = not_exec.to_string_lossy().into_owned();
+
+    let cases: Vec<(&str, Vec<&str>, &str, i32)> = vec![
+        ("a missing command", vec!["gw-no-such-command"], "command not found: gw-no-such-command", libc::ENOENT),
+        ("a file without x bit", vec![&not_exec], "permission denied: ", libc::EACCES),
+    ];
+    for (case, argv, msg, errno) in cases {
+        match spawn(&request(&argv, &ns, &cg, NOBODY, &cwd)) {
+            Ok(pid) => panic!("{case}: spawned {pid}"),
+            Err(e) => {
+                assert!(e.to_string().starts_with(msg), "{case}: {e}");
+                assert_eq!(e.errno(), errno, "{case}");
+            }
+        }
+    }
+    let mut bad = request(&["true"], &ns, &cg, NOBODY, &cwd);
+    bad.netns_path = PathBuf::from("/run/netns/gw-does-not-exist");
+    assert!(matches!(spawn(&bad), Err(SpawnError::Netns { .. })));
+    let _ = std::fs::remove_dir_all(&cwd);
+}
