@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use _gate_core::audit::AuditLog;
 use _gate_core::gate::{Gate, GateConfig};
 use _gate_core::policy::{file::from_toml, Mode, Policy};
-use common::{is_root, Netns};
+use common::{is_root, Netns, TempDir};
 use serde_json::Value;
 
 /// A tiny upstream on host loopback: answers every request with what it received.
@@ -126,9 +126,8 @@ fn gate_forwards_tunnels_denies_and_audits() {
     let closed = TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("closed port");
     // A nameserver that never answers: proves denied names are not resolved.
     let dns = UdpSocket::bind("127.0.0.1:0").expect("dns socket");
-    let dir = std::env::temp_dir().join(format!("gw-gate-test-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let audit_path = dir.join("audit.jsonl");
+    let dir = TempDir::new("gate-test");
+    let audit_path = dir.path.join("audit.jsonl");
 
     let text = format!(
         "default = \"deny\"\n\n[[rule]]\nhost = \"127.0.0.1\"\nports = [{}, {}]\naction = \"allow\"\n\n[[rule]]\nhost = \"nx.test\"\naction = \"allow\"\n",
@@ -266,7 +265,6 @@ fn gate_forwards_tunnels_denies_and_audits() {
     let ended = client.join().expect("client");
     assert!(ended.is_ok(), "the tunnel was closed, not left hanging: {ended:?}");
     drop(gate);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]

@@ -7,7 +7,7 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use _gate_core::launcher::{spawn, SpawnError, SpawnRequest};
-use common::{is_root, Cgroup, Netns};
+use common::{is_root, Cgroup, Netns, TempDir};
 
 const NOBODY: u32 = 65534;
 
@@ -48,11 +48,10 @@ fn wait_exit_code(pid: u32) -> i32 {
     libc::WEXITSTATUS(st)
 }
 
-fn tmpdir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("gw-launcher-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).expect("tmpdir");
-    std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+/// A scratch directory the unprivileged child can write to.
+fn tmpdir(tag: &str) -> TempDir {
+    let d = TempDir::new(&format!("launcher-{tag}"));
+    std::fs::set_permissions(&d.path, std::fs::Permissions::from_mode(0o777)).expect("chmod");
     d
 }
 
@@ -85,7 +84,8 @@ fn child_enters_the_sandbox_without_privileges() {
     }
     let ns = Netns::new("l1");
     let cg = Cgroup::new("l1");
-    let cwd = tmpdir("l1");
+    let tmp = tmpdir("l1");
+    let cwd = tmp.path.clone();
     // An fd without O_CLOEXEC, as Python or a careless library might leave open.
     // SAFETY: open(2) on a constant path.
     let leaked = unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_RDONLY) };
@@ -105,7 +105,6 @@ fn child_enters_the_sandbox_without_privileges() {
 
     // SAFETY: closing the fd opened above.
     unsafe { libc::close(leaked) };
-    let _ = std::fs::remove_dir_all(&cwd);
 }
 
 #[test]
@@ -116,7 +115,8 @@ fn exec_failures_name_the_command() {
     }
     let ns = Netns::new("l2");
     let cg = Cgroup::new("l2");
-    let cwd = tmpdir("l2");
+    let tmp = tmpdir("l2");
+    let cwd = tmp.path.clone();
     let not_exec = cwd.join("script");
     std::fs::write(&not_exec, "#!/bin/sh\n").expect("write");
     let not_exec = not_exec.to_string_lossy().into_owned();
@@ -137,5 +137,4 @@ fn exec_failures_name_the_command() {
     let mut bad = request(&["true"], &ns, &cg, NOBODY, &cwd);
     bad.netns_path = PathBuf::from("/run/netns/gw-does-not-exist");
     assert!(matches!(spawn(&bad), Err(SpawnError::Netns { .. })));
-    let _ = std::fs::remove_dir_all(&cwd);
 }
