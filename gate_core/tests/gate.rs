@@ -41,6 +41,17 @@ fn upstream() -> SocketAddr {
     addr
 }
 
+/// An upstream that accepts and never answers.
+fn silent_upstream() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind silent upstream");
+    let addr = l.local_addr().expect("addr");
+    std::thread::spawn(move || {
+        let held: Vec<TcpStream> = l.incoming().flatten().collect();
+        drop(held);
+    });
+    addr
+}
+
 /// Run `f` on a thread that has entered the netns at `ns`.
 fn in_netns<T: Send + 'static>(ns: PathBuf, f: impl FnOnce() -> T + Send + 'static) -> T {
     std::thread::spawn(move || {
@@ -124,15 +135,17 @@ fn gate_forwards_tunnels_denies_and_audits() {
     let ns = Netns::new("gate");
     let up = upstream();
     let closed = TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("closed port");
+    let silent = silent_upstream();
     // A nameserver that never answers: proves denied names are not resolved.
     let dns = UdpSocket::bind("127.0.0.1:0").expect("dns socket");
     let dir = TempDir::new("gate-test");
     let audit_path = dir.path.join("audit.jsonl");
 
     let text = format!(
-        "default = \"deny\"\n\n[[rule]]\nhost = \"127.0.0.1\"\nports = [{}, {}]\naction = \"allow\"\n\n[[rule]]\nhost = \"nx.test\"\naction = \"allow\"\n",
+        "default = \"deny\"\n\n[[rule]]\nhost = \"127.0.0.1\"\nports = [{}, {}, {}]\naction = \"allow\"\n\n[[rule]]\nhost = \"nx.test\"\naction = \"allow\"\n",
         up.port(),
-        closed.port()
+        closed.port(),
+        silent.port()
     );
     let policy = Arc::new(RwLock::new(from_toml(&text, "policy.toml").expect("policy")));
     let gate = Gate::start(GateConfig {
@@ -205,7 +218,20 @@ fn gate_forwards_tunnels_denies_and_audits() {
     let resp = exchange(ns.path(), g4, big);
     assert!(resp.is_empty() || resp.starts_with("HTTP/1.1 431"), "{}", &resp[..resp.len().min(300)]);
 
-    // 6. Report mode: a denied destination goes through and the record says so.
+    // 6. Credentials in the URL stay out of the audit log.
+    let resp = exchange(ns.path(), g4, format!("GET http://user:hunter2@127.0.0.1:{}/cred HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", up.port()));
+    assert!(resp.starts_with("HTTP/1.1 200"), "{}", &resp[..resp.len().min(300)]);
+
+    // 7. A client that gives up while the upstream is silent still leaves a record.
+    let silent_target = format!("http://127.0.0.1:{}/slow", silent.port());
+    let req = format!("GET {silent_target} HTTP/1.1\r\nHost: x\r\n\r\n");
+    in_netns(ns.path(), move || {
+        let mut s = connect(g4);
+        s.write_all(req.as_bytes()).expect("send");
+        std::thread::sleep(Duration::from_millis(200));
+    });
+
+    // 8. Report mode: a denied destination goes through and the record says so.
     policy.write().expect("lock").mode = Mode::Report;
     let (head, _) = tunnel(ns.path(), g4, format!("localhost:{}", up.port()));
     assert!(head.starts_with("HTTP/1.1 200"), "report mode lets it through: {head}");
@@ -240,9 +266,17 @@ fn gate_forwards_tunnels_denies_and_audits() {
     assert_eq!((report["decision"].as_str(), report["would"].as_str()), (Some("allowed"), Some("deny")));
     assert_eq!(find(&lines, "request", "/")["status"], 400);
 
-    assert_eq!(gate.counts(), (4, 5, 2), "allowed (fwd, 2 tunnels, report), denied (3 policy, 2 bad), failed");
+    let cred = find(&lines, "request", &format!("http://127.0.0.1:{}/cred", up.port()));
+    assert_eq!(cred["status"], 200);
+    assert!(!std::fs::read_to_string(&audit_path).unwrap_or_default().contains("hunter2"));
+    // hyper drops the service future when the client goes; the pending record is written.
+    let gone = find(&lines, "request", &silent_target);
+    assert_eq!((gone["decision"].as_str(), gone["error"].as_str()), (Some("failed"), Some("downstream: client disconnected")));
+    assert!(gone.get("status").is_none(), "no status was sent: {gone}");
 
-    // 7. stop(): an open tunnel is cut and shutdown takes well under 2 s.
+    assert_eq!(gate.counts().1, 5, "denied: 3 by policy, 2 bad requests");
+
+    // 9. stop(): an open tunnel is cut and shutdown takes well under 2 s.
     let ns_path = ns.path();
     let upstream_target = format!("127.0.0.1:{}", up.port());
     let (tx, rx) = std::sync::mpsc::channel();
@@ -264,6 +298,7 @@ fn gate_forwards_tunnels_denies_and_audits() {
     assert!(t0.elapsed() < Duration::from_secs(2), "stop took {:?}", t0.elapsed());
     let ended = client.join().expect("client");
     assert!(ended.is_ok(), "the tunnel was closed, not left hanging: {ended:?}");
+    assert_eq!(gate.counts(), (6, 5, 3), "allowed: fwd, 2 tunnels, cred, report, last tunnel; failed: refused, nx, abandoned");
     drop(gate);
 }
 

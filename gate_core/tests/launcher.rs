@@ -69,11 +69,29 @@ fn assert_sandboxed(pid: u32, ns: &Netns, cg: &Cgroup, uid: u32) {
     assert!(cgroup.lines().any(|l| l == format!("0::/{}", cg.rel)), "cgroup: {cgroup}");
     let ino = |p: &Path| std::fs::metadata(p).map(|m| m.ino()).unwrap_or(0);
     assert_eq!(ino(&PathBuf::from(format!("/proc/{pid}/ns/net"))), ino(&ns.path()), "netns");
-    let mut fds: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .map(|d| d.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect())
-        .unwrap_or_default();
-    fds.sort();
-    assert_eq!(fds, vec!["0", "1", "2"], "only stdio is inherited");
+    // Right after exec the dynamic loader briefly holds fd 3 (libc.so); an inherited fd
+    // would stay, so wait for the set to settle.
+    let fds = || {
+        let mut v: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .map(|d| d.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+            .unwrap_or_default();
+        v.sort();
+        v
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    while fds() != ["0", "1", "2"] && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert_eq!(fds(), vec!["0", "1", "2"], "only stdio is inherited");
+}
+
+/// Kills and reaps the child on drop, so a failed assertion leaves no process behind.
+struct Reaper(u32);
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        kill_and_reap(self.0);
+    }
 }
 
 #[test]
@@ -93,8 +111,8 @@ fn child_enters_the_sandbox_without_privileges() {
 
     for uid in [NOBODY, 0] {
         let pid = spawn(&request(&["sleep", "30"], &ns, &cg, uid, &cwd)).expect("spawn sleep");
+        let _reaper = Reaper(pid);
         assert_sandboxed(pid, &ns, &cg, uid);
-        kill_and_reap(pid);
     }
 
     let out = cwd.join("out");

@@ -14,6 +14,7 @@ use crate::audit::fields as f;
 
 use super::admit::admit;
 use super::respond::{self, Body};
+use super::ctx::Pending;
 use super::{dial, Ctx};
 
 /// A CONNECT that did not open a tunnel ends the connection: what the client sends next
@@ -43,20 +44,23 @@ async fn open(ctx: Arc<Ctx>, peer: SocketAddr, mut req: Request<Incoming>) -> Re
         return respond::denied(&adm.host, port, &adm.decision);
     }
     let target = adm.host.with_port(port);
+    let mut pending = Pending::new(ctx.clone(), rec);
     match dial::dial(&ctx.resolver, &adm.host, port, ctx.connect_timeout).await {
         Err(e) => {
             let resp = respond::upstream_failure(&target, &e);
+            let rec = pending.rec();
             rec.decision = f::FAILED;
             rec.dst_ip = e.addr().map(|a| a.ip().to_string());
             rec.error = Some(e.to_string());
             rec.status = Some(resp.status().as_u16());
-            ctx.record(rec);
+            pending.finish();
             resp
         }
         Ok((upstream, addr)) => {
+            let rec = pending.rec();
             rec.dst_ip = Some(addr.ip().to_string());
             rec.status = Some(StatusCode::OK.as_u16());
-            ctx.record(rec);
+            pending.finish();
             tokio::spawn(tunnel(hyper::upgrade::on(&mut req), upstream, peer, target));
             Response::new(respond::empty())
         }

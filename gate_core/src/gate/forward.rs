@@ -15,6 +15,7 @@ use crate::policy::Host;
 
 use super::admit::admit;
 use super::respond::{self, Body};
+use super::ctx::Pending;
 use super::{dial, Ctx};
 
 /// Headers that describe one hop and are never forwarded (RFC 9110 §7.6.1), besides the
@@ -75,19 +76,21 @@ pub async fn handle(ctx: Arc<Ctx>, peer: SocketAddr, req: Request<Incoming>) -> 
         return respond::denied(&adm.host, port, &adm.decision);
     }
     let target = adm.host.with_port(port);
+    let mut pending = Pending::new(ctx.clone(), rec);
     let (stream, addr) = match dial::dial(&ctx.resolver, &adm.host, port, ctx.connect_timeout).await {
         Ok(ok) => ok,
         Err(e) => {
             let resp = respond::upstream_failure(&target, &e);
+            let rec = pending.rec();
             rec.decision = f::FAILED;
             rec.dst_ip = e.addr().map(|a| a.ip().to_string());
             rec.error = Some(e.to_string());
             rec.status = Some(resp.status().as_u16());
-            ctx.record(rec);
+            pending.finish();
             return resp;
         }
     };
-    rec.dst_ip = Some(addr.ip().to_string());
+    pending.rec().dst_ip = Some(addr.ip().to_string());
 
     let (mut parts, body) = req.into_parts();
     let pq = parts.uri.path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/"));
@@ -111,8 +114,8 @@ pub async fn handle(ctx: Arc<Ctx>, peer: SocketAddr, req: Request<Incoming>) -> 
     .await;
     match result {
         Ok(resp) => {
-            rec.status = Some(resp.status().as_u16());
-            ctx.record(rec);
+            pending.rec().status = Some(resp.status().as_u16());
+            pending.finish();
             let (mut parts, body) = resp.into_parts();
             strip_hop_by_hop(&mut parts.headers);
             Response::from_parts(parts, body.boxed())
@@ -125,11 +128,12 @@ pub async fn handle(ctx: Arc<Ctx>, peer: SocketAddr, req: Request<Incoming>) -> 
             } else {
                 format!("upstream: {e}")
             };
-            rec.decision = f::FAILED;
-            rec.status = Some(StatusCode::BAD_GATEWAY.as_u16());
             let resp = respond::bad_gateway(&target, &cause);
+            let rec = pending.rec();
+            rec.decision = f::FAILED;
+            rec.status = Some(resp.status().as_u16());
             rec.error = Some(cause);
-            ctx.record(rec);
+            pending.finish();
             resp
         }
     }

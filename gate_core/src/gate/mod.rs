@@ -3,6 +3,7 @@
 
 mod admit;
 mod connect;
+mod ctx;
 pub mod dial;
 mod forward;
 pub mod netns;
@@ -12,17 +13,18 @@ mod server;
 use std::io;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use hickory_resolver::config::{NameServerConfigGroup, ResolverConfig, ResolverOpts, LookupIpStrategy};
 use hickory_resolver::TokioAsyncResolver;
-use hyper::{Request, Response, StatusCode};
 
-use crate::audit::{fields as f, AuditLog, GateRecord};
+use crate::audit::AuditLog;
 use crate::policy::Policy;
 
+pub use ctx::Counts;
+use ctx::Ctx;
 pub use forward::strip_hop_by_hop;
 
 /// How long `stop` waits for the runtime's tasks to wind down.
@@ -57,66 +59,6 @@ pub struct GateConfig {
     /// `None`: the host's /etc/resolv.conf.
     pub nameservers: Option<Vec<String>>,
     pub connect_timeout: Duration,
-}
-
-#[derive(Debug, Default)]
-pub struct Counts {
-    pub allowed: AtomicU64,
-    pub denied: AtomicU64,
-    pub failed: AtomicU64,
-}
-
-/// What every connection task shares.
-pub struct Ctx {
-    run_id: String,
-    policy: Arc<RwLock<Policy>>,
-    audit: Arc<AuditLog>,
-    resolver: TokioAsyncResolver,
-    connect_timeout: Duration,
-    counts: Arc<Counts>,
-}
-
-impl Ctx {
-    fn record_for<B>(&self, event: &'static str, proto: &'static str, peer: SocketAddr, req: &Request<B>) -> GateRecord {
-        GateRecord {
-            run: self.run_id.clone(),
-            event,
-            proto,
-            client: Some(peer.to_string()),
-            method: Some(req.method().to_string()),
-            target: Some(req.uri().to_string()),
-            ..GateRecord::default()
-        }
-    }
-
-    /// Count and log one decision; a failing audit write is reported, never fatal to traffic.
-    fn record(&self, rec: GateRecord) {
-        let counter = match rec.decision {
-            f::ALLOWED => &self.counts.allowed,
-            f::DENIED => &self.counts.denied,
-            _ => &self.counts.failed,
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
-        tracing::info!(
-            dst.host = rec.dst_host.as_deref().unwrap_or("-"),
-            dst.port = rec.dst_port.unwrap_or(0),
-            client = rec.client.as_deref().unwrap_or("-"),
-            decision = rec.decision,
-            "gate decision"
-        );
-        if let Err(e) = self.audit.write(rec.into_map()) {
-            tracing::error!(error = %e, "audit write failed");
-        }
-    }
-
-    /// Answer 400 for a request that is not a proxy request, recording it as denied.
-    fn refuse(&self, mut rec: GateRecord, reason: &str, msg: &str) -> Response<respond::Body> {
-        rec.decision = f::DENIED;
-        rec.reason = Some(reason.to_string());
-        rec.status = Some(StatusCode::BAD_REQUEST.as_u16());
-        self.record(rec);
-        respond::bad_request(msg)
-    }
 }
 
 fn parse_nameservers(list: &[String]) -> Result<ResolverConfig, GateError> {

@@ -1,0 +1,122 @@
+//! What every connection task shares, and the audit record of a decision in progress.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use hickory_resolver::TokioAsyncResolver;
+use hyper::{Request, Response, StatusCode, Uri};
+
+use crate::audit::{fields as f, AuditLog, GateRecord};
+use crate::policy::Policy;
+
+use super::respond;
+
+#[derive(Debug, Default)]
+pub struct Counts {
+    pub allowed: AtomicU64,
+    pub denied: AtomicU64,
+    pub failed: AtomicU64,
+}
+
+/// What every connection task shares.
+pub struct Ctx {
+    pub(super) run_id: String,
+    pub(super) policy: Arc<RwLock<Policy>>,
+    pub(super) audit: Arc<AuditLog>,
+    pub(super) resolver: TokioAsyncResolver,
+    pub(super) connect_timeout: Duration,
+    pub(super) counts: Arc<Counts>,
+}
+
+impl Ctx {
+    pub(super) fn record_for<B>(&self, event: &'static str, proto: &'static str, peer: SocketAddr, req: &Request<B>) -> GateRecord {
+        GateRecord {
+            run: self.run_id.clone(),
+            event,
+            proto,
+            client: Some(peer.to_string()),
+            method: Some(req.method().to_string()),
+            target: Some(target_of(req.uri())),
+            ..GateRecord::default()
+        }
+    }
+
+    /// Count and log one decision; a failing audit write is reported, never fatal to traffic.
+    pub(super) fn record(&self, rec: GateRecord) {
+        let counter = match rec.decision {
+            f::ALLOWED => &self.counts.allowed,
+            f::DENIED => &self.counts.denied,
+            _ => &self.counts.failed,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        tracing::info!(
+            dst.host = rec.dst_host.as_deref().unwrap_or("-"),
+            dst.port = rec.dst_port.unwrap_or(0),
+            client = rec.client.as_deref().unwrap_or("-"),
+            decision = rec.decision,
+            "gate decision"
+        );
+        if let Err(e) = self.audit.write(rec.into_map()) {
+            tracing::error!(error = %e, "audit write failed");
+        }
+    }
+
+    /// Answer 400 for a request that is not a proxy request, recording it as denied.
+    pub(super) fn refuse(&self, mut rec: GateRecord, reason: &str, msg: &str) -> Response<respond::Body> {
+        rec.decision = f::DENIED;
+        rec.reason = Some(reason.to_string());
+        rec.status = Some(StatusCode::BAD_REQUEST.as_u16());
+        self.record(rec);
+        respond::bad_request(msg)
+    }
+}
+
+/// The request target for the audit log, without any `user:password@`.
+fn target_of(uri: &Uri) -> String {
+    match uri.authority() {
+        Some(a) if a.as_str().contains('@') => {
+            let hostport = a.as_str().rsplit('@').next().unwrap_or_default();
+            let scheme = uri.scheme_str().map(|s| format!("{s}://")).unwrap_or_default();
+            let pq = uri.path_and_query().map(|p| p.as_str()).unwrap_or_default();
+            format!("{scheme}{hostport}{pq}")
+        }
+        _ => uri.to_string(),
+    }
+}
+
+/// The record of an allowed request that is still being carried out (dial, upstream
+/// response). If the handler is dropped first — the client went away, or the gate
+/// stopped — the record is still written, as `failed` with a `downstream:` error.
+pub struct Pending {
+    ctx: Arc<Ctx>,
+    rec: Option<GateRecord>,
+}
+
+impl Pending {
+    pub fn new(ctx: Arc<Ctx>, rec: GateRecord) -> Pending {
+        Pending { ctx, rec: Some(rec) }
+    }
+
+    pub fn rec(&mut self) -> &mut GateRecord {
+        self.rec.get_or_insert_with(GateRecord::default)
+    }
+
+    /// Write the record as it stands.
+    pub fn finish(mut self) {
+        if let Some(rec) = self.rec.take() {
+            self.ctx.record(rec);
+        }
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if let Some(mut rec) = self.rec.take() {
+            rec.decision = f::FAILED;
+            rec.error = Some("downstream: client disconnected".into());
+            self.ctx.record(rec);
+        }
+    }
+}
