@@ -20,7 +20,13 @@ class SpawnError(OSError):
 
     A missing command gives errno ENOENT and ``strerror`` "command not found: X"; a
     non-executable one EACCES and "permission denied: X"; a failing sandbox step (setns,
-    cgroup join, setresuid...) names the step.
+    cgroup join, setresuid...) names the step and carries that step's errno.
+    """
+
+    stage: str
+    """"exec" when exec failed (the command: missing, not executable...), "setup" when
+    preparing the sandbox failed (netns or cgroup could not be opened or joined, privilege
+    drop failed). Check it before mapping ``errno`` ENOENT to "command not found".
     """
 
 class Policy:

@@ -27,8 +27,12 @@ fn gate_err(e: gate::GateError) -> PyErr {
     GateError::new_err(e.to_string())
 }
 
-fn spawn_err(e: launcher::SpawnError) -> PyErr {
-    SpawnError::new_err((e.errno(), e.to_string()))
+fn spawn_err(py: Python<'_>, e: launcher::SpawnError) -> PyErr {
+    let err = SpawnError::new_err((e.errno(), e.to_string()));
+    let stage = if e.is_exec() { "exec" } else { "setup" };
+    // Best effort: the exception is still raised without the attribute.
+    let _ = err.value(py).setattr("stage", stage);
+    err
 }
 
 fn audit_err(e: AuditError) -> PyErr {
@@ -268,7 +272,7 @@ fn spawn_agent(
     groups: Vec<u32>,
 ) -> PyResult<u32> {
     let req = SpawnRequest { argv, env: env.into_iter().collect(), cwd, netns_path, cgroup_dir, uid, gid, groups };
-    py.allow_threads(|| launcher::spawn(&req)).map_err(spawn_err)
+    py.allow_threads(|| launcher::spawn(&req)).map_err(|e| spawn_err(py, e))
 }
 
 #[pymodule]
@@ -276,7 +280,9 @@ fn _gate_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add("PolicyError", py.get_type::<PolicyError>())?;
     m.add("GateError", py.get_type::<GateError>())?;
-    m.add("SpawnError", py.get_type::<SpawnError>())?;
+    let spawn_error = py.get_type::<SpawnError>();
+    spawn_error.setattr("stage", "setup")?;
+    m.add("SpawnError", spawn_error)?;
     m.add_class::<PyPolicy>()?;
     m.add_class::<PyAuditLog>()?;
     m.add_class::<PyGate>()?;

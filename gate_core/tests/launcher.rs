@@ -149,10 +149,16 @@ fn exec_failures_name_the_command() {
             Err(e) => {
                 assert!(e.to_string().starts_with(msg), "{case}: {e}");
                 assert_eq!(e.errno(), errno, "{case}");
+                assert!(e.is_exec(), "{case}");
             }
         }
     }
     let mut bad = request(&["true"], &ns, &cg, NOBODY, &cwd);
     bad.netns_path = PathBuf::from("/run/netns/gw-does-not-exist");
     assert!(matches!(spawn(&bad), Err(SpawnError::Netns { .. })));
+    let mut bad = request(&["true"], &ns, &cg, NOBODY, &cwd);
+    bad.cgroup_dir = PathBuf::from("/sys/fs/cgroup/gw-does-not-exist");
+    let e = spawn(&bad).err().expect("missing cgroup refused");
+    assert!(!e.is_exec() && e.errno() == libc::ENOENT, "{e}");
+    assert!(e.to_string().starts_with("cannot open /sys/fs/cgroup/gw-does-not-exist/cgroup.procs"), "{e}");
 }

@@ -54,6 +54,12 @@ pub enum SpawnError {
 }
 
 impl SpawnError {
+    /// True when exec itself failed (command missing or not executable); false when setting
+    /// up the sandbox failed, before or in the child.
+    pub fn is_exec(&self) -> bool {
+        matches!(self, SpawnError::NotFound(_) | SpawnError::PermissionDenied(_) | SpawnError::Exec { .. })
+    }
+
     /// The errno to report (`EINVAL` for errors without one).
     pub fn errno(&self) -> i32 {
         match self {
