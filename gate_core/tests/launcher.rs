@@ -158,7 +158,7 @@ fn exec_failures_name_the_command() {
     assert!(matches!(spawn(&bad), Err(SpawnError::Netns { .. })));
     let mut bad = request(&["true"], &ns, &cg, NOBODY, &cwd);
     bad.cgroup_dir = PathBuf::from("/sys/fs/cgroup/gw-does-not-exist");
-    let e = spawn(&bad).err().expect("missing cgroup refused");
+    let e = spawn(&bad).expect_err("missing cgroup refused");
     assert!(!e.is_exec() && e.errno() == libc::ENOENT, "{e}");
     assert!(e.to_string().starts_with("cannot open /sys/fs/cgroup/gw-does-not-exist/cgroup.procs"), "{e}");
 }
