@@ -68,8 +68,10 @@ case "${1:-install}" in
 	demo) install; say "demo"; exec "$VENV/bin/python" "$ROOT/examples/demo.py" ;;
 	test)
 		install
-		say "tests"
+		say "tests: Rust (gate_core)"
 		cd "$ROOT"
+		cargo test -q -p gate_core
+		say "tests: pytest"
 		exec "$VENV/bin/python" -m pytest -p no:cacheprovider -rfEs tests "${@:2}"
 		;;
 	*) die "usage: $0 install|demo|test" ;;

@@ -34,9 +34,9 @@ def pytest_runtest_makereport(item, call):
         rep.longrepr = f"kernel test skipped ({rep.longrepr}): kernel tests must run (root, cgroup v2, BPF)"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def net():
-    """The fake internet (one per session: its addresses are fixed)."""
+    """The fake internet, one per test module (its addresses are fixed, so one at a time)."""
     cleanup_leftovers()
     with FakeInternet() as n:
         yield n

@@ -39,15 +39,18 @@ def test_the_agent_runs_as_the_invoking_user_without_privileges(gatewrap):
         print(st["CapEff"].strip(), st["CapPrm"].strip(), st["CapBnd"].strip(), st["NoNewPrivs"].strip())
         print(sorted(int(fd) for fd in os.listdir("/proc/self/fd")))
         print(open("/proc/self/cgroup").read().strip().rsplit("/", 1)[-1])
-        print(sorted(os.listdir("/sys/class/net")))
+        import socket
+        print(sorted(name for _, name in socket.if_nameindex()))
+        print(st["SigBlk"].strip())
     """)
     assert r.returncode == 0, r.stderr
-    ids, caps, fds, cg, links = r.stdout.splitlines()
+    ids, caps, fds, cg, links, blocked = r.stdout.splitlines()
     assert ids == "65534 65534 65534"
     assert caps == "0000000000000000 0000000000000000 0000000000000000 1"
     assert fds == "[0, 1, 2, 3]"  # 3: the listing's own directory fd
     assert cg == r.run_id
     assert links == "['lo']"
+    assert blocked == "0000000000000000"
 
 
 def test_a_root_agent_has_no_capabilities(gatewrap):

@@ -8,6 +8,8 @@ every process in it) and the run's BPF configuration.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
 import os
 import secrets
 import signal
@@ -29,6 +31,7 @@ GATE_IP6 = "::1"
 #: (same foreground process group), so only a SIGINT sent by a process is forwarded.
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 SI_USER = 0
+PR_SET_CHILD_SUBREAPER = 36
 
 
 @dataclass
@@ -81,12 +84,33 @@ def _exit_code(status: int) -> int:
     return os.waitstatus_to_exitcode(status)
 
 
+def _become_subreaper() -> None:
+    """Make orphans of the agent's tree our children (PR_SET_CHILD_SUBREAPER, prctl(2)), so we reap them."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        raise GatewrapError(f"prctl(PR_SET_CHILD_SUBREAPER) failed: {os.strerror(ctypes.get_errno())}")
+
+
+def _reap(pid: int) -> int | None:
+    """Reap every exited child; returns the wait status of ``pid`` if it was among them."""
+    found = None
+    while True:
+        try:
+            got, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return found
+        if got == 0:
+            return found
+        if got == pid:
+            found = status
+
+
 def _wait_forwarding_signals(pid: int) -> int:
-    """Wait for the agent, forwarding signals to it; returns its exit code."""
+    """Wait for the agent, forwarding signals to it and reaping orphans; returns its exit code."""
     waitset = set(FORWARDED) | {signal.SIGCHLD}
     while True:
-        got, status = os.waitpid(pid, os.WNOHANG)
-        if got == pid:
+        status = _reap(pid)
+        if status is not None:
             return _exit_code(status)
         info = signal.sigtimedwait(waitset, 0.5)
         if info is None or info.si_signo == signal.SIGCHLD:
@@ -127,6 +151,7 @@ def run(opts: RunOptions, stderr: TextIO | None = None) -> RunResult:
     run_hooks: loader.RunHooks | None = None
     with contextlib.ExitStack() as undo:
         undo.callback(signal.pthread_sigmask, signal.SIG_SETMASK, old_mask)
+        _become_subreaper()
         parent = cgroup.parent_dir()
         hooks = loader.load_or_reuse(parent)
         ns_path = netns.create(run_id)
@@ -160,12 +185,15 @@ def run(opts: RunOptions, stderr: TextIO | None = None) -> RunResult:
             pid = core.spawn_agent(opts.argv, env, opts.cwd or os.getcwd(), ns_path, leaf,
                                    target.uid, target.gid, list(target.groups))
         except core.SpawnError as e:
-            code = EXIT_NOT_FOUND if e.errno == 2 else EXIT_CANNOT_EXEC
-            raise GatewrapError(f"{e}", exit_code=code) from e
+            if e.stage != "exec":
+                raise GatewrapError(f"starting the agent failed: {e.strerror}") from e
+            code = EXIT_NOT_FOUND if e.errno == errno.ENOENT else EXIT_CANNOT_EXEC
+            raise GatewrapError(e.strerror, exit_code=code) from e
         exit_code = _wait_forwarding_signals(pid)
         # Teardown in the order the run's life needs: kill what is left of the tree,
         # then collect its last denials, then stop the gate (ExitStack runs the rest).
         cgroup.kill_and_remove(leaf)
+        _reap(pid)
         denials.stop()
         gate.stop()
         counts = gate.counts()

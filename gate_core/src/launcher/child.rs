@@ -115,6 +115,13 @@ impl Plan {
             {
                 return Err(self.fail(Step::Signals));
             }
+            // The caller blocks the signals it waits for (sigtimedwait); the mask survives
+            // fork and exec (signal(7)), so the agent starts with an empty one.
+            let mut empty = std::mem::MaybeUninit::<libc::sigset_t>::uninit();
+            libc::sigemptyset(empty.as_mut_ptr());
+            if libc::pthread_sigmask(libc::SIG_SETMASK, empty.as_ptr(), std::ptr::null_mut()) != 0 {
+                return Err(self.fail(Step::Signals));
+            }
             self.check(Step::Setns, libc::setns(self.netns_fd, libc::CLONE_NEWNET).into())?;
             let n = libc::write(self.procs_fd, b"0".as_ptr().cast(), 1);
             self.check(Step::Cgroup, n as libc::c_long)?;
