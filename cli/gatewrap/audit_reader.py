@@ -12,7 +12,7 @@ from typing import Any, TextIO
 #: Decisions that count as a denial for ``--denied``.
 DENIED = {"denied", "rejected", "expired"}
 #: Columns of the table: (header, width).
-COLUMNS = (("TIME", 26), ("RUN", 13), ("EVENT", 13), ("DECISION", 8), ("DESTINATION", 34), ("WHO / WHY", 0))
+COLUMNS = (("TIME", 27), ("RUN", 13), ("EVENT", 13), ("DECISION", 8), ("DESTINATION", 34), ("WHO / WHY", 0))
 
 
 def _printable(s: str) -> str:
@@ -85,8 +85,9 @@ def who_why(rec: dict[str, Any]) -> str:
     if rec.get("pid") is not None:
         parts.append(f"pid {rec['pid']} {rec.get('comm') or rec.get('cmdline') or ''}".strip())
     for key in ("reason", "error", "rule"):
-        if rec.get(key):
-            parts.append(str(rec[key]))
+        value = rec.get(key)
+        if value and not any(str(value) in p for p in parts):
+            parts.append(str(value))
     if rec.get("event") == "run_end":
         parts.append(
             f"exit {rec.get('exit_code')}: {rec.get('allowed', 0)} allowed, {rec.get('denied', 0)} denied, "

@@ -154,6 +154,7 @@ def run(opts: RunOptions, stderr: TextIO | None = None) -> RunResult:
         _become_subreaper()
         parent = cgroup.parent_dir()
         hooks = loader.load_or_reuse(parent)
+        undo.callback(hooks.close)
         ns_path = netns.create(run_id)
         undo.callback(netns.remove, run_id)
         leaf, cgroup_id = cgroup.create_leaf(parent, run_id)

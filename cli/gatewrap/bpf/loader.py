@@ -19,10 +19,12 @@ Kernel facts used here are measured in shared/KERNEL-NOTES.md.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes as ct
 import errno
 import fcntl
 import hashlib
+import json
 import ipaddress
 import os
 import socket
@@ -42,6 +44,12 @@ LOCK_PATH = "/run/gatewrap/bpf.lock"
 SOURCES = ("gate.h", "sock_addr.bpf.c")
 #: Per-run ring buffer size in bytes (power of two, page multiple): ~2900 events.
 RINGBUF_BYTES = 256 * 1024
+#: Maps pinned by the C source (BPF_TABLE_PINNED) in the pin directory.
+PINNED_MAPS = ("gw_runs", "gw_events", "gw_lost")
+#: Maps whose leaf struct Python needs: gw_runs (struct gw_run_config), gw_event_layout (struct gw_event).
+LAYOUT_MAPS = ("gw_runs", "gw_event_layout")
+#: bcc's struct descriptions, cached per source hash (tmpfs: gone at reboot, like bpffs).
+LAYOUT_DIR = "/run/gatewrap/bpf"
 #: Must equal GW_MAX_PORTS in bpf/gate.h; the loader refuses more.
 MAX_PORTS = 4
 
@@ -102,13 +110,25 @@ class _Event:
 
 
 class Hooks:
-    """The compiled hooks of this gatewrap process, attached to the ``gatewrap/`` parent."""
+    """The hooks attached to the ``gatewrap/`` parent, as one gatewrap process uses them.
 
-    def __init__(self, bpf: Any, pin_dir: str, bcc: Any) -> None:
-        self._bpf = bpf
+    Holds fds of the pinned maps and the C struct layouts (``struct gw_run_config``,
+    ``struct gw_event``) as ctypes types decoded from bcc's description of them.
+    """
+
+    def __init__(self, bcc: Any, pin_dir: str, layouts: dict[str, Any]) -> None:
         self._bcc = bcc
         self.pin_dir = pin_dir
-        self._event_type = bpf["gw_event_layout"].Leaf
+        decode = bcc.BPF._decode_table_type
+        self._config_type = decode(layouts["gw_runs"])
+        self._event_type = decode(layouts["gw_event_layout"])
+        self._fds = {name: libbpf.obj_get(f"{pin_dir}/{name}") for name in PINNED_MAPS}
+
+    def close(self) -> None:
+        """Close the map fds (the pins and attachments stay)."""
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds = {}
 
     def configure(self, cgroup_id: int, gate_ip4: str, gate_ip6: str, ports: list[int]) -> "RunHooks":
         """Let the run in ``cgroup_id`` reach only ``gate_ip4``/``gate_ip6`` on ``ports``.
@@ -124,17 +144,16 @@ class Hooks:
         key = ct.c_uint64(cgroup_id)
         try:
             rb_fd = libbpf.ringbuf_create("gw_run_events", RINGBUF_BYTES)
-            self._bpf["gw_events"][key] = ct.c_int(rb_fd)
-            runs = self._bpf["gw_runs"]
-            cfg = runs.Leaf()
+            libbpf.map_update(self._fds["gw_events"], key, ct.c_int(rb_fd))
+            cfg = self._config_type()
             cfg.gate_ip4 = int.from_bytes(socket.inet_pton(socket.AF_INET, gate_ip4), "little")
             v6 = socket.inet_pton(socket.AF_INET6, gate_ip6)
             for i in range(4):
                 cfg.gate_ip6[i] = int.from_bytes(v6[4 * i : 4 * i + 4], "little")
             for i, p in enumerate(ports):
                 cfg.ports[i] = p
-            runs[key] = cfg
-        except Exception as e:
+            libbpf.map_update(self._fds["gw_runs"], key, cfg)
+        except OSError as e:
             raise BpfError(f"configuring the hooks for cgroup {cgroup_id} failed: {e}") from e
         return RunHooks(self, cgroup_id, rb_fd)
 
@@ -198,21 +217,15 @@ class RunHooks:
 
     def lost(self) -> int:
         """Events the kernel could not put on this run's buffer (full or missing)."""
-        t = self._hooks._bpf["gw_lost"]
-        try:
-            return int(t[ct.c_uint64(self.cgroup_id)].value)
-        except KeyError:
-            return 0
+        n = ct.c_uint64(0)
+        found = libbpf.map_lookup(self._hooks._fds["gw_lost"], ct.c_uint64(self.cgroup_id), n)
+        return n.value if found else 0
 
     def release(self) -> None:
         """Remove the run's configuration and buffer. Idempotent."""
         key = ct.c_uint64(self.cgroup_id)
-        b = self._hooks._bpf
-        for name in ("gw_runs", "gw_events", "gw_lost"):
-            try:
-                del b[name][key]
-            except KeyError:
-                pass
+        for name in PINNED_MAPS:
+            libbpf.map_delete(self._hooks._fds[name], key)
         with self._lock:
             if self._mgr:
                 self._hooks._bcc.libbcc.lib.bpf_free_ringbuf(self._mgr)
@@ -249,10 +262,30 @@ def _remove_stale(parent_fd: int, keep: str | None, bcc: Any) -> None:
         for f in os.listdir(path):
             os.unlink(os.path.join(path, f))
         os.rmdir(path)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(f"{LAYOUT_DIR}/{d}.json")
+
+
+def _layout_descs(bpf: Any, bcc: Any) -> dict[str, Any]:
+    """bcc's JSON description of the structs Python needs (map leaf types)."""
+    lib = bcc.libbcc.lib
+    return {name: json.loads(lib.bpf_table_leaf_desc(bpf.module, name.encode()).decode())
+            for name in LAYOUT_MAPS}
+
+
+def _complete(pin_dir: str, layout_path: str) -> bool:
+    names = [*PINNED_MAPS, *(f"prog_{name}" for name, _ in HOOKS)]
+    return os.path.exists(layout_path) and all(os.path.exists(f"{pin_dir}/{n}") for n in names)
 
 
 def load_or_reuse(parent_cgroup: str) -> Hooks:
-    """Compile the hooks, and attach them to ``parent_cgroup`` unless they already are.
+    """Make sure the hooks are loaded, pinned and attached to ``parent_cgroup``; return them.
+
+    The first run after boot (or after the sources change) compiles ``sock_addr.bpf.c``
+    with bcc (~0.7 s), pins its maps and programs, attaches the programs with
+    ``BPF_F_ALLOW_MULTI`` and caches bcc's description of the structs in
+    ``/run/gatewrap/bpf/<hash>.json``; later runs reuse all of it without compiling and
+    only check, with ``BPF_PROG_QUERY``, that every program is still attached.
 
     Args:
         parent_cgroup: the ``gatewrap/`` cgroup v2 directory that holds every run's leaf.
@@ -267,34 +300,49 @@ def load_or_reuse(parent_cgroup: str) -> Hooks:
     ensure_bpffs()
     digest = sources_hash()
     pin_dir = f"{PIN_ROOT}/{digest}"
-    os.makedirs(pin_dir, exist_ok=True)
-    os.makedirs(os.path.dirname(LOCK_PATH), exist_ok=True)
+    layout_path = f"{LAYOUT_DIR}/{digest}.json"
+    os.makedirs(LAYOUT_DIR, exist_ok=True)
     with open(LOCK_PATH, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            bpf = bcc.BPF(
-                src_file=str(sources_dir() / "sock_addr.bpf.c").encode(),
-                cflags=[f"-I{sources_dir()}", f'-DGW_PIN_DIR="{pin_dir}"'],
-            )
-        except Exception as e:
-            raise BpfError(
-                f"compiling the BPF hooks failed ({e}); run 'gatewrap doctor' to check kernel headers"
-            ) from e
         parent_fd = os.open(parent_cgroup, os.O_RDONLY | os.O_DIRECTORY)
         try:
             _remove_stale(parent_fd, digest, bcc)
+            bpf = None
+            if not _complete(pin_dir, layout_path):
+                # Partial state (a pin removed by hand, a crash mid-load): start clean, so
+                # no attached program keeps a map that later runs no longer configure.
+                _remove_stale(parent_fd, None, bcc)
+                os.makedirs(pin_dir, exist_ok=True)
+                bpf = _compile(bcc, pin_dir)
+                with open(layout_path + ".tmp", "w") as f:
+                    json.dump(_layout_descs(bpf, bcc), f)
+                os.replace(layout_path + ".tmp", layout_path)
             for name, at in _attach_types(bcc):
                 _attach_one(bpf, bcc, name, at, pin_dir, parent_fd)
         except OSError as e:
             raise BpfError(f"attaching the hooks to {parent_cgroup} failed: {e}") from e
         finally:
             os.close(parent_fd)
-    return Hooks(bpf, pin_dir, bcc)
+        with open(layout_path) as f:
+            layouts = json.load(f)
+    return Hooks(bcc, pin_dir, layouts)
+
+
+def _compile(bcc: Any, pin_dir: str) -> Any:
+    try:
+        return bcc.BPF(
+            src_file=str(sources_dir() / "sock_addr.bpf.c").encode(),
+            cflags=[f"-I{sources_dir()}", f'-DGW_PIN_DIR="{pin_dir}"'],
+        )
+    except Exception as e:
+        raise BpfError(
+            f"compiling the BPF hooks failed ({e}); run 'gatewrap doctor' to check kernel headers"
+        ) from e
 
 
 def _attach_one(bpf: Any, bcc: Any, name: str, at: int, pin_dir: str, parent_fd: int) -> None:
     pin = f"{pin_dir}/prog_{name}"
-    if os.path.exists(pin):
+    if bpf is None:
         fd = libbpf.obj_get(pin)
     else:
         fn = bpf.load_func(name, bcc.BPFProgType.CGROUP_SOCK_ADDR, attach_type=at)
