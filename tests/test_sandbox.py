@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -15,7 +16,10 @@ pytestmark = pytest.mark.kernel
 
 
 def _leftovers() -> dict[str, list[str]]:
-    """gatewrap's netns, cgroups and processes still on the machine."""
+    """gatewrap's netns, cgroups and live processes still on the machine.
+
+    Zombies are not counted: an orphan whose gatewrap was SIGKILLed is reaped by init.
+    """
     from gatewrap.sandbox import cgroup, netns
 
     parent = cgroup.parent_dir()
@@ -23,8 +27,10 @@ def _leftovers() -> dict[str, list[str]]:
     for p in os.listdir("/proc"):
         if p.isdigit():
             try:
+                with open(f"/proc/{p}/stat") as f:
+                    zombie = f.read().rsplit(")", 1)[1].split()[0] == "Z"
                 with open(f"/proc/{p}/cgroup") as f:
-                    if "/gatewrap/gw-" in f.read():
+                    if "/gatewrap/gw-" in f.read() and not zombie:
                         procs.append(p)
             except OSError:
                 pass
@@ -118,4 +124,35 @@ def test_a_missing_command_exits_127(gatewrap):
     r = gatewrap(["/nonexistent/agent"])
     assert r.returncode == 127
     assert "command not found: /nonexistent/agent" in r.stderr
+    assert _leftovers() == {"netns": [], "cgroups": [], "procs": []}
+
+
+def test_sigkill_of_gatewrap_fails_closed_and_gc_removes_the_sandbox(net, tmp_path):
+    audit = tmp_path / "audit.jsonl"
+    env = dict(os.environ, SUDO_UID="65534", SUDO_GID="65534")
+    agent = (
+        "import socket, time, errno\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(1.5)\n"
+        "for addr in (('127.0.0.1', 3128), ('203.0.113.10', 7)):\n"
+        "    try:\n"
+        "        socket.create_connection(addr, timeout=2); print('SENT', flush=True)\n"
+        "    except OSError as e:\n"
+        "        print(errno.errorcode[e.errno], flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    p = subprocess.Popen(
+        gatewrap_cmd("run", "--audit-log", str(audit), "--workdir", "/tmp", "--", AGENT_PYTHON, "-c", agent),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    assert p.stdout.readline() == "ready\n"
+    p.kill()
+    p.wait()
+    # The gate died with gatewrap; the hooks stay: the agent reaches nothing.
+    assert p.stdout.readline() == "ECONNREFUSED\n"
+    assert p.stdout.readline() == "EPERM\n"
+    left = _leftovers()
+    assert len(left["netns"]) == 1 and len(left["cgroups"]) == 1 and left["procs"]
+    g = subprocess.run(gatewrap_cmd("gc", "--json"), capture_output=True, text=True, timeout=30)
+    assert g.returncode == 0, g.stderr
+    assert json.loads(g.stdout)["runs"] == left["netns"]
     assert _leftovers() == {"netns": [], "cgroups": [], "procs": []}

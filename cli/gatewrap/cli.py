@@ -132,6 +132,29 @@ def doctor(as_json: bool) -> int:
     return 1 if any(c.status == "fail" for c in results) else 0
 
 
+@cli.command(context_settings=CONTEXT)
+@click.option("--json", "as_json", is_flag=True, help="Print what was removed as a JSON object.")
+def gc(as_json: bool) -> int:
+    """Remove sandboxes whose gatewrap died: kill their processes, delete their netns and cgroup.
+
+    A sandbox is stale when no gatewrap process holds its lock in /run/gatewrap/runs/.
+    `gatewrap run` does the same at start-up. Exit 1 if something could not be removed.
+    """
+    from .runner import collect_stale
+
+    out = collect_stale()
+    if as_json:
+        click.echo(json.dumps(asdict(out)))
+    else:
+        for run_id in out.runs:
+            click.echo(f"removed {run_id}")
+        for e in out.errors:
+            click.echo(f"gatewrap: could not remove {e}", err=True)
+        if not out.runs and not out.errors:
+            click.echo("no stale sandboxes")
+    return 1 if out.errors else 0
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: usage errors and gatewrap's failures exit 125 with a message on stderr."""
     try:

@@ -22,7 +22,7 @@ from .bpf import loader
 from .errors import EXIT_CANNOT_EXEC, EXIT_NOT_FOUND, GatewrapError, NeedRoot
 from .kernel_denials import KernelDenials
 from .policy import build_policy
-from .sandbox import cgroup, netns, user
+from .sandbox import cgroup, gc, netns, registry, user
 
 DEFAULT_AUDIT_LOG = "/var/log/gatewrap/audit.jsonl"
 GATE_IP4 = "127.0.0.1"
@@ -152,9 +152,13 @@ def run(opts: RunOptions, stderr: TextIO | None = None) -> RunResult:
     with contextlib.ExitStack() as undo:
         undo.callback(signal.pthread_sigmask, signal.SIG_SETMASK, old_mask)
         _become_subreaper()
+        lock_fd = registry.claim(run_id)
+        undo.callback(registry.release, run_id, lock_fd)
         parent = cgroup.parent_dir()
         hooks = loader.load_or_reuse(parent)
         undo.callback(hooks.close)
+        for stale in gc.collect(parent, hooks.forget).runs:
+            print(f"gatewrap: removed stale sandbox {stale} (its gatewrap had died)", file=err)
         ns_path = netns.create(run_id)
         undo.callback(netns.remove, run_id)
         leaf, cgroup_id = cgroup.create_leaf(parent, run_id)
@@ -208,6 +212,21 @@ def run(opts: RunOptions, stderr: TextIO | None = None) -> RunResult:
         audit.write(end)
         audit.sync()
     return result
+
+
+def collect_stale() -> gc.Collected:
+    """``gatewrap gc``: remove every stale sandbox and its BPF map entries.
+
+    Raises:
+        NeedRoot: not root.
+    """
+    require_root()
+    parent = cgroup.parent_dir()
+    hooks = loader.load_or_reuse(parent)
+    try:
+        return gc.collect(parent, hooks.forget)
+    finally:
+        hooks.close()
 
 
 def summary_line(r: RunResult) -> str:

@@ -157,6 +157,12 @@ class Hooks:
             raise BpfError(f"configuring the hooks for cgroup {cgroup_id} failed: {e}") from e
         return RunHooks(self, cgroup_id, rb_fd)
 
+    def forget(self, cgroup_id: int) -> None:
+        """Drop every map entry of ``cgroup_id`` (config, ring buffer, lost counter)."""
+        key = ct.c_uint64(cgroup_id)
+        for name in PINNED_MAPS:
+            libbpf.map_delete(self._fds[name], key)
+
     def decode(self, data: int) -> _Event:
         """Decode one ring-buffer record with the struct bcc parsed from bpf/gate.h."""
         e = ct.cast(data, ct.POINTER(self._event_type)).contents
@@ -223,9 +229,7 @@ class RunHooks:
 
     def release(self) -> None:
         """Remove the run's configuration and buffer. Idempotent."""
-        key = ct.c_uint64(self.cgroup_id)
-        for name in PINNED_MAPS:
-            libbpf.map_delete(self._hooks._fds[name], key)
+        self._hooks.forget(self.cgroup_id)
         with self._lock:
             if self._mgr:
                 self._hooks._bcc.libbcc.lib.bpf_free_ringbuf(self._mgr)

@@ -1,0 +1,50 @@
+"""Find and remove sandboxes whose gatewrap died (``gatewrap gc``, and at every run's start)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass, field
+
+from ..errors import SandboxError
+from . import cgroup, netns, registry
+
+
+@dataclass
+class Collected:
+    """What :func:`collect` removed: run ids, and errors that left something behind."""
+
+    runs: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+def stale_runs(parent: str) -> list[str]:
+    """Run ids with a netns, a cgroup or a lock file but no live gatewrap process."""
+    ids = set(cgroup.list_leaves(parent)) | set(netns.list_gatewrap())
+    with contextlib.suppress(FileNotFoundError):
+        ids |= {f[: -len(".lock")] for f in os.listdir(registry.RUNS_DIR) if f.endswith(".lock")}
+    return sorted(i for i in ids if not registry.alive(i))
+
+
+def collect(parent: str, forget_cgroup=None) -> Collected:
+    """Kill and remove every stale sandbox under ``parent``.
+
+    Args:
+        parent: the ``gatewrap/`` cgroup directory.
+        forget_cgroup: called with each stale cgroup id before its cgroup is removed,
+            to drop its BPF map entries (None: leave them; they match no live cgroup).
+    """
+    out = Collected()
+    for run_id in stale_runs(parent):
+        leaf = os.path.join(parent, run_id)
+        try:
+            if os.path.isdir(leaf) and forget_cgroup is not None:
+                forget_cgroup(os.stat(leaf).st_ino)
+            cgroup.kill_and_remove(leaf)
+            netns.remove(run_id)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(registry.lock_path(run_id))
+            out.runs.append(run_id)
+        except SandboxError as e:
+            out.errors.append(f"{run_id}: {e}")
+    return out
