@@ -15,14 +15,13 @@ from conftest import AGENT_PYTHON, gatewrap_cmd
 pytestmark = pytest.mark.kernel
 
 
-def _leftovers() -> dict[str, list[str]]:
-    """gatewrap's netns, cgroups and live processes still on the machine.
+def _leftovers(run_id: str) -> dict[str, list[str]]:
+    """What is left of run ``run_id``: its netns, its cgroup, its live processes.
 
     Zombies are not counted: an orphan whose gatewrap was SIGKILLed is reaped by init.
     """
     from gatewrap.sandbox import cgroup, netns
 
-    parent = cgroup.parent_dir()
     procs = []
     for p in os.listdir("/proc"):
         if p.isdigit():
@@ -30,11 +29,22 @@ def _leftovers() -> dict[str, list[str]]:
                 with open(f"/proc/{p}/stat") as f:
                     zombie = f.read().rsplit(")", 1)[1].split()[0] == "Z"
                 with open(f"/proc/{p}/cgroup") as f:
-                    if "/gatewrap/gw-" in f.read() and not zombie:
+                    if f"/gatewrap/{run_id}" in f.read() and not zombie:
                         procs.append(p)
             except OSError:
                 pass
-    return {"netns": netns.list_gatewrap(), "cgroups": cgroup.list_leaves(parent), "procs": procs}
+    return {"netns": [n for n in netns.list_gatewrap() if n == run_id],
+            "cgroups": [c for c in cgroup.list_leaves(cgroup.parent_dir()) if c == run_id],
+            "procs": procs}
+
+
+NOTHING = {"netns": [], "cgroups": [], "procs": []}
+
+
+def _run_id(audit) -> str:
+    import json as _json
+
+    return next(r["run"] for r in map(_json.loads, audit.read_text().splitlines()) if r["event"] == "run_start")
 
 
 def test_the_agent_runs_as_the_invoking_user_without_privileges(gatewrap):
@@ -100,7 +110,7 @@ def test_a_signal_death_exits_128_plus_the_signal(gatewrap):
 def test_nothing_is_left_after_a_run_even_a_double_forked_child(gatewrap):
     r = gatewrap(["/bin/sh", "-c", "(setsid sleep 300 &) ; exit 0"])
     assert r.returncode == 0, r.stderr
-    assert _leftovers() == {"netns": [], "cgroups": [], "procs": []}
+    assert _leftovers(r.run_id) == NOTHING
 
 
 def test_sigterm_is_forwarded_and_the_sandbox_still_goes_away(net, tmp_path):
@@ -117,14 +127,14 @@ def test_sigterm_is_forwarded_and_the_sandbox_still_goes_away(net, tmp_path):
     out, err = p.communicate(timeout=20)
     assert out == "got TERM\n"
     assert p.returncode == 42, err
-    assert _leftovers() == {"netns": [], "cgroups": [], "procs": []}
+    assert _leftovers(_run_id(audit)) == NOTHING
 
 
 def test_a_missing_command_exits_127(gatewrap):
     r = gatewrap(["/nonexistent/agent"])
     assert r.returncode == 127
     assert "command not found: /nonexistent/agent" in r.stderr
-    assert _leftovers() == {"netns": [], "cgroups": [], "procs": []}
+    assert _leftovers(r.run_id) == NOTHING
 
 
 def test_sigkill_of_gatewrap_fails_closed_and_gc_removes_the_sandbox(net, tmp_path):
@@ -150,9 +160,10 @@ def test_sigkill_of_gatewrap_fails_closed_and_gc_removes_the_sandbox(net, tmp_pa
     # The gate died with gatewrap; the hooks stay: the agent reaches nothing.
     assert p.stdout.readline() == "ECONNREFUSED\n"
     assert p.stdout.readline() == "EPERM\n"
-    left = _leftovers()
-    assert len(left["netns"]) == 1 and len(left["cgroups"]) == 1 and left["procs"]
+    run_id = _run_id(audit)
+    left = _leftovers(run_id)
+    assert left["netns"] == [run_id] and left["cgroups"] == [run_id] and left["procs"]
     g = subprocess.run(gatewrap_cmd("gc", "--json"), capture_output=True, text=True, timeout=30)
     assert g.returncode == 0, g.stderr
-    assert json.loads(g.stdout)["runs"] == left["netns"]
-    assert _leftovers() == {"netns": [], "cgroups": [], "procs": []}
+    assert run_id in json.loads(g.stdout)["runs"]
+    assert _leftovers(run_id) == NOTHING
