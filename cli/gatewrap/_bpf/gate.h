@@ -17,12 +17,16 @@ enum gw_hook {
 	GW_HOOK_CONNECT6 = 2,
 	GW_HOOK_SENDMSG4 = 3,
 	GW_HOOK_SENDMSG6 = 4,
+	GW_HOOK_SOCK_CREATE = 5,
+	GW_HOOK_SKB_EGRESS = 6,
 };
 
 enum gw_verdict {
 	GW_DENY_NOT_GATE = 1,   /* destination is not one of the gate's listeners */
 	GW_DENY_NO_RUN = 2,     /* the task's cgroup has no run config: fail closed */
 	GW_DENY_NO_ADDR = 3,    /* sendmsg saw a zeroed destination (control message) */
+	GW_DENY_SOCK_KIND = 4,  /* socket type/protocol other than TCP or UDP (raw, ping, SCTP, ...) */
+	GW_DENY_IP_OPTIONS = 5, /* IPv4 options or IPv6 extension headers (source routing) */
 };
 
 /* Per-run configuration, keyed by the run's cgroup id (cgroup directory inode). */
@@ -35,7 +39,7 @@ struct gw_run_config {
 /* One denied attempt, as put on the run's ring buffer. */
 struct gw_event {
 	__u64 cgroup_id;
-	__u32 pid;                      /* thread id (kernel pid) */
+	__u32 pid;                      /* thread id (kernel pid); 0 when unknown (skb hooks) */
 	__u32 tgid;                     /* process id */
 	__u32 uid;
 	__u16 family;                   /* AF_INET (2) or AF_INET6 (10) */

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes as ct
-import errno
 import fcntl
 import hashlib
 import json
@@ -41,7 +40,10 @@ from .bccimport import BccMissing, import_bcc
 BPFFS = "/sys/fs/bpf"
 PIN_ROOT = f"{BPFFS}/gatewrap"
 LOCK_PATH = "/run/gatewrap/bpf.lock"
-SOURCES = ("gate.h", "sock_addr.bpf.c")
+#: The programs, grouped by hook family; bcc sees BPF programs only in the main text,
+#: so they are compiled as one text, in this order.
+PROGRAMS = ("common.bpf.c", "sock_addr.bpf.c", "sock_create.bpf.c", "skb_egress.bpf.c")
+SOURCES = ("gate.h", *PROGRAMS)
 #: Per-run ring buffer size in bytes (power of two, page multiple): ~2900 events.
 RINGBUF_BYTES = 256 * 1024
 #: Maps pinned by the C source (BPF_TABLE_PINNED) in the pin directory.
@@ -50,18 +52,26 @@ PINNED_MAPS = ("gw_runs", "gw_events", "gw_lost")
 LAYOUT_MAPS = ("gw_runs", "gw_event_layout")
 #: bcc's struct descriptions, cached per source hash (tmpfs: gone at reboot, like bpffs).
 LAYOUT_DIR = "/run/gatewrap/bpf"
+#: Attach types probed when cleaning the parent (enum bpf_attach_type has fewer).
+MAX_ATTACH_TYPE = 64
 #: Must equal GW_MAX_PORTS in bpf/gate.h; the loader refuses more.
 MAX_PORTS = 4
 
-#: (program name in C, bcc BPFAttachType member)
+#: (program name in C, bcc BPFProgType member, bcc BPFAttachType member)
 HOOKS = (
-    ("gw_connect4", "CGROUP_INET4_CONNECT"),
-    ("gw_connect6", "CGROUP_INET6_CONNECT"),
-    ("gw_sendmsg4", "CGROUP_UDP4_SENDMSG"),
-    ("gw_sendmsg6", "CGROUP_UDP6_SENDMSG"),
+    ("gw_connect4", "CGROUP_SOCK_ADDR", "CGROUP_INET4_CONNECT"),
+    ("gw_connect6", "CGROUP_SOCK_ADDR", "CGROUP_INET6_CONNECT"),
+    ("gw_sendmsg4", "CGROUP_SOCK_ADDR", "CGROUP_UDP4_SENDMSG"),
+    ("gw_sendmsg6", "CGROUP_SOCK_ADDR", "CGROUP_UDP6_SENDMSG"),
+    ("gw_sock_create", "CGROUP_SOCK", "CGROUP_INET_SOCK_CREATE"),
+    ("gw_skb_egress", "CGROUP_SKB", "CGROUP_INET_EGRESS"),
 )
-HOOK_NAMES = {1: "connect4", 2: "connect6", 3: "sendmsg4", 4: "sendmsg6"}
-VERDICT_NAMES = {1: "not the gate", 2: "no run configured for this cgroup", 3: "no destination address"}
+#: enum gw_hook and enum gw_verdict of bpf/gate.h, as the audit log names them.
+HOOK_NAMES = {1: "connect4", 2: "connect6", 3: "sendmsg4", 4: "sendmsg6", 5: "sock_create", 6: "skb_egress"}
+VERDICT_NAMES = {
+    1: "not the gate", 2: "no run configured for this cgroup", 3: "no destination address",
+    4: "socket kind not allowed (only TCP and UDP)", 5: "IP options or IPv6 extension headers",
+}
 
 
 def sources_dir() -> Path:
@@ -240,34 +250,48 @@ class RunHooks:
 
 
 def _attach_types(bcc: Any) -> list[tuple[str, int]]:
-    return [(name, int(getattr(bcc.BPFAttachType, t))) for name, t in HOOKS]
+    return [(name, int(getattr(bcc.BPFAttachType, t))) for name, _, t in HOOKS]
 
 
-def _remove_stale(parent_fd: int, keep: str | None, bcc: Any) -> None:
-    """Detach and unpin hooks left by other versions of the sources (all of them if ``keep`` is None)."""
+def _remove_stale(keep: str | None) -> None:
+    """Unpin hooks of other versions of the sources (all of them if ``keep`` is None).
+
+    Their attachments are removed by :func:`_detach_foreign`, which does not need to
+    know which hooks an older or newer gatewrap had.
+    """
     if not os.path.isdir(PIN_ROOT):
         return
     for d in os.listdir(PIN_ROOT):
         if d == keep:
             continue
         path = os.path.join(PIN_ROOT, d)
-        for name, at in _attach_types(bcc):
-            pin = os.path.join(path, f"prog_{name}")
-            if not os.path.exists(pin):
-                continue
-            fd = libbpf.obj_get(pin)
-            try:
-                libbpf.prog_detach(fd, parent_fd, at)
-            except OSError as e:
-                if e.errno not in (errno.ENOENT, errno.EINVAL):
-                    raise
-            finally:
-                os.close(fd)
         for f in os.listdir(path):
             os.unlink(os.path.join(path, f))
         os.rmdir(path)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(f"{LAYOUT_DIR}/{d}.json")
+
+
+def _detach_foreign(parent_fd: int, keep_ids: set[int]) -> None:
+    """Detach from the ``gatewrap/`` parent every program that is not one of ``keep_ids``.
+
+    The parent is gatewrap's own: anything else attached there is a leftover of another
+    version (which would deny every run, since it reads maps no run configures).
+    Attach types are probed by number, so types this version has no hook for are seen too.
+    """
+    for at in range(MAX_ATTACH_TYPE):
+        try:
+            ids = libbpf.prog_query(parent_fd, at)
+        except OSError:
+            continue  # not a cgroup attach type
+        for prog_id in ids:
+            if prog_id in keep_ids:
+                continue
+            fd = libbpf.prog_fd_by_id(prog_id)
+            try:
+                libbpf.prog_detach(fd, parent_fd, at)
+            finally:
+                os.close(fd)
 
 
 def _layout_descs(bpf: Any, bcc: Any) -> dict[str, Any]:
@@ -278,7 +302,7 @@ def _layout_descs(bpf: Any, bcc: Any) -> dict[str, Any]:
 
 
 def _complete(pin_dir: str, layout_path: str) -> bool:
-    names = [*PINNED_MAPS, *(f"prog_{name}" for name, _ in HOOKS)]
+    names = [*PINNED_MAPS, *(f"prog_{name}" for name, _, _ in HOOKS)]
     return os.path.exists(layout_path) and all(os.path.exists(f"{pin_dir}/{n}") for n in names)
 
 
@@ -310,19 +334,19 @@ def load_or_reuse(parent_cgroup: str) -> Hooks:
         fcntl.flock(lock, fcntl.LOCK_EX)
         parent_fd = os.open(parent_cgroup, os.O_RDONLY | os.O_DIRECTORY)
         try:
-            _remove_stale(parent_fd, digest, bcc)
+            _remove_stale(digest)
             bpf = None
             if not _complete(pin_dir, layout_path):
                 # Partial state (a pin removed by hand, a crash mid-load): start clean, so
                 # no attached program keeps a map that later runs no longer configure.
-                _remove_stale(parent_fd, None, bcc)
+                _remove_stale(None)
                 os.makedirs(pin_dir, exist_ok=True)
                 bpf = _compile(bcc, pin_dir)
                 with open(layout_path + ".tmp", "w") as f:
                     json.dump(_layout_descs(bpf, bcc), f)
                 os.replace(layout_path + ".tmp", layout_path)
-            for name, at in _attach_types(bcc):
-                _attach_one(bpf, bcc, name, at, pin_dir, parent_fd)
+            keep = {_attach_one(bpf, bcc, name, at, pin_dir, parent_fd) for name, at in _attach_types(bcc)}
+            _detach_foreign(parent_fd, keep)
         except OSError as e:
             raise BpfError(f"attaching the hooks to {parent_cgroup} failed: {e}") from e
         finally:
@@ -334,29 +358,34 @@ def load_or_reuse(parent_cgroup: str) -> Hooks:
 
 def _compile(bcc: Any, pin_dir: str) -> Any:
     try:
-        return bcc.BPF(
-            src_file=str(sources_dir() / "sock_addr.bpf.c").encode(),
-            cflags=[f"-I{sources_dir()}", f'-DGW_PIN_DIR="{pin_dir}"'],
-        )
+        text = "".join((sources_dir() / name).read_text() for name in PROGRAMS)
+        return bcc.BPF(text=text, cflags=[f"-I{sources_dir()}", f'-DGW_PIN_DIR="{pin_dir}"'])
     except Exception as e:
         raise BpfError(
             f"compiling the BPF hooks failed ({e}); run 'gatewrap doctor' to check kernel headers"
         ) from e
 
 
-def _attach_one(bpf: Any, bcc: Any, name: str, at: int, pin_dir: str, parent_fd: int) -> None:
+def _attach_one(bpf: Any, bcc: Any, name: str, at: int, pin_dir: str, parent_fd: int) -> int:
+    """Attach one hook (from its pin, or freshly loaded and pinned) unless it is; returns its id."""
     pin = f"{pin_dir}/prog_{name}"
     if bpf is None:
         fd = libbpf.obj_get(pin)
     else:
-        fn = bpf.load_func(name, bcc.BPFProgType.CGROUP_SOCK_ADDR, attach_type=at)
+        prog_type = next(getattr(bcc.BPFProgType, t) for n, t, _ in HOOKS if n == name)
+        try:
+            fn = bpf.load_func(name, prog_type, attach_type=at)
+        except Exception as e:  # bcc raises a bare Exception; the verifier log went to stderr
+            raise BpfError(f"the kernel refused BPF program {name}: {e}") from e
         fd = os.dup(fn.fd)
         libbpf.obj_pin(fd, pin)
     try:
-        if libbpf.obj_id(fd) not in libbpf.prog_query(parent_fd, at):
+        prog_id = libbpf.obj_id(fd)
+        if prog_id not in libbpf.prog_query(parent_fd, at):
             # MULTI: a NONE/OVERRIDE attachment could be detached by an unprivileged
             # process holding a read-only fd on the cgroup (KERNEL-NOTES.md).
             libbpf.prog_attach(fd, parent_fd, at, libbpf.BPF_F_ALLOW_MULTI)
+        return prog_id
     finally:
         os.close(fd)
 
@@ -394,9 +423,9 @@ def unload(parent_cgroup: str) -> None:
 
     if list_leaves(parent_cgroup):
         raise BpfError(f"runs are active under {parent_cgroup}; not unloading the hooks")
-    bcc = import_bcc()
     fd = os.open(parent_cgroup, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        _remove_stale(fd, None, bcc)
+        _remove_stale(None)
+        _detach_foreign(fd, set())
     finally:
         os.close(fd)
