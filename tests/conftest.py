@@ -95,6 +95,7 @@ def gatewrap(net, tmp_path):
         e = dict(os.environ)
         if user_env:
             e.update(SUDO_UID=str(AGENT_UID), SUDO_GID=str(AGENT_UID))
+        e["GW_TEST_AUDIT"] = str(audit)
         e.update(REQUESTS_CA_BUNDLE=net.ca_path, CURL_CA_BUNDLE=net.ca_path, SSL_CERT_FILE=net.ca_path)
         e.update(env or {})
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=e, cwd=ROOT)

@@ -54,7 +54,7 @@ def test_the_agent_runs_as_the_invoking_user_without_privileges(gatewrap):
         print(os.getuid(), os.geteuid(), os.getgid())
         print(st["CapEff"].strip(), st["CapPrm"].strip(), st["CapBnd"].strip(), st["NoNewPrivs"].strip())
         print(sorted(int(fd) for fd in os.listdir("/proc/self/fd")))
-        print(open("/proc/self/cgroup").read().strip().rsplit("/", 1)[-1])
+        print(open("/proc/self/cgroup").read().strip().splitlines()[-1])
         import socket
         print(sorted(name for _, name in socket.if_nameindex()))
         print(st["SigBlk"].strip())
@@ -64,7 +64,7 @@ def test_the_agent_runs_as_the_invoking_user_without_privileges(gatewrap):
     assert ids == "65534 65534 65534"
     assert caps == "0000000000000000 0000000000000000 0000000000000000 1"
     assert fds == "[0, 1, 2, 3]"  # 3: the listing's own directory fd
-    assert cg == r.run_id
+    assert cg == "0::/"  # a cgroup namespace rooted at the run's leaf
     assert links == "['lo']"
     assert blocked == "0000000000000000"
 
@@ -79,20 +79,37 @@ def test_a_root_agent_has_no_capabilities(gatewrap):
     assert "the agent runs as root" in r.stderr
 
 
-def test_the_agent_cannot_move_itself_to_another_cgroup(gatewrap):
+@pytest.mark.parametrize("who", [[], ["--user", "root"]], ids=["as the invoking user", "as root"])
+def test_the_agent_cannot_leave_its_cgroup_or_make_one(gatewrap, who):
     from gatewrap.sandbox import cgroup
 
     root = cgroup.cgroup2_mount()
     r = gatewrap(python=f"""
         import os, errno
-        for target in ("{root}/cgroup.procs", "{root}/gatewrap/cgroup.procs"):
+        for attempt in (lambda: open("{root}/cgroup.procs", "w").write(str(os.getpid())),
+                        lambda: open("{root}/gatewrap/cgroup.procs", "w").write(str(os.getpid())),
+                        lambda: os.mkdir("{root}/gatewrap/x")):
             try:
-                open(target, "w").write(str(os.getpid()))
-                print("MOVED")
+                attempt()
+                print("DONE")
             except OSError as e:
                 print(errno.errorcode[e.errno])
-    """)
-    assert r.stdout.split() == ["EACCES", "EACCES"], r.stderr
+    """, user_env=not who, extra=who)
+    assert r.stdout.split() == ["EROFS", "EROFS", "EROFS"], r.stderr
+
+
+def test_a_root_agent_cannot_reach_the_bpf_pins_or_the_audit_log(gatewrap):
+    r = gatewrap(python="""
+        import os, errno
+        for attempt in (lambda: os.listdir("/sys/fs/bpf"), lambda: os.listdir("/run/gatewrap"),
+                        lambda: open(os.environ["GW_TEST_AUDIT"], "a").write("forged")):
+            try:
+                attempt()
+                print("DONE")
+            except OSError as e:
+                print(errno.errorcode[e.errno])
+    """, user_env=False, extra=["--user", "root"])
+    assert r.stdout.split() == ["EACCES", "EACCES", "EROFS"], r.stderr
 
 
 @pytest.mark.parametrize("code", [0, 3, 77])

@@ -168,12 +168,16 @@ def spawn_agent(
     uid: int,
     gid: int,
     groups: list[int],
+    hide: list[str] = ...,
+    readonly: list[str] = ...,
 ) -> int:
     """Start ``argv`` inside the sandbox and return its pid (reap it with ``os.waitpid``).
 
     The environment is exactly ``env``; ``argv[0]`` is looked up on ``env["PATH"]``. Before
-    exec, in this order, the child: resets SIGPIPE/SIGXFSZ to default; joins the netns and the
-    cgroup (``cgroup_dir/cgroup.procs``); sets ``groups``, then gid; empties the capability
+    exec, in this order, the child: resets SIGPIPE/SIGXFSZ to default and empties the signal
+    mask; joins the netns and the cgroup (``cgroup_dir/cgroup.procs``); enters new cgroup and
+    mount namespaces (mounts private), covers each ``hide`` path with an empty read-only tmpfs
+    and bind-mounts each ``readonly`` path read-only onto itself; sets ``groups``, then gid; empties the capability
     bounding and ambient sets; sets uid; clears every capability (even for uid 0); sets
     no_new_privs; marks every fd above 2 close-on-exec. Raises :class:`SpawnError`.
     """

@@ -9,17 +9,12 @@ import time
 from collections.abc import Iterator
 from typing import Any, TextIO
 
+from .text import printable
+
 #: Decisions that count as a denial for ``--denied``.
 DENIED = {"denied", "rejected", "expired"}
 #: Columns of the table: (header, width).
 COLUMNS = (("TIME", 27), ("RUN", 13), ("EVENT", 13), ("DECISION", 8), ("DESTINATION", 34), ("WHO / WHY", 0))
-
-
-def _printable(s: str) -> str:
-    """Escape control characters (C0, DEL, C1) so a hostile value cannot drive the terminal."""
-    return "".join(
-        c if (c.isprintable() or c == " ") else c.encode("unicode_escape").decode("ascii") for c in s
-    )
 
 
 def records(path: str, follow: bool = False, err: TextIO | None = None) -> Iterator[dict[str, Any]]:
@@ -106,7 +101,7 @@ def row(rec: dict[str, Any]) -> str:
     ]
     out = []
     for (_, width), cell in zip(COLUMNS, cells):
-        cell = _printable(cell)
+        cell = printable(cell)
         out.append(cell.ljust(width) if width else cell)
     return " ".join(out).rstrip()
 

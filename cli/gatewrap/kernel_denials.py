@@ -8,6 +8,11 @@ import threading
 from typing import Any, TextIO
 
 from .bpf.loader import RunHooks, _Event
+from .text import printable
+
+#: Live notices per run on stderr; beyond it one line says they are suppressed (the audit
+#: log keeps every record).
+MAX_NOTICES = 20
 
 #: IPPROTO_* numbers (include/uapi/linux/in.h) and the names the audit log uses.
 PROTOCOLS = {1: "icmp", 6: "tcp", 17: "udp", 58: "icmpv6", 132: "sctp", 136: "udplite", 262: "mptcp"}
@@ -34,14 +39,12 @@ def record_of(ev: _Event, run_id: str) -> dict[str, Any]:
         "event": "direct_egress",
         "decision": "denied",
         "reason": f"kernel: {ev.verdict}",
-        "pid": ev.tgid,
-        "tid": ev.pid,
-        "uid": ev.uid,
-        "comm": ev.comm,
     }
-    cmd = _cmdline(ev.tgid)
-    if cmd is not None:
-        rec["cmdline"] = cmd
+    if ev.tgid:  # 0 from the packet hook, which runs without a reliable task
+        rec.update(pid=ev.tgid, tid=ev.pid, uid=ev.uid, comm=ev.comm)
+        cmd = _cmdline(ev.tgid)
+        if cmd is not None:
+            rec["cmdline"] = cmd
     rec.update({
         "dst_ip": ev.dst_ip,
         "dst_port": ev.dst_port,
@@ -54,12 +57,10 @@ def record_of(ev: _Event, run_id: str) -> dict[str, Any]:
 
 
 def notice_of(rec: dict[str, Any], gate_url: str) -> str:
-    """The one-line stderr notice for a kernel denial."""
-    return (
-        f"gatewrap: blocked direct egress: {rec['comm']} (pid {rec['pid']}) -> "
-        f"{rec['proto']} {_dest(rec['dst_ip'], rec['dst_port'])} [{rec['hook']}]: "
-        f"only the gate ({gate_url}) is reachable"
-    )
+    """The one-line stderr notice for a kernel denial (the process name is escaped)."""
+    who = f"{printable(rec['comm'])} (pid {rec['pid']})" if "pid" in rec else "a packet"
+    what = f"{rec['proto']} {_dest(rec['dst_ip'], rec['dst_port'])}" if rec.get("dst_port") else f"a {rec['proto']} socket"
+    return f"gatewrap: blocked direct egress: {who} -> {what} [{rec['hook']}]: only the gate ({gate_url}) is reachable"
 
 
 class KernelDenials:
@@ -84,7 +85,12 @@ class KernelDenials:
         rec = record_of(ev, self._run_id)
         self._audit.write(rec)
         self.count += 1
-        print(notice_of(rec, self._gate_url), file=self._stderr, flush=True)
+        if self.count <= MAX_NOTICES:
+            print(notice_of(rec, self._gate_url), file=self._stderr, flush=True)
+        elif self.count == MAX_NOTICES + 1:
+            print(f"gatewrap: more direct egress blocked; further notices suppressed "
+                  f"(all are in the audit log, gatewrap audit --run {self._run_id} --denied)",
+                  file=self._stderr, flush=True)
 
     def start(self) -> None:
         """Open the ring buffer and start polling."""

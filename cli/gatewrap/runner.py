@@ -121,6 +121,19 @@ def _wait_forwarding_signals(pid: int) -> int:
             os.kill(pid, info.si_signo)
 
 
+def _hidden_paths() -> list[str]:
+    """Host paths the agent must not see: the BPF pins (their fds could detach the hooks)
+    and gatewrap's runtime state."""
+    return [p for p in (loader.BPFFS, "/run/gatewrap") if os.path.isdir(p)]
+
+
+def _readonly_paths(audit_log: str) -> list[str]:
+    """Host paths the agent sees read-only: cgroupfs (a uid-0 agent could otherwise create
+    cgroups or move processes) and the audit log file (which exists by now)."""
+    paths = [cgroup.cgroup2_mount() or "", os.path.abspath(audit_log)]
+    return [p for p in paths if p and os.path.exists(p)]
+
+
 def run(opts: RunOptions, stderr: TextIO | None = None) -> RunResult:
     """Run ``opts.argv`` in a fresh sandbox whose only egress is the gate.
 
@@ -186,9 +199,12 @@ def run(opts: RunOptions, stderr: TextIO | None = None) -> RunResult:
                   "use sudo or --user for an unprivileged agent", file=err)
         audit.write({"run": run_id, "event": "run_start", "argv": opts.argv, "uid": target.uid,
                      "cgroup_id": cgroup_id, "gate": gate_url})
+        cwd = opts.cwd or os.getcwd()
+        env["PWD"] = cwd
         try:
-            pid = core.spawn_agent(opts.argv, env, opts.cwd or os.getcwd(), ns_path, leaf,
-                                   target.uid, target.gid, list(target.groups))
+            pid = core.spawn_agent(opts.argv, env, cwd, ns_path, leaf, target.uid, target.gid,
+                                   list(target.groups), hide=_hidden_paths(),
+                                   readonly=_readonly_paths(opts.audit_log))
         except core.SpawnError as e:
             if e.stage != "exec":
                 raise GatewrapError(f"starting the agent failed: {e.strerror}") from e

@@ -258,7 +258,7 @@ impl PyGate {
 }
 
 #[pyfunction]
-#[pyo3(signature = (argv, env, cwd, netns_path, cgroup_dir, uid, gid, groups))]
+#[pyo3(signature = (argv, env, cwd, netns_path, cgroup_dir, uid, gid, groups, hide=Vec::new(), readonly=Vec::new()))]
 #[allow(clippy::too_many_arguments)]
 fn spawn_agent(
     py: Python<'_>,
@@ -270,8 +270,21 @@ fn spawn_agent(
     uid: u32,
     gid: u32,
     groups: Vec<u32>,
+    hide: Vec<PathBuf>,
+    readonly: Vec<PathBuf>,
 ) -> PyResult<u32> {
-    let req = SpawnRequest { argv, env: env.into_iter().collect(), cwd, netns_path, cgroup_dir, uid, gid, groups };
+    let req = SpawnRequest {
+        argv,
+        env: env.into_iter().collect(),
+        cwd,
+        netns_path,
+        cgroup_dir,
+        uid,
+        gid,
+        groups,
+        hide,
+        readonly,
+    };
     py.allow_threads(|| launcher::spawn(&req)).map_err(|e| spawn_err(py, e))
 }
 

@@ -21,6 +21,8 @@ fn request(argv: &[&str], ns: &Netns, cg: &Cgroup, uid: u32, cwd: &Path) -> Spaw
         uid,
         gid: uid,
         groups: vec![],
+        hide: vec![],
+        readonly: vec![],
     }
 }
 

@@ -20,24 +20,30 @@ BPF_TABLE_PINNED("hash_of_maps$gw_events_tmpl", u64, int, gw_events, GW_MAX_RUNS
 /* Events that found no ring buffer or a full one, per run cgroup. */
 BPF_TABLE_PINNED("lru_hash", u64, u64, gw_lost, GW_MAX_RUNS, GW_PIN_DIR "/gw_lost");
 
-static __always_inline int port_allowed(const struct gw_run_config *cfg, __u16 port)
+static __always_inline int port_in(const __u16 *ports, __u16 port)
 {
 #pragma unroll
 	for (int i = 0; i < GW_MAX_PORTS; i++)
-		if (cfg->ports[i] != 0 && cfg->ports[i] == port)
+		if (ports[i] != 0 && ports[i] == port)
 			return 1;
 	return 0;
 }
 
-static __always_inline int is_gate4(const struct gw_run_config *cfg, __u32 ip4, __u16 port)
+/* The gate listens on TCP ports and (for a DNS stub) UDP ports; nothing else is open. */
+static __always_inline int port_allowed(const struct gw_run_config *cfg, int udp, __u16 port)
 {
-	return ip4 == cfg->gate_ip4 && port_allowed(cfg, port);
+	return port_in(udp ? cfg->udp_ports : cfg->tcp_ports, port);
+}
+
+static __always_inline int is_gate4(const struct gw_run_config *cfg, int udp, __u32 ip4, __u16 port)
+{
+	return ip4 == cfg->gate_ip4 && port_allowed(cfg, udp, port);
 }
 
 /* connect6 sees v4-mapped destinations (::ffff:a.b.c.d) as IPv6. */
-static __always_inline int is_gate6(const struct gw_run_config *cfg, const __u32 *ip6, __u16 port)
+static __always_inline int is_gate6(const struct gw_run_config *cfg, int udp, const __u32 *ip6, __u16 port)
 {
-	if (!port_allowed(cfg, port))
+	if (!port_allowed(cfg, udp, port))
 		return 0;
 	if (ip6[0] == cfg->gate_ip6[0] && ip6[1] == cfg->gate_ip6[1] &&
 	    ip6[2] == cfg->gate_ip6[2] && ip6[3] == cfg->gate_ip6[3])

@@ -33,7 +33,8 @@ enum gw_verdict {
 struct gw_run_config {
 	__u32 gate_ip4;                 /* network byte order, e.g. 127.0.0.1 */
 	__u32 gate_ip6[4];              /* network byte order, e.g. ::1 */
-	__u16 ports[GW_MAX_PORTS];      /* host byte order; 0 = unused slot */
+	__u16 tcp_ports[GW_MAX_PORTS];  /* host byte order; 0 = unused slot */
+	__u16 udp_ports[GW_MAX_PORTS];  /* host byte order; 0 = unused slot (e.g. a DNS stub) */
 };
 
 /* One denied attempt, as put on the run's ring buffer. */

@@ -51,7 +51,7 @@ static __always_inline int egress4(struct __sk_buff *skb, __u64 cgid, const stru
 	if (ip.protocol != IPPROTO_TCP && ip.protocol != IPPROTO_UDP)
 		return skb_drop(cgid, AF_INET, ip.protocol, GW_DENY_SOCK_KIND, dst, 0, 0);
 	__u16 port = dst_port(skb, sizeof(ip));
-	if (is_gate4(cfg, ip.daddr, port))
+	if (is_gate4(cfg, ip.protocol == IPPROTO_UDP, ip.daddr, port))
 		return 1;
 	return skb_drop(cgid, AF_INET, ip.protocol, GW_DENY_NOT_GATE, dst, 0, port);
 }
@@ -68,7 +68,7 @@ static __always_inline int egress6(struct __sk_buff *skb, __u64 cgid, const stru
 	if (ip6.nexthdr != IPPROTO_TCP && ip6.nexthdr != IPPROTO_UDP)
 		return skb_drop(cgid, AF_INET6, ip6.nexthdr, GW_DENY_IP_OPTIONS, dst, 1, 0);
 	__u16 port = dst_port(skb, sizeof(ip6));
-	if (is_gate6(cfg, dst, port))
+	if (is_gate6(cfg, ip6.nexthdr == IPPROTO_UDP, dst, port))
 		return 1;
 	return skb_drop(cgid, AF_INET6, ip6.nexthdr, GW_DENY_NOT_GATE, dst, 1, port);
 }

@@ -46,7 +46,7 @@ static __always_inline int check4(struct bpf_sock_addr *ctx, __u8 hook)
 	/* With a control message (e.g. IP_PKTINFO) sendmsg4 may see user_ip4 == 0. */
 	if (ctx->user_ip4 == 0)
 		return deny4(ctx, cgid, hook, GW_DENY_NO_ADDR);
-	if (is_gate4(cfg, ctx->user_ip4, bpf_ntohs((__u16)ctx->user_port)))
+	if (is_gate4(cfg, ctx->type == SOCK_DGRAM, ctx->user_ip4, bpf_ntohs((__u16)ctx->user_port)))
 		return 1;
 	return deny4(ctx, cgid, hook, GW_DENY_NOT_GATE);
 }
@@ -63,7 +63,7 @@ static __always_inline int check6(struct bpf_sock_addr *ctx, __u8 hook)
 	ip6[3] = ctx->user_ip6[3];
 	if (!cfg)
 		return deny6(ctx, cgid, hook, GW_DENY_NO_RUN, ip6);
-	if (is_gate6(cfg, ip6, bpf_ntohs((__u16)ctx->user_port)))
+	if (is_gate6(cfg, ctx->type == SOCK_DGRAM, ip6, bpf_ntohs((__u16)ctx->user_port)))
 		return 1;
 	return deny6(ctx, cgid, hook, GW_DENY_NOT_GATE, ip6);
 }

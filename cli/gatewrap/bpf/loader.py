@@ -140,8 +140,10 @@ class Hooks:
             os.close(fd)
         self._fds = {}
 
-    def configure(self, cgroup_id: int, gate_ip4: str, gate_ip6: str, ports: list[int]) -> "RunHooks":
-        """Let the run in ``cgroup_id`` reach only ``gate_ip4``/``gate_ip6`` on ``ports``.
+    def configure(self, cgroup_id: int, gate_ip4: str, gate_ip6: str, tcp_ports: list[int],
+                  udp_ports: list[int] = ()) -> "RunHooks":
+        """Let the run in ``cgroup_id`` reach only ``gate_ip4``/``gate_ip6`` on ``tcp_ports``
+        (TCP) and ``udp_ports`` (UDP).
 
         The run's ring buffer is installed before its configuration, so no denial of
         the run is ever without a buffer.
@@ -149,8 +151,8 @@ class Hooks:
         Raises:
             BpfError: too many ports, or a map update failed.
         """
-        if not 1 <= len(ports) <= MAX_PORTS:
-            raise BpfError(f"the gate may have 1 to {MAX_PORTS} ports, got {len(ports)}")
+        if not 1 <= len(tcp_ports) <= MAX_PORTS or len(udp_ports) > MAX_PORTS:
+            raise BpfError(f"the gate may have 1 to {MAX_PORTS} TCP and 0 to {MAX_PORTS} UDP ports")
         key = ct.c_uint64(cgroup_id)
         try:
             rb_fd = libbpf.ringbuf_create("gw_run_events", RINGBUF_BYTES)
@@ -160,8 +162,10 @@ class Hooks:
             v6 = socket.inet_pton(socket.AF_INET6, gate_ip6)
             for i in range(4):
                 cfg.gate_ip6[i] = int.from_bytes(v6[4 * i : 4 * i + 4], "little")
-            for i, p in enumerate(ports):
-                cfg.ports[i] = p
+            for i, p in enumerate(tcp_ports):
+                cfg.tcp_ports[i] = p
+            for i, p in enumerate(udp_ports):
+                cfg.udp_ports[i] = p
             libbpf.map_update(self._fds["gw_runs"], key, cfg)
         except OSError as e:
             raise BpfError(f"configuring the hooks for cgroup {cgroup_id} failed: {e}") from e

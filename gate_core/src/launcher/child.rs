@@ -1,7 +1,9 @@
 //! What runs in the forked child between `fork` and `exec`: async-signal-safe calls only.
 
+use std::ffi::CString;
 use std::fmt;
 use std::io;
+use std::ptr;
 
 const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
 const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
@@ -13,6 +15,10 @@ pub enum Step {
     Signals = 1,
     Setns,
     Cgroup,
+    Unshare,
+    MountPrivate,
+    Hide,
+    ReadOnly,
     Setgroups,
     Setresgid,
     BoundingSet,
@@ -24,10 +30,14 @@ pub enum Step {
 }
 
 impl Step {
-    const ALL: [Step; 11] = [
+    const ALL: [Step; 15] = [
         Step::Signals,
         Step::Setns,
         Step::Cgroup,
+        Step::Unshare,
+        Step::MountPrivate,
+        Step::Hide,
+        Step::ReadOnly,
         Step::Setgroups,
         Step::Setresgid,
         Step::BoundingSet,
@@ -49,6 +59,10 @@ impl fmt::Display for Step {
             Step::Signals => "resetting SIGPIPE/SIGXFSZ",
             Step::Setns => "setns into the sandbox netns",
             Step::Cgroup => "joining the sandbox cgroup",
+            Step::Unshare => "unshare(CLONE_NEWNS | CLONE_NEWCGROUP)",
+            Step::MountPrivate => "making the mount namespace private",
+            Step::Hide => "hiding a host path under an empty tmpfs",
+            Step::ReadOnly => "making a host path read-only",
             Step::Setgroups => "setgroups",
             Step::Setresgid => "setresgid",
             Step::BoundingSet => "dropping the capability bounding set",
@@ -70,6 +84,10 @@ pub struct Plan {
     pub uid: libc::uid_t,
     pub gid: libc::gid_t,
     pub last_cap: u32,
+    /// Paths covered by an empty read-only tmpfs in the agent's mount namespace.
+    pub hide: Vec<CString>,
+    /// Paths bind-mounted read-only onto themselves in the agent's mount namespace.
+    pub readonly: Vec<CString>,
 }
 
 #[repr(C)]
@@ -103,7 +121,36 @@ impl Plan {
         }
     }
 
-    /// Enter the sandbox and drop privileges, in this order: signals, netns, cgroup, groups,
+    /// A cgroup namespace rooted at the run's leaf: even a uid-0 agent without
+    /// capabilities cannot move itself out of it (cgroup_namespaces(7): migration outside
+    /// the namespace root fails). A private mount namespace in which the BPF pins are
+    /// hidden (their fds would let a uid-0 agent detach the hooks) and cgroupfs and the
+    /// audit log are read-only. Runs as root, before privileges are dropped.
+    ///
+    /// SAFETY: plain system calls on strings prepared before fork.
+    unsafe fn isolate_mounts(&self) -> io::Result<()> {
+        let none: *const libc::c_char = ptr::null();
+        self.check(Step::Unshare, libc::unshare(libc::CLONE_NEWNS | libc::CLONE_NEWCGROUP).into())?;
+        let rc = libc::mount(none, c"/".as_ptr(), none, libc::MS_REC | libc::MS_PRIVATE, ptr::null());
+        self.check(Step::MountPrivate, rc.into())?;
+        for path in &self.hide {
+            let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC | libc::MS_RDONLY;
+            let rc = libc::mount(c"tmpfs".as_ptr(), path.as_ptr(), c"tmpfs".as_ptr(), flags,
+                                 c"mode=000,size=4k".as_ptr().cast());
+            self.check(Step::Hide, rc.into())?;
+        }
+        for path in &self.readonly {
+            let rc = libc::mount(path.as_ptr(), path.as_ptr(), none, libc::MS_BIND | libc::MS_REC, ptr::null());
+            self.check(Step::ReadOnly, rc.into())?;
+            let flags = libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV;
+            let rc = libc::mount(none, path.as_ptr(), none, flags, ptr::null());
+            self.check(Step::ReadOnly, rc.into())?;
+        }
+        Ok(())
+    }
+
+    /// Enter the sandbox and drop privileges, in this order: signals, netns, cgroup,
+    /// cgroup + mount namespaces (hidden and read-only paths), groups,
     /// gid, capability bounding set + ambient set, uid, capset(0), no_new_privs, and
     /// close-on-exec for every fd above 2.
     pub fn enter(&self) -> io::Result<()> {
@@ -125,6 +172,7 @@ impl Plan {
             self.check(Step::Setns, libc::setns(self.netns_fd, libc::CLONE_NEWNET).into())?;
             let n = libc::write(self.procs_fd, b"0".as_ptr().cast(), 1);
             self.check(Step::Cgroup, n as libc::c_long)?;
+            self.isolate_mounts()?;
             self.check(Step::Setgroups, libc::setgroups(self.groups.len(), self.groups.as_ptr()).into())?;
             self.check(Step::Setresgid, libc::setresgid(self.gid, self.gid, self.gid).into())?;
             // Done for every uid (not only root): with the bounding set empty, nothing the

@@ -8,7 +8,8 @@ mod child;
 #[cfg(test)]
 mod tests;
 
-use std::ffi::OsStr;
+use std::ffi::{CString, OsStr};
+use std::os::unix::ffi::OsStrExt;
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -29,6 +30,10 @@ pub struct SpawnRequest {
     pub uid: u32,
     pub gid: u32,
     pub groups: Vec<u32>,
+    /// Host paths hidden from the agent (an empty tmpfs over each), e.g. `/sys/fs/bpf`.
+    pub hide: Vec<PathBuf>,
+    /// Host paths the agent sees read-only, e.g. the cgroup v2 mount and the audit log's folder.
+    pub readonly: Vec<PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -39,6 +44,8 @@ pub enum SpawnError {
     Netns { path: PathBuf, source: io::Error },
     #[error("cannot open {path} to join the cgroup: {source}")]
     Cgroup { path: PathBuf, source: io::Error },
+    #[error("path {0} contains a NUL byte")]
+    NulInPath(PathBuf),
     #[error("cannot read /proc/sys/kernel/cap_last_cap: {0}")]
     CapLastCap(io::Error),
     #[error("cannot create the launcher's status pipe: {0}")]
@@ -63,7 +70,7 @@ impl SpawnError {
     /// The errno to report (`EINVAL` for errors without one).
     pub fn errno(&self) -> i32 {
         match self {
-            SpawnError::EmptyArgv => libc::EINVAL,
+            SpawnError::EmptyArgv | SpawnError::NulInPath(_) => libc::EINVAL,
             SpawnError::NotFound(_) => libc::ENOENT,
             SpawnError::PermissionDenied(_) => libc::EACCES,
             SpawnError::Netns { source, .. }
@@ -101,6 +108,13 @@ fn read_step(r: &OwnedFd) -> Option<Step> {
     (n == 1).then(|| Step::from_code(b)).flatten()
 }
 
+fn c_paths(paths: &[PathBuf]) -> Result<Vec<CString>, SpawnError> {
+    paths
+        .iter()
+        .map(|p| CString::new(p.as_os_str().as_bytes()).map_err(|_| SpawnError::NulInPath(p.clone())))
+        .collect()
+}
+
 /// Start `req.argv` inside the sandbox; returns the child's pid (the caller reaps it).
 pub fn spawn(req: &SpawnRequest) -> Result<u32, SpawnError> {
     let program = req.argv.first().ok_or(SpawnError::EmptyArgv)?;
@@ -120,6 +134,8 @@ pub fn spawn(req: &SpawnRequest) -> Result<u32, SpawnError> {
         uid: req.uid,
         gid: req.gid,
         last_cap: cap_last_cap()?,
+        hide: c_paths(&req.hide)?,
+        readonly: c_paths(&req.readonly)?,
     };
 
     let mut cmd = Command::new(program);
