@@ -34,10 +34,15 @@ def pytest_runtest_makereport(item, call):
         rep.longrepr = f"kernel test skipped ({rep.longrepr}): kernel tests must run (root, cgroup v2, BPF)"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _no_leftover_fake_internet():
+    """Remove a fake internet a killed earlier session left (once: a live one is not ours to touch)."""
+    cleanup_leftovers()
+
+
 @pytest.fixture(scope="module")
 def net():
     """The fake internet, one per test module (its addresses are fixed, so one at a time)."""
-    cleanup_leftovers()
     with FakeInternet() as n:
         yield n
 

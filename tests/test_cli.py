@@ -18,7 +18,9 @@ def _gw(*args: str, **kw) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("args,needle", [
     (["run"], "Missing argument"),
     (["run", "--bogus", "--", "true"], "No such option"),
-    (["run", "--allow", "exa mple.com", "--", "true"], "exa mple.com"),
+    (["run", "--allow", "exa mple.com", "--", "true"], "--allow 'exa mple.com'"),
+    (["run", "--allow", "http://example.com", "--", "true"], "a host, not a URL"),
+    (["run", "--deny", "", "--", "true"], "--deny ''"),
     (["run", "--allow", "example.com:99999", "--", "true"], "99999"),
     (["run", "--policy", "/nonexistent.toml", "--", "true"], "/nonexistent.toml"),
 ])
@@ -34,6 +36,14 @@ def test_without_root_run_exits_125_and_says_to_use_sudo():
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert p.returncode == 125
     assert "sudo" in p.stderr
+
+
+def test_resolver_port_defaults_to_53():
+    from gatewrap.cli import _with_port
+
+    assert [_with_port(a, 53) for a in ("192.0.2.1", "192.0.2.1:5353", "2001:db8::1", "[2001:db8::1]",
+                                        "[2001:db8::1]:5353")] == [
+        "192.0.2.1:53", "192.0.2.1:5353", "[2001:db8::1]:53", "[2001:db8::1]:53", "[2001:db8::1]:5353"]
 
 
 def test_help_teaches_with_examples():

@@ -86,7 +86,7 @@ def who_why(rec: dict[str, Any]) -> str:
     if rec.get("event") == "run_end":
         parts.append(
             f"exit {rec.get('exit_code')}: {rec.get('allowed', 0)} allowed, {rec.get('denied', 0)} denied, "
-            f"{rec.get('direct_egress', 0)} direct egress blocked"
+            f"{rec.get('failed', 0)} failed, {rec.get('direct_egress', 0)} direct egress blocked"
         )
     if rec.get("event") == "run_start" and rec.get("argv"):
         parts.append(" ".join(map(str, rec["argv"])))

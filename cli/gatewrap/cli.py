@@ -43,8 +43,9 @@ def cli() -> None:
 @click.option("--user", metavar="USER", help="Run the agent as USER (name or uid). Default: the user who ran sudo.")
 @click.option("--audit-log", default="/var/log/gatewrap/audit.jsonl", show_default=True, metavar="PATH",
               help="Append audit records (JSON lines) here.")
-@click.option("--resolver", "nameservers", multiple=True, metavar="IP[:PORT]",
-              help="DNS server the gate resolves through. Default: the host's /etc/resolv.conf. Repeatable.")
+@click.option("--resolver", "nameservers", multiple=True, metavar="IP[:PORT]", callback=lambda c, p, v: [_with_port(x, 53) for x in v],
+              help="DNS server the gate resolves through (port 53 by default; IPv6 as [ADDR]:PORT). "
+                   "Default: the host's /etc/resolv.conf. Repeatable.")
 @click.option("--port", default=3128, show_default=True, type=click.IntRange(1, 65535),
               help="Port of the gate inside the sandbox (127.0.0.1 and [::1]).")
 @click.option("--workdir", type=click.Path(file_okay=False, exists=True), metavar="DIR",
@@ -74,7 +75,7 @@ def run(allow: tuple[str, ...], deny: tuple[str, ...], policy_file: str | None, 
                       cwd=workdir)
     result = do_run(opts)
     if as_json:
-        click.echo(json.dumps(asdict(result)), err=True)
+        click.echo(json.dumps(result.as_record()), err=True)
     else:
         click.echo(summary_line(result), err=True)
     return result.exit_code
@@ -98,12 +99,16 @@ def audit(run_id: str | None, denied: bool, as_json: bool, follow: bool, path: s
     """
     from . import audit_reader as ar
 
+    shown = 0
     try:
         if not as_json:
             click.echo(ar.header())
         for rec in ar.records(path, follow=follow):
             if ar.matches(rec, run_id, denied):
                 click.echo(json.dumps(rec) if as_json else ar.row(rec))
+                shown += 1
+        if not shown:
+            click.echo(f"gatewrap: no matching records in {path}", err=True)
     except FileNotFoundError:
         raise GatewrapError(f"no audit log at {path}: nothing has run yet, or pass --log PATH", exit_code=1)
     except KeyboardInterrupt:
@@ -117,6 +122,12 @@ def doctor(as_json: bool) -> int:
     """Check this machine: root, cgroup v2, BTF, bcc, kernel headers, bpffs, nsjail.
 
     Exit 0 when gatewrap can run here, 1 when a check failed (each says how to fix it).
+    Nothing is changed: the fixes are printed, for you to run.
+
+    \b
+    Examples:
+      sudo gatewrap doctor
+      sudo gatewrap doctor --json | jq -r '.[] | select(.status != "ok") | .fix'
     """
     from .doctor import checks
 
@@ -153,6 +164,15 @@ def gc(as_json: bool) -> int:
         if not out.runs and not out.errors:
             click.echo("no stale sandboxes")
     return 1 if out.errors else 0
+
+
+def _with_port(addr: str, port: int) -> str:
+    """``IP`` -> ``IP:port``; ``[v6]`` -> ``[v6]:port``; a bare IPv6 -> ``[v6]:port``."""
+    if addr.startswith("["):
+        return addr if "]:" in addr else f"{addr}:{port}"
+    if addr.count(":") > 1:
+        return f"[{addr}]:{port}"
+    return addr if ":" in addr else f"{addr}:{port}"
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -29,10 +29,16 @@ def build_policy(policy_file: str | None, allow: list[str], deny: list[str]) -> 
             policy = core.Policy.from_toml(text, policy_file)
         else:
             policy = core.Policy.new("deny")
-        for spec in deny:
-            policy.add_rule(spec, "deny", f"--deny {spec}")
-        for spec in allow:
-            policy.add_rule(spec, "allow", f"--allow {spec}")
     except core.PolicyError as e:
         raise GatewrapError(f"invalid policy: {e}") from e
+    for flag, action, specs in (("--deny", "deny", deny), ("--allow", "allow", allow)):
+        for spec in specs:
+            try:
+                policy.add_rule(spec, action, f"{flag} {spec}")
+            except core.PolicyError as e:
+                hint = " (a host, not a URL)" if "://" in spec else ""
+                raise GatewrapError(
+                    f"{flag} {spec!r}: {e}; give HOST, HOST:PORT, *.SUFFIX or [IPv6]:PORT{hint}, "
+                    f"e.g. {flag} example.com:443"
+                ) from e
     return policy

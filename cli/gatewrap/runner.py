@@ -62,6 +62,12 @@ class RunResult:
     lost: int
     audit_log: str
 
+    def as_record(self) -> dict[str, Any]:
+        """The summary with the audit log's field names (as in its ``run_end`` record)."""
+        return {"run": self.run_id, "exit_code": self.exit_code, "allowed": self.allowed,
+                "denied": self.denied, "failed": self.failed, "direct_egress": self.direct_egress,
+                "lost_events": self.lost, "audit_log": self.audit_log}
+
 
 def new_run_id() -> str:
     """A fresh run id, ``gw-`` and 10 hex digits."""
@@ -221,11 +227,9 @@ def run(opts: RunOptions, stderr: TextIO | None = None) -> RunResult:
         lost = run_hooks.lost()
         result = RunResult(run_id, exit_code, counts.get("allowed", 0), counts.get("denied", 0),
                            counts.get("failed", 0), denials.count, lost, opts.audit_log)
-        end: dict[str, Any] = {"run": run_id, "event": "run_end", "exit_code": exit_code,
-                               "allowed": result.allowed, "denied": result.denied,
-                               "failed": result.failed, "direct_egress": result.direct_egress,
-                               "lost_events": lost}
-        audit.write(end)
+        end = result.as_record()
+        del end["audit_log"]
+        audit.write({"run": run_id, "event": "run_end", **end})
         audit.sync()
     return result
 
@@ -251,6 +255,6 @@ def summary_line(r: RunResult) -> str:
     return (
         f"gatewrap: run {r.run_id} exited {r.exit_code}: {r.allowed} allowed, "
         f"{r.denied} denied by policy, {r.direct_egress} direct egress blocked"
-        f"{f', {r.failed} upstream failures' if r.failed else ''}{lost}; "
+        f"{f', {r.failed} upstream failed' if r.failed else ''}{lost}; "
         f"audit log {r.audit_log} (gatewrap audit --run {r.run_id})"
     )

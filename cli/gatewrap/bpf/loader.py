@@ -366,7 +366,8 @@ def _compile(bcc: Any, pin_dir: str) -> Any:
         return bcc.BPF(text=text, cflags=[f"-I{sources_dir()}", f'-DGW_PIN_DIR="{pin_dir}"'])
     except Exception as e:
         raise BpfError(
-            f"compiling the BPF hooks failed ({e}); run 'gatewrap doctor' to check kernel headers"
+            f"compiling the BPF hooks failed ({e}; the compiler's or verifier's output is above); "
+            "'gatewrap doctor' checks the kernel headers bcc needs"
         ) from e
 
 
@@ -404,7 +405,11 @@ def verify_attached(parent_cgroup: str, pin_dir: str) -> None:
     parent_fd = os.open(parent_cgroup, os.O_RDONLY | os.O_DIRECTORY)
     try:
         for name, at in _attach_types(bcc):
-            fd = libbpf.obj_get(f"{pin_dir}/prog_{name}")
+            try:
+                fd = libbpf.obj_get(f"{pin_dir}/prog_{name}")
+            except OSError as e:
+                raise BpfError(f"hook {name} is no longer pinned ({e}): another gatewrap version "
+                               "replaced the hooks; refusing to start the agent, run again") from e
             try:
                 if libbpf.obj_id(fd) not in libbpf.prog_query(parent_fd, at):
                     raise BpfError(f"hook {name} is not attached to {parent_cgroup}; refusing to start the agent")
