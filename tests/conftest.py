@@ -91,7 +91,7 @@ def gatewrap(net, tmp_path):
         if python is not None:
             argv = [AGENT_PYTHON, "-c", textwrap.dedent(python)]
         cmd = gatewrap_cmd("run", "--audit-log", str(audit), "--resolver", net.dns_server,
-                           "--workdir", "/tmp")
+                           "--workdir", "/tmp", "--ro-bind", net.tmpdir)
         for a in allow:
             cmd += ["--allow", a]
         for d in deny:

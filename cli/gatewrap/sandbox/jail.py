@@ -1,0 +1,69 @@
+"""The agent's jail: nsjail, with the profile in ``nsjail/agent.cfg`` and per-run flags.
+
+gatewrap's launcher (Rust) has already put the process in the run's netns and cgroup and
+dropped it to the agent's uid with no capabilities; it then execs nsjail, which runs
+unprivileged in a user namespace that maps that uid and gid to themselves (nsjail(1),
+config.proto).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from ..errors import GatewrapError
+
+PROFILE = Path(__file__).resolve().parent.parent / "_nsjail" / "agent.cfg"
+#: Folders the jail replaces with private ones (or must not be made writable): a working
+#: directory among them stays the jail's own, not the host's.
+PRIVATE = ("/", "/tmp", "/run", "/var/run", "/dev", "/dev/shm", "/proc", "/sys")
+#: What `--jail none` gives up, said on stderr when it is chosen.
+WITHOUT_JAIL = (
+    "gatewrap: warning: --jail none: the agent sees the host's files (read-only only for cgroupfs and "
+    "the audit log), its /tmp and /run (host daemons' sockets included) and its processes; AF_VSOCK "
+    "and other non-inet socket families are not refused. Contracts 1 and 2 hold only in part."
+)
+
+
+def nsjail_path() -> str | None:
+    """The nsjail binary: ``$GATEWRAP_NSJAIL``, else ``nsjail`` on PATH, else None."""
+    return os.environ.get("GATEWRAP_NSJAIL") or shutil.which("nsjail")
+
+
+def tini_path() -> str | None:
+    """tini, the init the agent runs under in the jail's pid namespace (Debian's ``tini``)."""
+    return shutil.which("tini") or (os.path.exists("/usr/bin/tini") and "/usr/bin/tini") or None
+
+
+def wrap(argv: list[str], uid: int, gid: int, cwd: str, ro_binds: list[str], rw_binds: list[str]) -> list[str]:
+    """The command line that runs ``argv`` in the jail.
+
+    ``cwd`` becomes the agent's writable working directory (unless it is one of
+    :data:`PRIVATE`); ``ro_binds``/``rw_binds`` are extra host paths made visible.
+
+    Raises:
+        GatewrapError: nsjail or tini is not installed, or ``uid`` is 0.
+    """
+    nsjail, tini = nsjail_path(), tini_path()
+    if nsjail is None or tini is None:
+        missing = "nsjail" if nsjail is None else "tini (apt-get install tini)"
+        raise GatewrapError(
+            f"{missing} is not installed: run scripts/setup.sh install, "
+            "or run without the jail with --jail none (weaker: see gatewrap run --help)"
+        )
+    if uid == 0:
+        raise GatewrapError(
+            "an agent running as root cannot be jailed (nsjail runs unprivileged, in a user namespace): "
+            "run it as a user (sudo from that user, or --user USER), or use --jail none (weaker)"
+        )
+    cmd = [nsjail, "--config", str(PROFILE), "--really_quiet", "-u", f"{uid}:{uid}:1",
+           "-g", f"{gid}:{gid}:1", "--cwd", cwd]
+    writable = list(rw_binds)
+    if os.path.abspath(cwd) not in PRIVATE:
+        writable.append(cwd)
+    for path in ro_binds:
+        cmd += ["-R", path]
+    for path in writable:
+        cmd += ["-B", path]
+    return [*cmd, "--", tini, "--", *argv]
