@@ -24,8 +24,10 @@ def main() -> int:
     audit = os.path.join(tempfile.mkdtemp(prefix="gatewrap-demo-"), "audit.jsonl")
     with FakeInternet() as net:
         env = dict(os.environ, REQUESTS_CA_BUNDLE=net.ca_path)
+        # The fake internet's CA is under /tmp, which the jail replaces: show it read-only.
         cmd = ["gatewrap", "run", "--allow", "allowed.test", "--resolver", net.dns_server,
-               "--audit-log", audit, "--", "/usr/bin/python3", str(ROOT / "examples" / "agent.py")]
+               "--ro-bind", net.tmpdir, "--audit-log", audit,
+               "--", "/usr/bin/python3", str(ROOT / "examples" / "agent.py")]
         print("$ " + " ".join(cmd), flush=True)
         rc = subprocess.run(cmd, env=env).returncode
         print(f"\n$ gatewrap audit --log {audit}", flush=True)

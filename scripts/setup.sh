@@ -74,7 +74,7 @@ install() {
 
 case "${1:-install}" in
 	install) install ;;
-	demo) install; say "demo"; exec "$VENV/bin/python" "$ROOT/examples/demo.py" ;;
+	demo) install; say "demo"; PATH="$VENV/bin:$PATH" exec "$VENV/bin/python" "$ROOT/examples/demo.py" ;;
 	test)
 		install
 		say "tests: Rust (gate_core)"
