@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+"""Turn the escape suite's results into the README's security table.
+
+    scripts/escape_table.py [--results tests/escape/results.json] [--readme README.md] [--stdout]
+
+``tests/escape/results.json`` is written by the escape suite (tests/escape/conftest.py)
+at the end of a session in which its tests ran. This script renders it as a markdown
+table (vector -> hook or layer -> errno or outcome -> verdict) and replaces the text
+between ``<!-- escape-table:start -->`` and ``<!-- escape-table:end -->`` in the README.
+If the README lacks the markers (or with ``--stdout``), the table goes to stdout and the
+README is left alone. Exit status: 0, or 1 if the results file is missing or malformed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+START, END = "<!-- escape-table:start -->", "<!-- escape-table:end -->"
+VERDICTS = {"held": "held", "OPEN": "**OPEN**", "hang": "**hang** (no egress, but no error either)"}
+
+
+def _cell(text: str) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ").strip()
+
+
+def render(entries: list[dict]) -> str:
+    """The markdown table (and a one-line tally) for ``entries`` of results.json."""
+    lines = ["| vector | hook or layer | errno or outcome | verdict |", "| --- | --- | --- | --- |"]
+    for e in entries:
+        verdict = VERDICTS.get(e.get("verdict", ""), f"**{_cell(e.get('verdict', '?'))}**")
+        if e.get("outcome") == "xfailed":
+            verdict += " (known, xfail)"
+        elif e.get("outcome") == "failed" and e.get("verdict") == "held":
+            verdict += " (test failed: see the suite)"
+        lines.append(f"| {_cell(e['vector'])} | {_cell(e.get('layer', '?'))} | "
+                     f"{_cell(e.get('observed', '?'))} | {verdict} |")
+    tally: dict[str, int] = {}
+    for e in entries:
+        tally[e.get("verdict", "?")] = tally.get(e.get("verdict", "?"), 0) + 1
+    summary = ", ".join(f"{n} {k}" for k, n in sorted(tally.items(), key=lambda kv: (kv[0] != "held", kv[0])))
+    lines += ["", f"{len(entries)} vectors: {summary}."]
+    return "\n".join(lines) + "\n"
+
+
+def replace_between_markers(text: str, table: str) -> str | None:
+    """``text`` with the part between the markers replaced by ``table``; None if the
+    markers are absent or out of order."""
+    i, j = text.find(START), text.find(END)
+    if i < 0 or j < 0 or j < i:
+        return None
+    return text[: i + len(START)] + "\n" + table + text[j:]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--results", type=Path, default=ROOT / "tests" / "escape" / "results.json")
+    ap.add_argument("--readme", type=Path, default=ROOT / "README.md")
+    ap.add_argument("--stdout", action="store_true", help="print the table; do not touch the README")
+    args = ap.parse_args(argv)
+    try:
+        entries = json.loads(args.results.read_text())
+        assert isinstance(entries, list) and all("vector" in e for e in entries)
+    except (OSError, ValueError, AssertionError) as e:
+        print(f"escape_table: cannot read {args.results} ({e}); run the escape suite first: "
+              "python -m pytest tests/escape", file=sys.stderr)
+        return 1
+    table = render(entries)
+    if args.stdout:
+        sys.stdout.write(table)
+        return 0
+    try:
+        readme = args.readme.read_text()
+    except OSError:
+        readme = ""
+    new = replace_between_markers(readme, table)
+    if new is None:
+        print(f"escape_table: no {START} / {END} markers in {args.readme}; the table:", file=sys.stderr)
+        sys.stdout.write(table)
+        return 0
+    if new != readme:
+        args.readme.write_text(new)
+        print(f"escape_table: updated {args.readme} ({len(entries)} vectors)", file=sys.stderr)
+    else:
+        print(f"escape_table: {args.readme} is up to date", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,196 @@
+"""Escape suite, processes and lifetime: children, threads and exec'd programs are held
+like the agent; nothing of the agent outlives its run; if gatewrap dies the sandbox fails
+closed, and ``gatewrap gc`` removes it."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import time
+
+import pytest
+
+from conftest import Run, gatewrap_cmd
+
+from .helpers import (assert_audited, assert_bounded, assert_nothing_reached, attempts, python_argv,
+                      run_id_of, spawn)
+
+pytestmark = pytest.mark.kernel
+
+INET4, INET6, ECHO = "203.0.113.10", "2001:db8:100::10", 7
+TCP4 = {"hook": "connect4", "dst_ip": INET4, "dst_port": ECHO, "proto": "tcp"}
+
+CONNECT = f"attempt('connect', sock(V4, TCP).connect, ('{INET4}', {ECHO}))"
+
+CHILDREN = {
+    "a forked child process (no exec)": f"""
+        print(json.dumps({{"agent": os.getpid()}}), flush=True)
+        pid = os.fork()
+        if pid == 0:
+            print(json.dumps({{"child": os.getpid()}}), flush=True)
+            {CONNECT}
+            os._exit(0)
+        os.waitpid(pid, 0)
+    """,
+    "a thread": f"""
+        print(json.dumps({{"agent": os.getpid()}}), flush=True)
+        t = threading.Thread(target=lambda: {CONNECT}); t.start(); t.join()
+    """,
+    "an exec'd bash using /dev/tcp": f"""
+        os.execv("/bin/bash", ["bash", "-c",
+            't0=$EPOCHREALTIME; msg=$( (exec 3<>/dev/tcp/{INET4}/{ECHO}) 2>&1 ); rc=$?; t1=$EPOCHREALTIME; '
+            'echo "BASH $rc $t0 $t1 $msg"'])
+    """,
+}
+
+
+def _bash_attempt(out: str) -> dict:
+    line = next(x for x in out.splitlines() if x.startswith("BASH "))
+    _, rc, t0, t1, msg = line.split(" ", 4)
+    err = "EPERM" if "Operation not permitted" in msg else ("TIMEOUT" if "timed out" in msg else msg or None)
+    return {"step": "bash /dev/tcp", "errno": None if rc == "0" else err,
+            "elapsed": float(t1.replace(",", ".")) - float(t0.replace(",", "."))}
+
+
+@pytest.mark.parametrize("how", list(CHILDREN), ids=list(CHILDREN))
+def test_children_threads_and_execd_programs_are_refused(gatewrap, quiet_net, outcome, how):
+    r = gatewrap(python_argv(CHILDREN[how]), timeout=30)
+    a = _bash_attempt(r.stdout) if "bash" in how else attempts(r.stdout)[-1]
+    outcome("connect4 (the cgroup is inherited)", f"{a['errno'] or 'connected'} (connect)",
+            "OPEN" if a["errno"] is None else "held")
+    assert a["errno"] == "EPERM", (a, r.stderr)
+    assert_bounded(a)
+    (rec,) = assert_audited(r, TCP4)
+    ids = {k: v for line in r.stdout.splitlines() if line.startswith("{")
+           for k, v in json.loads(line).items() if k in ("agent", "child")}
+    if "thread" in how:
+        assert rec["tid"] != rec["pid"], rec
+    elif "bash" in how:
+        assert rec["comm"] == "bash", rec
+    else:
+        assert "child" in ids and ids["child"] != ids["agent"], ids
+    assert_nothing_reached(quiet_net)
+
+
+def _run_procs(run_id: str) -> list[str]:
+    """Live (non-zombie) processes in the run's cgroup."""
+    procs = []
+    for p in os.listdir("/proc"):
+        if not p.isdigit():
+            continue
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    continue
+            with open(f"/proc/{p}/cgroup") as f:
+                if f"/gatewrap/{run_id}" in f.read():
+                    procs.append(p)
+        except OSError:
+            pass
+    return procs
+
+
+def _procs_with(token: str) -> list[str]:
+    out = []
+    for p in os.listdir("/proc"):
+        if p.isdigit():
+            try:
+                with open(f"/proc/{p}/cmdline", "rb") as f:
+                    if token.encode() in f.read():
+                        out.append(p)
+            except OSError:
+                pass
+    return out
+
+
+def test_a_double_forked_child_that_outlives_the_agent_is_gone_after_the_run(gatewrap, quiet_net, outcome):
+    """a child that double-forks, calls setsid and outlives the agent."""
+    token = f"gw-escape-orphan-{secrets.token_hex(4)}"
+    r = gatewrap(python_argv(f"""
+        r, w = os.pipe()
+        if os.fork() == 0:
+            os.setsid()
+            if os.fork() == 0:
+                {CONNECT}
+                os.write(w, b"x")
+                os.execv("/bin/sh", ["sh", "-c", "sleep 300", "{token}"])
+            os._exit(0)
+        os.read(r, 1)   # the grandchild made its attempt; the agent exits, it lives on
+    """), timeout=30)
+    a = attempts(r.stdout)[-1]
+    left = _procs_with(token) + _run_procs(r.run_id)
+    outcome("cgroup.kill of the run's leaf at teardown",
+            f"attempt: {a['errno'] or 'connected'}; after the run: "
+            f"{'gone' if not left else 'STILL RUNNING: ' + ' '.join(left)}",
+            "OPEN" if left or a["errno"] is None else "held")
+    assert r.returncode == 0, r.stderr
+    assert a["errno"] == "EPERM"
+    assert_bounded(a)
+    assert_audited(r, TCP4)
+    assert left == []
+    assert_nothing_reached(quiet_net)
+
+
+def test_gatewrap_killed_with_sigkill_fails_closed_and_gc_removes_the_sandbox(tmp_path, quiet_net, outcome):
+    """gatewrap killed with SIGKILL mid-run."""
+    p, audit = spawn(tmp_path, quiet_net, python_argv(f"""
+        print("ready", flush=True)
+        sys.stdin.readline()
+        attempt("gate v4", sock(V4, TCP).connect, ("127.0.0.1", 3128))
+        attempt("gate v6", sock(V6, TCP).connect, ("::1", 3128))
+        attempt("TCP v4", sock(V4, TCP).connect, ("{INET4}", {ECHO}))
+        attempt("TCP v6", sock(V6, TCP).connect, ("{INET6}", {ECHO}))
+        attempt("UDP sendto", sock(V4, UDP).sendto, b"x", ("{INET4}", {ECHO}))
+        print("done", flush=True)
+        sys.stdin.readline()   # stay alive until the test is done (gc must kill us)
+    """), stdin=subprocess.PIPE)
+    try:
+        assert p.stdout.readline() == "ready\n", p.stderr.read()
+        run_id = run_id_of(audit)
+        p.kill()
+        p.wait(timeout=10)
+        p.stdin.write("go\n")
+        p.stdin.flush()
+        lines = []
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            line = p.stdout.readline()
+            if not line or line == "done\n":
+                break
+            lines.append(line)
+        got = attempts("".join(lines))
+        before_gc = _run_procs(run_id)
+        g = subprocess.run(gatewrap_cmd("gc", "--json"), capture_output=True, text=True, timeout=30)
+        after_gc = _run_procs(run_id)
+        netns_left = os.path.exists(f"/var/run/netns/{run_id}")
+        cg_left = _cgroup_exists(run_id)
+    finally:
+        try:
+            p.stdin.close()
+        except OSError:
+            pass
+    errs = {a["step"]: a["errno"] for a in got}
+    recs = Run(0, "", "", audit).records(event="direct_egress")
+    outcome("hooks stay attached; the gate is gone",
+            f"gate: {errs.get('gate v4')}/{errs.get('gate v6')}; elsewhere: "
+            f"{'/'.join(sorted({str(errs.get(k)) for k in ('TCP v4', 'TCP v6', 'UDP sendto')}))}; "
+            f"{len(recs)} audit records after the kill (no reader); gc: "
+            f"{'removed it' if not (after_gc or netns_left or cg_left) else 'LEFT SOMETHING'}",
+            "OPEN" if any(v is None for v in errs.values()) or quiet_net.access_entries() else "held")
+    assert errs == {"gate v4": "ECONNREFUSED", "gate v6": "ECONNREFUSED", "TCP v4": "EPERM",
+                    "TCP v6": "EPERM", "UDP sendto": "EPERM"}, (got, p.stderr.read() if p.stderr else "")
+    for a in got:
+        assert_bounded(a)
+    assert_nothing_reached(quiet_net)
+    assert before_gc, "the agent should still be running before gc"
+    assert g.returncode == 0, g.stderr
+    assert run_id in json.loads(g.stdout)["runs"]
+    assert (after_gc, netns_left, cg_left) == ([], False, False)
+
+
+def _cgroup_exists(run_id: str) -> bool:
+    from gatewrap.sandbox import cgroup
+
+    return os.path.isdir(os.path.join(cgroup.parent_dir(), run_id))
