@@ -45,6 +45,11 @@ class Policy:
     (``a.example.com``, ``a.b.example.com``), never ``example.com`` nor ``evilexample.com``.
 
     Rules added after a :class:`Gate` was started with this policy apply to its new requests.
+
+    The unspecified addresses (``0.0.0.0``, ``::``, ``::ffff:0.0.0.0``, any spelling) are
+    never destinations: :meth:`decide` denies them before any rule (reason
+    ``"policy: unspecified address"``, rule ``None``), ``report`` mode does not let them
+    through, and a rule naming one raises :class:`PolicyError`.
     """
 
     @staticmethod
@@ -67,15 +72,16 @@ class Policy:
         ``spec`` is ``HOST[:PORT]`` (``pypi.org``, ``*.example.com:8443``, ``[::1]:443``,
         bare ``::1``); without a port the rule covers 80 and 443. ``action`` is "allow" or
         "deny". ``origin`` (e.g. ``"--allow pypi.org"``) becomes the rule id.
-        Raises :class:`PolicyError` for a bad host, port or action.
+        Raises :class:`PolicyError` for a bad host, port or action, and for an unspecified
+        address (``0.0.0.0``, ``::``), which can never be a destination.
         """
 
     def decide(self, host: str, port: int) -> tuple[str, str, str | None]:
         """Decide on a destination as the gate would in ``enforce`` mode.
 
         Returns ``(action, reason, rule_id)``: action "allow" | "deny"; reason
-        ``"policy: rule ID"`` or ``"policy: default deny"``; rule_id ``None`` when the
-        default applied. Raises :class:`PolicyError` if ``host`` is not a valid host.
+        ``"policy: rule ID"``, ``"policy: default deny"`` or ``"policy: unspecified address"``
+        (``0.0.0.0``/``::``, denied whatever the rules); rule_id ``None`` when no rule applied. Raises :class:`PolicyError` if ``host`` is not a valid host.
         """
 
     @property
@@ -126,6 +132,16 @@ class Gate:
     "allowed" | "denied" | "failed"). A denied destination gets 403 naming the rule and how
     to allow it; names are resolved only after the policy allowed them; upstream failures get
     502 (504 on timeout).
+
+    Refused with 400 and audited as denied (reason ``"protocol: ..."``): a request head hyper
+    cannot parse (``"protocol: malformed request (<cause>)"``, status 400, or 431 for a head
+    over 64 KiB; no method/target in the record), a target port outside 1-65535 or empty
+    (``"protocol: invalid port"``), and an absolute-form request whose ``Host`` header names
+    another host or port than the target (``"protocol: host mismatch"``; compared
+    canonically, port 80 implied). A client that disconnects without a complete request
+    leaves no record. An unspecified address (``0.0.0.0``, ``::``) gets 403 with reason
+    ``"policy: unspecified address"`` in every mode, and a name that resolves only to one
+    fails (502) rather than being dialled.
     """
 
     def __init__(

@@ -213,18 +213,18 @@ fn gate_forwards_tunnels_denies_and_audits() {
     assert!(resp.contains("this is a forward proxy; set HTTP_PROXY="), "{resp}");
     let resp = exchange(ns.path(), g4, "GET https://x.test/ HTTP/1.1\r\nHost: x.test\r\nConnection: close\r\n\r\n".into());
     assert!(resp.starts_with("HTTP/1.1 400"), "{resp}");
-    // A head over the limit is refused by hyper without reaching the service.
+    // A head over the limit is refused by hyper without reaching the service; still audited.
     let big = format!("GET http://127.0.0.1:{}/ HTTP/1.1\r\nX-Big: {}\r\n\r\n", up.port(), "a".repeat(100_000));
     let resp = exchange(ns.path(), g4, big);
     assert!(resp.is_empty() || resp.starts_with("HTTP/1.1 431"), "{}", &resp[..resp.len().min(300)]);
 
     // 6. Credentials in the URL stay out of the audit log.
-    let resp = exchange(ns.path(), g4, format!("GET http://user:hunter2@127.0.0.1:{}/cred HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", up.port()));
+    let resp = exchange(ns.path(), g4, format!("GET http://user:hunter2@127.0.0.1:{0}/cred HTTP/1.1\r\nHost: 127.0.0.1:{0}\r\nConnection: close\r\n\r\n", up.port()));
     assert!(resp.starts_with("HTTP/1.1 200"), "{}", &resp[..resp.len().min(300)]);
 
     // 7. A client that gives up while the upstream is silent still leaves a record.
     let silent_target = format!("http://127.0.0.1:{}/slow", silent.port());
-    let req = format!("GET {silent_target} HTTP/1.1\r\nHost: x\r\n\r\n");
+    let req = format!("GET {silent_target} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\n\r\n", silent.port());
     in_netns(ns.path(), move || {
         let mut s = connect(g4);
         s.write_all(req.as_bytes()).expect("send");
@@ -274,7 +274,12 @@ fn gate_forwards_tunnels_denies_and_audits() {
     assert_eq!((gone["decision"].as_str(), gone["error"].as_str()), (Some("failed"), Some("downstream: client disconnected")));
     assert!(gone.get("status").is_none(), "no status was sent: {gone}");
 
-    assert_eq!(gate.counts().1, 5, "denied: 3 by policy, 2 bad requests");
+    let too_large: Vec<&Value> = lines.iter().filter(|v| v.get("method").is_none()).collect();
+    assert_eq!(too_large.len(), 1, "{too_large:#?}");
+    assert_eq!(too_large[0]["reason"], "protocol: malformed request (header section too large)");
+    assert_eq!((too_large[0]["decision"].as_str(), too_large[0]["status"].as_u64()), (Some("denied"), Some(431)));
+
+    assert_eq!(gate.counts().1, 6, "denied: 3 by policy, 2 bad requests, 1 head too large");
 
     // 9. stop(): an open tunnel is cut and shutdown takes well under 2 s.
     let ns_path = ns.path();
@@ -298,7 +303,7 @@ fn gate_forwards_tunnels_denies_and_audits() {
     assert!(t0.elapsed() < Duration::from_secs(2), "stop took {:?}", t0.elapsed());
     let ended = client.join().expect("client");
     assert!(ended.is_ok(), "the tunnel was closed, not left hanging: {ended:?}");
-    assert_eq!(gate.counts(), (6, 5, 3), "allowed: fwd, 2 tunnels, cred, report, last tunnel; failed: refused, nx, abandoned");
+    assert_eq!(gate.counts(), (6, 6, 3), "allowed: fwd, 2 tunnels, cred, report, last tunnel; failed: refused, nx, abandoned");
     drop(gate);
 }
 
@@ -319,4 +324,159 @@ fn gate_start_failures_say_what_to_do() {
     assert!(err.starts_with("cannot open netns /run/netns/gw-does-not-exist"), "{err}");
     assert!(err.contains("does the sandbox exist?"), "{err}");
     let _ = std::fs::remove_file(std::env::temp_dir().join("gw-unused-audit.jsonl"));
+}
+
+/// Start a gate in `ns` with `policy_text`, auditing to `audit`, answering DNS from nowhere.
+fn start_gate(ns: &Netns, policy_text: &str, audit: &PathBuf) -> (Gate, Arc<RwLock<Policy>>) {
+    let policy = Arc::new(RwLock::new(from_toml(policy_text, "policy.toml").expect("policy")));
+    let gate = Gate::start(GateConfig {
+        run_id: "gw-test".into(),
+        netns_path: ns.path(),
+        policy: policy.clone(),
+        audit: Arc::new(AuditLog::open(audit).expect("audit")),
+        listen_port: 0,
+        nameservers: Some(vec![]),
+        connect_timeout: Duration::from_secs(1),
+    })
+    .expect("gate starts");
+    (gate, policy)
+}
+
+/// The audit lines once there are at least `n` (records of refused heads are written
+/// when hyper ends the connection, just after the client saw the answer); 5 s at most.
+fn wait_for_lines(path: &PathBuf, n: usize) -> Vec<Value> {
+    let t0 = Instant::now();
+    loop {
+        let lines = audit_lines(path);
+        if lines.len() >= n || t0.elapsed() > Duration::from_secs(5) {
+            return lines;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The one record whose `reason` is `reason`.
+fn by_reason<'a>(lines: &'a [Value], reason: &str) -> Vec<&'a Value> {
+    lines.iter().filter(|v| v["reason"] == reason).collect()
+}
+
+#[test]
+fn gate_audits_malformed_heads_and_refuses_bad_targets() {
+    if !is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let ns = Netns::new("gate-bad");
+    let up = upstream();
+    let dir = TempDir::new("gate-bad-test");
+    let audit_path = dir.path.join("audit.jsonl");
+    // Everything is allowed, so each refusal below is the gate's own.
+    let text = format!(
+        "default = \"allow\"\n\n[[rule]]\nhost = \"127.0.0.1\"\nports = [80, {}]\naction = \"allow\"\n",
+        up.port()
+    );
+    let (gate, policy) = start_gate(&ns, &text, &audit_path);
+    let g4 = gate.listen_addrs()[0];
+    let mut expected = 0;
+
+    // 1. Heads hyper refuses: answered 400/431 by hyper and audited as denied.
+    let malformed: &[(&str, String, &str, u16)] = &[
+        ("a bad request line", "NOT HTTP AT ALL\r\n\r\n".into(), "invalid HTTP version parsed", 400),
+        ("invalid header bytes", format!("GET http://127.0.0.1:{}/ HTTP/1.1\r\nBad Name: x\r\n\r\n", up.port()), "invalid HTTP header parsed", 400),
+        ("a header section over the limit", format!("GET http://127.0.0.1:{}/ HTTP/1.1\r\n{}\r\n", up.port(), "X-A: 1\r\n".repeat(200)), "header section too large", 431),
+    ];
+    for (case, req, _, status) in malformed {
+        let resp = exchange(ns.path(), g4, req.clone());
+        assert!(resp.starts_with(&format!("HTTP/1.1 {status} ")), "{case}: {resp}");
+    }
+    expected += malformed.len();
+    // A clean EOF, an idle client leaving, and a client leaving mid-head decide nothing.
+    for bytes in [&b""[..], b"\r\n", b"GET http://127.0.0.1/ HTTP/1.1\r\nHo"] {
+        in_netns(ns.path(), move || {
+            let mut s = connect(g4);
+            s.write_all(bytes).expect("send");
+            std::thread::sleep(Duration::from_millis(50));
+        });
+    }
+    // A refused CONNECT whose client already sent its TLS bytes: one record, not two.
+    let resp = exchange(ns.path(), g4, "CONNECT 127.0.0.1:0 HTTP/1.1\r\n\r\n\x16\x03\x01\x02\x00\x01\x00\x01\x7f\x03\x03".into());
+    assert!(resp.starts_with("HTTP/1.1 400"), "{resp}");
+    expected += 1;
+
+    // 2. Ports that are not 1-65535: 400, never the default port (65616 would wrap to 80).
+    let bad_ports: &[(&str, String, &str)] = &[
+        ("absolute form, past 65535", "GET http://127.0.0.1:65616/ HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".into(), "65616"),
+        ("absolute form, empty", "GET http://127.0.0.1:/ HTTP/1.1\r\nConnection: close\r\n\r\n".into(), ""),
+        ("absolute form, zero", "GET http://127.0.0.1:0/ HTTP/1.1\r\nConnection: close\r\n\r\n".into(), "0"),
+        ("CONNECT, past 65535", "CONNECT allowed.test:99999 HTTP/1.1\r\n\r\n".into(), "99999"),
+        ("CONNECT, empty", "CONNECT allowed.test: HTTP/1.1\r\n\r\n".into(), ""),
+    ];
+    for (case, req, port) in bad_ports {
+        let resp = exchange(ns.path(), g4, req.clone());
+        assert!(resp.starts_with("HTTP/1.1 400"), "{case}: {resp}");
+        assert!(resp.contains(&format!("the port {port:?} in the request target is invalid")), "{case}: {resp}");
+        assert!(!resp.contains("got "), "{case}: reached the upstream: {resp}");
+    }
+    expected += bad_ports.len();
+
+    // 3. Unspecified addresses: 403 whatever the rules and the mode; never dialled (the
+    //    upstream listens on the host's loopback, which 0.0.0.0 would reach).
+    for mode in [Mode::Enforce, Mode::Report] {
+        policy.write().expect("lock").mode = mode;
+        let resp = exchange(ns.path(), g4, format!("GET http://0.0.0.0:{0}/ HTTP/1.1\r\nHost: 0.0.0.0:{0}\r\nConnection: close\r\n\r\n", up.port()));
+        assert!(resp.starts_with("HTTP/1.1 403"), "{mode:?}: {resp}");
+        assert!(resp.contains("was denied (unspecified address)"), "{resp}");
+        for target in [format!("0.0.0.0:{}", up.port()), format!("[::]:{}", up.port()), format!("[::ffff:0.0.0.0]:{}", up.port())] {
+            let (head, body) = tunnel(ns.path(), g4, target.clone());
+            assert!(head.starts_with("HTTP/1.1 403"), "{mode:?} {target}: {head}");
+            assert!(!body.contains("got "), "{target}: {body}");
+        }
+    }
+    policy.write().expect("lock").mode = Mode::Enforce;
+    expected += 8;
+
+    // 4. A Host header that names another host or port is refused; canonical spellings agree.
+    let mismatched: &[(&str, String)] = &[
+        ("another host", format!("GET http://127.0.0.1:{}/ HTTP/1.1\r\nHost: evil.test\r\nConnection: close\r\n\r\n", up.port())),
+        ("another port", format!("GET http://127.0.0.1:{}/ HTTP/1.1\r\nHost: 127.0.0.1:1\r\nConnection: close\r\n\r\n", up.port())),
+        ("the default port left out", format!("GET http://127.0.0.1:{}/ HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n", up.port())),
+    ];
+    for (case, req) in mismatched {
+        let resp = exchange(ns.path(), g4, req.clone());
+        assert!(resp.starts_with("HTTP/1.1 400"), "{case}: {resp}");
+        assert!(resp.contains("Host header disagrees with the request target"), "{case}: {resp}");
+        assert!(!resp.contains("got "), "{case}: reached the upstream: {resp}");
+    }
+    expected += mismatched.len();
+    let resp = exchange(ns.path(), g4, format!("GET http://127.0.0.1:{0}/same HTTP/1.1\r\nHost: 127.0.0.1.:{0}\r\nConnection: close\r\n\r\n", up.port()));
+    assert!(resp.starts_with("HTTP/1.1 200"), "a trailing dot agrees: {resp}");
+    assert!(resp.contains(&format!("host: 127.0.0.1:{}", up.port())), "{resp}");
+    let resp = exchange(ns.path(), g4, format!("GET http://127.0.0.1:{}/bare HTTP/1.0\r\n\r\n", up.port()));
+    assert!(resp.starts_with("HTTP/1.0 200"), "no Host header: {resp}");
+    expected += 2;
+
+    // The audit log: one record per decision, nothing for the disconnects.
+    let lines = wait_for_lines(&audit_path, expected);
+    assert_eq!(lines.len(), expected, "{lines:#?}");
+    for (case, _, cause, status) in malformed {
+        let recs = by_reason(&lines, &format!("protocol: malformed request ({cause})"));
+        assert_eq!(recs.len(), 1, "{case}: {lines:#?}");
+        let r = recs[0];
+        assert_eq!((r["event"].as_str(), r["decision"].as_str(), r["status"].as_u64()), (Some("request"), Some("denied"), Some(*status as u64)), "{case}");
+        assert!(r["client"].as_str().is_some_and(|c| c.starts_with("127.0.0.1:")), "{case}: {r}");
+        assert!(r.get("method").is_none() && r.get("target").is_none(), "{case}: {r}");
+    }
+    let ports = by_reason(&lines, "protocol: invalid port");
+    assert_eq!(ports.len(), bad_ports.len() + 1, "the refused CONNECT to port 0 too: {lines:#?}");
+    assert!(ports.iter().all(|r| r["decision"] == "denied" && r["status"] == 400), "{ports:#?}");
+    assert!(lines.iter().any(|r| r["target"] == "http://127.0.0.1:65616/" && r["reason"] == "protocol: invalid port"));
+    let unspecified = by_reason(&lines, "policy: unspecified address");
+    assert_eq!(unspecified.len(), 8, "{lines:#?}");
+    assert!(unspecified.iter().all(|r| r["decision"] == "denied" && r["status"] == 403 && r.get("would").is_none()), "{unspecified:#?}");
+    let hosts = by_reason(&lines, "protocol: host mismatch");
+    assert_eq!(hosts.len(), mismatched.len(), "{lines:#?}");
+    assert!(hosts.iter().all(|r| r["decision"] == "denied" && r["status"] == 400), "{hosts:#?}");
+    let refused = expected - 2;
+    assert_eq!(gate.counts(), (2, refused as u64, 0));
+    gate.stop();
 }

@@ -30,15 +30,20 @@ impl Admission {
 
 /// Canonicalise `host` and decide on it with the current policy.
 pub fn admit(ctx: &Ctx, host: &str, port: u16) -> Result<Admission, HostError> {
-    let host = canonical_host(host)?;
+    Ok(decide(ctx, canonical_host(host)?, port))
+}
+
+/// Decide on a canonical `host` with the current policy. `report` mode lets a denied
+/// destination through unless the denial is fixed (an unspecified address).
+pub fn decide(ctx: &Ctx, host: Host, port: u16) -> Admission {
     let (decision, mode) = {
         let policy = ctx.policy.read().unwrap_or_else(|p| p.into_inner());
         (policy.decide(&host, port), policy.mode)
     };
     let (proceed, would) = match (decision.action, mode) {
         (Action::Allow, _) => (true, None),
-        (Action::Deny, Mode::Report) => (true, Some("deny")),
-        (Action::Deny, Mode::Enforce) => (false, None),
+        (Action::Deny, Mode::Report) if !decision.fixed => (true, Some("deny")),
+        (Action::Deny, _) => (false, None),
     };
-    Ok(Admission { host, port, decision, proceed, would })
+    Admission { host, port, decision, proceed, would }
 }

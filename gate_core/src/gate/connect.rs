@@ -15,6 +15,7 @@ use crate::audit::fields as f;
 use super::admit::admit;
 use super::respond::{self, Body};
 use super::ctx::Pending;
+use super::target::{split_authority, InvalidPort};
 use super::{dial, Ctx};
 
 /// A CONNECT that did not open a tunnel ends the connection: what the client sends next
@@ -29,9 +30,12 @@ pub async fn handle(ctx: Arc<Ctx>, peer: SocketAddr, req: Request<Incoming>) -> 
 
 async fn open(ctx: Arc<Ctx>, peer: SocketAddr, mut req: Request<Incoming>) -> Response<Body> {
     let mut rec = ctx.record_for(f::EVENT_CONNECT, f::PROTO_CONNECT, peer, &req);
-    let Some((host, port)) = req.uri().authority().and_then(|a| a.port_u16().map(|p| (a.host().to_string(), p)))
-    else {
-        return ctx.refuse(rec, "protocol: CONNECT without HOST:PORT", respond::CONNECT_NEEDS_PORT);
+    let (host, port) = match req.uri().authority().map(split_authority) {
+        Some(Ok((host, Some(port)))) => (host.to_string(), port),
+        Some(Err(InvalidPort(p))) => return ctx.refuse(rec, "protocol: invalid port", &respond::invalid_port(&p)),
+        Some(Ok((_, None))) | None => {
+            return ctx.refuse(rec, "protocol: CONNECT without HOST:PORT", respond::CONNECT_NEEDS_PORT)
+        }
     };
     let adm = match admit(&ctx, &host, port) {
         Ok(adm) => adm,

@@ -31,15 +31,16 @@ pub struct Ctx {
 }
 
 impl Ctx {
+    /// A record naming the run, event, protocol and client only (no request was parsed).
+    pub(super) fn bare_record(&self, event: &'static str, proto: &'static str, peer: SocketAddr) -> GateRecord {
+        GateRecord { run: self.run_id.clone(), event, proto, client: Some(peer.to_string()), ..GateRecord::default() }
+    }
+
     pub(super) fn record_for<B>(&self, event: &'static str, proto: &'static str, peer: SocketAddr, req: &Request<B>) -> GateRecord {
         GateRecord {
-            run: self.run_id.clone(),
-            event,
-            proto,
-            client: Some(peer.to_string()),
             method: Some(req.method().to_string()),
             target: Some(target_of(req.uri())),
-            ..GateRecord::default()
+            ..self.bare_record(event, proto, peer)
         }
     }
 

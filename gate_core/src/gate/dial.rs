@@ -17,6 +17,8 @@ use crate::policy::Host;
 pub enum DialError {
     #[error("dns: no address for {0}")]
     NoAddress(String),
+    #[error("dns: {0} resolves only to an unspecified address (0.0.0.0 or ::), which the gate never dials")]
+    Unspecified(String),
     #[error("dns: timeout resolving {0}")]
     DnsTimeout(String),
     #[error("dns: lookup of {host} failed: {msg}")]
@@ -61,14 +63,24 @@ async fn resolve(resolver: &TokioAsyncResolver, name: &str, limit: Duration) -> 
         }
         Ok(Ok(lookup)) => lookup,
     };
-    let ips: Vec<IpAddr> = lookup.iter().collect();
+    dialable(name, lookup.iter().collect())
+}
+
+/// The resolved addresses the gate may dial: an unspecified one (`0.0.0.0`, `::`, as
+/// blocklisting resolvers answer) would reach the gate's own host, so it is dropped.
+fn dialable(name: &str, mut ips: Vec<IpAddr>) -> Result<Vec<IpAddr>, DialError> {
     if ips.is_empty() {
         return Err(DialError::NoAddress(name.into()));
+    }
+    ips.retain(|ip| !Host::from(*ip).is_unspecified());
+    if ips.is_empty() {
+        return Err(DialError::Unspecified(name.into()));
     }
     Ok(ips)
 }
 
-/// Connect to `host:port`: an IP literal directly, a name via its resolved addresses in
+/// Connect to `host:port`: an IP literal directly (never an unspecified one: the policy
+/// denies those, and this refuses them again), a name via its resolved addresses in
 /// order, each attempt bounded by `connect_timeout`. Returns the stream and the address
 /// it is connected to.
 pub async fn dial(
@@ -78,6 +90,7 @@ pub async fn dial(
     connect_timeout: Duration,
 ) -> Result<(TcpStream, SocketAddr), DialError> {
     let ips = match (host, host.ip()) {
+        (_, Some(_)) if host.is_unspecified() => return Err(DialError::Unspecified(host.to_string())),
         (_, Some(ip)) => vec![ip],
         (Host::Name(name), None) => resolve(resolver, name, connect_timeout).await?,
         (other, None) => return Err(DialError::NoAddress(other.to_string())),
@@ -97,4 +110,22 @@ pub async fn dial(
         tracing::debug!(dst.ip = %addr, error = %last, "dial attempt failed");
     }
     Err(last)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unspecified_addresses_are_never_dialled() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap_or_else(|e| panic!("{s}: {e}"));
+        let kept = dialable("a.test", vec![ip("0.0.0.0"), ip("192.0.2.1"), ip("::"), ip("::ffff:0.0.0.0"), ip("2001:db8::1")]);
+        assert_eq!(kept.ok(), Some(vec![ip("192.0.2.1"), ip("2001:db8::1")]));
+        let none = dialable("a.test", vec![ip("0.0.0.0"), ip("::")]).err().map(|e| e.to_string());
+        assert_eq!(
+            none.as_deref(),
+            Some("dns: a.test resolves only to an unspecified address (0.0.0.0 or ::), which the gate never dials")
+        );
+        assert!(matches!(dialable("a.test", vec![]), Err(DialError::NoAddress(_))));
+    }
 }

@@ -11,11 +11,12 @@ use hyper::{Request, Response, StatusCode, Uri, Version};
 use hyper_util::rt::TokioIo;
 
 use crate::audit::fields as f;
-use crate::policy::Host;
+use crate::policy::{canonical_host, Host};
 
-use super::admit::admit;
+use super::admit::decide;
 use super::respond::{self, Body};
 use super::ctx::Pending;
+use super::target::{check_host_header, split_authority, HostHeaderError, InvalidPort, HTTP_DEFAULT_PORT};
 use super::{dial, Ctx};
 
 /// Headers that describe one hop and are never forwarded (RFC 9110 §7.6.1), besides the
@@ -59,16 +60,30 @@ fn host_header(host: &Host, port: u16) -> Option<HeaderValue> {
     HeaderValue::from_str(&v).ok()
 }
 
+/// Refuse (400) a target without a host, with an invalid port, an invalid host or a Host
+/// header that disagrees; decide (403 when denied); else dial and forward.
 pub async fn handle(ctx: Arc<Ctx>, peer: SocketAddr, req: Request<Incoming>) -> Response<Body> {
     let mut rec = ctx.record_for(f::EVENT_REQUEST, f::PROTO_HTTP, peer, &req);
     let Some(authority) = req.uri().authority().cloned() else {
         return ctx.refuse(rec, "protocol: absolute-form request without a host", respond::ORIGIN_FORM);
     };
-    let port = authority.port_u16().unwrap_or(80);
-    let adm = match admit(&ctx, authority.host(), port) {
-        Ok(adm) => adm,
+    let (host, port) = match split_authority(&authority) {
+        Ok((host, port)) => (host, port.unwrap_or(HTTP_DEFAULT_PORT)),
+        Err(InvalidPort(p)) => return ctx.refuse(rec, "protocol: invalid port", &respond::invalid_port(&p)),
+    };
+    let host = match canonical_host(host) {
+        Ok(host) => host,
         Err(e) => return ctx.refuse(rec, &format!("protocol: {e}"), &format!("gatewrap gate: {e}")),
     };
+    // RFC 9112 §3.2.2: the target wins; a Host header that names something else is refused.
+    if let Err(e) = check_host_header(req.headers(), &host, port) {
+        let reason = match e {
+            HostHeaderError::Disagrees => "protocol: host mismatch",
+            HostHeaderError::Several => "protocol: more than one Host header",
+        };
+        return ctx.refuse(rec, reason, &respond::host_header(&e));
+    }
+    let adm = decide(&ctx, host, port);
     adm.fill(&mut rec);
     if !adm.proceed {
         rec.status = Some(StatusCode::FORBIDDEN.as_u16());

@@ -6,9 +6,11 @@ mod connect;
 mod ctx;
 pub mod dial;
 mod forward;
+mod malformed;
 pub mod netns;
 pub mod respond;
 mod server;
+mod target;
 
 use std::io;
 use std::net::SocketAddr;

@@ -9,6 +9,7 @@ use hyper::{Response, StatusCode};
 use crate::policy::{Decision, Host};
 
 use super::dial::DialError;
+use super::target::HostHeaderError;
 
 /// Body type of every response the gate sends (its own text, or an upstream stream).
 pub type Body = BoxBody<Bytes, hyper::Error>;
@@ -28,13 +29,21 @@ fn text(status: StatusCode, decision: &'static str, body: String) -> Response<Bo
     resp
 }
 
-/// The text of a 403, naming the rule (or the default) and how to allow the destination.
+/// The text of a 403, naming the rule (or the default) and how to allow the destination;
+/// a fixed denial (an unspecified address) says why no rule can allow it.
 pub fn denied_body(host: &Host, port: u16, decision: &Decision) -> String {
+    let hp = host.with_port(port);
+    if decision.fixed {
+        return format!(
+            "gatewrap: egress to {hp} was denied (unspecified address).\n\
+             0.0.0.0 and :: are not destinations: dialled, they reach the gate's own host. \
+             No rule can allow them; name the host you mean.\n"
+        );
+    }
     let why = match &decision.rule {
         Some(id) => format!("rule {id}"),
         None => "default deny".to_string(),
     };
-    let hp = host.with_port(port);
     format!(
         "gatewrap: egress to {hp} was denied ({why}).\n\
          To allow it, run with --allow {hp} or add to your policy:\n  \
@@ -62,6 +71,12 @@ pub fn bad_gateway(target: &str, cause: &str) -> Response<Body> {
 pub const ORIGIN_FORM: &str =
     "gatewrap gate: this is a forward proxy; set HTTP_PROXY=http://127.0.0.1:3128";
 pub const CONNECT_NEEDS_PORT: &str = "gatewrap gate: CONNECT needs HOST:PORT";
+pub fn invalid_port(port: &str) -> String {
+    format!("gatewrap gate: the port {port:?} in the request target is invalid: expected 1-65535")
+}
+pub fn host_header(err: &HostHeaderError) -> String {
+    format!("gatewrap gate: {err}; send at most one Host header, naming the target's host and port")
+}
 pub fn other_scheme(scheme: &str) -> String {
     format!(
         "gatewrap gate: cannot forward {scheme}:// requests; for https set \

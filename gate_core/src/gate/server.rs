@@ -12,12 +12,16 @@ use hyper::{Method, Request, Response};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::{TcpListener, TcpStream};
 
-use super::respond::{self, Body};
-use super::{connect, forward, Ctx};
+use crate::audit::fields as f;
 
-/// Largest request head the gate reads (hyper's read buffer limit).
+use super::respond::{self, Body};
+use super::{connect, forward, malformed, Ctx};
+
+/// Largest request head the gate reads, in bytes (hyper's read buffer limit); a larger
+/// one gets 431 from hyper and a `malformed request` audit record.
 pub const MAX_HEAD_BYTES: usize = 64 * 1024;
-/// How long a client may take to send a complete request head.
+/// How long a client may take to send a complete request head (hyper then closes the
+/// connection without answering; no decision, no audit record).
 pub const HEAD_TIMEOUT: Duration = Duration::from_secs(30);
 
 pub async fn serve(listener: TcpListener, ctx: Arc<Ctx>) {
@@ -35,21 +39,34 @@ pub async fn serve(listener: TcpListener, ctx: Arc<Ctx>) {
     }
 }
 
+/// The gate's HTTP/1 server settings: head limit [`MAX_HEAD_BYTES`], head timeout
+/// [`HEAD_TIMEOUT`].
+pub(super) fn builder() -> http1::Builder {
+    let mut b = http1::Builder::new();
+    b.timer(TokioTimer::new())
+        .header_read_timeout(HEAD_TIMEOUT)
+        .max_buf_size(MAX_HEAD_BYTES)
+        .max_header_size(MAX_HEAD_BYTES);
+    b
+}
+
 async fn connection(stream: TcpStream, peer: SocketAddr, ctx: Arc<Ctx>) {
     let _ = stream.set_nodelay(true);
+    let ctx_for_record = ctx.clone();
     let service = service_fn(move |req| {
         let ctx = ctx.clone();
         async move { Ok::<_, Infallible>(route(ctx, peer, req).await) }
     });
-    let conn = http1::Builder::new()
-        .timer(TokioTimer::new())
-        .header_read_timeout(HEAD_TIMEOUT)
-        .max_buf_size(MAX_HEAD_BYTES)
-        .max_header_size(MAX_HEAD_BYTES)
-        .serve_connection(TokioIo::new(stream), service)
-        .with_upgrades();
+    let conn = builder().serve_connection(TokioIo::new(stream), service).with_upgrades();
     if let Err(e) = conn.await {
         tracing::debug!(client = %peer, error = %e, "client connection ended with an error");
+        if let Some(m) = malformed::classify(&e) {
+            let mut rec = ctx_for_record.bare_record(f::EVENT_REQUEST, f::PROTO_HTTP, peer);
+            rec.decision = f::DENIED;
+            rec.reason = Some(m.reason());
+            rec.status = m.status;
+            ctx_for_record.record(rec);
+        }
     }
 }
 
@@ -61,11 +78,11 @@ async fn route(ctx: Arc<Ctx>, peer: SocketAddr, req: Request<Incoming>) -> Respo
         Some("http") => forward::handle(ctx, peer, req).await,
         Some(other) => {
             let msg = respond::other_scheme(other);
-            let rec = ctx.record_for(crate::audit::fields::EVENT_REQUEST, crate::audit::fields::PROTO_HTTP, peer, &req);
+            let rec = ctx.record_for(f::EVENT_REQUEST, f::PROTO_HTTP, peer, &req);
             ctx.refuse(rec, &format!("protocol: {other}:// is not forwarded"), &msg)
         }
         None => {
-            let rec = ctx.record_for(crate::audit::fields::EVENT_REQUEST, crate::audit::fields::PROTO_HTTP, peer, &req);
+            let rec = ctx.record_for(f::EVENT_REQUEST, f::PROTO_HTTP, peer, &req);
             ctx.refuse(rec, "protocol: origin-form request to the gate", respond::ORIGIN_FORM)
         }
     }

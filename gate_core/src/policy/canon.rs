@@ -42,11 +42,31 @@ impl Host {
         }
     }
 
+    /// True for an unspecified address in any spelling: `0.0.0.0`, `::`, and the IPv4-mapped
+    /// `::ffff:0.0.0.0`. Dialled, these reach the dialling host itself (its loopback), so
+    /// they can never be a destination.
+    pub fn is_unspecified(&self) -> bool {
+        match self {
+            Host::Name(_) => false,
+            Host::V4(a) => a.is_unspecified(),
+            Host::V6(a) => a.is_unspecified() || a.to_ipv4_mapped().is_some_and(|v4| v4.is_unspecified()),
+        }
+    }
+
     /// `host:port` as a client writes it (IPv6 in brackets).
     pub fn with_port(&self, port: u16) -> String {
         match self {
             Host::V6(a) => format!("[{a}]:{port}"),
             other => format!("{other}:{port}"),
+        }
+    }
+}
+
+impl From<IpAddr> for Host {
+    fn from(ip: IpAddr) -> Host {
+        match ip {
+            IpAddr::V4(a) => Host::V4(a),
+            IpAddr::V6(a) => Host::V6(a),
         }
     }
 }
@@ -108,7 +128,12 @@ impl fmt::Display for HostPattern {
     }
 }
 
+/// Why a rule may not name an unspecified address (see [`Host::is_unspecified`]).
+pub const UNSPECIFIED_RULE: &str =
+    "unspecified address (0.0.0.0 or ::) can never be a destination; the gate refuses it regardless of rules";
+
 /// Canonicalise a rule host: like [`canonical_host`], plus a leading `*.` on a name.
+/// An unspecified address is refused: no rule can allow (or needs to deny) it.
 pub fn canonical_pattern(input: &str) -> Result<HostPattern, HostError> {
     match input.strip_prefix("*.") {
         Some(rest) => match canonical_host(rest) {
@@ -116,7 +141,10 @@ pub fn canonical_pattern(input: &str) -> Result<HostPattern, HostError> {
             Ok(_) => Err(bad(input, "'*.' applies to names, not IP addresses")),
             Err(e) => Err(bad(input, e.why)),
         },
-        None => canonical_host(input).map(HostPattern::Exact),
+        None => match canonical_host(input)? {
+            h if h.is_unspecified() => Err(bad(input, UNSPECIFIED_RULE)),
+            h => Ok(HostPattern::Exact(h)),
+        },
     }
 }
 

@@ -7,7 +7,7 @@ pub mod rules;
 mod tests;
 
 pub use canon::{canonical_host, canonical_pattern, Host, HostError, HostPattern};
-pub use rules::{Action, Decision, Mode, Origin, Policy, Ports, Rule};
+pub use rules::{Action, Decision, Mode, Origin, Policy, Ports, Rule, REASON_UNSPECIFIED};
 
 /// A policy that cannot be used: bad file, bad flag value, or a feature not built yet.
 #[derive(Debug, thiserror::Error)]

@@ -89,15 +89,21 @@ impl Rule {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Decision {
     pub action: Action,
-    /// `policy: rule ID` or `policy: default deny|allow`.
+    /// `policy: rule ID`, `policy: default deny|allow` or [`REASON_UNSPECIFIED`].
     pub reason: String,
-    /// The matching rule's id; `None` when the default applied.
+    /// The matching rule's id; `None` when the default applied (or the decision is fixed).
     pub rule: Option<String>,
+    /// True when no rule and no mode can change the outcome: the destination is one the
+    /// gate never dials (an unspecified address). `report` mode does not override it.
+    pub fixed: bool,
 }
+
+/// Reason of the fixed denial of an unspecified address (`0.0.0.0`, `::`).
+pub const REASON_UNSPECIFIED: &str = "policy: unspecified address";
 
 impl Decision {
     pub fn default_applied(&self) -> bool {
-        self.rule.is_none()
+        self.rule.is_none() && !self.fixed
     }
 }
 
@@ -123,7 +129,9 @@ impl Policy {
 
     /// Decide on a canonical destination.
     ///
-    /// Evaluation order:
+    /// An unspecified address (`0.0.0.0`, `::`, `::ffff:0.0.0.0`) is denied before any rule
+    /// is looked at (reason [`REASON_UNSPECIFIED`], [`Decision::fixed`]): dialled, it would
+    /// reach the gate's own host. Otherwise the evaluation order is:
     /// 1. Command-line rules (`--allow`/`--deny`), in the order they were added.
     /// 2. Policy-file rules, in file order.
     /// 3. The first rule whose host pattern matches `host` and whose ports include `port`
@@ -131,18 +139,24 @@ impl Policy {
     /// 4. No rule matched: the policy's `default` decides (reason `policy: default ...`).
     ///
     /// `mode` is not applied here: the decision is what `enforce` would do; the gate lets a
-    /// denied destination through in `report` mode and records `would = "deny"`.
+    /// denied destination through in `report` mode (unless the denial is fixed) and records
+    /// `would = "deny"`.
     pub fn decide(&self, host: &Host, port: u16) -> Decision {
+        if host.is_unspecified() {
+            return Decision { action: Action::Deny, reason: REASON_UNSPECIFIED.into(), rule: None, fixed: true };
+        }
         match self.rules().find(|r| r.matches(host, port)) {
             Some(rule) => Decision {
                 action: rule.action,
                 reason: format!("policy: rule {}", rule.id),
                 rule: Some(rule.id.clone()),
+                fixed: false,
             },
             None => Decision {
                 action: self.default,
                 reason: format!("policy: default {}", self.default.as_str()),
                 rule: None,
+                fixed: false,
             },
         }
     }

@@ -217,3 +217,54 @@ fn bad_cli_rules_name_the_value() {
     assert!(p.cli_rules.is_empty());
     assert!(matches!(p.add_rule("a.test", "maybe", "--x"), Err(PolicyError::Action { .. })));
 }
+
+const UNSPECIFIED_SPELLINGS: [&str; 8] =
+    ["0.0.0.0", "0.0.0.0.", "::", "[::]", "0:0:0:0:0:0:0:0", "[0000::0]", "::ffff:0.0.0.0", "[::FFFF:0.0.0.0]"];
+
+#[test]
+fn rules_naming_an_unspecified_address_are_refused() {
+    let why = "unspecified address (0.0.0.0 or ::) can never be a destination; the gate refuses it regardless of rules";
+    for spelling in UNSPECIFIED_SPELLINGS {
+        let mut p = Policy::new(Action::Deny);
+        let with_port = match spelling.contains(':') {
+            true => format!("[{}]:443", spelling.trim_matches(['[', ']'])),
+            false => format!("{spelling}:443"),
+        };
+        for spec in [spelling.to_string(), with_port] {
+            match p.add_rule(&spec, "allow", "--allow x") {
+                Ok(()) => panic!("{spelling}: --allow {spec} accepted"),
+                Err(e) => assert!(e.to_string().ends_with(why), "{spelling}: --allow {spec}: {e}"),
+            }
+        }
+        assert!(p.cli_rules.is_empty(), "{spelling}");
+        let text = format!("default = \"deny\"\n\n[[rule]]\nhost = \"{spelling}\"\naction = \"deny\"\n");
+        match from_toml(&text, "p.toml") {
+            Ok(_) => panic!("{spelling}: file rule accepted"),
+            Err(e) => assert_eq!(e.to_string(), format!("p.toml:4: invalid host {spelling:?}: {why}"), "{spelling}"),
+        }
+    }
+    // Neighbours of the unspecified addresses are ordinary rules.
+    let mut p = Policy::new(Action::Deny);
+    for spec in ["0.0.0.1", "::1", "::ffff:0.0.0.1", "zero.test"] {
+        p.add_rule(spec, "allow", spec).unwrap_or_else(|e| panic!("{spec}: {e}"));
+    }
+}
+
+#[test]
+fn unspecified_destinations_are_denied_whatever_the_rules() {
+    let p = from_toml("default = \"allow\"\nmode = \"report\"\n", "p.toml").expect("parses");
+    for spelling in UNSPECIFIED_SPELLINGS {
+        let h = canonical_host(spelling).unwrap_or_else(|e| panic!("{spelling}: {e}"));
+        assert!(h.is_unspecified(), "{spelling}");
+        for port in [80, 443, 8080] {
+            let d = p.decide(&h, port);
+            assert_eq!((d.action, d.reason.as_str(), &d.rule), (Action::Deny, "policy: unspecified address", &None), "{spelling}");
+            assert!(d.fixed && !d.default_applied(), "{spelling}");
+        }
+    }
+    for other in ["0.0.0.1", "::1", "::ffff:127.0.0.1", "zero.test"] {
+        let h = canonical_host(other).unwrap_or_else(|e| panic!("{other}: {e}"));
+        assert!(!h.is_unspecified(), "{other}");
+        assert_eq!(p.decide(&h, 80).action, Action::Allow, "{other}");
+    }
+}
