@@ -45,6 +45,11 @@ def record_of(ev: _Event, run_id: str) -> dict[str, Any]:
         cmd = _cmdline(ev.tgid)
         if cmd is not None:
             rec["cmdline"] = cmd
+    if ev.hook == "setsockopt":
+        rec.update(family="ipv4" if ev.family == socket.AF_INET else "ipv6",
+                   sockopt=f"{'IPPROTO_IP' if ev.family == socket.AF_INET else 'IPPROTO_IPV6'}/{ev.protocol}",
+                   hook=ev.hook, cgroup_id=ev.cgroup_id)
+        return rec
     rec.update({
         "dst_ip": ev.dst_ip,
         "dst_port": ev.dst_port,
@@ -59,7 +64,12 @@ def record_of(ev: _Event, run_id: str) -> dict[str, Any]:
 def notice_of(rec: dict[str, Any], gate_url: str) -> str:
     """The one-line stderr notice for a kernel denial (the process name is escaped)."""
     who = f"{printable(rec['comm'])} (pid {rec['pid']})" if "pid" in rec else "a packet"
-    what = f"{rec['proto']} {_dest(rec['dst_ip'], rec['dst_port'])}" if rec.get("dst_port") else f"a {rec['proto']} socket"
+    if "sockopt" in rec:
+        what = f"setsockopt {rec['sockopt']} (IP options / IPv6 extension headers)"
+    elif rec.get("dst_port"):
+        what = f"{rec['proto']} {_dest(rec['dst_ip'], rec['dst_port'])}"
+    else:
+        what = f"a {rec['proto']} socket"
     return f"gatewrap: blocked direct egress: {who} -> {what} [{rec['hook']}]: only the gate ({gate_url}) is reachable"
 
 

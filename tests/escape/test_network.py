@@ -153,16 +153,24 @@ VECTORS = [
            "s = sock(V4, UDP)\n"
            "lsrr = bytes([1, 0x83, 7, 4]) + socket.inet_aton('203.0.113.10')\n"
            "attempt('setsockopt', s.setsockopt, socket.IPPROTO_IP, socket.IP_OPTIONS, lsrr)",
-           "EPERM", None, layer="kernel: IP_OPTIONS needs CAP_NET_RAW"),
+           "EPERM", {"hook": "setsockopt", "sockopt": "IPPROTO_IP/4"}),
     Vector("IPV6_RTHDR type 0 (RH0) on a socket to the gate",
            "s = sock(V6, TCP)\n"
            "rh0 = struct.pack('!BBBBI', 0, 2, 0, 1, 0) + socket.inet_pton(V6, '2001:db8:100::10')\n"
            "attempt('setsockopt', s.setsockopt, socket.IPPROTO_IPV6, socket.IPV6_RTHDR, rh0)",
-           "EINVAL", None, layer="kernel: only routing type 4 (SRH) is accepted"),
+           "EPERM", {"hook": "setsockopt", "sockopt": "IPPROTO_IPV6/57"}),
     Vector("IPV6_RTHDR type 4 (SRH) on UDP to the gate [::1]:3128",
-           SRH + "s = sock(V6, UDP)\ns.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_RTHDR, srh('::1'))\n"
-           f"attempt('sendto', s.sendto, b'x', ('{GATE6}', {GATE_PORT}))",
-           "EPERM", rec("sendmsg6", "udp", GATE6, GATE_PORT)),
+           SRH + "s = sock(V6, UDP)\n"
+           "attempt('setsockopt', s.setsockopt, socket.IPPROTO_IPV6, socket.IPV6_RTHDR, srh('::1'))",
+           "EPERM", {"hook": "setsockopt", "sockopt": "IPPROTO_IPV6/57"}),
+    Vector("IPV6_RTHDR type 4 (SRH) on TCP to the gate [::1]:3128",
+           SRH + "s = sock(V6, TCP)\n"
+           "attempt('setsockopt', s.setsockopt, socket.IPPROTO_IPV6, socket.IPV6_RTHDR, srh('::1'))",
+           "EPERM", {"hook": "setsockopt", "sockopt": "IPPROTO_IPV6/57"}),
+    Vector("IPV6_HOPOPTS (hop-by-hop options) on TCP",
+           "s = sock(V6, TCP)\n"
+           "attempt('setsockopt', s.setsockopt, socket.IPPROTO_IPV6, 54, bytes([0, 0, 1, 4, 0, 0, 0, 0]))",
+           "EPERM", {"hook": "setsockopt", "sockopt": "IPPROTO_IPV6/54"}),
     # --- io_uring (C, raw syscalls)
     Vector("io_uring IORING_OP_CONNECT to an IPv4 literal", "",
            "EPERM", rec("connect4", "tcp", INET4, ECHO, comm="escape_probe"),
@@ -212,27 +220,6 @@ def test_vector_is_refused(gatewrap, quiet_net, probe, agent_dir, outcome, v):
         if v.audit["hook"] != "skb_egress":
             assert first["uid"] == (0 if v.root else 65534)
             assert f"[{v.audit['hook']}]" in r.stderr  # the live notice
-
-
-def test_ipv6_segment_routing_header_on_tcp_to_the_gate_fails_with_eperm_from_skb_egress(
-        gatewrap, quiet_net, outcome):
-    """IPV6_RTHDR type 4 (SRH) on TCP to the gate [::1]:3128."""
-    # connect6 sees the gate and allows; the SYN carries the SRH (first hop ::1, routable in
-    # the sandbox) and only the packet hook sees it. The contract: EPERM, not a hang, not
-    # ENETUNREACH.
-    r = gatewrap(python_argv(SRH + "s = sock(V6, TCP)\n"
-                             "s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_RTHDR, srh('::1'))\n"
-                             f"attempt('connect', s.connect, ('{GATE6}', {GATE_PORT}))"), timeout=30)
-    a = last_attempt(r)
-    recs = r.records(event="direct_egress")
-    hung = a["errno"] == "TIMEOUT" or a["elapsed"] >= 2.0
-    outcome("skb_egress", f"{a['errno'] or 'connected'} (connect{' hangs until its timeout' if hung else ''}; "
-            f"skb_egress drops the SYN{' and each retransmission' if len(recs) > 1 else ''})",
-            "OPEN" if a["errno"] is None else "hang" if hung else "held")
-    assert recs and all(x["hook"] == "skb_egress" and x["dst_ip"] == GATE6 for x in recs), recs
-    assert_nothing_reached(quiet_net)
-    assert a["errno"] == "EPERM", f"{a}: the SYN was dropped by skb_egress, connect() did not fail"
-    assert_bounded(a)
 
 
 def test_icmp_ping_socket_with_ping_group_range_opened_is_refused_by_sock_create(

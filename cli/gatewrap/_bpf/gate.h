@@ -19,6 +19,7 @@ enum gw_hook {
 	GW_HOOK_SENDMSG6 = 4,
 	GW_HOOK_SOCK_CREATE = 5,
 	GW_HOOK_SKB_EGRESS = 6,
+	GW_HOOK_SETSOCKOPT = 7,         /* event.protocol holds the option name */
 };
 
 enum gw_verdict {

@@ -42,7 +42,7 @@ PIN_ROOT = f"{BPFFS}/gatewrap"
 LOCK_PATH = "/run/gatewrap/bpf.lock"
 #: The programs, grouped by hook family; bcc sees BPF programs only in the main text,
 #: so they are compiled as one text, in this order.
-PROGRAMS = ("common.bpf.c", "sock_addr.bpf.c", "sock_create.bpf.c", "skb_egress.bpf.c")
+PROGRAMS = ("common.bpf.c", "sock_addr.bpf.c", "sock_create.bpf.c", "skb_egress.bpf.c", "sockopt.bpf.c")
 SOURCES = ("gate.h", *PROGRAMS)
 #: Per-run ring buffer size in bytes (power of two, page multiple): ~2900 events.
 RINGBUF_BYTES = 256 * 1024
@@ -65,9 +65,11 @@ HOOKS = (
     ("gw_sendmsg6", "CGROUP_SOCK_ADDR", "CGROUP_UDP6_SENDMSG"),
     ("gw_sock_create", "CGROUP_SOCK", "CGROUP_INET_SOCK_CREATE"),
     ("gw_skb_egress", "CGROUP_SKB", "CGROUP_INET_EGRESS"),
+    ("gw_setsockopt", "CGROUP_SOCKOPT", "CGROUP_SETSOCKOPT"),
 )
 #: enum gw_hook and enum gw_verdict of bpf/gate.h, as the audit log names them.
-HOOK_NAMES = {1: "connect4", 2: "connect6", 3: "sendmsg4", 4: "sendmsg6", 5: "sock_create", 6: "skb_egress"}
+HOOK_NAMES = {1: "connect4", 2: "connect6", 3: "sendmsg4", 4: "sendmsg6", 5: "sock_create", 6: "skb_egress",
+              7: "setsockopt"}
 VERDICT_NAMES = {
     1: "not the gate", 2: "no run configured for this cgroup", 3: "no destination address",
     4: "socket kind not allowed (only TCP and UDP)", 5: "IP options or IPv6 extension headers",
