@@ -60,12 +60,16 @@ def cli() -> None:
               help="Make host PATH visible and writable in the jail. Repeatable.")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
               help="Kill the agent and its children after SECONDS; exit code 124.")
+@click.option("--memory", metavar="SIZE", callback=lambda c, p, v: _size(v),
+              help="Memory limit of the whole run (cgroup v2 memory.max), e.g. 512M, 2G; no swap.")
+@click.option("--cpus", type=click.FloatRange(min=0.01), metavar="N", help="CPU limit (cgroup v2 cpu.max), e.g. 0.5.")
+@click.option("--pids", type=click.IntRange(min=1), metavar="N", help="Most tasks (processes + threads) at once (pids.max).")
 @click.option("--json", "as_json", is_flag=True, help="Print the closing summary as one JSON object on stderr.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def run(allow: tuple[str, ...], deny: tuple[str, ...], policy_file: str | None, user: str | None,
         audit_log: str, nameservers: tuple[str, ...], port: int, workdir: str | None, jail: str,
-        ro_binds: tuple[str, ...], rw_binds: tuple[str, ...], timeout: float | None, as_json: bool,
-        command: tuple[str, ...]) -> int:
+        ro_binds: tuple[str, ...], rw_binds: tuple[str, ...], timeout: float | None, memory: int | None,
+        cpus: float | None, pids: int | None, as_json: bool, command: tuple[str, ...]) -> int:
     """Run COMMAND in a sandbox whose only egress is the gate.
 
     \b
@@ -82,11 +86,13 @@ def run(allow: tuple[str, ...], deny: tuple[str, ...], policy_file: str | None, 
       sudo gatewrap run --allow pypi.org --allow files.pythonhosted.org -- python agent.py
     """
     from .runner import RunOptions, run as do_run, summary_line
+    from .sandbox.limits import Limits
 
     opts = RunOptions(argv=list(command), allow=list(allow), deny=list(deny), policy_file=policy_file,
                       user=user, audit_log=audit_log, nameservers=list(nameservers) or None, port=port,
                       cwd=workdir, jail=jail, ro_binds=[os.path.abspath(p) for p in ro_binds],
-                      rw_binds=[os.path.abspath(p) for p in rw_binds], timeout=timeout)
+                      rw_binds=[os.path.abspath(p) for p in rw_binds], timeout=timeout,
+                      limits=Limits(memory=memory, cpus=cpus, pids=pids))
     result = do_run(opts)
     if as_json:
         click.echo(json.dumps(result.as_record()), err=True)
@@ -178,6 +184,17 @@ def gc(as_json: bool) -> int:
         if not out.runs and not out.errors:
             click.echo("no stale sandboxes")
     return 1 if out.errors else 0
+
+
+def _size(value: str | None) -> int | None:
+    from .sandbox.limits import parse_size
+
+    if value is None:
+        return None
+    try:
+        return parse_size(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
 
 
 def _with_port(addr: str, port: int) -> str:

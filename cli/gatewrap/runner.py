@@ -24,7 +24,7 @@ from .bpf import loader
 from .errors import EXIT_CANNOT_EXEC, EXIT_NOT_FOUND, EXIT_TIMEOUT, GatewrapError, NeedRoot
 from .kernel_denials import KernelDenials
 from .policy import build_policy
-from .sandbox import cgroup, gc, jail, netns, registry, user
+from .sandbox import cgroup, gc, jail, limits, netns, registry, user
 
 DEFAULT_AUDIT_LOG = "/var/log/gatewrap/audit.jsonl"
 GATE_IP4 = "127.0.0.1"
@@ -53,6 +53,7 @@ class RunOptions:
     ro_binds: list[str] = field(default_factory=list)
     rw_binds: list[str] = field(default_factory=list)
     timeout: float | None = None
+    limits: limits.Limits = field(default_factory=limits.Limits)
 
 
 @dataclass
@@ -228,6 +229,7 @@ def run(opts: RunOptions, stderr: TextIO | None = None) -> RunResult:
         undo.callback(netns.remove, run_id)
         leaf, cgroup_id = cgroup.create_leaf(parent, run_id)
         undo.callback(cgroup.kill_and_remove, leaf)
+        limits.apply(leaf, opts.limits)
         run_hooks = hooks.configure(cgroup_id, GATE_IP4, GATE_IP6, [opts.port])
         undo.callback(run_hooks.release)
         denials = KernelDenials(run_hooks, audit, run_id, gate_url, err)

@@ -1,0 +1,100 @@
+"""Resource limits of a run: cgroup v2 ``memory.max``, ``cpu.max`` and ``pids.max`` on its leaf.
+
+Kernel doc: Documentation/admin-guide/cgroup-v2.rst ("Memory", "CPU", "PID"). A
+controller must be listed in the hierarchy root's ``cgroup.controllers`` and enabled in
+``cgroup.subtree_control`` of every ancestor of the leaf; hybrid layouts (cgroup v1
+controllers beside an empty cgroup v2 tree, as on these VMs) have none to give.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+from ..errors import GatewrapError
+from .cgroup import cgroup2_mount
+
+#: cpu.max period in microseconds (the kernel's default).
+CPU_PERIOD_US = 100_000
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+@dataclass(frozen=True)
+class Limits:
+    """``memory`` in bytes, ``cpus`` in CPUs (0.5 = half of one), ``pids`` in tasks; None = no limit."""
+
+    memory: int | None = None
+    cpus: float | None = None
+    pids: int | None = None
+
+    def controllers(self) -> list[str]:
+        """The cgroup v2 controllers these limits need."""
+        return [c for c, v in (("memory", self.memory), ("cpu", self.cpus), ("pids", self.pids)) if v is not None]
+
+
+def parse_size(text: str) -> int:
+    """``512M``, ``2G``, ``1048576`` -> bytes (binary units, K = 1024).
+
+    Raises:
+        ValueError: not a size.
+    """
+    m = re.fullmatch(r"\s*(\d+)\s*([KMGT]?)(?:I?B)?\s*", text.upper())
+    if not m or int(m.group(1)) == 0:
+        raise ValueError(f"{text!r} is not a size such as 512M or 2G")
+    return int(m.group(1)) * _UNITS[m.group(2)]
+
+
+def _enable(path: str, controller: str) -> None:
+    with open(os.path.join(path, "cgroup.subtree_control")) as f:
+        if controller in f.read().split():
+            return
+    with open(os.path.join(path, "cgroup.subtree_control"), "w") as f:
+        f.write(f"+{controller}")
+
+
+def apply(leaf: str, limits: Limits) -> None:
+    """Set the limits on the run's ``leaf``, enabling the controllers on its ancestors.
+
+    Raises:
+        GatewrapError: a controller is not available here, or writing a limit failed.
+    """
+    needed = limits.controllers()
+    if not needed:
+        return
+    root = cgroup2_mount() or "/sys/fs/cgroup"
+    with open(os.path.join(root, "cgroup.controllers")) as f:
+        available = f.read().split()
+    missing = [c for c in needed if c not in available]
+    if missing:
+        raise GatewrapError(
+            f"--memory/--cpus/--pids need the cgroup v2 controllers {', '.join(missing)}, which this machine's "
+            f"cgroup v2 hierarchy ({root}) does not offer (it has: {', '.join(available) or 'none'}; a hybrid "
+            "layout keeps them in cgroup v1). Boot with systemd.unified_cgroup_hierarchy=1, or drop those options."
+        )
+    try:
+        ancestors = []
+        p = os.path.dirname(leaf)
+        while len(p) >= len(root):
+            ancestors.append(p)
+            p = os.path.dirname(p)
+        for path in reversed(ancestors):
+            for c in needed:
+                _enable(path, c)
+        if limits.memory is not None:
+            _write(leaf, "memory.max", str(limits.memory))
+            _write(leaf, "memory.swap.max", "0")
+        if limits.cpus is not None:
+            _write(leaf, "cpu.max", f"{max(1000, int(limits.cpus * CPU_PERIOD_US))} {CPU_PERIOD_US}")
+        if limits.pids is not None:
+            _write(leaf, "pids.max", str(limits.pids))
+    except OSError as e:
+        raise GatewrapError(f"setting the run's resource limits failed: {e}") from e
+
+
+def _write(leaf: str, name: str, value: str) -> None:
+    path = os.path.join(leaf, name)
+    if name == "memory.swap.max" and not os.path.exists(path):
+        return  # kernels without swap accounting
+    with open(path, "w") as f:
+        f.write(value)
