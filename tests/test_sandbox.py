@@ -195,3 +195,8 @@ def test_sigkill_of_gatewrap_fails_closed_and_gc_removes_the_sandbox(net, tmp_pa
     assert g.returncode == 0, g.stderr
     assert run_id in json.loads(g.stdout)["runs"]
     assert _leftovers(run_id) == NOTHING
+    # The denial made after gatewrap died was still on the run's ring buffer: gc recorded it.
+    recs = [json.loads(line) for line in audit.read_text().splitlines()]
+    late = [r for r in recs if r["event"] == "direct_egress"]
+    assert [(r["dst_ip"], r["dst_port"], r["hook"]) for r in late] == [("203.0.113.10", 7, "connect4")]
+    assert recs[-1]["event"] == "run_end" and "gatewrap died" in recs[-1]["reason"]

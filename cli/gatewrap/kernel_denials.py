@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any, TextIO
 
 from .bpf.loader import RunHooks, _Event
@@ -117,3 +118,31 @@ class KernelDenials:
         if self._thread.is_alive():
             self._thread.join()
         self._hooks.drain()
+
+
+def salvage(hooks: Any, audit_factory: Callable[[str], Any], run_id: str, cgroup_id: int,
+            audit_path: str | None) -> int:
+    """Record what a dead run's ring buffer still holds, then drop its map entries.
+
+    Writes each event, then a ``run_end`` that says the run's gatewrap died, to the run's
+    own audit log (``audit_path``, from its lock file; skipped when unknown). Returns the
+    number of records written.
+    """
+    rb = hooks.orphan(cgroup_id)
+    written = 0
+    if rb is not None and audit_path is not None:
+        audit = audit_factory(audit_path)
+        records: list[dict[str, Any]] = []
+        rb.open(lambda ev: records.append(record_of(ev, run_id)))
+        rb.drain()
+        for rec in records:
+            audit.write(rec)
+        audit.write({"run": run_id, "event": "run_end", "reason": "gatewrap died; collected by gatewrap gc",
+                     "direct_egress": len(records), "lost_events": rb.lost()})
+        audit.sync()
+        written = len(records) + 1
+    if rb is not None:
+        rb.release()
+    else:
+        hooks.forget(cgroup_id)
+    return written

@@ -218,12 +218,12 @@ def run(opts: RunOptions, stderr: TextIO | None = None) -> RunResult:
     with contextlib.ExitStack() as undo:
         undo.callback(signal.pthread_sigmask, signal.SIG_SETMASK, old_mask)
         _become_subreaper()
-        lock_fd = registry.claim(run_id)
+        lock_fd = registry.claim(run_id, opts.audit_log)
         undo.callback(registry.release, run_id, lock_fd)
         parent = cgroup.parent_dir()
         hooks = loader.load_or_reuse(parent)
         undo.callback(hooks.close)
-        for stale in gc.collect(parent, hooks.forget).runs:
+        for stale in gc.collect(parent, _salvager(hooks)).runs:
             print(f"gatewrap: removed stale sandbox {stale} (its gatewrap had died)", file=err)
         ns_path = netns.create(run_id)
         undo.callback(netns.remove, run_id)
@@ -300,9 +300,18 @@ def collect_stale() -> gc.Collected:
     parent = cgroup.parent_dir()
     hooks = loader.load_or_reuse(parent)
     try:
-        return gc.collect(parent, hooks.forget)
+        return gc.collect(parent, _salvager(hooks))
     finally:
         hooks.close()
+
+
+def _salvager(hooks: loader.Hooks) -> Any:
+    """gc's salvage step: a dead run's last kernel denials go to its own audit log."""
+    from . import _gate_core as core
+    from .kernel_denials import salvage
+
+    return lambda run_id, cgroup_id: salvage(hooks, core.AuditLog, run_id, cgroup_id,
+                                             registry.audit_log_of(run_id))
 
 
 def summary_line(r: RunResult) -> str:

@@ -20,6 +20,7 @@ _lib.bpf_prog_query.argtypes = [
     ct.c_int, ct.c_int, ct.c_uint, ct.POINTER(ct.c_uint), ct.POINTER(ct.c_uint), ct.POINTER(ct.c_uint),
 ]
 _lib.bpf_prog_get_fd_by_id.argtypes = [ct.c_uint]
+_lib.bpf_map_get_fd_by_id.argtypes = [ct.c_uint]
 _lib.bpf_obj_get_info_by_fd.argtypes = [ct.c_int, ct.c_void_p, ct.POINTER(ct.c_uint)]
 _lib.bpf_map_create.argtypes = [ct.c_int, ct.c_char_p, ct.c_uint, ct.c_uint, ct.c_uint, ct.c_void_p]
 _lib.bpf_map_update_elem.argtypes = [ct.c_int, ct.c_void_p, ct.c_void_p, ct.c_ulonglong]
@@ -73,6 +74,11 @@ def prog_query(cgroup_fd: int, attach_type: int) -> list[int]:
 def prog_fd_by_id(prog_id: int) -> int:
     """Open a loaded program by its kernel id; returns a new fd."""
     return _check(_lib.bpf_prog_get_fd_by_id(prog_id), f"bpf_prog_get_fd_by_id {prog_id}")
+
+
+def map_fd_by_id(map_id: int) -> int:
+    """Open a map by its kernel id; returns a new fd."""
+    return _check(_lib.bpf_map_get_fd_by_id(map_id), f"bpf_map_get_fd_by_id {map_id}")
 
 
 def obj_id(fd: int) -> int:

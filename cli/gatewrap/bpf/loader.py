@@ -173,6 +173,14 @@ class Hooks:
             raise BpfError(f"configuring the hooks for cgroup {cgroup_id} failed: {e}") from e
         return RunHooks(self, cgroup_id, rb_fd)
 
+    def orphan(self, cgroup_id: int) -> "RunHooks | None":
+        """The ring buffer of a run whose gatewrap died, reopened from the ``gw_events`` map
+        (from userspace a hash-of-maps lookup gives the inner map's id); None if it has none."""
+        inner_id = ct.c_uint32(0)
+        if not libbpf.map_lookup(self._fds["gw_events"], ct.c_uint64(cgroup_id), inner_id):
+            return None
+        return RunHooks(self, cgroup_id, libbpf.map_fd_by_id(inner_id.value))
+
     def forget(self, cgroup_id: int) -> None:
         """Drop every map entry of ``cgroup_id`` (config, ring buffer, lost counter)."""
         key = ct.c_uint64(cgroup_id)

@@ -76,6 +76,26 @@ def populated(path: str) -> bool:
     return False
 
 
+def kill(path: str, timeout: float = 5.0) -> None:
+    """SIGKILL every process in the cgroup (``cgroup.kill``) and wait until it is empty.
+
+    Raises:
+        SandboxError: processes remain after ``timeout`` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with open(os.path.join(path, "cgroup.kill"), "w") as f:
+                f.write("1")
+        except FileNotFoundError:
+            return
+        if not populated(path):
+            return
+        if time.monotonic() > deadline:
+            raise SandboxError(f"processes in {path} survived cgroup.kill for {timeout:.0f} s")
+        time.sleep(0.01)
+
+
 def kill_and_remove(path: str, timeout: float = 5.0) -> None:
     """Kill every process in the cgroup (``cgroup.kill``, SIGKILL) and remove it.
 
@@ -86,18 +106,7 @@ def kill_and_remove(path: str, timeout: float = 5.0) -> None:
     """
     if not os.path.isdir(path):
         return
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with open(os.path.join(path, "cgroup.kill"), "w") as f:
-                f.write("1")
-        except FileNotFoundError:
-            return
-        if not populated(path):
-            break
-        if time.monotonic() > deadline:
-            raise SandboxError(f"processes in {path} survived cgroup.kill for {timeout:.0f} s")
-        time.sleep(0.01)
+    kill(path, timeout)
     for _ in range(100):
         try:
             os.rmdir(path)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..errors import SandboxError
@@ -26,20 +27,24 @@ def stale_runs(parent: str) -> list[str]:
     return sorted(i for i in ids if not registry.alive(i))
 
 
-def collect(parent: str, forget_cgroup=None) -> Collected:
+def collect(parent: str, salvage: Callable[[str, int], None] | None = None) -> Collected:
     """Kill and remove every stale sandbox under ``parent``.
 
     Args:
         parent: the ``gatewrap/`` cgroup directory.
-        forget_cgroup: called with each stale cgroup id before its cgroup is removed,
-            to drop its BPF map entries (None: leave them; they match no live cgroup).
+        salvage: called with (run id, cgroup id) once the sandbox's processes are dead and
+            before its cgroup is removed: records what its ring buffer still holds and drops
+            its BPF map entries (None: leave them; they match no live cgroup).
     """
     out = Collected()
     for run_id in stale_runs(parent):
         leaf = os.path.join(parent, run_id)
         try:
-            if os.path.isdir(leaf) and forget_cgroup is not None:
-                forget_cgroup(os.stat(leaf).st_ino)
+            if os.path.isdir(leaf):
+                cgroup_id = os.stat(leaf).st_ino
+                cgroup.kill(leaf)
+                if salvage is not None:
+                    salvage(run_id, cgroup_id)
             cgroup.kill_and_remove(leaf)
             netns.remove(run_id)
             with contextlib.suppress(FileNotFoundError):

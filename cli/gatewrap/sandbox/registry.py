@@ -7,6 +7,7 @@ included), so a sandbox whose lock can be taken has no owner and is stale.
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 
 RUNS_DIR = "/run/gatewrap/runs"
@@ -17,15 +18,26 @@ def lock_path(run_id: str) -> str:
     return os.path.join(RUNS_DIR, f"{run_id}.lock")
 
 
-def claim(run_id: str) -> int:
-    """Create and lock the run's lock file; returns the fd (close it to release).
+def claim(run_id: str, audit_log: str) -> int:
+    """Create and lock the run's lock file, recording where its audit log is (for
+    :func:`audit_log_of` after a crash); returns the fd (close it to release).
 
     The fd is close-on-exec, so the agent never inherits it.
     """
     os.makedirs(RUNS_DIR, mode=0o755, exist_ok=True)
     fd = os.open(lock_path(run_id), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    os.write(fd, json.dumps({"audit_log": os.path.abspath(audit_log), "pid": os.getpid()}).encode())
     return fd
+
+
+def audit_log_of(run_id: str) -> str | None:
+    """The audit log a (dead) run was writing to, from its lock file; None if unknown."""
+    try:
+        with open(lock_path(run_id)) as f:
+            return json.load(f).get("audit_log")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def release(run_id: str, fd: int) -> None:
