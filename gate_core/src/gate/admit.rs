@@ -3,6 +3,9 @@
 use crate::audit::{fields as f, GateRecord};
 use crate::policy::{canonical_host, Action, Decision, Host, HostError, Mode};
 
+use hyper::{Response, StatusCode};
+
+use super::respond::{self, Body};
 use super::Ctx;
 
 /// What the gate will do with a destination.
@@ -25,6 +28,13 @@ impl Admission {
         rec.rule = self.decision.rule.clone();
         rec.would = self.would;
         rec.decision = if self.proceed { f::ALLOWED } else { f::DENIED };
+    }
+
+    /// Record a denial (status 403) and return the 403 that says how to allow it.
+    pub fn forbid(&self, ctx: &Ctx, mut rec: GateRecord) -> Response<Body> {
+        rec.status = Some(StatusCode::FORBIDDEN.as_u16());
+        ctx.record(rec);
+        respond::denied(&self.host, self.port, &self.decision)
     }
 }
 

@@ -43,23 +43,12 @@ async fn open(ctx: Arc<Ctx>, peer: SocketAddr, mut req: Request<Incoming>) -> Re
     };
     adm.fill(&mut rec);
     if !adm.proceed {
-        rec.status = Some(StatusCode::FORBIDDEN.as_u16());
-        ctx.record(rec);
-        return respond::denied(&adm.host, port, &adm.decision);
+        return adm.forbid(&ctx, rec);
     }
     let target = adm.host.with_port(port);
     let mut pending = Pending::new(ctx.clone(), rec);
     match dial::dial(&ctx.resolver, &adm.host, port, ctx.connect_timeout).await {
-        Err(e) => {
-            let resp = respond::upstream_failure(&target, &e);
-            let rec = pending.rec();
-            rec.decision = f::FAILED;
-            rec.dst_ip = e.addr().map(|a| a.ip().to_string());
-            rec.error = Some(e.to_string());
-            rec.status = Some(resp.status().as_u16());
-            pending.finish();
-            resp
-        }
+        Err(e) => pending.fail(&target, &e),
         Ok((upstream, addr)) => {
             let rec = pending.rec();
             rec.dst_ip = Some(addr.ip().to_string());

@@ -11,6 +11,7 @@ use hyper::{Request, Response, StatusCode, Uri};
 use crate::audit::{fields as f, AuditLog, GateRecord};
 use crate::policy::Policy;
 
+use super::dial::DialError;
 use super::respond;
 
 #[derive(Debug, Default)]
@@ -102,6 +103,19 @@ impl Pending {
 
     pub fn rec(&mut self) -> &mut GateRecord {
         self.rec.get_or_insert_with(GateRecord::default)
+    }
+
+    /// Record an upstream failure (decision `failed`, its cause and address) and return
+    /// the 502/504 that tells the client.
+    pub fn fail(mut self, target: &str, err: &DialError) -> Response<respond::Body> {
+        let resp = respond::upstream_failure(target, err);
+        let rec = self.rec();
+        rec.decision = f::FAILED;
+        rec.dst_ip = err.addr().map(|a| a.ip().to_string());
+        rec.error = Some(err.to_string());
+        rec.status = Some(resp.status().as_u16());
+        self.finish();
+        resp
     }
 
     /// Write the record as it stands.

@@ -7,7 +7,7 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::header::{HeaderMap, HeaderName, HeaderValue, CONNECTION, HOST};
 use hyper::http::uri::PathAndQuery;
-use hyper::{Request, Response, StatusCode, Uri, Version};
+use hyper::{Request, Response, Uri, Version};
 use hyper_util::rt::TokioIo;
 
 use crate::audit::fields as f;
@@ -86,24 +86,13 @@ pub async fn handle(ctx: Arc<Ctx>, peer: SocketAddr, req: Request<Incoming>) -> 
     let adm = decide(&ctx, host, port);
     adm.fill(&mut rec);
     if !adm.proceed {
-        rec.status = Some(StatusCode::FORBIDDEN.as_u16());
-        ctx.record(rec);
-        return respond::denied(&adm.host, port, &adm.decision);
+        return adm.forbid(&ctx, rec);
     }
     let target = adm.host.with_port(port);
     let mut pending = Pending::new(ctx.clone(), rec);
     let (stream, addr) = match dial::dial(&ctx.resolver, &adm.host, port, ctx.connect_timeout).await {
         Ok(ok) => ok,
-        Err(e) => {
-            let resp = respond::upstream_failure(&target, &e);
-            let rec = pending.rec();
-            rec.decision = f::FAILED;
-            rec.dst_ip = e.addr().map(|a| a.ip().to_string());
-            rec.error = Some(e.to_string());
-            rec.status = Some(resp.status().as_u16());
-            pending.finish();
-            return resp;
-        }
+        Err(e) => return pending.fail(&target, &e),
     };
     pending.rec().dst_ip = Some(addr.ip().to_string());
 
