@@ -86,3 +86,22 @@ def test_doctor_passes_here_and_speaks_json():
     names = {c["name"]: c["status"] for c in json.loads(p.stdout)}
     assert names["root"] == "ok" and names["cgroup v2"] == "ok" and names["bcc"] == "ok"
     assert names["kernel headers"] == "ok"
+
+
+def test_audit_follow_prints_records_as_they_are_written(tmp_path):
+    import time
+
+    log = tmp_path / "audit.jsonl"
+    log.write_text(json.dumps({"v": 1, "run": "gw-a", "event": "request", "decision": "denied"}) + "\n")
+    p = subprocess.Popen(gatewrap_cmd("audit", "--follow", "--json", "--log", str(log)),
+                         stdout=subprocess.PIPE, text=True)
+    try:
+        assert json.loads(p.stdout.readline())["run"] == "gw-a"
+        with open(log, "a") as f:
+            f.write(json.dumps({"v": 1, "run": "gw-b", "event": "direct_egress", "decision": "denied"}) + "\n")
+        t0 = time.monotonic()
+        assert json.loads(p.stdout.readline())["run"] == "gw-b"
+        assert time.monotonic() - t0 < 5
+    finally:
+        p.kill()
+        p.wait()
