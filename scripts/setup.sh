@@ -48,7 +48,7 @@ kernel_headers() {
 }
 
 python_env() {
-	say "virtualenv $VENV with gatewrap (builds the Rust gate; a few minutes the first time)"
+	say "virtualenv $VENV with gatewrap (builds the Rust gate: a minute or two the first time)"
 	[ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 	"$VENV/bin/pip" install -q --upgrade pip >/dev/null
 	"$VENV/bin/pip" install -q "$ROOT[test]"

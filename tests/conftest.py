@@ -91,7 +91,7 @@ def gatewrap(net, tmp_path):
         if python is not None:
             argv = [AGENT_PYTHON, "-c", textwrap.dedent(python)]
         cmd = gatewrap_cmd("run", "--audit-log", str(audit), "--resolver", net.dns_server,
-                           "--workdir", "/tmp", "--ro-bind", net.tmpdir)
+                           "--workdir", "/tmp", "--ro-bind", net.tmpdir, "--ro-bind", str(ROOT))
         for a in allow:
             cmd += ["--allow", a]
         for d in deny:

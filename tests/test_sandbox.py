@@ -130,6 +130,7 @@ def test_a_root_agent_is_not_jailed_and_root_without_sudo_runs_the_agent_as_nobo
     r = gatewrap(["/bin/true"], user_env=False, extra=["--user", "root"])
     assert r.returncode == 125
     assert "cannot be jailed" in r.stderr and "--jail none" in r.stderr
+    assert "warning" not in r.stderr  # refused before anything is set up
     r = gatewrap(python="import os; print(os.getuid())", user_env=False)
     assert r.stdout == "65534\n", r.stderr
     assert "the agent runs as nobody" in r.stderr
@@ -200,3 +201,25 @@ def test_sigkill_of_gatewrap_fails_closed_and_gc_removes_the_sandbox(net, tmp_pa
     late = [r for r in recs if r["event"] == "direct_egress"]
     assert [(r["dst_ip"], r["dst_port"], r["hook"]) for r in late] == [("203.0.113.10", 7, "connect4")]
     assert recs[-1]["event"] == "run_end" and "gatewrap died" in recs[-1]["reason"]
+
+
+def test_a_command_the_agents_user_cannot_reach_exits_126_and_says_why(gatewrap, tmp_path):
+    closed = tmp_path / "closed"
+    closed.mkdir(mode=0o700)
+    tool = closed / "tool"
+    tool.write_text("#!/bin/sh\necho hi\n")
+    tool.chmod(0o755)
+    r = gatewrap([str(tool)])
+    assert r.returncode == 126
+    assert f"{tool} cannot be executed by nobody" in r.stderr
+
+
+def test_a_workdir_the_agent_cannot_enter_is_refused_and_one_it_cannot_write_gets_a_note(gatewrap, tmp_path):
+    closed = tmp_path / "wd"  # under pytest's 0700 folder
+    closed.mkdir(mode=0o755)
+    r = gatewrap(["/bin/true"], extra=["--workdir", str(closed)])
+    assert r.returncode == 125
+    assert f"cannot enter its working directory {closed}" in r.stderr
+    r = gatewrap(["/bin/true"], extra=["--workdir", "/usr"])
+    assert r.returncode == 0, r.stderr
+    assert "cannot write its working directory /usr" in r.stderr

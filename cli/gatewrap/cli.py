@@ -40,7 +40,8 @@ def cli() -> None:
 @click.option("--deny", "deny", multiple=True, metavar="HOST[:PORT]",
               help="Deny HOST; checked before --allow and the policy file. Repeatable.")
 @click.option("--policy", "policy_file", type=click.Path(dir_okay=False), metavar="FILE",
-              help="Policy file (TOML; see DESIGN.md). Default without it: deny everything not allowed by a flag.")
+              help="Policy file (TOML; format in the README's Policy section). Without it: deny everything "
+                   "no --allow names.")
 @click.option("--user", metavar="USER", help="Run the agent as USER (name or uid). Default: the user who ran sudo.")
 @click.option("--audit-log", default="/var/log/gatewrap/audit.jsonl", show_default=True, metavar="PATH",
               help="Append audit records (JSON lines) here.")

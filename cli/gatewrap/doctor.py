@@ -50,6 +50,13 @@ def checks() -> list[Check]:
     if cg:
         layout = "unified" if cg == "/sys/fs/cgroup" else "hybrid"
         out.append(Check("cgroup v2", "ok", f"mounted at {cg} ({layout} layout)"))
+        with open(os.path.join(cg, "cgroup.controllers")) as f:
+            ctrl = f.read().split()
+        lacking = [c for c in ("memory", "cpu", "pids") if c not in ctrl]
+        if lacking:
+            out.append(Check("cgroup v2 controllers", "warn",
+                             f"no {', '.join(lacking)} in cgroup v2 here: --memory/--cpus/--pids are refused",
+                             "boot with systemd.unified_cgroup_hierarchy=1"))
     else:
         out.append(Check("cgroup v2", "fail", "no cgroup2 mount in /proc/self/mounts",
                          "mount -t cgroup2 none /sys/fs/cgroup/unified (or boot with systemd.unified_cgroup_hierarchy=1)"))

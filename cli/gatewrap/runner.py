@@ -158,12 +158,12 @@ def _wait_forwarding_signals(pid: int, timeout: float | None, leaf: str, err: Te
             os.kill(_signal_target(pid), info.si_signo)
 
 
-def _resolve_command(argv: list[str], env: dict[str, str]) -> list[str]:
+def _resolve_command(argv: list[str], env: dict[str, str], target: user.Target) -> list[str]:
     """``argv`` with its program looked up on the agent's PATH, so a missing or
     non-executable command is reported (127/126) before the jail starts.
 
     Raises:
-        GatewrapError: not found (127) or not executable (126).
+        GatewrapError: not found (127) or not executable by the agent's user (126).
     """
     prog = argv[0]
     found = shutil.which(prog, path=env.get("PATH", os.defpath)) if "/" not in prog else prog
@@ -171,6 +171,11 @@ def _resolve_command(argv: list[str], env: dict[str, str]) -> list[str]:
         raise GatewrapError(f"command not found: {prog}", exit_code=EXIT_NOT_FOUND)
     if os.path.isdir(found) or not os.access(found, os.X_OK):
         raise GatewrapError(f"permission denied: {prog} is not an executable file", exit_code=EXIT_CANNOT_EXEC)
+    if not user.can_execute(found, target):
+        raise GatewrapError(
+            f"permission denied: {found} cannot be executed by {target.name}, the agent's user (a folder on "
+            "its path is closed to it, e.g. a tool installed under /root); use a system-wide path such as "
+            "/usr/bin/python3, or --user", exit_code=EXIT_CANNOT_EXEC)
     return [found, *argv[1:]]
 
 
@@ -203,6 +208,11 @@ def run(opts: RunOptions, stderr: TextIO | None = None) -> RunResult:
     err = stderr or sys.stderr
     policy = build_policy(opts.policy_file, opts.allow, opts.deny)
     target = user.resolve(opts.user)
+    if target.uid == 0 and opts.jail == "nsjail":
+        raise GatewrapError(
+            "an agent running as root cannot be jailed (nsjail runs unprivileged, in a user namespace): "
+            "run it as a user (sudo from that user, or --user USER), or add --jail none (weaker)"
+        )
     run_id = new_run_id()
     try:
         audit = core.AuditLog(opts.audit_log)
@@ -249,7 +259,7 @@ def run(opts: RunOptions, stderr: TextIO | None = None) -> RunResult:
         if overridden:
             print(f"gatewrap: replaced your {', '.join(overridden)} so the agent uses the gate", file=err)
         if target.uid == 0:
-            print("gatewrap: warning: the agent runs as root (no capabilities, but it owns the "
+            print("gatewrap: warning: the agent runs as root, unjailed (no capabilities, but it owns the "
                   "host's root files); prefer sudo from a user, or --user", file=err)
         elif opts.user is None and "SUDO_UID" not in os.environ and os.getuid() == 0:
             print(f"gatewrap: the agent runs as {target.name} (gatewrap was started by root, not "
@@ -258,7 +268,13 @@ def run(opts: RunOptions, stderr: TextIO | None = None) -> RunResult:
                      "cgroup_id": cgroup_id, "gate": gate_url})
         cwd = opts.cwd or os.getcwd()
         env["PWD"] = cwd
-        argv = _resolve_command(opts.argv, env)
+        argv = _resolve_command(opts.argv, env, target)
+        if not user.can_enter(cwd, target):
+            raise GatewrapError(f"the agent's user {target.name} cannot enter its working directory {cwd} "
+                                "(a folder on the way is closed to it); choose another with --workdir")
+        if not user.can_write(cwd, target):
+            print(f"gatewrap: note: the agent's user {target.name} cannot write its working directory "
+                  f"{cwd}; choose one with --workdir, or chown it", file=err)
         if opts.jail == "nsjail":
             argv = jail.wrap(argv, target.uid, target.gid, cwd, opts.ro_binds, opts.rw_binds)
         else:

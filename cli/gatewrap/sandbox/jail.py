@@ -22,7 +22,8 @@ PRIVATE = ("/", "/tmp", "/run", "/var/run", "/dev", "/dev/shm", "/proc", "/sys")
 WITHOUT_JAIL = (
     "gatewrap: warning: --jail none: the agent sees the host's files (read-only only for cgroupfs and "
     "the audit log), its /tmp and /run (host daemons' sockets included) and its processes; AF_VSOCK "
-    "and other non-inet socket families are not refused. Contracts 1 and 2 hold only in part."
+    "and other non-inet socket families are not refused. The network hooks still hold; the agent is "
+    "not isolated from the host otherwise."
 )
 
 
@@ -53,10 +54,7 @@ def wrap(argv: list[str], uid: int, gid: int, cwd: str, ro_binds: list[str], rw_
             "or run without the jail with --jail none (weaker: see gatewrap run --help)"
         )
     if uid == 0:
-        raise GatewrapError(
-            "an agent running as root cannot be jailed (nsjail runs unprivileged, in a user namespace): "
-            "run it as a user (sudo from that user, or --user USER), or use --jail none (weaker)"
-        )
+        raise GatewrapError("an agent running as root cannot be jailed; add --jail none (weaker)")
     cmd = [nsjail, "--config", str(PROFILE), "--really_quiet", "-u", f"{uid}:{uid}:1",
            "-g", f"{gid}:{gid}:1", "--cwd", cwd]
     writable = list(rw_binds)

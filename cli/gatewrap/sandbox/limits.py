@@ -67,10 +67,12 @@ def apply(leaf: str, limits: Limits) -> None:
         available = f.read().split()
     missing = [c for c in needed if c not in available]
     if missing:
+        flags = {"memory": "--memory", "cpu": "--cpus", "pids": "--pids"}
         raise GatewrapError(
-            f"--memory/--cpus/--pids need the cgroup v2 controllers {', '.join(missing)}, which this machine's "
-            f"cgroup v2 hierarchy ({root}) does not offer (it has: {', '.join(available) or 'none'}; a hybrid "
-            "layout keeps them in cgroup v1). Boot with systemd.unified_cgroup_hierarchy=1, or drop those options."
+            f"{' and '.join(flags[c] for c in missing)} cannot be enforced here: this machine's cgroup v2 "
+            f"hierarchy ({root}) does not offer the {', '.join(missing)} controller{'s' if len(missing) > 1 else ''} "
+            f"(it has: {', '.join(available) or 'none'}; a hybrid layout keeps them in cgroup v1). Boot with "
+            "systemd.unified_cgroup_hierarchy=1, or run without those options."
         )
     try:
         ancestors = []

@@ -61,3 +61,53 @@ def group_name(gid: int) -> str:
         return grp.getgrgid(gid).gr_name
     except KeyError:
         return str(gid)
+
+
+def _allowed(path: str, target: Target, bit: int) -> bool:
+    """Whether ``target`` has permission ``bit`` (4 r, 2 w, 1 x) on ``path`` by its mode bits
+    (owner, group, other, as in path_resolution(7)); uid 0 has all but needs some x to execute."""
+    st = os.stat(path)
+    if target.uid == 0:
+        return bit != 1 or bool(st.st_mode & 0o111) or os.path.isdir(path)
+    if st.st_uid == target.uid:
+        return bool(st.st_mode & (bit << 6))
+    if st.st_gid in target.groups or st.st_gid == target.gid:
+        return bool(st.st_mode & (bit << 3))
+    return bool(st.st_mode & bit)
+
+
+def _traversable(path: str, target: Target) -> bool:
+    parts = os.path.abspath(path).split("/")[1:-1]
+    cur = "/"
+    for p in parts:
+        cur = os.path.join(cur, p)
+        if not _allowed(cur, target, 1):
+            return False
+    return True
+
+
+def can_execute(path: str, target: Target) -> bool:
+    """Whether ``target`` can reach and execute ``path`` (symlinks resolved)."""
+    real = os.path.realpath(path)
+    try:
+        return _traversable(path, target) and _traversable(real, target) and _allowed(real, target, 1)
+    except OSError:
+        return False
+
+
+def can_enter(folder: str, target: Target) -> bool:
+    """Whether ``target`` can make ``folder`` its working directory (search permission on it
+    and every folder above it)."""
+    try:
+        return _traversable(os.path.join(folder, "x"), target)
+    except OSError:
+        return False
+
+
+def can_write(folder: str, target: Target) -> bool:
+    """Whether ``target`` can create files in ``folder``."""
+    try:
+        return _traversable(os.path.join(folder, "x"), target) and _allowed(folder, target, 2) \
+            and _allowed(folder, target, 1)
+    except OSError:
+        return False
