@@ -60,6 +60,13 @@ class Policy:
         (``"policy.toml:rule[3]"``). Unknown keys, unsupported keys (``methods``, ``path``,
         ``timeout``, ``budget``, ``inspect``) and action ``"ask"`` raise :class:`PolicyError`
         naming the key and line.
+
+        A rule may set ``allow_private = true`` (allow rules on names or ``*.`` patterns
+        only; on a deny rule or an IP-literal host it raises :class:`PolicyError`): the
+        names it matches may then resolve to loopback, private, link-local, CGNAT,
+        documentation, benchmarking and reserved addresses. Never to a cloud metadata address
+        nor an IPv6 form embedding IPv4: only a rule naming that exact address allows those
+        (see :class:`Gate`).
         """
 
     @staticmethod
@@ -79,6 +86,9 @@ class Policy:
     def decide(self, host: str, port: int) -> tuple[str, str, str | None]:
         """Decide on a destination as the gate would in ``enforce`` mode.
 
+        This is the policy decision only: the gate's SSRF guard (see :class:`Gate`) judges
+        the addresses afterwards, and may still deny an allowed destination.
+
         Returns ``(action, reason, rule_id)``: action "allow" | "deny"; reason
         ``"policy: rule ID"``, ``"policy: default deny"`` or ``"policy: unspecified address"``
         (``0.0.0.0``/``::``, denied whatever the rules); rule_id ``None`` when no rule applied. Raises :class:`PolicyError` if ``host`` is not a valid host.
@@ -97,7 +107,8 @@ class Policy:
 
         Each dict: ``id`` (str), ``host`` (canonical pattern), ``ports`` (list[int]),
         ``ports_default`` (bool: no port given, so 80 and 443), ``action`` ("allow"|"deny"),
-        ``origin`` ("cli"|"file"), ``line`` (int for file rules, else None).
+        ``origin`` ("cli"|"file"), ``line`` (int for file rules, else None),
+        ``allow_private`` (bool; always False for command-line rules).
         """
 
 class AuditLog:
@@ -142,6 +153,25 @@ class Gate:
     leaves no record. An unspecified address (``0.0.0.0``, ``::``) gets 403 with reason
     ``"policy: unspecified address"`` in every mode, and a name that resolves only to one
     fails (502) rather than being dialled.
+
+    SSRF guard: after the policy allowed a destination (and a name was resolved), every
+    address is classified, on every request (nothing is cached, so a rebinding name is
+    judged again), and the gate dials only addresses it kept, never looking the name up a
+    second time. Public addresses are kept. Not public (IANA special-purpose registries,
+    RFC 6890): loopback, private (RFC 1918, fc00::/7), link-local, CGNAT (100.64/10),
+    multicast, broadcast, "this network" 0.0.0.0/8, documentation (192.0.2/24, 198.51.100/24,
+    203.0.113/24, 2001:db8::/32, 3fff::/20), benchmarking, reserved (240/4, IPv6 outside
+    2000::/3, ...); class ``metadata`` (169.254.169.254, fd00:ec2::254, 169.254.170.2,
+    100.100.100.200, 168.63.129.16); class ``embedded-ipv4`` (::ffff:0:0/96, ::/96,
+    ::ffff:0:0:0/96, 64:ff9b::/96, 64:ff9b:1::/48, 2002::/16, 2001::/32), whatever it embeds.
+    A non-public address is kept only when an allow rule names that exact address (first
+    matching rule for the IP literal and port; any class, however the host was reached), or
+    when the destination is a name whose rule has ``allow_private = true`` and the class is
+    loopback, private, link-local, cgnat, documentation, benchmarking or reserved. If no
+    address is left: 403 naming the host, the address, its class and how to allow it, and an
+    audit record with decision "denied", reason ``"ssrf: <class> address <ip>"`` (e.g.
+    ``"ssrf: loopback address 127.0.0.1"``), ``dst_host``, ``dst_ip``, status 403 and the
+    ``rule`` that allowed the name. ``report`` mode does not lift the guard.
     """
 
     def __init__(
@@ -154,6 +184,7 @@ class Gate:
         listen_port: int = 3128,
         nameservers: list[str] | None = None,
         connect_timeout: float = 10.0,
+        public_ranges: list[str] | None = None,
     ) -> None:
         """Bind the listeners inside ``netns_path`` and start serving; returns once listening.
 
@@ -161,6 +192,11 @@ class Gate:
         ``None`` reads the host's /etc/resolv.conf. ``listen_port`` 0 picks a free port.
         ``connect_timeout`` bounds each connection attempt (and a DNS lookup), in seconds.
         The IPv6 listener is skipped when the netns has no ``::1``.
+        ``public_ranges``: CIDRs (``["203.0.113.0/24", "2001:db8:100::/48"]``) whose
+        addresses the SSRF guard counts as public, e.g. a test network on documentation
+        addresses. They never make a metadata, embedded-IPv4 or unspecified address public.
+        A malformed CIDR (no ``/len``, bits set after the prefix, octal/short IPv4) or a
+        range covering a metadata address raises ValueError naming the value.
         Raises :class:`GateError` on failure. Needs root (setns).
         """
 

@@ -13,6 +13,7 @@ use serde_json::{Map, Value};
 use crate::audit::{AuditError, AuditLog};
 use crate::gate::{self as gate, Gate, GateConfig};
 use crate::launcher::{self, SpawnRequest};
+use crate::policy::ssrf::PublicRanges;
 use crate::policy::{self, canonical_host, Policy};
 
 create_exception!(gatewrap._gate_core, PolicyError, PyValueError, "A bad policy file or --allow/--deny value.");
@@ -104,6 +105,7 @@ impl PyPolicy {
                     policy::Origin::File => "file",
                 })?;
                 d.set_item("line", r.line)?;
+                d.set_item("allow_private", r.allow_private)?;
                 Ok(d)
             })
             .collect()
@@ -205,7 +207,7 @@ pub struct PyGate {
 #[pymethods]
 impl PyGate {
     #[new]
-    #[pyo3(signature = (*, run_id, netns_path, policy, audit, listen_port = 3128, nameservers = None, connect_timeout = 10.0))]
+    #[pyo3(signature = (*, run_id, netns_path, policy, audit, listen_port = 3128, nameservers = None, connect_timeout = 10.0, public_ranges = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -216,10 +218,13 @@ impl PyGate {
         listen_port: u16,
         nameservers: Option<Vec<String>>,
         connect_timeout: f64,
+        public_ranges: Option<Vec<String>>,
     ) -> PyResult<Self> {
         if !(connect_timeout.is_finite() && connect_timeout > 0.0) {
             return Err(gate_err(gate::GateError::ConnectTimeout(connect_timeout)));
         }
+        let public_ranges = PublicRanges::parse(public_ranges.as_deref().unwrap_or_default())
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
         let config = GateConfig {
             run_id,
             netns_path,
@@ -228,6 +233,7 @@ impl PyGate {
             listen_port,
             nameservers,
             connect_timeout: Duration::from_secs_f64(connect_timeout),
+            public_ranges,
         };
         let gate = py.allow_threads(move || Gate::start(config)).map_err(gate_err)?;
         Ok(PyGate { inner: gate })

@@ -2,44 +2,19 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
-use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use _gate_core::audit::AuditLog;
 use _gate_core::gate::{Gate, GateConfig};
+use _gate_core::policy::ssrf::PublicRanges;
 use _gate_core::policy::{file::from_toml, Mode, Policy};
+use common::client::{audit_lines, connect, exchange, find, in_netns, read_head, tunnel, upstream};
 use common::{is_root, Netns, TempDir};
 use serde_json::Value;
-
-/// A tiny upstream on host loopback: answers every request with what it received.
-fn upstream() -> SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind upstream");
-    let addr = l.local_addr().expect("addr");
-    std::thread::spawn(move || {
-        for s in l.incoming().flatten() {
-            std::thread::spawn(move || {
-                let mut r = BufReader::new(&s);
-                let mut head = String::new();
-                loop {
-                    let mut line = String::new();
-                    match r.read_line(&mut line) {
-                        Ok(0) | Err(_) => return,
-                        Ok(_) if line == "\r\n" => break,
-                        Ok(_) => head.push_str(&line.to_ascii_lowercase()),
-                    }
-                }
-                let body = format!("got {head}");
-                let resp = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len());
-                let _ = (&s).write_all(resp.as_bytes());
-            });
-        }
-    });
-    addr
-}
 
 /// An upstream that accepts and never answers.
 fn silent_upstream() -> SocketAddr {
@@ -50,80 +25,6 @@ fn silent_upstream() -> SocketAddr {
         drop(held);
     });
     addr
-}
-
-/// Run `f` on a thread that has entered the netns at `ns`.
-fn in_netns<T: Send + 'static>(ns: PathBuf, f: impl FnOnce() -> T + Send + 'static) -> T {
-    std::thread::spawn(move || {
-        let file = std::fs::File::open(&ns).expect("open netns");
-        // SAFETY: setns on this thread only.
-        assert_eq!(unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) }, 0, "setns");
-        f()
-    })
-    .join()
-    .expect("client thread")
-}
-
-fn connect(gate: SocketAddr) -> TcpStream {
-    let s = TcpStream::connect(gate).expect("connect to the gate");
-    s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
-    s
-}
-
-/// Send raw bytes to the gate from inside the netns; return the whole response.
-fn exchange(ns: PathBuf, gate: SocketAddr, request: String) -> String {
-    in_netns(ns, move || {
-        let mut s = connect(gate);
-        s.write_all(request.as_bytes()).expect("send");
-        let mut out = String::new();
-        let _ = s.read_to_string(&mut out);
-        out
-    })
-}
-
-/// Read a response head byte by byte (so tunnel bytes after it stay unread).
-fn read_head(s: &mut TcpStream) -> String {
-    let mut head = Vec::new();
-    let mut b = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        match s.read(&mut b) {
-            Ok(1) => head.push(b[0]),
-            _ => break,
-        }
-    }
-    String::from_utf8_lossy(&head).into_owned()
-}
-
-/// CONNECT, then (if 200) one request through the tunnel. Returns (head, tunnel response).
-fn tunnel(ns: PathBuf, gate: SocketAddr, target: String) -> (String, String) {
-    in_netns(ns, move || {
-        let mut s = connect(gate);
-        s.write_all(format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes()).expect("send");
-        let head = read_head(&mut s);
-        let mut body = String::new();
-        if head.starts_with("HTTP/1.1 200") {
-            s.write_all(b"GET /tunnel HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n").expect("send");
-            let _ = s.read_to_string(&mut body);
-        } else {
-            let _ = s.read_to_string(&mut body);
-        }
-        (head, body)
-    })
-}
-
-fn audit_lines(path: &PathBuf) -> Vec<Value> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("audit line is JSON"))
-        .collect()
-}
-
-fn find<'a>(lines: &'a [Value], event: &str, target: &str) -> &'a Value {
-    lines
-        .iter()
-        .find(|v| v["event"] == event && v["target"] == target)
-        .unwrap_or_else(|| panic!("no {event} record for {target}: {lines:#?}"))
 }
 
 #[test]
@@ -156,6 +57,7 @@ fn gate_forwards_tunnels_denies_and_audits() {
         listen_port: 0,
         nameservers: Some(vec![dns.local_addr().expect("dns addr").to_string()]),
         connect_timeout: Duration::from_secs(1),
+        public_ranges: PublicRanges::default(),
     })
     .expect("gate starts");
     let addrs = gate.listen_addrs().to_vec();
@@ -317,6 +219,7 @@ fn gate_start_failures_say_what_to_do() {
         listen_port: 0,
         nameservers: Some(vec![]),
         connect_timeout: Duration::from_secs(1),
+        public_ranges: PublicRanges::default(),
     })
     .err()
     .map(|e| e.to_string())
@@ -337,6 +240,7 @@ fn start_gate(ns: &Netns, policy_text: &str, audit: &PathBuf) -> (Gate, Arc<RwLo
         listen_port: 0,
         nameservers: Some(vec![]),
         connect_timeout: Duration::from_secs(1),
+        public_ranges: PublicRanges::default(),
     })
     .expect("gate starts");
     (gate, policy)

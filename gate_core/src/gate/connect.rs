@@ -16,7 +16,7 @@ use super::admit::admit;
 use super::respond::{self, Body};
 use super::ctx::Pending;
 use super::target::{split_authority, InvalidPort};
-use super::{dial, Ctx};
+use super::{guard, Ctx};
 
 /// A CONNECT that did not open a tunnel ends the connection: what the client sends next
 /// (typically a TLS ClientHello) is not HTTP.
@@ -47,8 +47,8 @@ async fn open(ctx: Arc<Ctx>, peer: SocketAddr, mut req: Request<Incoming>) -> Re
     }
     let target = adm.host.with_port(port);
     let mut pending = Pending::new(ctx.clone(), rec);
-    match dial::dial(&ctx.resolver, &adm.host, port, ctx.connect_timeout).await {
-        Err(e) => pending.fail(&target, &e),
+    match guard::dial(&ctx, &adm).await {
+        Err(e) => pending.fail(&adm, &e),
         Ok((upstream, addr)) => {
             let rec = pending.rec();
             rec.dst_ip = Some(addr.ip().to_string());

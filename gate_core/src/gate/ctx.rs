@@ -9,8 +9,10 @@ use hickory_resolver::TokioAsyncResolver;
 use hyper::{Request, Response, StatusCode, Uri};
 
 use crate::audit::{fields as f, AuditLog, GateRecord};
+use crate::policy::ssrf::PublicRanges;
 use crate::policy::Policy;
 
+use super::admit::Admission;
 use super::dial::DialError;
 use super::respond;
 
@@ -29,6 +31,8 @@ pub struct Ctx {
     pub(super) resolver: TokioAsyncResolver,
     pub(super) connect_timeout: Duration,
     pub(super) counts: Arc<Counts>,
+    /// Extra ranges the SSRF guard counts as public.
+    pub(super) public_ranges: PublicRanges,
 }
 
 impl Ctx {
@@ -106,9 +110,21 @@ impl Pending {
     }
 
     /// Record an upstream failure (decision `failed`, its cause and address) and return
-    /// the 502/504 that tells the client.
-    pub fn fail(mut self, target: &str, err: &DialError) -> Response<respond::Body> {
-        let resp = respond::upstream_failure(target, err);
+    /// the 502/504 that tells the client; or, for the SSRF guard's refusal, a denial
+    /// (decision `denied`, reason `ssrf: <class> address <ip>`) and its 403.
+    pub fn fail(mut self, adm: &Admission, err: &DialError) -> Response<respond::Body> {
+        if let DialError::Ssrf { ip, class } = err {
+            let resp = respond::ssrf_denied(&adm.host, adm.port, *ip, *class, adm.decision.rule.as_deref());
+            let rec = self.rec();
+            rec.decision = f::DENIED;
+            rec.reason = Some(err.to_string());
+            rec.would = None;
+            rec.dst_ip = Some(ip.to_string());
+            rec.status = Some(resp.status().as_u16());
+            self.finish();
+            return resp;
+        }
+        let resp = respond::upstream_failure(&adm.host.with_port(adm.port), err);
         let rec = self.rec();
         rec.decision = f::FAILED;
         rec.dst_ip = err.addr().map(|a| a.ip().to_string());

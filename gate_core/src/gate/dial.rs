@@ -1,4 +1,6 @@
-//! Resolve (names only, and only after the policy allowed them) and dial upstream.
+//! Resolve (names only, and only after the policy allowed them) and dial upstream. The
+//! SSRF guard (`guard.rs`) sits between the two: [`addresses`] gives it what a destination
+//! resolves to, and [`connect_any`] dials only what it kept, never looking the name up again.
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
@@ -10,6 +12,7 @@ use hyper::StatusCode;
 use tokio::net::TcpStream;
 use tokio::time::timeout;
 
+use crate::policy::ssrf::Class;
 use crate::policy::Host;
 
 /// Why no upstream connection could be made; the text goes to the audit `error` field.
@@ -29,12 +32,16 @@ pub enum DialError {
     Timeout(SocketAddr),
     #[error("upstream: {source}")]
     Io { addr: SocketAddr, source: io::Error },
+    /// The SSRF guard refused every address (this one was the first): answered 403.
+    #[error("ssrf: {class} address {ip}")]
+    Ssrf { ip: IpAddr, class: Class },
 }
 
 impl DialError {
-    /// 504 for timeouts, 502 for everything else.
+    /// 403 for the SSRF guard, 504 for timeouts, 502 for everything else.
     pub fn status(&self) -> StatusCode {
         match self {
+            DialError::Ssrf { .. } => StatusCode::FORBIDDEN,
             DialError::Timeout(_) | DialError::DnsTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
             _ => StatusCode::BAD_GATEWAY,
         }
@@ -79,25 +86,24 @@ fn dialable(name: &str, mut ips: Vec<IpAddr>) -> Result<Vec<IpAddr>, DialError> 
     Ok(ips)
 }
 
-/// Connect to `host:port`: an IP literal directly (never an unspecified one: the policy
-/// denies those, and this refuses them again), a name via its resolved addresses in
-/// order, each attempt bounded by `connect_timeout`. Returns the stream and the address
-/// it is connected to.
-pub async fn dial(
-    resolver: &TokioAsyncResolver,
-    host: &Host,
-    port: u16,
-    connect_timeout: Duration,
-) -> Result<(TcpStream, SocketAddr), DialError> {
-    let ips = match (host, host.ip()) {
-        (_, Some(_)) if host.is_unspecified() => return Err(DialError::Unspecified(host.to_string())),
-        (_, Some(ip)) => vec![ip],
-        (Host::Name(name), None) => resolve(resolver, name, connect_timeout).await?,
-        (other, None) => return Err(DialError::NoAddress(other.to_string())),
-    };
-    let mut last = DialError::NoAddress(host.to_string());
+/// The addresses `host` stands for: an IP literal itself (never an unspecified one: the
+/// policy denies those, and this refuses them again), a name its resolved addresses, in
+/// order, the lookup bounded by `limit`.
+pub async fn addresses(resolver: &TokioAsyncResolver, host: &Host, limit: Duration) -> Result<Vec<IpAddr>, DialError> {
+    match (host, host.ip()) {
+        (_, Some(_)) if host.is_unspecified() => Err(DialError::Unspecified(host.to_string())),
+        (_, Some(ip)) => Ok(vec![ip]),
+        (Host::Name(name), None) => resolve(resolver, name, limit).await,
+        (other, None) => Err(DialError::NoAddress(other.to_string())),
+    }
+}
+
+/// Connect to the first of `ips` (on `port`) that answers, each attempt bounded by
+/// `connect_timeout`. Returns the stream and the address it is connected to.
+pub async fn connect_any(ips: &[IpAddr], port: u16, connect_timeout: Duration) -> Result<(TcpStream, SocketAddr), DialError> {
+    let mut last = DialError::NoAddress(String::from("(no address)"));
     for ip in ips {
-        let addr = SocketAddr::new(ip, port);
+        let addr = SocketAddr::new(*ip, port);
         match timeout(connect_timeout, TcpStream::connect(addr)).await {
             Ok(Ok(stream)) => {
                 let _ = stream.set_nodelay(true);

@@ -17,7 +17,7 @@ use super::admit::decide;
 use super::respond::{self, Body};
 use super::ctx::Pending;
 use super::target::{check_host_header, split_authority, HostHeaderError, InvalidPort, HTTP_DEFAULT_PORT};
-use super::{dial, Ctx};
+use super::{guard, Ctx};
 
 /// Headers that describe one hop and are never forwarded (RFC 9110 §7.6.1), besides the
 /// ones the `Connection` header names.
@@ -90,9 +90,9 @@ pub async fn handle(ctx: Arc<Ctx>, peer: SocketAddr, req: Request<Incoming>) -> 
     }
     let target = adm.host.with_port(port);
     let mut pending = Pending::new(ctx.clone(), rec);
-    let (stream, addr) = match dial::dial(&ctx.resolver, &adm.host, port, ctx.connect_timeout).await {
+    let (stream, addr) = match guard::dial(&ctx, &adm).await {
         Ok(ok) => ok,
-        Err(e) => return pending.fail(&target, &e),
+        Err(e) => return pending.fail(&adm, &e),
     };
     pending.rec().dst_ip = Some(addr.ip().to_string());
 

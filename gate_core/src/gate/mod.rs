@@ -6,6 +6,7 @@ mod connect;
 mod ctx;
 pub mod dial;
 mod forward;
+mod guard;
 mod malformed;
 pub mod netns;
 pub mod respond;
@@ -23,6 +24,7 @@ use hickory_resolver::config::{NameServerConfigGroup, ResolverConfig, ResolverOp
 use hickory_resolver::TokioAsyncResolver;
 
 use crate::audit::AuditLog;
+use crate::policy::ssrf::PublicRanges;
 use crate::policy::Policy;
 
 pub use ctx::Counts;
@@ -61,6 +63,8 @@ pub struct GateConfig {
     /// `None`: the host's /etc/resolv.conf.
     pub nameservers: Option<Vec<String>>,
     pub connect_timeout: Duration,
+    /// Ranges the SSRF guard counts as public besides the globally reachable ones.
+    pub public_ranges: PublicRanges,
 }
 
 fn parse_nameservers(list: &[String]) -> Result<ResolverConfig, GateError> {
@@ -120,6 +124,7 @@ impl Gate {
                 resolver: resolver(config.nameservers.as_deref())?,
                 connect_timeout: config.connect_timeout,
                 counts: counts.clone(),
+                public_ranges: config.public_ranges,
             })
         };
         for l in listeners {

@@ -1,4 +1,4 @@
-//! The gate's own responses: 403 (policy), 400 (not a proxy request), 502/504 (upstream).
+//! The gate's own responses: 403 (policy, SSRF guard), 400 (not a proxy request), 502/504 (upstream).
 
 use bytes::Bytes;
 use http_body_util::combinators::BoxBody;
@@ -6,6 +6,9 @@ use http_body_util::{BodyExt, Empty, Full};
 use hyper::header::{HeaderValue, CONTENT_TYPE};
 use hyper::{Response, StatusCode};
 
+use std::net::IpAddr;
+
+use crate::policy::ssrf::Class;
 use crate::policy::{Decision, Host};
 
 use super::dial::DialError;
@@ -53,6 +56,61 @@ pub fn denied_body(host: &Host, port: u16, decision: &Decision) -> String {
 
 pub fn denied(host: &Host, port: u16, decision: &Decision) -> Response<Body> {
     text(StatusCode::FORBIDDEN, "denied", denied_body(host, port, decision))
+}
+
+/// A policy snippet that allows `host` on `port`.
+fn rule_block(host: &Host, port: u16, extra: &str) -> String {
+    format!("  [[rule]]\n  host = \"{host}\"\n  port = {port}\n  action = \"allow\"\n{extra}")
+}
+
+/// The text of the SSRF guard's 403: the host, the address and its class, and how to allow
+/// it (a rule naming the address; `allow_private` where it applies; `public_ranges` for
+/// a test network).
+pub fn ssrf_body(host: &Host, port: u16, ip: IpAddr, class: Class, rule: Option<&str>) -> String {
+    let hp = host.with_port(port);
+    let addr = Host::from(ip);
+    let ap = addr.with_port(port);
+    let a = if class.as_str().starts_with(['a', 'e', 'i', 'o', 'u']) { "an" } else { "a" };
+    let what = match host {
+        Host::Name(name) => format!("{name} resolves to {ip}, {a} {class} address"),
+        _ => format!("{ip} is {a} {class} address"),
+    };
+    let mut body = format!(
+        "gatewrap: egress to {hp} was denied: {what}, which the gate dials only when a rule \
+         allows it (SSRF guard).\n"
+    );
+    let named = rule_block(&addr, port, "");
+    let how = match (class, host) {
+        (Class::Metadata, _) => format!(
+            "Cloud metadata endpoints hand out credentials; `allow_private` never covers them. \
+             If the agent must reach it, run with --allow {ap} or name the address in your policy:\n{named}"
+        ),
+        (Class::EmbeddedIpv4, _) => format!(
+            "An IPv6 address that embeds an IPv4 address can reach any IPv4 host; it is dialled \
+             only when a rule names it exactly: run with --allow {ap} or add to your policy:\n{named}"
+        ),
+        (c, Host::Name(name)) if c.allow_private_covers() => {
+            let which = match rule {
+                Some(id) => format!("rule {id}"),
+                None => format!("a rule for {name}"),
+            };
+            format!(
+                "To allow it, add `allow_private = true` to {which}:\n{}\
+                 or allow only this address: run with --allow {ap} or add to your policy:\n{named}",
+                rule_block(host, port, "  allow_private = true\n")
+            )
+        }
+        _ => format!("To allow it, run with --allow {ap} or add to your policy:\n{named}"),
+    };
+    body.push_str(&how);
+    if matches!(class, Class::Documentation | Class::Benchmarking | Class::Reserved) {
+        body.push_str("If it is part of a test network, list its range in the gate's public_ranges.\n");
+    }
+    body
+}
+
+pub fn ssrf_denied(host: &Host, port: u16, ip: IpAddr, class: Class, rule: Option<&str>) -> Response<Body> {
+    text(StatusCode::FORBIDDEN, "denied", ssrf_body(host, port, ip, class, rule))
 }
 
 pub fn bad_request(msg: &str) -> Response<Body> {

@@ -13,6 +13,7 @@ const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
 #[repr(u8)]
 pub enum Step {
     Signals = 1,
+    Setsid,
     Setns,
     Cgroup,
     Unshare,
@@ -30,8 +31,9 @@ pub enum Step {
 }
 
 impl Step {
-    const ALL: [Step; 15] = [
+    const ALL: [Step; 16] = [
         Step::Signals,
+        Step::Setsid,
         Step::Setns,
         Step::Cgroup,
         Step::Unshare,
@@ -57,6 +59,7 @@ impl fmt::Display for Step {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             Step::Signals => "resetting SIGPIPE/SIGXFSZ",
+            Step::Setsid => "setsid",
             Step::Setns => "setns into the sandbox netns",
             Step::Cgroup => "joining the sandbox cgroup",
             Step::Unshare => "unshare(CLONE_NEWNS | CLONE_NEWCGROUP)",
@@ -169,6 +172,9 @@ impl Plan {
             if libc::pthread_sigmask(libc::SIG_SETMASK, empty.as_ptr(), std::ptr::null_mut()) != 0 {
                 return Err(self.fail(Step::Signals));
             }
+            // A session of its own: no controlling terminal, so TIOCSTI cannot type into the
+            // shell gatewrap was started from (tty_ioctl(4)); gatewrap forwards Ctrl-C.
+            self.check(Step::Setsid, libc::setsid().into())?;
             self.check(Step::Setns, libc::setns(self.netns_fd, libc::CLONE_NEWNET).into())?;
             let n = libc::write(self.procs_fd, b"0".as_ptr().cast(), 1);
             self.check(Step::Cgroup, n as libc::c_long)?;

@@ -9,6 +9,9 @@
 //! host = "*.example.com" # required: exact host, IP literal, or "*." + name (strict subdomains)
 //! ports = [443, 8443]    # optional: `port = N` or `ports = [..]`; none = 80 and 443
 //! action = "allow"       # required: "allow" | "deny"
+//! allow_private = true   # optional (allow rules on names only): the names may resolve to
+//!                        # loopback/private/link-local/CGNAT/documentation/reserved
+//!                        # addresses; never metadata nor IPv6-embedded IPv4
 //! ```
 //! Any other key is refused with its line; keys the design has but the gate does not do yet
 //! (`methods`, `path`, `timeout`, `budget`, `inspect`, action `ask`) say "not supported yet".
@@ -16,7 +19,7 @@
 use serde::Deserialize;
 use toml::Spanned;
 
-use super::canon::canonical_pattern;
+use super::canon::{canonical_pattern, Host, HostPattern};
 use super::rules::{Action, Mode, Origin, Policy, Ports, Rule};
 use super::PolicyError;
 
@@ -40,6 +43,7 @@ struct RuleSchema {
     port: Option<Spanned<i64>>,
     ports: Option<Spanned<Vec<Spanned<i64>>>>,
     action: Spanned<String>,
+    allow_private: Option<Spanned<bool>>,
 }
 
 /// Reads policy text; `source` names the file in messages and rule ids.
@@ -104,13 +108,28 @@ impl Reader<'_> {
             (None, None) => Ports::Web,
         };
         let line = self.line(spanned.span().start);
+        let action = self.action(&r.action)?;
+        let allow_private = match &r.allow_private {
+            Some(v) if *v.get_ref() && action != Action::Allow => {
+                return Err(self.err(v.span().start, "`allow_private` only applies to \"allow\" rules"))
+            }
+            Some(v) if *v.get_ref() && !matches!(host, HostPattern::Exact(Host::Name(_)) | HostPattern::Subdomains(_)) => {
+                return Err(self.err(
+                    v.span().start,
+                    "`allow_private` applies to names; a rule naming an address allows it already",
+                ))
+            }
+            Some(v) => *v.get_ref(),
+            None => false,
+        };
         Ok(Rule {
             id: format!("{}:rule[{}]", self.source, index + 1),
             host,
             ports,
-            action: self.action(&r.action)?,
+            action,
             origin: Origin::File,
             line: Some(line),
+            allow_private,
         })
     }
 

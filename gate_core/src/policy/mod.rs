@@ -3,6 +3,7 @@
 pub mod canon;
 pub mod file;
 pub mod rules;
+pub mod ssrf;
 #[cfg(test)]
 mod tests;
 
@@ -44,6 +45,7 @@ impl Policy {
             action,
             origin: Origin::Cli,
             line: None,
+            allow_private: false,
         });
         Ok(())
     }

@@ -1,5 +1,7 @@
 //! The policy model (independent of the file format) and the one decision function.
 
+use std::net::IpAddr;
+
 use super::canon::{Host, HostPattern};
 
 /// Ports a rule without `port`/`ports` applies to: plain HTTP and HTTPS.
@@ -77,6 +79,10 @@ pub struct Rule {
     pub origin: Origin,
     /// 1-based line of the `[[rule]]` header, for file rules.
     pub line: Option<usize>,
+    /// `allow_private = true`: the names this (allow) rule matches may resolve to
+    /// loopback, private, link-local, CGNAT, documentation, benchmarking and reserved
+    /// addresses (never metadata nor embedded IPv4; see `ssrf::Class::allow_private_covers`).
+    pub allow_private: bool,
 }
 
 impl Rule {
@@ -96,6 +102,8 @@ pub struct Decision {
     /// True when no rule and no mode can change the outcome: the destination is one the
     /// gate never dials (an unspecified address). `report` mode does not override it.
     pub fixed: bool,
+    /// The matching rule allows and has `allow_private = true` (see [`Rule::allow_private`]).
+    pub allow_private: bool,
 }
 
 /// Reason of the fixed denial of an unspecified address (`0.0.0.0`, `::`).
@@ -143,7 +151,13 @@ impl Policy {
     /// `would = "deny"`.
     pub fn decide(&self, host: &Host, port: u16) -> Decision {
         if host.is_unspecified() {
-            return Decision { action: Action::Deny, reason: REASON_UNSPECIFIED.into(), rule: None, fixed: true };
+            return Decision {
+                action: Action::Deny,
+                reason: REASON_UNSPECIFIED.into(),
+                rule: None,
+                fixed: true,
+                allow_private: false,
+            };
         }
         match self.rules().find(|r| r.matches(host, port)) {
             Some(rule) => Decision {
@@ -151,13 +165,27 @@ impl Policy {
                 reason: format!("policy: rule {}", rule.id),
                 rule: Some(rule.id.clone()),
                 fixed: false,
+                allow_private: rule.allow_private && rule.action == Action::Allow,
             },
             None => Decision {
                 action: self.default,
                 reason: format!("policy: default {}", self.default.as_str()),
                 rule: None,
                 fixed: false,
+                allow_private: false,
             },
         }
+    }
+
+    /// The id of the rule that allows `ip` on `port` by naming it: the first rule matching
+    /// the IP literal is an `allow` rule (only an exact rule can match a literal). The SSRF
+    /// guard lets a non-public address through when a rule names it, whatever its class and
+    /// whichever host resolved to it: the agent could ask for the address directly anyway.
+    pub fn names_ip(&self, ip: IpAddr, port: u16) -> Option<&str> {
+        let host = Host::from(ip);
+        self.rules()
+            .find(|r| r.matches(&host, port))
+            .filter(|r| r.action == Action::Allow && r.host == HostPattern::Exact(host.clone()))
+            .map(|r| r.id.as_str())
     }
 }

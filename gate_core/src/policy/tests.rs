@@ -184,6 +184,9 @@ fn bad_files_name_the_line_and_key() {
         ("empty ports", "[[rule]]\nhost = \"a.test\"\nports = []\naction = \"allow\"\n", "p.toml:3: `ports` is empty"),
         ("version 2", "version = 2\n", "p.toml:1: unsupported version 2: only 1 is known"),
         ("a bad mode", "mode = \"audit\"\n", "p.toml:1: invalid mode \"audit\": expected \"enforce\" or \"report\""),
+        ("allow_private on a deny rule", "[[rule]]\nhost = \"a.test\"\naction = \"deny\"\nallow_private = true\n", "p.toml:4: `allow_private` only applies to \"allow\" rules"),
+        ("allow_private on an address", "[[rule]]\nhost = \"10.0.0.1\"\naction = \"allow\"\nallow_private = true\n", "p.toml:4: `allow_private` applies to names; a rule naming an address allows it already"),
+        ("allow_private not a bool", "[[rule]]\nhost = \"a.test\"\naction = \"allow\"\nallow_private = \"yes\"\n", "p.toml:4: invalid type: string \"yes\", expected a boolean"),
     ];
     for (case, text, want) in table {
         match from_toml(text, "p.toml") {
@@ -267,4 +270,40 @@ fn unspecified_destinations_are_denied_whatever_the_rules() {
         assert!(!h.is_unspecified(), "{other}");
         assert_eq!(p.decide(&h, 80).action, Action::Allow, "{other}");
     }
+}
+
+#[test]
+fn allow_private_is_carried_by_allow_decisions() {
+    let text = "default = \"allow\"\n\n[[rule]]\nhost = \"*.corp.test\"\naction = \"allow\"\nallow_private = true\n\n\
+                [[rule]]\nhost = \"plain.test\"\naction = \"allow\"\nallow_private = false\n";
+    let p = from_toml(text, "p.toml").expect("parses");
+    assert_eq!(p.file_rules.iter().map(|r| r.allow_private).collect::<Vec<_>>(), vec![true, false]);
+    let d = |h: &str| p.decide(&Host::Name(h.into()), 443).allow_private;
+    assert!(d("git.corp.test"));
+    assert!(!d("plain.test"));
+    assert!(!d("other.test"), "the default never allows private addresses");
+}
+
+#[test]
+fn names_ip_needs_an_allow_rule_naming_the_address_and_port() {
+    let text = "default = \"allow\"\n\n[[rule]]\nhost = \"10.0.0.9\"\naction = \"deny\"\n\n\
+                [[rule]]\nhost = \"10.0.0.9\"\naction = \"allow\"\n\n\
+                [[rule]]\nhost = \"169.254.169.254\"\nport = 80\naction = \"allow\"\n\n\
+                [[rule]]\nhost = \"::ffff:127.0.0.1\"\nport = 8080\naction = \"allow\"\n";
+    let p = from_toml(text, "p.toml").expect("parses");
+    let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap_or_else(|e| panic!("{s}: {e}"));
+    let table: &[(&str, u16, Option<&str>)] = &[
+        ("169.254.169.254", 80, Some("p.toml:rule[3]")),
+        ("169.254.169.254", 443, None),
+        ("10.0.0.9", 443, None),
+        ("::ffff:127.0.0.1", 8080, Some("p.toml:rule[4]")),
+        ("127.0.0.1", 8080, None),
+        ("10.0.0.8", 443, None),
+    ];
+    for (addr, port, want) in table {
+        assert_eq!(p.names_ip(ip(addr), *port), *want, "{addr}:{port}");
+    }
+    let mut cli = Policy::new(Action::Deny);
+    cli.add_rule("[fd00:ec2::254]:80", "allow", "--allow [fd00:ec2::254]:80").expect("rule");
+    assert_eq!(cli.names_ip(ip("fd00:ec2::254"), 80), Some("--allow [fd00:ec2::254]:80"));
 }

@@ -2,6 +2,9 @@
 
 #![allow(dead_code)]
 
+pub mod client;
+pub mod dns;
+
 use std::path::PathBuf;
 use std::process::Command;
 

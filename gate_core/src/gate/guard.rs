@@ -1,0 +1,109 @@
+//! The SSRF guard at dial time (contract 4): every address a destination stands for is
+//! classified on every request, and the gate dials only the ones kept.
+//!
+//! An address is kept when it is public (by the registries or the gate's
+//! `public_ranges`), when an `allow` rule names it exactly (any class, metadata included),
+//! or when the destination is a name whose rule has `allow_private = true` and the class
+//! is one that covers (see [`Class::allow_private_covers`]). Nothing is cached: a name
+//! that resolved to a public address once is judged again on its next lookup (DNS
+//! rebinding), and the address dialled is the one judged (no second lookup).
+
+use std::net::{IpAddr, SocketAddr};
+
+use tokio::net::TcpStream;
+
+use crate::policy::ssrf::{Class, PublicRanges};
+use crate::policy::{Host, Policy};
+
+use super::admit::Admission;
+use super::dial::{self, DialError};
+use super::Ctx;
+
+/// Resolve (names only), screen, and connect to the first kept address that answers.
+pub async fn dial(ctx: &Ctx, adm: &Admission) -> Result<(TcpStream, SocketAddr), DialError> {
+    let ips = dial::addresses(&ctx.resolver, &adm.host, ctx.connect_timeout).await?;
+    let kept = {
+        let policy = ctx.policy.read().unwrap_or_else(|p| p.into_inner());
+        let allow_private = adm.decision.allow_private && matches!(adm.host, Host::Name(_));
+        screen(&policy, &ctx.public_ranges, allow_private, adm.port, ips)?
+    };
+    dial::connect_any(&kept, adm.port, ctx.connect_timeout).await
+}
+
+/// The addresses of `ips` the gate may dial on `port`, in order; when none is left, the
+/// first refused one and its class ([`DialError::Ssrf`]). `allow_private`: the destination
+/// is a name whose deciding rule has `allow_private = true`.
+pub fn screen(
+    policy: &Policy,
+    ranges: &PublicRanges,
+    allow_private: bool,
+    port: u16,
+    ips: Vec<IpAddr>,
+) -> Result<Vec<IpAddr>, DialError> {
+    let mut refused: Option<(IpAddr, Class)> = None;
+    let mut kept = Vec::with_capacity(ips.len());
+    for ip in ips {
+        let class = ranges.classify(ip);
+        let allowed = class == Class::Public
+            || policy.names_ip(ip, port).is_some()
+            || (allow_private && class.allow_private_covers());
+        if allowed {
+            kept.push(ip);
+        } else {
+            tracing::debug!(dst.ip = %ip, class = %class, "ssrf guard: address dropped");
+            refused.get_or_insert((ip, class));
+        }
+    }
+    match (kept.is_empty(), refused) {
+        (true, Some((ip, class))) => Err(DialError::Ssrf { ip, class }),
+        _ => Ok(kept),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::file::from_toml;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap_or_else(|e| panic!("{s}: {e}"))
+    }
+
+    fn ips(list: &[&str]) -> Vec<IpAddr> {
+        list.iter().map(|s| ip(s)).collect()
+    }
+
+    #[test]
+    fn screening_keeps_public_named_and_allow_private_addresses() {
+        let text = "default = \"allow\"\n\n[[rule]]\nhost = \"169.254.169.254\"\nport = 80\naction = \"allow\"\n\n\
+                    [[rule]]\nhost = \"::ffff:10.0.0.1\"\nport = 80\naction = \"allow\"\n";
+        let policy = from_toml(text, "p.toml").unwrap_or_else(|e| panic!("{e}"));
+        let ranges = PublicRanges::parse(&["203.0.113.0/24"]).unwrap_or_else(|e| panic!("{e}"));
+        let refused = |class, addr: &str| Err::<Vec<IpAddr>, (Class, IpAddr)>((class, ip(addr)));
+        #[allow(clippy::type_complexity)]
+        let table: &[(&str, bool, u16, &[&str], Result<Vec<IpAddr>, (Class, IpAddr)>)] = &[
+            ("public", false, 80, &["8.8.8.8"], Ok(ips(&["8.8.8.8"]))),
+            ("loopback", false, 80, &["127.0.0.1"], refused(Class::Loopback, "127.0.0.1")),
+            ("loopback, allow_private", true, 80, &["127.0.0.1"], Ok(ips(&["127.0.0.1"]))),
+            ("private dropped, public kept", false, 80, &["10.0.0.1", "8.8.8.8"], Ok(ips(&["8.8.8.8"]))),
+            ("the first refusal is reported", false, 80, &["10.0.0.1", "fe80::1"], refused(Class::Private, "10.0.0.1")),
+            ("metadata, allow_private", true, 443, &["169.254.169.254"], refused(Class::Metadata, "169.254.169.254")),
+            ("metadata, named", false, 80, &["169.254.169.254"], Ok(ips(&["169.254.169.254"]))),
+            ("embedded, allow_private", true, 80, &["::ffff:127.0.0.1"], refused(Class::EmbeddedIpv4, "::ffff:127.0.0.1")),
+            ("embedded, named", false, 80, &["::ffff:10.0.0.1"], Ok(ips(&["::ffff:10.0.0.1"]))),
+            ("documentation listed public", false, 80, &["203.0.113.7"], Ok(ips(&["203.0.113.7"]))),
+            ("documentation not listed", false, 80, &["198.51.100.7"], refused(Class::Documentation, "198.51.100.7")),
+            ("documentation, allow_private", true, 80, &["198.51.100.7"], Ok(ips(&["198.51.100.7"]))),
+            ("multicast, allow_private", true, 80, &["224.0.0.1"], refused(Class::Multicast, "224.0.0.1")),
+        ];
+        for (case, allow_private, port, input, want) in table {
+            let got = screen(&policy, &ranges, *allow_private, *port, ips(input)).map_err(|e| match e {
+                DialError::Ssrf { ip, class } => (class, ip),
+                other => panic!("{case}: {other}"),
+            });
+            assert_eq!(&got, want, "{case}");
+        }
+        let e = screen(&policy, &ranges, false, 80, ips(&["100.64.0.1"])).err().map(|e| e.to_string());
+        assert_eq!(e.as_deref(), Some("ssrf: cgnat address 100.64.0.1"));
+    }
+}
