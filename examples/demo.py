@@ -27,6 +27,8 @@ def main() -> int:
         # The fake internet's CA is under /tmp, which the jail replaces: show it read-only.
         cmd = ["gatewrap", "run", "--allow", "allowed.test", "--resolver", net.dns_server,
                "--ro-bind", net.tmpdir, "--audit-log", audit,
+               # the fake internet uses documentation addresses: count them as public
+               "--public-range", "203.0.113.0/24", "--public-range", "2001:db8:100::/48",
                "--", "/usr/bin/python3", str(ROOT / "examples" / "agent.py")]
         print("$ " + " ".join(cmd), flush=True)
         rc = subprocess.run(cmd, env=env).returncode

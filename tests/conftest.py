@@ -21,6 +21,9 @@ from fakenet import FakeInternet, cleanup_leftovers
 ROOT = Path(__file__).resolve().parent.parent
 #: The agents of the tests run as this user (as if `sudo` had been run by it).
 AGENT_UID = 65534
+#: The fake internet's servers live in documentation ranges, which the SSRF guard does not
+#: count as public unless told (the documented --public-range setting, no test-only path).
+PUBLIC_RANGES = ("--public-range", "203.0.113.0/24", "--public-range", "2001:db8:100::/48")
 #: Debian's interpreter: readable by the agent's user, with python3-requests.
 AGENT_PYTHON = "/usr/bin/python3"
 
@@ -91,7 +94,8 @@ def gatewrap(net, tmp_path):
         if python is not None:
             argv = [AGENT_PYTHON, "-c", textwrap.dedent(python)]
         cmd = gatewrap_cmd("run", "--audit-log", str(audit), "--resolver", net.dns_server,
-                           "--workdir", "/tmp", "--ro-bind", net.tmpdir, "--ro-bind", str(ROOT))
+                           "--workdir", "/tmp", "--ro-bind", net.tmpdir, "--ro-bind", str(ROOT),
+                           *PUBLIC_RANGES)
         for a in allow:
             cmd += ["--allow", a]
         for d in deny:

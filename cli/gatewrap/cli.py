@@ -48,6 +48,9 @@ def cli() -> None:
 @click.option("--resolver", "nameservers", multiple=True, metavar="IP[:PORT]", callback=lambda c, p, v: [_with_port(x, 53) for x in v],
               help="DNS server the gate resolves through (port 53 by default; IPv6 as [ADDR]:PORT). "
                    "Default: the host's /etc/resolv.conf. Repeatable.")
+@click.option("--public-range", "public_ranges", multiple=True, metavar="CIDR",
+              help="Treat addresses in CIDR as public for the SSRF guard (e.g. a lab network in a "
+                   "documentation range). Never covers metadata addresses. Repeatable.")
 @click.option("--port", default=3128, show_default=True, type=click.IntRange(1, 65535),
               help="Port of the gate inside the sandbox (127.0.0.1 and [::1]).")
 @click.option("--workdir", type=click.Path(file_okay=False, exists=True), metavar="DIR",
@@ -56,7 +59,8 @@ def cli() -> None:
               help="Run the agent under nsjail (private mount/pid/ipc/uts namespaces, read-only system, "
                    "private /tmp and /run, seccomp). 'none' is weaker and says so.")
 @click.option("--ro-bind", "ro_binds", multiple=True, type=click.Path(exists=True), metavar="PATH",
-              help="Make host PATH visible read-only in the jail (e.g. a CA bundle under /tmp). Repeatable.")
+              help="Make host PATH visible read-only in the jail (e.g. a CA bundle under /tmp). Unix sockets "
+                   "in it stay connectable: never bind /run or /var/run. Repeatable.")
 @click.option("--bind", "rw_binds", multiple=True, type=click.Path(exists=True), metavar="PATH",
               help="Make host PATH visible and writable in the jail. Repeatable.")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
@@ -68,7 +72,7 @@ def cli() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the closing summary as one JSON object on stderr.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def run(allow: tuple[str, ...], deny: tuple[str, ...], policy_file: str | None, user: str | None,
-        audit_log: str, nameservers: tuple[str, ...], port: int, workdir: str | None, jail: str,
+        audit_log: str, nameservers: tuple[str, ...], public_ranges: tuple[str, ...], port: int, workdir: str | None, jail: str,
         ro_binds: tuple[str, ...], rw_binds: tuple[str, ...], timeout: float | None, memory: int | None,
         cpus: float | None, pids: int | None, as_json: bool, command: tuple[str, ...]) -> int:
     """Run COMMAND in a sandbox whose only egress is the gate.
@@ -93,7 +97,7 @@ def run(allow: tuple[str, ...], deny: tuple[str, ...], policy_file: str | None, 
                       user=user, audit_log=audit_log, nameservers=list(nameservers) or None, port=port,
                       cwd=workdir, jail=jail, ro_binds=[os.path.abspath(p) for p in ro_binds],
                       rw_binds=[os.path.abspath(p) for p in rw_binds], timeout=timeout,
-                      limits=Limits(memory=memory, cpus=cpus, pids=pids))
+                      limits=Limits(memory=memory, cpus=cpus, pids=pids), public_ranges=list(public_ranges))
     result = do_run(opts)
     if as_json:
         click.echo(json.dumps(result.as_record()), err=True)

@@ -29,10 +29,9 @@ from .sandbox import cgroup, gc, jail, limits, netns, registry, user
 DEFAULT_AUDIT_LOG = "/var/log/gatewrap/audit.jsonl"
 GATE_IP4 = "127.0.0.1"
 GATE_IP6 = "::1"
-#: Signals forwarded to the agent. SIGINT from the terminal reaches the agent directly
-#: (same foreground process group), so only a SIGINT sent by a process is forwarded.
+#: Signals forwarded to the agent, which runs in a session of its own (no controlling
+#: terminal), so Ctrl-C reaches it only through gatewrap.
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
-SI_USER = 0
 PR_SET_CHILD_SUBREAPER = 36
 
 
@@ -54,6 +53,7 @@ class RunOptions:
     rw_binds: list[str] = field(default_factory=list)
     timeout: float | None = None
     limits: limits.Limits = field(default_factory=limits.Limits)
+    public_ranges: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -152,8 +152,6 @@ def _wait_forwarding_signals(pid: int, timeout: float | None, leaf: str, err: Te
         info = signal.sigtimedwait(waitset, wait)
         if info is None or info.si_signo == signal.SIGCHLD:
             continue
-        if info.si_signo == signal.SIGINT and info.si_code != SI_USER:
-            continue  # from the terminal: the agent got it too
         with contextlib.suppress(ProcessLookupError):
             os.kill(_signal_target(pid), info.si_signo)
 
@@ -247,9 +245,12 @@ def run(opts: RunOptions, stderr: TextIO | None = None) -> RunResult:
         undo.callback(denials.stop)
         try:
             gate = core.Gate(run_id=run_id, netns_path=ns_path, policy=policy, audit=audit,
-                             listen_port=opts.port, nameservers=opts.nameservers)
+                             listen_port=opts.port, nameservers=opts.nameservers,
+                             public_ranges=opts.public_ranges)
         except core.GateError as e:
             raise GatewrapError(f"the gate could not start: {e}") from e
+        except ValueError as e:
+            raise GatewrapError(f"--public-range: {e}") from e
         undo.callback(gate.stop)
         loader.verify_attached(parent, hooks.pin_dir)
 

@@ -28,6 +28,7 @@ enum gw_verdict {
 	GW_DENY_NO_ADDR = 3,    /* sendmsg saw a zeroed destination (control message) */
 	GW_DENY_SOCK_KIND = 4,  /* socket type/protocol other than TCP or UDP (raw, ping, SCTP, ...) */
 	GW_DENY_IP_OPTIONS = 5, /* IPv4 options or IPv6 extension headers (source routing) */
+	GW_DENY_FAMILY = 6,     /* a destination of another address family than the hook's */
 };
 
 /* Per-run configuration, keyed by the run's cgroup id (cgroup directory inode). */

@@ -68,17 +68,26 @@ static __always_inline int check6(struct bpf_sock_addr *ctx, __u8 hook)
 	return deny6(ctx, cgid, hook, GW_DENY_NOT_GATE, ip6);
 }
 
+/* A destination of another family (AF_UNSPEC, say) is refused, and recorded. */
+static __always_inline int other_family(struct bpf_sock_addr *ctx, __u8 hook)
+{
+	struct gw_event ev = {};
+
+	fill_event(&ev, ctx, bpf_get_current_cgroup_id(), hook, GW_DENY_FAMILY);
+	return deny(&ev);
+}
+
 int gw_connect4(struct bpf_sock_addr *ctx)
 {
 	if (ctx->user_family != AF_INET)
-		return 0;
+		return other_family(ctx, GW_HOOK_CONNECT4);
 	return check4(ctx, GW_HOOK_CONNECT4);
 }
 
 int gw_connect6(struct bpf_sock_addr *ctx)
 {
 	if (ctx->user_family != AF_INET6)
-		return 0;
+		return other_family(ctx, GW_HOOK_CONNECT6);
 	return check6(ctx, GW_HOOK_CONNECT6);
 }
 
@@ -86,13 +95,13 @@ int gw_connect6(struct bpf_sock_addr *ctx)
 int gw_sendmsg4(struct bpf_sock_addr *ctx)
 {
 	if (ctx->user_family != AF_INET)
-		return 0;
+		return other_family(ctx, GW_HOOK_SENDMSG4);
 	return check4(ctx, GW_HOOK_SENDMSG4);
 }
 
 int gw_sendmsg6(struct bpf_sock_addr *ctx)
 {
 	if (ctx->user_family != AF_INET6)
-		return 0;
+		return other_family(ctx, GW_HOOK_SENDMSG6);
 	return check6(ctx, GW_HOOK_SENDMSG6);
 }

@@ -73,6 +73,7 @@ HOOK_NAMES = {1: "connect4", 2: "connect6", 3: "sendmsg4", 4: "sendmsg6", 5: "so
 VERDICT_NAMES = {
     1: "not the gate", 2: "no run configured for this cgroup", 3: "no destination address",
     4: "socket kind not allowed (only TCP and UDP)", 5: "IP options or IPv6 extension headers",
+    6: "unexpected address family",
 }
 
 

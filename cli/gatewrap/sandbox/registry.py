@@ -25,9 +25,13 @@ def claim(run_id: str, audit_log: str) -> int:
     The fd is close-on-exec, so the agent never inherits it.
     """
     os.makedirs(RUNS_DIR, mode=0o755, exist_ok=True)
-    fd = os.open(lock_path(run_id), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    # Locked under a private name, then renamed into place: a lock file that gc can see is
+    # always already held, so gc never mistakes a starting run for a dead one.
+    tmp = os.path.join(RUNS_DIR, f".{run_id}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     os.write(fd, json.dumps({"audit_log": os.path.abspath(audit_log), "pid": os.getpid()}).encode())
+    os.rename(tmp, lock_path(run_id))
     return fd
 
 

@@ -46,7 +46,8 @@ pub struct AuditLog {
 }
 
 impl AuditLog {
-    /// Open (create) `path` with mode 0640, creating missing parents with mode 0750.
+    /// Open (create) `path` with mode 0640, creating missing parents with mode 0750. A
+    /// symbolic link at `path` is refused (`ELOOP`), never followed.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, AuditError> {
         let path = path.as_ref().to_path_buf();
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
@@ -60,7 +61,9 @@ impl AuditLog {
             .append(true)
             .create(true)
             .mode(0o640)
-            .custom_flags(libc::O_CLOEXEC)
+            // O_NOFOLLOW: a symlink planted where the log goes (by an agent, in a folder it
+            // can write) must not make root append to the file it points to (open(2)).
+            .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
             .open(&path)
             .map_err(|source| AuditError::Open { path: path.clone(), source })?;
         Ok(AuditLog { path, file: Mutex::new(file) })
