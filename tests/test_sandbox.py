@@ -223,3 +223,15 @@ def test_a_workdir_the_agent_cannot_enter_is_refused_and_one_it_cannot_write_get
     r = gatewrap(["/bin/true"], extra=["--workdir", "/usr"])
     assert r.returncode == 0, r.stderr
     assert "cannot write its working directory /usr" in r.stderr
+
+
+def test_an_audit_log_that_is_a_symlink_is_refused_and_its_target_untouched(tmp_path):
+    victim = tmp_path / "victim.conf"
+    victim.write_text("precious\n")
+    link = tmp_path / "audit.jsonl"
+    link.symlink_to(victim)
+    p = subprocess.run(gatewrap_cmd("run", "--audit-log", str(link), "--", "/bin/true"),
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 125
+    assert "cannot open the audit log" in p.stderr
+    assert victim.read_text() == "precious\n"
