@@ -58,6 +58,8 @@ def test_a_denied_https_host_gets_403_on_connect_and_is_never_resolved(gatewrap,
     assert "403" in r.stderr
     (rec,) = r.records(event="connect")
     assert (rec["decision"], rec["dst_host"], rec["dst_port"]) == ("denied", "denied.test", 443)
+    # curl shows only "response 403": gatewrap says why on its stderr
+    assert "gatewrap: denied CONNECT denied.test:443 (policy: default deny)" in r.stderr
     assert net.dns_queries(qname="denied.test") == []
     assert net.access_entries(local="203.0.113.20") == []
 

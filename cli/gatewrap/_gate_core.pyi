@@ -185,6 +185,7 @@ class Gate:
         nameservers: list[str] | None = None,
         connect_timeout: float = 10.0,
         public_ranges: list[str] | None = None,
+        notices: bool = False,
     ) -> None:
         """Bind the listeners inside ``netns_path`` and start serving; returns once listening.
 

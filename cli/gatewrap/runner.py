@@ -246,7 +246,7 @@ def run(opts: RunOptions, stderr: TextIO | None = None) -> RunResult:
         try:
             gate = core.Gate(run_id=run_id, netns_path=ns_path, policy=policy, audit=audit,
                              listen_port=opts.port, nameservers=opts.nameservers,
-                             public_ranges=opts.public_ranges)
+                             public_ranges=opts.public_ranges, notices=True)
         except core.GateError as e:
             raise GatewrapError(f"the gate could not start: {e}") from e
         except ValueError as e:

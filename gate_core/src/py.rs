@@ -207,7 +207,7 @@ pub struct PyGate {
 #[pymethods]
 impl PyGate {
     #[new]
-    #[pyo3(signature = (*, run_id, netns_path, policy, audit, listen_port = 3128, nameservers = None, connect_timeout = 10.0, public_ranges = None))]
+    #[pyo3(signature = (*, run_id, netns_path, policy, audit, listen_port = 3128, nameservers = None, connect_timeout = 10.0, public_ranges = None, notices = false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -219,6 +219,7 @@ impl PyGate {
         nameservers: Option<Vec<String>>,
         connect_timeout: f64,
         public_ranges: Option<Vec<String>>,
+        notices: bool,
     ) -> PyResult<Self> {
         if !(connect_timeout.is_finite() && connect_timeout > 0.0) {
             return Err(gate_err(gate::GateError::ConnectTimeout(connect_timeout)));
@@ -234,6 +235,7 @@ impl PyGate {
             nameservers,
             connect_timeout: Duration::from_secs_f64(connect_timeout),
             public_ranges,
+            notices,
         };
         let gate = py.allow_threads(move || Gate::start(config)).map_err(gate_err)?;
         Ok(PyGate { inner: gate })

@@ -58,6 +58,7 @@ fn gate_forwards_tunnels_denies_and_audits() {
         nameservers: Some(vec![dns.local_addr().expect("dns addr").to_string()]),
         connect_timeout: Duration::from_secs(1),
         public_ranges: PublicRanges::default(),
+        notices: false,
     })
     .expect("gate starts");
     let addrs = gate.listen_addrs().to_vec();
@@ -220,6 +221,7 @@ fn gate_start_failures_say_what_to_do() {
         nameservers: Some(vec![]),
         connect_timeout: Duration::from_secs(1),
         public_ranges: PublicRanges::default(),
+        notices: false,
     })
     .err()
     .map(|e| e.to_string())
@@ -241,6 +243,7 @@ fn start_gate(ns: &Netns, policy_text: &str, audit: &PathBuf) -> (Gate, Arc<RwLo
         nameservers: Some(vec![]),
         connect_timeout: Duration::from_secs(1),
         public_ranges: PublicRanges::default(),
+        notices: false,
     })
     .expect("gate starts");
     (gate, policy)

@@ -33,6 +33,7 @@ pub struct Ctx {
     pub(super) counts: Arc<Counts>,
     /// Extra ranges the SSRF guard counts as public.
     pub(super) public_ranges: PublicRanges,
+    pub(super) notices: super::notice::Notices,
 }
 
 impl Ctx {
@@ -64,6 +65,7 @@ impl Ctx {
             decision = rec.decision,
             "gate decision"
         );
+        self.notices.show(&rec);
         if let Err(e) = self.audit.write(rec.into_map()) {
             tracing::error!(error = %e, "audit write failed");
         }

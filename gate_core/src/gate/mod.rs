@@ -8,6 +8,7 @@ pub mod dial;
 mod forward;
 mod guard;
 mod malformed;
+mod notice;
 pub mod netns;
 pub mod respond;
 mod server;
@@ -65,6 +66,8 @@ pub struct GateConfig {
     pub connect_timeout: Duration,
     /// Ranges the SSRF guard counts as public besides the globally reachable ones.
     pub public_ranges: PublicRanges,
+    /// Print a line on stderr for each refused or failed request (see `notice`).
+    pub notices: bool,
 }
 
 fn parse_nameservers(list: &[String]) -> Result<ResolverConfig, GateError> {
@@ -125,6 +128,7 @@ impl Gate {
                 connect_timeout: config.connect_timeout,
                 counts: counts.clone(),
                 public_ranges: config.public_ranges,
+                notices: notice::Notices::new(config.notices),
             })
         };
         for l in listeners {

@@ -1,0 +1,89 @@
+//! Live one-line notices, on gatewrap's stderr, of what the gate refused or could not reach.
+//!
+//! A CONNECT client shows only "response 403"; the reason is here (and in the audit log).
+//! After [`MAX_NOTICES`] one line says the rest are suppressed; the audit log keeps all.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::audit::{fields as f, GateRecord};
+
+/// Notices per run before they are suppressed.
+pub const MAX_NOTICES: u64 = 20;
+
+#[derive(Debug, Default)]
+pub struct Notices {
+    enabled: bool,
+    shown: AtomicU64,
+}
+
+impl Notices {
+    pub fn new(enabled: bool) -> Notices {
+        Notices { enabled, shown: AtomicU64::new(0) }
+    }
+
+    /// Print the notice of a refused (`denied`) or failed decision; allowed ones are silent.
+    pub fn show(&self, rec: &GateRecord) {
+        if !self.enabled || rec.decision == f::ALLOWED {
+            return;
+        }
+        let n = self.shown.fetch_add(1, Ordering::Relaxed) + 1;
+        if n == MAX_NOTICES + 1 {
+            eprintln!(
+                "gatewrap: more requests refused by the gate; further notices suppressed \
+                 (gatewrap audit --run {} --denied)",
+                rec.run
+            );
+        }
+        if n <= MAX_NOTICES {
+            eprintln!("{}", line(rec));
+        }
+    }
+}
+
+/// `gatewrap: denied CONNECT evil.test:443 (policy: default deny)`, control characters escaped.
+pub fn line(rec: &GateRecord) -> String {
+    let what = match (&rec.dst_host, rec.dst_port) {
+        (Some(h), Some(p)) => format!("{h}:{p}"),
+        _ => rec.target.clone().unwrap_or_else(|| "a request".into()),
+    };
+    let method = rec.method.as_deref().unwrap_or("");
+    let why = rec.error.as_deref().or(rec.reason.as_deref()).unwrap_or("");
+    let verb = if rec.decision == f::DENIED { "denied" } else { "could not reach" };
+    printable(&format!("gatewrap: {verb} {method} {what} ({why})").replace("  ", " "))
+}
+
+fn printable(s: &str) -> String {
+    s.chars().flat_map(|c| if c.is_control() { c.escape_default().collect::<Vec<_>>() } else { vec![c] }).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_denial_names_the_destination_and_the_reason_and_escapes_controls() {
+        let rec = GateRecord {
+            decision: f::DENIED,
+            method: Some("CONNECT".into()),
+            dst_host: Some("evil.test".into()),
+            dst_port: Some(443),
+            reason: Some("policy: default deny\x1b[2J".into()),
+            ..GateRecord::default()
+        };
+        assert_eq!(line(&rec), "gatewrap: denied CONNECT evil.test:443 (policy: default deny\\u{1b}[2J)");
+    }
+
+    #[test]
+    fn a_failure_names_its_cause() {
+        let rec = GateRecord {
+            decision: f::FAILED,
+            method: Some("GET".into()),
+            dst_host: Some("x.test".into()),
+            dst_port: Some(80),
+            reason: Some("policy: rule --allow x.test".into()),
+            error: Some("dns: no address for x.test".into()),
+            ..GateRecord::default()
+        };
+        assert_eq!(line(&rec), "gatewrap: could not reach GET x.test:80 (dns: no address for x.test)");
+    }
+}
