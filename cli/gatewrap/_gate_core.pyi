@@ -198,6 +198,8 @@ class Gate:
         addresses. They never make a metadata, embedded-IPv4 or unspecified address public.
         A malformed CIDR (no ``/len``, bits set after the prefix, octal/short IPv4) or a
         range covering a metadata address raises ValueError naming the value.
+        ``notices``: print one line on stderr per denied or failed request (at most 20 per
+        gate, then one line saying the rest are suppressed), control characters escaped.
         Raises :class:`GateError` on failure. Needs root (setns).
         """
 
