@@ -72,3 +72,23 @@ def test_subdomain_rules_stop_at_a_label_boundary(gatewrap):
     """, allow=["*.allowed.test"])
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines() == ["http://other.allowed.test/ 200", "http://allowed.test/ 403"]
+
+
+def test_an_agent_cannot_hold_more_than_1024_connections_to_the_gate(gatewrap):
+    r = gatewrap(python="""
+        import resource, socket, requests
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        held = [socket.create_connection(("127.0.0.1", 3128), timeout=5) for _ in range(1024)]
+        extra = socket.create_connection(("127.0.0.1", 3128), timeout=5)
+        extra.settimeout(5)
+        print("extra closed" if extra.recv(1) == b"" else "extra open")
+        for s in held:
+            s.close()
+        extra.close()
+        import time; time.sleep(0.5)
+        print(requests.get("http://allowed.test/", timeout=10).status_code)
+    """, allow=["allowed.test"])
+    assert r.stdout.splitlines() == ["extra closed", "200"], r.stdout + r.stderr
+    limits = [x for x in r.records(event="request") if x.get("reason", "").startswith("limit:")]
+    assert len(limits) == 1 and limits[0]["decision"] == "denied"

@@ -11,6 +11,7 @@ import contextlib
 import ctypes
 import errno
 import os
+import resource
 import secrets
 import shutil
 import signal
@@ -102,6 +103,14 @@ def _become_subreaper() -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
         raise GatewrapError(f"prctl(PR_SET_CHILD_SUBREAPER) failed: {os.strerror(ctypes.get_errno())}")
+
+
+def _raise_fd_limit() -> None:
+    """The gate holds two fds per tunnel (up to 1024 connections per run): raise gatewrap's
+    soft RLIMIT_NOFILE to its hard limit (getrlimit(2)). The agent's is set by the jail."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 def _reap(pid: int) -> int | None:
@@ -226,6 +235,7 @@ def run(opts: RunOptions, stderr: TextIO | None = None) -> RunResult:
     with contextlib.ExitStack() as undo:
         undo.callback(signal.pthread_sigmask, signal.SIG_SETMASK, old_mask)
         _become_subreaper()
+        _raise_fd_limit()
         lock_fd = registry.claim(run_id, opts.audit_log)
         undo.callback(registry.release, run_id, lock_fd)
         parent = cgroup.parent_dir()

@@ -13,6 +13,7 @@ use tokio::net::TcpStream;
 use crate::audit::fields as f;
 
 use super::admit::admit;
+use super::server::Slot;
 use super::respond::{self, Body};
 use super::ctx::Pending;
 use super::target::{split_authority, InvalidPort};
@@ -54,14 +55,16 @@ async fn open(ctx: Arc<Ctx>, peer: SocketAddr, mut req: Request<Incoming>) -> Re
             rec.dst_ip = Some(addr.ip().to_string());
             rec.status = Some(StatusCode::OK.as_u16());
             pending.finish();
-            tokio::spawn(tunnel(hyper::upgrade::on(&mut req), upstream, peer, target));
+            let slot = req.extensions().get::<Slot>().cloned();
+            tokio::spawn(tunnel(hyper::upgrade::on(&mut req), upstream, peer, target, slot));
             Response::new(respond::empty())
         }
     }
 }
 
 /// Runs until either side closes; `Gate::stop` aborts it with the runtime.
-async fn tunnel(upgrade: OnUpgrade, mut upstream: TcpStream, peer: SocketAddr, target: String) {
+/// `_slot` counts the tunnel against [`super::server::MAX_CONNECTIONS`] until it ends.
+async fn tunnel(upgrade: OnUpgrade, mut upstream: TcpStream, peer: SocketAddr, target: String, _slot: Option<Slot>) {
     let upgraded = match upgrade.await {
         Ok(u) => u,
         Err(e) => {

@@ -131,10 +131,11 @@ impl Gate {
                 notices: notice::Notices::new(config.notices),
             })
         };
+        let open = Arc::new(AtomicUsize::new(0));
         for l in listeners {
             let _guard = runtime.enter();
             let l = tokio::net::TcpListener::from_std(l).map_err(GateError::Runtime)?;
-            runtime.spawn(server::serve(l, ctx.clone()));
+            runtime.spawn(server::serve(l, ctx.clone(), open.clone()));
         }
         Ok(Gate { runtime: Mutex::new(Some(runtime)), listen_addrs, counts })
     }

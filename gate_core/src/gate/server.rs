@@ -2,6 +2,7 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,11 +25,43 @@ pub const MAX_HEAD_BYTES: usize = 64 * 1024;
 /// connection without answering; no decision, no audit record).
 pub const HEAD_TIMEOUT: Duration = Duration::from_secs(30);
 
-pub async fn serve(listener: TcpListener, ctx: Arc<Ctx>) {
+/// Most connections (tunnels included) one run's agent may hold open at once. Beyond it
+/// a new connection is closed at once, so a runaway agent cannot use up the gate's file
+/// descriptors; the first refusal of each burst is audited.
+pub const MAX_CONNECTIONS: usize = 1024;
+
+/// One open client connection; shared with its tunnel after CONNECT, and counted in the
+/// gate's open connections until the last holder drops it.
+pub(super) struct SlotGuard(Arc<AtomicUsize>);
+
+impl Drop for SlotGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+pub(super) type Slot = Arc<SlotGuard>;
+
+pub async fn serve(listener: TcpListener, ctx: Arc<Ctx>, open: Arc<AtomicUsize>) {
+    let mut over = false;
     loop {
         match listener.accept().await {
             Ok((stream, peer)) => {
-                tokio::spawn(connection(stream, peer, ctx.clone()));
+                if open.load(Ordering::Relaxed) >= MAX_CONNECTIONS {
+                    drop(stream);
+                    if !over {
+                        let mut rec = ctx.bare_record(f::EVENT_REQUEST, f::PROTO_HTTP, peer);
+                        rec.decision = f::DENIED;
+                        rec.reason = Some(format!("limit: more than {MAX_CONNECTIONS} open connections"));
+                        ctx.record(rec);
+                    }
+                    over = true;
+                    continue;
+                }
+                over = false;
+                open.fetch_add(1, Ordering::Relaxed);
+                let slot = Arc::new(SlotGuard(open.clone()));
+                tokio::spawn(connection(stream, peer, ctx.clone(), slot));
             }
             Err(e) => {
                 // EMFILE/ENFILE and friends: back off instead of spinning.
@@ -50,11 +83,12 @@ pub(super) fn builder() -> http1::Builder {
     b
 }
 
-async fn connection(stream: TcpStream, peer: SocketAddr, ctx: Arc<Ctx>) {
+async fn connection(stream: TcpStream, peer: SocketAddr, ctx: Arc<Ctx>, slot: Slot) {
     let _ = stream.set_nodelay(true);
     let ctx_for_record = ctx.clone();
-    let service = service_fn(move |req| {
+    let service = service_fn(move |mut req: Request<Incoming>| {
         let ctx = ctx.clone();
+        req.extensions_mut().insert(slot.clone());
         async move { Ok::<_, Infallible>(route(ctx, peer, req).await) }
     });
     let conn = builder().serve_connection(TokioIo::new(stream), service).with_upgrades();
