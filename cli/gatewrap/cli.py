@@ -191,6 +191,68 @@ def gc(as_json: bool) -> int:
     return 1 if out.errors else 0
 
 
+@cli.group("policy", context_settings=CONTEXT)
+def policy_group() -> None:
+    """Validate a policy file, and ask it what it would decide (no root needed)."""
+
+
+@policy_group.command("check", context_settings=CONTEXT)
+@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
+def policy_check(file: str, as_json: bool) -> int:
+    """Load FILE and summarise it: default, mode, and its rules in evaluation order.
+
+    Exit 0 when FILE is valid (warnings, e.g. a policy that allows everything, go to stderr),
+    1 when it is not (`gatewrap: FILE:LINE: message`), 125 when it cannot be read.
+
+    \b
+    Example:
+      gatewrap policy check policy.toml
+    """
+    from .policy_cmd import check_file, check_lines
+
+    res = check_file(file)
+    for line in [json.dumps(res.as_record())] if as_json else check_lines(res):
+        click.echo(line)
+    for w in res.warnings:
+        click.echo(f"gatewrap: warning: {w}", err=True)
+    if res.error:
+        click.echo(f"gatewrap: {res.error}", err=True)
+    return 0 if res.ok else 1
+
+
+@policy_group.command("test", context_settings=CONTEXT)
+@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@click.argument("method")
+@click.argument("url")
+@click.option("--allow", "allow", multiple=True, metavar="HOST[:PORT]", help="As in `run`: an allow rule. Repeatable.")
+@click.option("--deny", "deny", multiple=True, metavar="HOST[:PORT]",
+              help="As in `run`: a deny rule, checked before --allow and FILE's rules. Repeatable.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print {decision, reason, rule, host, port, method, url, mode, userinfo} as one JSON object.")
+def policy_test(file: str, method: str, url: str, allow: tuple[str, ...], deny: tuple[str, ...], as_json: bool) -> int:
+    """Print what FILE (plus --deny/--allow) decides for METHOD URL, and the rule that decided.
+
+    \b
+    URL is http:// or https:// (default port 80 / 443); userinfo is ignored for matching.
+    METHOD must be an HTTP token but is not matched yet: method and path rules need TLS
+    inspection, which is not built. This is the policy's decision, as in enforce mode; the
+    gate's SSRF guard, which needs DNS, may still refuse an allowed name's addresses.
+    Exit 0 allow, 1 deny, 2 ask (not built yet); 125 for a bad file, flag, METHOD or URL.
+
+    \b
+    Examples:
+      gatewrap policy test policy.toml GET https://api.openai.com/v1/models
+      gatewrap policy test policy.toml POST https://pypi.org/ --allow pypi.org --json
+    """
+    from .policy_cmd import decide_url, decision_lines
+
+    d = decide_url(file, method, url, list(allow), list(deny))
+    for line in [json.dumps(d.as_record())] if as_json else decision_lines(d):
+        click.echo(line)
+    return d.exit_code
+
+
 def _size(value: str | None) -> int | None:
     from .sandbox.limits import parse_size
 

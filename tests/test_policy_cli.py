@@ -1,0 +1,339 @@
+"""``gatewrap policy check`` and ``gatewrap policy test``: no root, no netns, no network."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from gatewrap.cli import main
+
+#: The DESIGN.md policy example, as far as it is built (methods, path, ask, budget are not),
+#: plus the cases the policy section promises: a wildcard, a deny shadowing it, IDN, an IPv6 rule.
+DESIGN_POLICY = """\
+version = 1
+default = "deny"
+mode = "enforce"
+
+[[rule]]
+host = "api.openai.com"
+action = "allow"
+
+[[rule]]
+host = "tracker.example.com"
+action = "deny"
+
+[[rule]]
+host = "*.example.com"
+ports = [443]
+action = "allow"
+
+[[rule]]
+host = "münchen.test"
+action = "allow"
+
+[[rule]]
+host = "2001:db8::10"
+action = "allow"
+"""
+R_OPENAI, R_TRACKER, R_WILD, R_IDN, R_V6 = (f"rule[{i}]" for i in range(1, 6))
+
+
+@pytest.fixture
+def policy_file(tmp_path):
+    def write(text: str = DESIGN_POLICY, name: str = "policy.toml") -> str:
+        path = tmp_path / name
+        path.write_text(textwrap.dedent(text), encoding="utf-8")
+        return str(path)
+    return write
+
+
+def gw(capsys, *args: str) -> tuple[int, str, str]:
+    """Run ``gatewrap ARGS`` in this process through its entry point: (exit code, stdout, stderr)."""
+    with pytest.raises(SystemExit) as e:
+        main(list(args))
+    out = capsys.readouterr()
+    return e.value.code, out.out, out.err
+
+
+# --- policy test: the DESIGN.md example hosts ------------------------------------------------
+
+DECISIONS = [
+    # (id, url, decision, rule suffix or None, reason)
+    ("an exact rule allows its host over https", "https://api.openai.com/v1/models", "allow", R_OPENAI, None),
+    ("an exact rule without ports covers port 80 too", "http://api.openai.com/", "allow", R_OPENAI, None),
+    ("an exact rule does not cover a subdomain", "https://eu.api.openai.com/", "deny", None, "policy: default deny"),
+    ("an exact rule does not cover its parent", "https://openai.com/", "deny", None, "policy: default deny"),
+    ("an explicit port outside the rule's ports is denied", "https://api.openai.com:8443/", "deny", None,
+     "policy: default deny"),
+    ("a wildcard matches a strict subdomain", "https://a.example.com/", "allow", R_WILD, None),
+    ("a wildcard matches a deeper subdomain", "https://a.b.example.com/", "allow", R_WILD, None),
+    ("a wildcard never matches the bare domain", "https://example.com/", "deny", None, "policy: default deny"),
+    ("evilexample.com does not match example.com (label boundary)", "https://evilexample.com/", "deny", None,
+     "policy: default deny"),
+    ("a look-alike suffix does not match", "https://a.example.com.evil.test/", "deny", None,
+     "policy: default deny"),
+    ("a wildcard rule with ports [443] does not allow port 80", "http://a.example.com/", "deny", None,
+     "policy: default deny"),
+    ("the first matching rule decides: a deny before the wildcard", "https://tracker.example.com/", "deny",
+     R_TRACKER, None),
+    ("a trailing dot is removed before matching", "https://api.openai.com./", "allow", R_OPENAI, None),
+    ("upper case is folded before matching", "https://API.OpenAI.COM/", "allow", R_OPENAI, None),
+    ("an IDN host matches a wildcard as punycode", "https://bücher.example.com/", "allow", R_WILD, None),
+    ("a punycode URL matches an IDN rule", "http://xn--mnchen-3ya.test/", "allow", R_IDN, None),
+    ("a Unicode URL matches an IDN rule", "http://MÜNCHEN.test/", "allow", R_IDN, None),
+    ("an IPv6 literal matches in any spelling", "http://[2001:DB8:0:0::10]/", "allow", R_V6, None),
+    ("an IPv6 literal no rule names is denied", "https://[2001:db8::11]/", "deny", None, "policy: default deny"),
+    ("a host no rule names is denied by default", "https://pypi.org/simple/", "deny", None,
+     "policy: default deny"),
+    ("the unspecified address is denied before any rule", "http://0.0.0.0/", "deny", None,
+     "policy: unspecified address"),
+    ("userinfo naming an allowed host does not pick the destination", "https://api.openai.com@evil.test/",
+     "deny", None, "policy: default deny"),
+    ("userinfo before an allowed host is ignored for matching", "https://evil.test:pw@api.openai.com/",
+     "allow", R_OPENAI, None),
+]
+
+
+@pytest.mark.parametrize("url,decision,rule,reason", [c[1:] for c in DECISIONS], ids=[c[0] for c in DECISIONS])
+def test_policy_test_decides_like_the_gate(capsys, policy_file, url, decision, rule, reason):
+    path = policy_file()
+    code, out, err = gw(capsys, "policy", "test", path, "GET", url, "--json")
+    rec = json.loads(out)
+    assert (code, rec["decision"]) == ({"allow": 0, "deny": 1}[decision], decision), err
+    if rule is None:
+        assert rec["rule"] is None
+        assert rec["reason"] == reason
+    else:
+        assert rec["rule"]["id"] == f"{path}:{rule}"
+        assert rec["reason"] == f"policy: rule {path}:{rule}"
+
+
+def test_the_text_answer_names_decision_method_url_and_reason(capsys, policy_file):
+    code, out, _ = gw(capsys, "policy", "test", policy_file(), "GET", "https://x.test/")
+    assert code == 1
+    assert out.splitlines()[0] == "deny  GET https://x.test/  (policy: default deny)"
+
+
+def test_the_text_answer_names_the_rule_and_its_line(capsys, policy_file):
+    path = policy_file()
+    code, out, _ = gw(capsys, "policy", "test", path, "POST", "https://a.example.com/x")
+    assert code == 0
+    assert out.splitlines()[0] == f"allow POST https://a.example.com/x  (policy: rule {path}:{R_WILD})"
+    assert f"rule {path}:{R_WILD} (line 13): host *.example.com, ports 443, allow" in out
+    assert "SSRF guard" in out
+
+
+def test_json_has_the_documented_keys_and_the_canonical_host(capsys, policy_file):
+    code, out, _ = gw(capsys, "policy", "test", policy_file(), "GET", "https://u:secret@Bücher.Example.com.:443/p",
+                      "--json")
+    rec = json.loads(out)
+    assert code == 0
+    assert {"decision", "reason", "rule", "host", "port", "method", "url"} <= rec.keys()
+    assert (rec["host"], rec["port"], rec["method"]) == ("xn--bcher-kva.example.com", 443, "GET")
+    assert rec["rule"]["host"] == "*.example.com" and rec["rule"]["line"] == 13
+    assert rec["userinfo"] == {"user": "u", "password": True}
+    assert "secret" not in out
+
+
+def test_text_output_reports_userinfo_and_masks_the_password(capsys, policy_file):
+    _, out, _ = gw(capsys, "policy", "test", policy_file(), "GET", "https://bob:hunter2@api.openai.com/")
+    assert "userinfo (user 'bob' and a password) is ignored for matching" in out
+    assert "hunter2" not in out
+
+
+@pytest.mark.parametrize("url,port", [
+    ("http://pypi.org/", 80), ("https://pypi.org/", 443), ("https://pypi.org:8443/", 8443), ("HTTP://pypi.org:/", 80),
+], ids=["http defaults to port 80", "https defaults to port 443", "an explicit port is kept",
+        "an empty port means the default"])
+def test_default_ports(capsys, policy_file, url, port):
+    _, out, _ = gw(capsys, "policy", "test", policy_file(), "GET", url, "--json")
+    assert json.loads(out)["port"] == port
+
+
+# --- policy test: flags ---------------------------------------------------------------------
+
+FLAGS = [
+    ("--deny overrides an allow rule of the file", ["--deny", "api.openai.com"], "https://api.openai.com/",
+     "deny", "--deny api.openai.com"),
+    ("--allow overrides the file's default", ["--allow", "pypi.org"], "https://pypi.org/", "allow", "--allow pypi.org"),
+    ("--allow overrides a deny rule of the file", ["--allow", "tracker.example.com"], "https://tracker.example.com/",
+     "allow", "--allow tracker.example.com"),
+    ("--deny is checked before --allow", ["--allow", "pypi.org", "--deny", "pypi.org"], "https://pypi.org/", "deny",
+     "--deny pypi.org"),
+    ("a flag's port limits it", ["--allow", "pypi.org:8443"], "https://pypi.org/", "deny", None),
+    ("a flag matches canonically", ["--deny", "*.EXAMPLE.com."], "https://a.example.com/", "deny",
+     "--deny *.EXAMPLE.com."),
+]
+
+
+@pytest.mark.parametrize("flags,url,decision,rule", [c[1:] for c in FLAGS], ids=[c[0] for c in FLAGS])
+def test_command_line_rules_come_before_the_file(capsys, policy_file, flags, url, decision, rule):
+    code, out, err = gw(capsys, "policy", "test", policy_file(), "GET", url, *flags, "--json")
+    rec = json.loads(out)
+    assert rec["decision"] == decision, err
+    assert code == (0 if decision == "allow" else 1)
+    assert (rec["rule"] or {}).get("id") == rule
+
+
+# --- policy test: refusals (exit 125) ---------------------------------------------------------
+
+REFUSED = [
+    ("a URL without a scheme", "GET", "api.openai.com", "http:// or https://"),
+    ("an ftp URL", "GET", "ftp://api.openai.com/", "http:// or https://"),
+    ("a URL without a host", "GET", "https:///path", "no host"),
+    ("a host with an empty label", "GET", "https://a..b/", 'invalid host "a..b": empty label'),
+    ("an ambiguous IPv4 spelling", "GET", "http://127.1/", "ambiguous"),
+    ("a percent-encoded host", "GET", "http://%61pi.openai.com/", "invalid host"),
+    ("a port out of range", "GET", "https://api.openai.com:99999/", "99999"),
+    ("a port that is not a number", "GET", "https://api.openai.com:https/", "api.openai.com:https"),
+    ("port 0", "GET", "https://api.openai.com:0/", "port 0"),
+    ("a backslash in the host part", "GET", "http://api.openai.com\\@evil.test/", "backslash"),
+    ("a space in the URL", "GET", "http://api.openai.com /", "space or control"),
+    ("a method that is not an HTTP token", "GE T", "https://api.openai.com/", "invalid method"),
+    ("an empty method", "", "https://api.openai.com/", "invalid method"),
+]
+
+
+@pytest.mark.parametrize("method,url,needle", [c[1:] for c in REFUSED], ids=[c[0] for c in REFUSED])
+def test_bad_requests_exit_125_with_the_reason(capsys, policy_file, method, url, needle):
+    code, out, err = gw(capsys, "policy", "test", policy_file(), method, url)
+    assert code == 125
+    assert out == ""
+    assert err.startswith("gatewrap: ") and needle in err
+
+
+def test_an_invalid_policy_file_exits_125_not_deny(capsys, policy_file):
+    path = policy_file('version = 1\nbogus = 1\n', name="bad.toml")
+    code, _, err = gw(capsys, "policy", "test", path, "GET", "https://api.openai.com/")
+    assert code == 125
+    assert f"{path}:2: unknown key `bogus`" in err
+
+
+def test_a_bad_flag_exits_125(capsys, policy_file):
+    code, _, err = gw(capsys, "policy", "test", policy_file(), "GET", "https://x.test/", "--allow", "https://x.test")
+    assert code == 125 and "a host, not a URL" in err
+
+
+def test_help_says_method_is_not_matched_and_the_ssrf_guard_comes_after(capsys):
+    code, out, _ = gw(capsys, "policy", "test", "--help")
+    assert code == 0
+    text = " ".join(out.split())
+    assert "TLS inspection" in text and "not built" in text
+    assert "SSRF guard" in text and "DNS" in text
+    assert "Exit 0 allow, 1 deny, 2 ask" in text
+
+
+# --- policy check -----------------------------------------------------------------------------
+
+def test_check_summarises_a_valid_policy(capsys, policy_file):
+    path = policy_file()
+    code, out, err = gw(capsys, "policy", "check", path)
+    assert (code, err) == (0, "")
+    lines = out.splitlines()
+    assert lines[0] == f"{path}: valid"
+    assert lines[1] == "default deny, mode enforce, 5 rules (first match decides)"
+    rows = [line.split() for line in lines[2:]]
+    assert rows == [
+        [f"{path}:{R_OPENAI}", "api.openai.com", "80,443", "allow"],
+        [f"{path}:{R_TRACKER}", "tracker.example.com", "80,443", "deny"],
+        [f"{path}:{R_WILD}", "*.example.com", "443", "allow"],
+        [f"{path}:{R_IDN}", "xn--mnchen-3ya.test", "80,443", "allow"],
+        [f"{path}:{R_V6}", "2001:db8::10", "80,443", "allow"],
+    ]
+
+
+def test_check_shows_allow_private(capsys, policy_file):
+    path = policy_file('[[rule]]\nhost = "registry.internal.example"\naction = "allow"\nallow_private = true\n')
+    code, out, _ = gw(capsys, "policy", "check", path)
+    assert code == 0
+    assert out.splitlines()[-1].split() == [f"{path}:rule[1]", "registry.internal.example", "80,443", "allow",
+                                            "allow_private"]
+
+
+def test_check_json(capsys, policy_file):
+    path = policy_file()
+    code, out, _ = gw(capsys, "policy", "check", path, "--json")
+    rec = json.loads(out)
+    assert code == 0
+    assert (rec["valid"], rec["error"], rec["default"], rec["mode"], rec["warnings"]) == (True, None, "deny",
+                                                                                         "enforce", [])
+    assert [r["line"] for r in rec["rules"]] == [5, 9, 13, 18, 22]
+    assert rec["rules"][2] == {"id": f"{path}:{R_WILD}", "host": "*.example.com", "ports": [443],
+                               "ports_default": False, "action": "allow", "origin": "file", "line": 13,
+                               "allow_private": False}
+
+
+BAD_FILES = [
+    ("an unknown key names its line", 'version = 1\n\n[[rule]]\nhost = "a.test"\nactoin = "allow"\n',
+     "5: unknown key `actoin`"),
+    ("an unknown top-level key names its line", 'default = "deny"\nfoo = 1\n', "2: unknown key `foo`"),
+    ("bad TOML names its line", 'default = "deny"\n[[rule]\n', "2: invalid table header"),
+    ("an unterminated string names its line", 'default = "deny\n', "1: "),
+    ("a key that is not built yet is refused", '[[rule]]\nhost = "a.test"\naction = "allow"\nmethods = ["GET"]\n',
+     "4: key `methods` is not supported yet"),
+    ("action ask is refused", '[[rule]]\nhost = "a.test"\naction = "ask"\n', 'action "ask" is not supported yet'),
+    ("a bad host in a rule is refused", '[[rule]]\nhost = "a..test"\naction = "allow"\n',
+     'invalid host "a..test": empty label'),
+    ("allow_private on a deny rule is refused", '[[rule]]\nhost = "a.test"\naction = "deny"\nallow_private = true\n',
+     "allow_private"),
+]
+
+
+@pytest.mark.parametrize("text,needle", [c[1:] for c in BAD_FILES], ids=[c[0] for c in BAD_FILES])
+def test_check_refuses_a_bad_file_with_file_and_line(capsys, policy_file, text, needle):
+    path = policy_file(text, name="bad.toml")
+    code, out, err = gw(capsys, "policy", "check", path)
+    assert (code, out) == (1, "")
+    assert err.startswith(f"gatewrap: {path}:") and needle in err
+    assert len(err.strip().splitlines()) == 1, err
+
+
+def test_check_json_on_a_bad_file(capsys, policy_file):
+    path = policy_file('foo = 1\n', name="bad.toml")
+    code, out, _ = gw(capsys, "policy", "check", path, "--json")
+    rec = json.loads(out)
+    assert code == 1
+    assert (rec["valid"], rec["error"]) == (False, f"{path}:1: unknown key `foo`")
+
+
+def test_check_a_missing_file_exits_125(capsys, tmp_path):
+    code, _, err = gw(capsys, "policy", "check", str(tmp_path / "nope.toml"))
+    assert code == 125 and "nope.toml" in err
+
+
+WARNINGS = [
+    ("a default allow without deny rules allows everything", 'default = "allow"\n', "allows everything"),
+    ("a default allow with only allow rules allows everything",
+     'default = "allow"\n[[rule]]\nhost = "a.test"\naction = "allow"\n', "allows everything"),
+    ("report mode only records", 'mode = "report"\n', 'mode = "report"'),
+]
+
+
+@pytest.mark.parametrize("text,needle", [c[1:] for c in WARNINGS], ids=[c[0] for c in WARNINGS])
+def test_check_warns_but_passes(capsys, policy_file, text, needle):
+    code, out, err = gw(capsys, "policy", "check", policy_file(text))
+    assert code == 0 and "valid" in out
+    assert err.startswith("gatewrap: warning: ") and needle in err
+
+
+def test_check_does_not_warn_when_a_default_allow_has_a_deny_rule(capsys, policy_file):
+    code, _, err = gw(capsys, "policy", "check", policy_file('default = "allow"\n[[rule]]\nhost = "a.test"\n'
+                                                             'action = "deny"\n'))
+    assert (code, err) == (0, "")
+
+
+def test_report_mode_is_noted_by_policy_test(capsys, policy_file):
+    code, out, _ = gw(capsys, "policy", "test", policy_file('mode = "report"\n'), "GET", "https://x.test/")
+    assert code == 1
+    assert "mode = report" in out
+
+
+def test_the_installed_command_runs(policy_file):
+    p = subprocess.run([sys.executable, "-m", "gatewrap", "policy", "test", policy_file(), "GET",
+                        "https://api.openai.com/"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.startswith("allow GET https://api.openai.com/  (policy: rule ")
