@@ -8,6 +8,7 @@ its own veth, and its own DNS server answers for the *.test names.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -21,7 +22,14 @@ from fakenet import FakeInternet, cleanup_leftovers  # noqa: E402
 
 def main() -> int:
     cleanup_leftovers()
-    audit = os.path.join(tempfile.mkdtemp(prefix="gatewrap-demo-"), "audit.jsonl")
+    work = tempfile.mkdtemp(prefix="gatewrap-demo-")
+    audit = os.path.join(work, "audit.jsonl")
+    # The agent may run as another user (nobody, when root runs the demo without sudo), who
+    # cannot read a clone under /root: give it a copy it can read.
+    shown = tempfile.mkdtemp(prefix="gatewrap-demo-agent-")
+    os.chmod(shown, 0o755)
+    agent = shutil.copy(ROOT / "examples" / "agent.py", shown)
+    os.chmod(agent, 0o644)
     with FakeInternet() as net:
         env = dict(os.environ, REQUESTS_CA_BUNDLE=net.ca_path)
         # The fake internet's CA is under /tmp, which the jail replaces: show it read-only.
@@ -29,13 +37,14 @@ def main() -> int:
                "--ro-bind", net.tmpdir, "--audit-log", audit,
                # the fake internet uses documentation addresses: count them as public
                "--public-range", "203.0.113.0/24", "--public-range", "2001:db8:100::/48",
-               "--", "/usr/bin/python3", str(ROOT / "examples" / "agent.py")]
+               "--ro-bind", shown, "--workdir", "/tmp", "--", "/usr/bin/python3", agent]
         print("$ " + " ".join(cmd), flush=True)
         rc = subprocess.run(cmd, env=env).returncode
         print(f"\n$ gatewrap audit --log {audit}", flush=True)
         subprocess.run(["gatewrap", "audit", "--log", audit])
         print(f"\n$ gatewrap audit --denied --json --log {audit}", flush=True)
         subprocess.run(["gatewrap", "audit", "--denied", "--json", "--log", audit])
+    shutil.rmtree(shown, ignore_errors=True)
     return rc
 
 

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +43,20 @@ def pytest_runtest_makereport(item, call):
 def _no_leftover_fake_internet():
     """Remove a fake internet a killed earlier session left (once: a live one is not ours to touch)."""
     cleanup_leftovers()
+
+
+@pytest.fixture(scope="session")
+def examples_dir():
+    """A copy of examples/ the agent's user can read wherever the clone lives (a clone under
+    /root or pytest's 0700 tmp dirs is closed to uid 65534); show it with --ro-bind."""
+    d = tempfile.mkdtemp(prefix="gwt-examples-")
+    os.chmod(d, 0o755)
+    for name in os.listdir(ROOT / "examples"):
+        if name.endswith(".py"):
+            shutil.copy(ROOT / "examples" / name, d)
+            os.chmod(os.path.join(d, name), 0o644)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +110,7 @@ def gatewrap(net, tmp_path):
         if python is not None:
             argv = [AGENT_PYTHON, "-c", textwrap.dedent(python)]
         cmd = gatewrap_cmd("run", "--audit-log", str(audit), "--resolver", net.dns_server,
-                           "--workdir", "/tmp", "--ro-bind", net.tmpdir, "--ro-bind", str(ROOT),
+                           "--workdir", "/tmp", "--ro-bind", net.tmpdir,
                            *PUBLIC_RANGES)
         for a in allow:
             cmd += ["--allow", a]

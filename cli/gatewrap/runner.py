@@ -280,6 +280,14 @@ def run(opts: RunOptions, stderr: TextIO | None = None) -> RunResult:
         cwd = opts.cwd or os.getcwd()
         env["PWD"] = cwd
         argv = _resolve_command(opts.argv, env, target)
+        for path in (*opts.ro_binds, *opts.rw_binds):
+            if not user.can_enter(path if os.path.isdir(path) else os.path.dirname(path), target):
+                raise GatewrapError(f"the agent's user {target.name} cannot reach {path} (a folder on the "
+                                    "way is closed to it), so it cannot be shown in the jail")
+        if opts.jail == "nsjail":
+            shims.add_python_shim(env, shims.PYTHON_SHIM_IN_JAIL, gate_url, run_id)
+        elif user.can_enter(str(shims.PYTHON_SHIM), target):
+            shims.add_python_shim(env, str(shims.PYTHON_SHIM), gate_url, run_id)
         if not user.can_enter(cwd, target):
             raise GatewrapError(f"the agent's user {target.name} cannot enter its working directory {cwd} "
                                 "(a folder on the way is closed to it); choose another with --workdir")
@@ -287,7 +295,8 @@ def run(opts: RunOptions, stderr: TextIO | None = None) -> RunResult:
             print(f"gatewrap: note: the agent's user {target.name} cannot write its working directory "
                   f"{cwd}; choose one with --workdir, or chown it", file=err)
         if opts.jail == "nsjail":
-            argv = jail.wrap(argv, target.uid, target.gid, cwd, opts.ro_binds, opts.rw_binds)
+            argv = jail.wrap(argv, target.uid, target.gid, cwd, opts.ro_binds, opts.rw_binds,
+                             mounts=[(str(shims.PYTHON_SHIM), shims.PYTHON_SHIM_IN_JAIL)])
         else:
             print(jail.WITHOUT_JAIL, file=err)
         try:

@@ -28,3 +28,16 @@ def agent_env(base: dict[str, str], proxy_url: str) -> tuple[dict[str, str], lis
             overridden.append(name)
         env[name] = value
     return env, overridden
+
+
+#: The Python shim's folder in the package (``agent_shims/python``), and where the jail shows it.
+PYTHON_SHIM = Path(__file__).resolve().parent / "_shims" / "python"
+PYTHON_SHIM_IN_JAIL = "/run/gatewrap-shims/python"
+
+
+def add_python_shim(env: dict[str, str], shim_dir: str, gate_url: str, run_id: str) -> None:
+    """Put the Python shim first on the agent's PYTHONPATH (its ``sitecustomize`` chains to
+    any other), and tell it the gate's URL and the run id for its messages."""
+    env["PYTHONPATH"] = shim_dir + (f":{env['PYTHONPATH']}" if env.get("PYTHONPATH") else "")
+    env["GATEWRAP_GATE"] = gate_url
+    env["GATEWRAP_RUN"] = run_id

@@ -37,11 +37,13 @@ def tini_path() -> str | None:
     return shutil.which("tini") or (os.path.exists("/usr/bin/tini") and "/usr/bin/tini") or None
 
 
-def wrap(argv: list[str], uid: int, gid: int, cwd: str, ro_binds: list[str], rw_binds: list[str]) -> list[str]:
+def wrap(argv: list[str], uid: int, gid: int, cwd: str, ro_binds: list[str], rw_binds: list[str],
+         mounts: list[tuple[str, str]] = ()) -> list[str]:
     """The command line that runs ``argv`` in the jail.
 
     ``cwd`` becomes the agent's writable working directory (unless it is one of
-    :data:`PRIVATE`); ``ro_binds``/``rw_binds`` are extra host paths made visible.
+    :data:`PRIVATE`); ``ro_binds``/``rw_binds`` are extra host paths made visible;
+    ``mounts`` are (host path, path in the jail) pairs shown read-only (gatewrap's shims).
 
     Raises:
         GatewrapError: nsjail or tini is not installed, or ``uid`` is 0.
@@ -62,6 +64,8 @@ def wrap(argv: list[str], uid: int, gid: int, cwd: str, ro_binds: list[str], rw_
         writable.append(cwd)
     for path in ro_binds:
         cmd += ["-R", path]
+    for src, dst in mounts:
+        cmd += ["-R", f"{src}:{dst}"]
     for path in writable:
         cmd += ["-B", path]
     return [*cmd, "--", tini, "--", *argv]

@@ -1,0 +1,75 @@
+"""gatewrap's Python shim, loaded by every Python agent through PYTHONPATH.
+
+A connection the kernel refuses (a cgroup hook: EPERM) raises :class:`EgressBlocked`, a
+PermissionError (so existing handlers still catch it) whose message names gatewrap, the
+destination, and what to do. Nothing else of the socket module changes. Then any other
+``sitecustomize`` on the path runs, as it would have without gatewrap.
+"""
+
+import errno as _errno
+import importlib.util as _ilu
+import os as _os
+import socket as _socket
+import sys as _sys
+
+_GATE = _os.environ.get("GATEWRAP_GATE", "the gate")
+_RUN = _os.environ.get("GATEWRAP_RUN", "")
+
+
+class EgressBlocked(PermissionError):
+    """Direct egress refused by gatewrap's kernel hooks (errno EPERM)."""
+
+
+def _dest(address):
+    try:
+        host, port = address[0], address[1]
+    except (TypeError, IndexError):
+        return str(address)
+    return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+
+
+def _explain(address):
+    audit = f"gatewrap audit --run {_RUN} --denied" if _RUN else "gatewrap audit --denied"
+    return (f"egress to {_dest(address)} was blocked by gatewrap: only the gate ({_GATE}) is reachable; "
+            f"send the request through it (HTTP_PROXY/HTTPS_PROXY are set) or allow the host "
+            f"(gatewrap run --allow HOST); the audit record: {audit}")
+
+
+def _wrap(name, address_of):
+    original = getattr(_socket.socket, name)
+
+    def method(self, *args, **kwargs):
+        try:
+            return original(self, *args, **kwargs)
+        except PermissionError as e:
+            if e.errno != _errno.EPERM or isinstance(e, EgressBlocked):
+                raise
+            raise EgressBlocked(_errno.EPERM, _explain(address_of(args))) from None
+
+    method.__name__ = name
+    method.__qualname__ = f"socket.{name}"
+    method.__doc__ = original.__doc__
+    setattr(_socket.socket, name, method)
+
+
+_wrap("connect", lambda a: a[0] if a else "?")
+_wrap("sendto", lambda a: a[-1] if a else "?")
+_wrap("sendmsg", lambda a: a[3] if len(a) > 3 else "?")
+_socket.EgressBlocked = EgressBlocked
+
+
+def _chain():
+    """Run the next ``sitecustomize`` on sys.path, if any, under its own name."""
+    here = _os.path.dirname(_os.path.abspath(__file__))
+    for entry in _sys.path:
+        if not entry or _os.path.abspath(entry) == here:
+            continue
+        path = _os.path.join(entry, "sitecustomize.py")
+        if _os.path.isfile(path):
+            spec = _ilu.spec_from_file_location("_gatewrap_chained_sitecustomize", path)
+            if spec and spec.loader:
+                spec.loader.exec_module(_ilu.module_from_spec(spec))
+            return
+
+
+_chain()
