@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import grp
 import os
 import pwd
 from dataclasses import dataclass
@@ -53,14 +52,6 @@ def resolve(user: str | None, environ: dict[str, str] | None = None) -> Target:
         raise GatewrapError(f"no such user: {user!r}; give --user an existing name or uid") from None
     groups = tuple(sorted(set(os.getgrouplist(pw.pw_name, gid))))
     return Target(uid=pw.pw_uid, gid=gid, groups=groups, name=pw.pw_name, home=pw.pw_dir)
-
-
-def group_name(gid: int) -> str:
-    """Group name for display, or the number."""
-    try:
-        return grp.getgrgid(gid).gr_name
-    except KeyError:
-        return str(gid)
 
 
 def _allowed(path: str, target: Target, bit: int) -> bool:
