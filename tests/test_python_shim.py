@@ -45,3 +45,33 @@ def test_a_bind_the_agents_user_cannot_reach_is_refused(gatewrap, tmp_path):
     r = gatewrap(["/bin/true"], extra=["--ro-bind", str(tmp_path)])
     assert r.returncode == 125
     assert f"cannot reach {tmp_path}" in r.stderr
+
+
+def test_an_eperm_on_a_non_inet_socket_is_not_blamed_on_gatewrap(gatewrap):
+    r = gatewrap(python="""
+        import socket
+        s = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0)
+        try:
+            s.sendto(b"\\\\0" * 16, (0, 1))  # multicast to a netlink group needs privileges
+        except PermissionError as e:
+            print(type(e).__name__, "gatewrap" in str(e))
+    """)
+    assert r.stdout == "PermissionError False\n", r.stderr
+
+
+def test_the_shim_on_the_path_twice_runs_once(gatewrap):
+    r = gatewrap(python="""
+        import os, subprocess, sys
+        shim = os.environ["PYTHONPATH"].split(":")[0]
+        os.symlink(shim, "/tmp/shimlink")
+        env = dict(os.environ, PYTHONPATH=f"{shim}:/tmp/shimlink")
+        p = subprocess.run([sys.executable, "-c", "print('ok')"], env=env, capture_output=True, text=True)
+        print(p.stdout.strip(), "Error" in p.stderr)
+    """)
+    assert r.stdout == "ok False\n", r.stderr
+
+
+def test_a_public_range_over_the_hosts_loopback_is_warned_about(gatewrap):
+    r = gatewrap(["/bin/true"], extra=["--public-range", "127.0.0.0/8"])
+    assert r.returncode == 0, r.stderr
+    assert "--public-range 127.0.0.0/8 lets allowed names reach this host's own loopback services" in r.stderr

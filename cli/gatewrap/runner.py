@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import ipaddress
 import os
 import resource
 import secrets
@@ -186,6 +187,25 @@ def _resolve_command(argv: list[str], env: dict[str, str], target: user.Target) 
     return [found, *argv[1:]]
 
 
+def _public_range_warnings(ranges: list[str]) -> list[str]:
+    """Warn about --public-range values that open the host's own loopback or private networks
+    to every allowed name (the gate dials from the host)."""
+    out = []
+    for text in ranges:
+        try:
+            net = ipaddress.ip_network(text, strict=False)
+        except ValueError:
+            continue
+        if net.overlaps(ipaddress.ip_network("127.0.0.0/8")) or net.overlaps(ipaddress.ip_network("::1/128")):
+            out.append(f"gatewrap: warning: --public-range {text} lets allowed names reach this host's own loopback services")
+        elif net.is_private and not any(net.subnet_of(d) for d in _DOC_NETS if d.version == net.version):
+            out.append(f"gatewrap: warning: --public-range {text} lets allowed names reach private networks the host can reach")
+    return out
+
+
+_DOC_NETS = [ipaddress.ip_network(n) for n in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24", "2001:db8::/32")]
+
+
 def _hidden_paths() -> list[str]:
     """Host paths the agent must not see: the BPF pins (their fds could detach the hooks)
     and gatewrap's runtime state."""
@@ -262,6 +282,8 @@ def run(opts: RunOptions, stderr: TextIO | None = None) -> RunResult:
         except ValueError as e:
             raise GatewrapError(f"--public-range: {e}") from e
         undo.callback(gate.stop)
+        for warning in _public_range_warnings(opts.public_ranges):
+            print(warning, file=err)
         loader.verify_attached(parent, hooks.pin_dir)
 
         env, overridden = shims.agent_env(dict(os.environ), gate_url)

@@ -43,6 +43,7 @@ impl Notices {
 /// `gatewrap: denied CONNECT evil.test:443 (policy: default deny)`, control characters escaped.
 pub fn line(rec: &GateRecord) -> String {
     let what = match (&rec.dst_host, rec.dst_port) {
+        (Some(h), Some(p)) if h.contains(':') => format!("[{h}]:{p}"),
         (Some(h), Some(p)) => format!("{h}:{p}"),
         _ => rec.target.clone().unwrap_or_else(|| "a request".into()),
     };
@@ -71,6 +72,19 @@ mod tests {
             ..GateRecord::default()
         };
         assert_eq!(line(&rec), "gatewrap: denied CONNECT evil.test:443 (policy: default deny\\u{1b}[2J)");
+    }
+
+    #[test]
+    fn an_ipv6_destination_is_bracketed() {
+        let rec = GateRecord {
+            decision: f::DENIED,
+            method: Some("GET".into()),
+            dst_host: Some("::1".into()),
+            dst_port: Some(80),
+            reason: Some("ssrf: loopback address ::1".into()),
+            ..GateRecord::default()
+        };
+        assert_eq!(line(&rec), "gatewrap: denied GET [::1]:80 (ssrf: loopback address ::1)");
     }
 
     #[test]

@@ -16,6 +16,9 @@ _GATE = _os.environ.get("GATEWRAP_GATE", "the gate")
 _RUN = _os.environ.get("GATEWRAP_RUN", "")
 
 
+_INET = (_socket.AF_INET, _socket.AF_INET6)
+
+
 class EgressBlocked(PermissionError):
     """Direct egress refused by gatewrap's kernel hooks (errno EPERM)."""
 
@@ -42,7 +45,8 @@ def _wrap(name, address_of):
         try:
             return original(self, *args, **kwargs)
         except PermissionError as e:
-            if e.errno != _errno.EPERM or isinstance(e, EgressBlocked):
+            # Only inet sockets pass the cgroup hooks; an EPERM elsewhere (netlink, unix) is not ours.
+            if e.errno != _errno.EPERM or isinstance(e, EgressBlocked) or self.family not in _INET:
                 raise
             raise EgressBlocked(_errno.EPERM, _explain(address_of(args))) from None
 
@@ -59,13 +63,17 @@ _socket.EgressBlocked = EgressBlocked
 
 
 def _chain():
-    """Run the next ``sitecustomize`` on sys.path, if any, under its own name."""
-    here = _os.path.dirname(_os.path.abspath(__file__))
+    """Run the next ``sitecustomize`` on sys.path, if any, under its own name (once: the
+    shim's folder may be on the path twice, by another spelling)."""
+    if getattr(_sys, "_gatewrap_shim_chained", False):
+        return
+    _sys._gatewrap_shim_chained = True
+    here = _os.path.realpath(_os.path.dirname(_os.path.abspath(__file__)))
     for entry in _sys.path:
-        if not entry or _os.path.abspath(entry) == here:
+        if not entry or _os.path.realpath(entry) == here:
             continue
         path = _os.path.join(entry, "sitecustomize.py")
-        if _os.path.isfile(path):
+        if _os.path.isfile(path) and _os.path.realpath(path) != _os.path.realpath(__file__):
             spec = _ilu.spec_from_file_location("_gatewrap_chained_sitecustomize", path)
             if spec and spec.loader:
                 spec.loader.exec_module(_ilu.module_from_spec(spec))
