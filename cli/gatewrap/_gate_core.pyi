@@ -186,6 +186,7 @@ class Gate:
         connect_timeout: float = 10.0,
         public_ranges: list[str] | None = None,
         notices: bool = False,
+        dns_stub: bool = False,
     ) -> None:
         """Bind the listeners inside ``netns_path`` and start serving; returns once listening.
 
@@ -199,7 +200,11 @@ class Gate:
         A malformed CIDR (no ``/len``, bits set after the prefix, octal/short IPv4) or a
         range covering a metadata address raises ValueError naming the value.
         ``notices``: print one line on stderr per denied or failed request (at most 20 per
-        gate, then one line saying the rest are suppressed), control characters escaped.
+        gate, then one line saying the rest are suppressed, a repeat of the previous line not
+        shown again), control characters escaped.
+        ``dns_stub``: also serve UDP and TCP port 53 on the same loopback addresses; every
+        query is answered REFUSED (RFC 1035 RCODE 5) and recorded (event ``"dns"``, decision
+        ``"denied"``, ``dst_host`` = the queried name).
         Raises :class:`GateError` on failure. Needs root (setns).
         """
 

@@ -31,6 +31,8 @@ from .sandbox import cgroup, gc, jail, limits, netns, registry, user
 DEFAULT_AUDIT_LOG = "/var/log/gatewrap/audit.jsonl"
 GATE_IP4 = "127.0.0.1"
 GATE_IP6 = "::1"
+#: The gate's DNS stub in the sandbox (UDP and TCP); it answers REFUSED and records each query.
+DNS_PORT = 53
 #: Signals forwarded to the agent, which runs in a session of its own (no controlling
 #: terminal), so Ctrl-C reaches it only through gatewrap.
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
@@ -268,7 +270,7 @@ def run(opts: RunOptions, stderr: TextIO | None = None) -> RunResult:
         leaf, cgroup_id = cgroup.create_leaf(parent, run_id)
         undo.callback(cgroup.kill_and_remove, leaf)
         limits.apply(leaf, opts.limits)
-        run_hooks = hooks.configure(cgroup_id, GATE_IP4, GATE_IP6, [opts.port])
+        run_hooks = hooks.configure(cgroup_id, GATE_IP4, GATE_IP6, [opts.port, DNS_PORT], [DNS_PORT])
         undo.callback(run_hooks.release)
         denials = KernelDenials(run_hooks, audit, run_id, gate_url, err)
         denials.start()
@@ -276,7 +278,7 @@ def run(opts: RunOptions, stderr: TextIO | None = None) -> RunResult:
         try:
             gate = core.Gate(run_id=run_id, netns_path=ns_path, policy=policy, audit=audit,
                              listen_port=opts.port, nameservers=opts.nameservers,
-                             public_ranges=opts.public_ranges, notices=True)
+                             public_ranges=opts.public_ranges, notices=True, dns_stub=True)
         except core.GateError as e:
             raise GatewrapError(f"the gate could not start: {e}") from e
         except ValueError as e:
@@ -306,7 +308,10 @@ def run(opts: RunOptions, stderr: TextIO | None = None) -> RunResult:
             if not user.can_enter(path if os.path.isdir(path) else os.path.dirname(path), target):
                 raise GatewrapError(f"the agent's user {target.name} cannot reach {path} (a folder on the "
                                     "way is closed to it), so it cannot be shown in the jail")
+        mounts: list[tuple[str, str]] = []
         if opts.jail == "nsjail":
+            staged, mounts = shims.staged_for_jail()
+            undo.callback(shutil.rmtree, staged, True)
             shims.add_python_shim(env, shims.PYTHON_SHIM_IN_JAIL, gate_url, run_id)
         elif user.can_enter(str(shims.PYTHON_SHIM), target):
             shims.add_python_shim(env, str(shims.PYTHON_SHIM), gate_url, run_id)
@@ -318,7 +323,7 @@ def run(opts: RunOptions, stderr: TextIO | None = None) -> RunResult:
                   f"{cwd}; choose one with --workdir, or chown it", file=err)
         if opts.jail == "nsjail":
             argv = jail.wrap(argv, target.uid, target.gid, cwd, opts.ro_binds, opts.rw_binds,
-                             mounts=[(str(shims.PYTHON_SHIM), shims.PYTHON_SHIM_IN_JAIL)])
+                             mounts=mounts)
         else:
             print(jail.WITHOUT_JAIL, file=err)
         try:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 import tomllib
 from pathlib import Path
 
@@ -33,6 +36,25 @@ def agent_env(base: dict[str, str], proxy_url: str) -> tuple[dict[str, str], lis
 #: The Python shim's folder in the package (``agent_shims/python``), and where the jail shows it.
 PYTHON_SHIM = Path(__file__).resolve().parent / "_shims" / "python"
 PYTHON_SHIM_IN_JAIL = "/run/gatewrap-shims/python"
+#: The sandbox's resolv.conf (the DNS stub), shown by the jail as /etc/resolv.conf.
+RESOLV_CONF = Path(__file__).resolve().parent / "_shims" / "resolv.conf"
+
+
+def staged_for_jail() -> tuple[str, list[tuple[str, str]]]:
+    """Copy the shims to a fresh folder under /tmp that any user can read (nsjail runs as the
+    agent's user, who may not reach the package, e.g. a virtualenv under /root); returns
+    (the folder, to remove after the run; the (source, path in the jail) mounts)."""
+    d = tempfile.mkdtemp(prefix="gatewrap-shims-")
+    os.chmod(d, 0o755)
+    shutil.copytree(PYTHON_SHIM, os.path.join(d, "python"), ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(RESOLV_CONF, os.path.join(d, "resolv.conf"))
+    for root, dirs, files in os.walk(d):
+        for name in dirs:
+            os.chmod(os.path.join(root, name), 0o755)
+        for name in files:
+            os.chmod(os.path.join(root, name), 0o644)
+    return d, [(os.path.join(d, "python"), PYTHON_SHIM_IN_JAIL),
+               (os.path.join(d, "resolv.conf"), "/etc/resolv.conf")]
 
 
 def add_python_shim(env: dict[str, str], shim_dir: str, gate_url: str, run_id: str) -> None:

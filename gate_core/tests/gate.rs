@@ -59,6 +59,7 @@ fn gate_forwards_tunnels_denies_and_audits() {
         connect_timeout: Duration::from_secs(1),
         public_ranges: PublicRanges::default(),
         notices: false,
+        dns_stub: false,
     })
     .expect("gate starts");
     let addrs = gate.listen_addrs().to_vec();
@@ -222,6 +223,7 @@ fn gate_start_failures_say_what_to_do() {
         connect_timeout: Duration::from_secs(1),
         public_ranges: PublicRanges::default(),
         notices: false,
+        dns_stub: false,
     })
     .err()
     .map(|e| e.to_string())
@@ -244,6 +246,7 @@ fn start_gate(ns: &Netns, policy_text: &str, audit: &PathBuf) -> (Gate, Arc<RwLo
         connect_timeout: Duration::from_secs(1),
         public_ranges: PublicRanges::default(),
         notices: false,
+        dns_stub: false,
     })
     .expect("gate starts");
     (gate, policy)

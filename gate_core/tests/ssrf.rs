@@ -90,6 +90,7 @@ fn setup() -> Setup {
         connect_timeout: Duration::from_secs(2),
         public_ranges: PublicRanges::parse(&["203.0.113.0/24", "2001:db8:100::/48"]).expect("ranges"),
         notices: false,
+        dns_stub: false,
     };
     // Started on a thread inside the "internet": its runtime resolves and dials from there.
     let gate = in_netns(inet.path(), move || Gate::start(config).expect("gate starts"));

@@ -40,6 +40,9 @@ pub const EVENT_REQUEST: &str = "request";
 pub const EVENT_CONNECT: &str = "connect";
 pub const PROTO_HTTP: &str = "http";
 pub const PROTO_CONNECT: &str = "connect";
+/// A query to the sandbox's DNS stub.
+pub const EVENT_DNS: &str = "dns";
+pub const PROTO_DNS: &str = "dns";
 pub const ALLOWED: &str = "allowed";
 pub const DENIED: &str = "denied";
 pub const FAILED: &str = "failed";

@@ -3,6 +3,7 @@
 
 mod admit;
 mod connect;
+mod dns_stub;
 mod ctx;
 pub mod dial;
 mod forward;
@@ -68,6 +69,8 @@ pub struct GateConfig {
     pub public_ranges: PublicRanges,
     /// Print a line on stderr for each refused or failed request (see `notice`).
     pub notices: bool,
+    /// Serve the DNS stub on port 53 in the netns (see `dns_stub`).
+    pub dns_stub: bool,
 }
 
 fn parse_nameservers(list: &[String]) -> Result<ResolverConfig, GateError> {
@@ -108,6 +111,7 @@ impl Gate {
             return Err(GateError::ConnectTimeout(config.connect_timeout.as_secs_f64()));
         }
         let listeners = netns::listeners(&config.netns_path, config.listen_port)?;
+        let dns = if config.dns_stub { Some(netns::dns_sockets(&config.netns_path)?) } else { None };
         let listen_addrs = listeners.iter().filter_map(|l| l.local_addr().ok()).collect();
         let next = AtomicUsize::new(0);
         // Built on the caller's thread, so its workers are in the host netns.
@@ -136,6 +140,16 @@ impl Gate {
             let _guard = runtime.enter();
             let l = tokio::net::TcpListener::from_std(l).map_err(GateError::Runtime)?;
             runtime.spawn(server::serve(l, ctx.clone(), open.clone()));
+        }
+        if let Some((udp, tcp)) = dns {
+            let _guard = runtime.enter();
+            for s in udp {
+                runtime.spawn(dns_stub::serve_udp(s, ctx.clone()));
+            }
+            for l in tcp {
+                let l = tokio::net::TcpListener::from_std(l).map_err(GateError::Runtime)?;
+                runtime.spawn(dns_stub::serve_tcp(l, ctx.clone()));
+            }
         }
         Ok(Gate { runtime: Mutex::new(Some(runtime)), listen_addrs, counts })
     }

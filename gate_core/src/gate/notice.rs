@@ -4,6 +4,7 @@
 //! After [`MAX_NOTICES`] one line says the rest are suppressed; the audit log keeps all.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 
 use crate::audit::{fields as f, GateRecord};
 
@@ -14,17 +15,28 @@ pub const MAX_NOTICES: u64 = 20;
 pub struct Notices {
     enabled: bool,
     shown: AtomicU64,
+    /// The last line shown: a repeat of it is not shown again (a lookup asks for A and AAAA
+    /// of each nameserver: four identical DNS refusals).
+    last: Mutex<String>,
 }
 
 impl Notices {
     pub fn new(enabled: bool) -> Notices {
-        Notices { enabled, shown: AtomicU64::new(0) }
+        Notices { enabled, shown: AtomicU64::new(0), last: Mutex::new(String::new()) }
     }
 
     /// Print the notice of a refused (`denied`) or failed decision; allowed ones are silent.
     pub fn show(&self, rec: &GateRecord) {
         if !self.enabled || rec.decision == f::ALLOWED {
             return;
+        }
+        let text = line(rec);
+        {
+            let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+            if *last == text {
+                return;
+            }
+            *last = text.clone();
         }
         let n = self.shown.fetch_add(1, Ordering::Relaxed) + 1;
         if n == MAX_NOTICES + 1 {
@@ -35,13 +47,20 @@ impl Notices {
             );
         }
         if n <= MAX_NOTICES {
-            eprintln!("{}", line(rec));
+            eprintln!("{text}");
         }
     }
 }
 
 /// `gatewrap: denied CONNECT evil.test:443 (policy: default deny)`, control characters escaped.
 pub fn line(rec: &GateRecord) -> String {
+    if rec.event == f::EVENT_DNS {
+        let name = rec.dst_host.as_deref().unwrap_or("a malformed query");
+        return printable(&format!(
+            "gatewrap: refused a DNS query for {name}: the sandbox resolves nothing; send requests through \
+             the gate, which resolves the names it allows"
+        ));
+    }
     let what = match (&rec.dst_host, rec.dst_port) {
         (Some(h), Some(p)) if h.contains(':') => format!("[{h}]:{p}"),
         (Some(h), Some(p)) => format!("{h}:{p}"),

@@ -1,0 +1,123 @@
+//! The sandbox's DNS stub, on 127.0.0.1:53 and [::1]:53 (UDP and TCP) inside the netns.
+//!
+//! Names are resolved by the gate, for proxied requests only, after policy: the agent
+//! itself resolves nothing. Every query is answered REFUSED at once (RFC 1035 §4.1.1,
+//! RCODE 5), so a client that resolves locally fails fast, and DNS cannot carry data out;
+//! each query is one audit record (event `dns`, decision `denied`, `dst_host` = the name).
+//! Messages are parsed and built with hickory-proto.
+
+use std::net::{SocketAddr, UdpSocket};
+use std::sync::Arc;
+
+use hickory_proto::op::{Message, MessageType, ResponseCode};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+use crate::audit::fields as f;
+
+use super::Ctx;
+
+/// Largest query read over UDP, in bytes (EDNS payloads stay below it).
+const MAX_UDP: usize = 4096;
+/// The reason every query is refused with.
+pub const REASON: &str = "dns: the sandbox resolves nothing (the gate resolves names of proxied requests)";
+
+/// The REFUSED answer to `query` (same id, op code and question), or None if it is not a
+/// DNS query.
+pub fn refuse(query: &[u8]) -> Option<(Vec<u8>, String)> {
+    let q = Message::from_vec(query).ok()?;
+    if q.message_type() != MessageType::Query {
+        return None;
+    }
+    let name = q.queries().first().map(|x| x.name().to_ascii()).unwrap_or_default();
+    let mut r = Message::new();
+    r.set_id(q.id())
+        .set_message_type(MessageType::Response)
+        .set_op_code(q.op_code())
+        .set_recursion_desired(q.recursion_desired())
+        .set_recursion_available(false)
+        .set_response_code(ResponseCode::Refused)
+        .add_queries(q.queries().to_vec());
+    Some((r.to_vec().ok()?, name.trim_end_matches('.').to_string()))
+}
+
+fn record(ctx: &Ctx, peer: SocketAddr, name: Option<&str>) {
+    let mut rec = ctx.bare_record(f::EVENT_DNS, f::PROTO_DNS, peer);
+    rec.decision = f::DENIED;
+    match name {
+        Some(n) => {
+            rec.dst_host = Some(n.to_string());
+            rec.reason = Some(REASON.into());
+        }
+        None => rec.reason = Some("dns: malformed query".into()),
+    }
+    ctx.record(rec);
+}
+
+pub async fn serve_udp(sock: UdpSocket, ctx: Arc<Ctx>) {
+    let Ok(sock) = tokio::net::UdpSocket::from_std(sock) else { return };
+    let mut buf = vec![0u8; MAX_UDP];
+    loop {
+        let Ok((n, peer)) = sock.recv_from(&mut buf).await else { continue };
+        match refuse(&buf[..n]) {
+            Some((answer, name)) => {
+                record(&ctx, peer, Some(&name));
+                let _ = sock.send_to(&answer, peer).await;
+            }
+            None => record(&ctx, peer, None),
+        }
+    }
+}
+
+pub async fn serve_tcp(listener: TcpListener, ctx: Arc<Ctx>) {
+    loop {
+        let Ok((mut stream, peer)) = listener.accept().await else { continue };
+        let ctx = ctx.clone();
+        tokio::spawn(async move {
+            // RFC 1035 §4.2.2: each message is prefixed by its two-byte length.
+            while let Ok(len) = stream.read_u16().await {
+                let mut msg = vec![0u8; len as usize];
+                if stream.read_exact(&mut msg).await.is_err() {
+                    return;
+                }
+                let Some((answer, name)) = refuse(&msg) else {
+                    record(&ctx, peer, None);
+                    return;
+                };
+                record(&ctx, peer, Some(&name));
+                if stream.write_u16(answer.len() as u16).await.is_err() || stream.write_all(&answer).await.is_err() {
+                    return;
+                }
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hickory_proto::op::Query;
+    use hickory_proto::rr::{Name, RecordType};
+    use std::str::FromStr;
+
+    #[test]
+    fn a_query_is_answered_refused_with_its_id_and_question() {
+        let mut q = Message::new();
+        q.set_id(4242).set_recursion_desired(true);
+        q.add_query(Query::query(Name::from_str("exfil.secret.example.").unwrap(), RecordType::TXT));
+        let (answer, name) = refuse(&q.to_vec().unwrap()).unwrap();
+        let a = Message::from_vec(&answer).unwrap();
+        assert_eq!((a.id(), a.message_type(), a.response_code()), (4242, MessageType::Response, ResponseCode::Refused));
+        assert_eq!(a.queries(), q.queries());
+        assert!(a.answers().is_empty());
+        assert_eq!(name, "exfil.secret.example");
+    }
+
+    #[test]
+    fn garbage_and_responses_are_not_answered() {
+        assert!(refuse(b"\x00\x01garbage").is_none());
+        let mut r = Message::new();
+        r.set_message_type(MessageType::Response);
+        assert!(refuse(&r.to_vec().unwrap()).is_none());
+    }
+}

