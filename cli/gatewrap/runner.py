@@ -310,7 +310,7 @@ def run(opts: RunOptions, stderr: TextIO | None = None) -> RunResult:
                                     "way is closed to it), so it cannot be shown in the jail")
         mounts: list[tuple[str, str]] = []
         if opts.jail == "nsjail":
-            staged, mounts = shims.staged_for_jail()
+            staged, mounts = shims.staged_for_jail(run_id)
             undo.callback(shutil.rmtree, staged, True)
             shims.add_python_shim(env, shims.PYTHON_SHIM_IN_JAIL, gate_url, run_id)
         elif user.can_enter(str(shims.PYTHON_SHIM), target):

@@ -40,11 +40,15 @@ PYTHON_SHIM_IN_JAIL = "/run/gatewrap-shims/python"
 RESOLV_CONF = Path(__file__).resolve().parent / "_shims" / "resolv.conf"
 
 
-def staged_for_jail() -> tuple[str, list[tuple[str, str]]]:
+#: Where staged shims go: ``/tmp/gatewrap-shims-<run id>-<random>`` (gc removes a dead run's).
+STAGED_PREFIX = "gatewrap-shims-"
+
+
+def staged_for_jail(run_id: str) -> tuple[str, list[tuple[str, str]]]:
     """Copy the shims to a fresh folder under /tmp that any user can read (nsjail runs as the
     agent's user, who may not reach the package, e.g. a virtualenv under /root); returns
     (the folder, to remove after the run; the (source, path in the jail) mounts)."""
-    d = tempfile.mkdtemp(prefix="gatewrap-shims-")
+    d = tempfile.mkdtemp(prefix=f"{STAGED_PREFIX}{run_id}-")
     os.chmod(d, 0o755)
     shutil.copytree(PYTHON_SHIM, os.path.join(d, "python"), ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(RESOLV_CONF, os.path.join(d, "resolv.conf"))

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
+import shutil
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..errors import SandboxError
+from ..shims import STAGED_PREFIX
 from . import cgroup, netns, registry
 
 
@@ -47,6 +51,8 @@ def collect(parent: str, salvage: Callable[[str, int], None] | None = None) -> C
                     salvage(run_id, cgroup_id)
             cgroup.kill_and_remove(leaf)
             netns.remove(run_id)
+            for staged in glob.glob(os.path.join(tempfile.gettempdir(), f"{STAGED_PREFIX}{run_id}-*")):
+                shutil.rmtree(staged, ignore_errors=True)
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(registry.lock_path(run_id))
             out.runs.append(run_id)
