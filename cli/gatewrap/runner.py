@@ -288,7 +288,7 @@ def run(opts: RunOptions, stderr: TextIO | None = None) -> RunResult:
             print(warning, file=err)
         loader.verify_attached(parent, hooks.pin_dir)
 
-        env, overridden = shims.agent_env(dict(os.environ), gate_url)
+        env, overridden = shims.agent_env(dict(os.environ), GATE_IP4, opts.port)
         if target.uid != os.getuid():
             env.update(HOME=target.home, USER=target.name, LOGNAME=target.name)
         if overridden:

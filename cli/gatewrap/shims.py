@@ -17,16 +17,18 @@ def env_table() -> dict[str, str]:
         return dict(tomllib.load(f)["env"])
 
 
-def agent_env(base: dict[str, str], proxy_url: str) -> tuple[dict[str, str], list[str]]:
+def agent_env(base: dict[str, str], host: str, port: int) -> tuple[dict[str, str], list[str]]:
     """Return (the agent's environment, names of user variables that were overridden).
 
     ``base`` is copied; every variable of the table replaces the user's value, since a
     proxy variable that points elsewhere would only make the agent fail at the kernel.
+    ``host``/``port``: the gate's listener in the sandbox (e.g. ``127.0.0.1``, 3128).
     """
     env = dict(base)
     overridden = []
+    proxy_url = f"http://{host}:{port}"
     for name, template in env_table().items():
-        value = template.replace("{proxy}", proxy_url)
+        value = template.replace("{proxy}", proxy_url).replace("{host}", host).replace("{port}", str(port))
         if name in env and env[name] != value:
             overridden.append(name)
         env[name] = value
