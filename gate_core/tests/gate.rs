@@ -13,7 +13,7 @@ use _gate_core::gate::{Gate, GateConfig};
 use _gate_core::policy::ssrf::PublicRanges;
 use _gate_core::policy::{file::from_toml, Mode, Policy};
 use common::client::{audit_lines, connect, exchange, find, in_netns, read_head, tunnel, upstream};
-use common::{is_root, Netns, TempDir};
+use common::{require_root, Netns, TempDir};
 use serde_json::Value;
 
 /// An upstream that accepts and never answers.
@@ -29,10 +29,7 @@ fn silent_upstream() -> SocketAddr {
 
 #[test]
 fn gate_forwards_tunnels_denies_and_audits() {
-    if !is_root() {
-        eprintln!("skipped: needs root");
-        return;
-    }
+    require_root();
     let ns = Netns::new("gate");
     let up = upstream();
     let closed = TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("closed port");
@@ -272,10 +269,7 @@ fn by_reason<'a>(lines: &'a [Value], reason: &str) -> Vec<&'a Value> {
 
 #[test]
 fn gate_audits_malformed_heads_and_refuses_bad_targets() {
-    if !is_root() {
-        eprintln!("skipped: needs root");
-        return;
-    }
+    require_root();
     let ns = Netns::new("gate-bad");
     let up = upstream();
     let dir = TempDir::new("gate-bad-test");

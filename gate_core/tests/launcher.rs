@@ -7,7 +7,7 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use _gate_core::launcher::{spawn, SpawnError, SpawnRequest};
-use common::{is_root, Cgroup, Netns, TempDir};
+use common::{require_root, Cgroup, Netns, TempDir};
 
 const NOBODY: u32 = 65534;
 
@@ -98,10 +98,7 @@ impl Drop for Reaper {
 
 #[test]
 fn child_enters_the_sandbox_without_privileges() {
-    if !is_root() {
-        eprintln!("skipped: needs root");
-        return;
-    }
+    require_root();
     let ns = Netns::new("l1");
     let cg = Cgroup::new("l1");
     let tmp = tmpdir("l1");
@@ -129,10 +126,7 @@ fn child_enters_the_sandbox_without_privileges() {
 
 #[test]
 fn exec_failures_name_the_command() {
-    if !is_root() {
-        eprintln!("skipped: needs root");
-        return;
-    }
+    require_root();
     let ns = Netns::new("l2");
     let cg = Cgroup::new("l2");
     let tmp = tmpdir("l2");

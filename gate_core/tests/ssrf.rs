@@ -17,7 +17,7 @@ use _gate_core::policy::ssrf::PublicRanges;
 use _gate_core::policy::{file::from_toml, Mode, Policy};
 use common::client::{audit_lines, exchange, in_netns, tunnel, upstream_in};
 use common::dns::{FakeDns, Zone};
-use common::{is_root, Netns, TempDir};
+use common::{require_root, Netns, TempDir};
 use hickory_proto::rr::RecordType;
 use serde_json::Value;
 
@@ -106,10 +106,7 @@ impl Setup {
 
 #[test]
 fn ssrf_guard_judges_every_resolved_address() {
-    if !is_root() {
-        eprintln!("skipped: needs root");
-        return;
-    }
+    require_root();
     let s = setup();
     let port = s.up.port();
     let ok = |host: &str| {

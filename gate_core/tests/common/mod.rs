@@ -8,9 +8,11 @@ pub mod dns;
 use std::path::PathBuf;
 use std::process::Command;
 
-pub fn is_root() -> bool {
+/// Kernel tests (netns, cgroups, setns) need root; they fail without it rather than pass
+/// unchecked, like the pytest suite's kernel tests.
+pub fn require_root() {
     // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
+    assert!(unsafe { libc::geteuid() } == 0, "this kernel test needs root: run `cargo test` as root");
 }
 
 fn ip(args: &[&str]) {
