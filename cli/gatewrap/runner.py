@@ -237,23 +237,31 @@ def run(opts: RunOptions, stderr: TextIO | None = None) -> RunResult:
     err = stderr or sys.stderr
     policy = build_policy(opts.policy_file, opts.allow, opts.deny)
     target = user.resolve(opts.user)
-    if target.uid == 0 and opts.jail == "nsjail":
-        raise GatewrapError(
-            "an agent running as root cannot be jailed (nsjail runs unprivileged, in a user namespace): "
-            "run it as a user (sudo from that user, or --user USER), or add --jail none (weaker)"
-        )
+    if opts.jail == "nsjail":
+        jail.refuse_root(target.uid)
     run_id = new_run_id()
+    gate_url = f"http://{GATE_IP4}:{opts.port}"
+    # What the agent runs, where and with what: checked before anything is set up.
+    env, overridden = shims.agent_env(dict(os.environ), GATE_IP4, opts.port)
+    if target.uid != os.getuid():
+        env.update(HOME=target.home, USER=target.name, LOGNAME=target.name)
+    cwd = opts.cwd or os.getcwd()
+    env["PWD"] = cwd
+    argv = _resolve_command(opts.argv, env, target)
+    for path in (*opts.ro_binds, *opts.rw_binds):
+        if not user.can_enter(path if os.path.isdir(path) else os.path.dirname(path), target):
+            raise GatewrapError(f"the agent's user {target.name} cannot reach {path} (a folder on the "
+                                "way is closed to it), so it cannot be shown in the jail")
+    if not user.can_enter(cwd, target):
+        raise GatewrapError(f"the agent's user {target.name} cannot enter its working directory {cwd} "
+                            "(a folder on the way is closed to it); choose another with --workdir")
     try:
         audit = core.AuditLog(opts.audit_log)
     except OSError as e:
         raise GatewrapError(f"cannot open the audit log {opts.audit_log}: {e}; choose another with --audit-log") from e
-    gate_url = f"http://{GATE_IP4}:{opts.port}"
     # Block the signals we wait for before any thread exists, so every thread
     # (bcc's, the gate's) inherits the mask and they reach sigtimedwait.
     old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, set(FORWARDED) | {signal.SIGCHLD})
-    gate: Any = None
-    denials: KernelDenials | None = None
-    run_hooks: loader.RunHooks | None = None
     with contextlib.ExitStack() as undo:
         undo.callback(signal.pthread_sigmask, signal.SIG_SETMASK, old_mask)
         _become_subreaper()
@@ -288,9 +296,6 @@ def run(opts: RunOptions, stderr: TextIO | None = None) -> RunResult:
             print(warning, file=err)
         loader.verify_attached(parent, hooks.pin_dir)
 
-        env, overridden = shims.agent_env(dict(os.environ), GATE_IP4, opts.port)
-        if target.uid != os.getuid():
-            env.update(HOME=target.home, USER=target.name, LOGNAME=target.name)
         if overridden:
             print(f"gatewrap: replaced your {', '.join(overridden)} so the agent uses the gate", file=err)
         if target.uid == 0:
@@ -301,13 +306,6 @@ def run(opts: RunOptions, stderr: TextIO | None = None) -> RunResult:
                   "through sudo; --user USER to choose)", file=err)
         audit.write({"run": run_id, "event": "run_start", "argv": opts.argv, "uid": target.uid,
                      "cgroup_id": cgroup_id, "gate": gate_url})
-        cwd = opts.cwd or os.getcwd()
-        env["PWD"] = cwd
-        argv = _resolve_command(opts.argv, env, target)
-        for path in (*opts.ro_binds, *opts.rw_binds):
-            if not user.can_enter(path if os.path.isdir(path) else os.path.dirname(path), target):
-                raise GatewrapError(f"the agent's user {target.name} cannot reach {path} (a folder on the "
-                                    "way is closed to it), so it cannot be shown in the jail")
         mounts: list[tuple[str, str]] = []
         if opts.jail == "nsjail":
             staged, mounts = shims.staged_for_jail(run_id)
@@ -315,9 +313,6 @@ def run(opts: RunOptions, stderr: TextIO | None = None) -> RunResult:
             shims.add_python_shim(env, shims.PYTHON_SHIM_IN_JAIL, gate_url, run_id)
         elif user.can_enter(str(shims.PYTHON_SHIM), target):
             shims.add_python_shim(env, str(shims.PYTHON_SHIM), gate_url, run_id)
-        if not user.can_enter(cwd, target):
-            raise GatewrapError(f"the agent's user {target.name} cannot enter its working directory {cwd} "
-                                "(a folder on the way is closed to it); choose another with --workdir")
         if not user.can_write(cwd, target):
             print(f"gatewrap: note: the agent's user {target.name} cannot write its working directory "
                   f"{cwd}; choose one with --workdir, or chown it", file=err)

@@ -32,6 +32,20 @@ def nsjail_path() -> str | None:
     return os.environ.get("GATEWRAP_NSJAIL") or shutil.which("nsjail")
 
 
+def refuse_root(uid: int) -> None:
+    """An agent running as root cannot be jailed: nsjail runs as the agent's user, in a user
+    namespace, and a uid 0 without capabilities may not map its gid there.
+
+    Raises:
+        GatewrapError: ``uid`` is 0.
+    """
+    if uid == 0:
+        raise GatewrapError(
+            "an agent running as root cannot be jailed (nsjail runs unprivileged, in a user namespace): "
+            "run it as a user (sudo from that user, or --user USER), or add --jail none (weaker)"
+        )
+
+
 def tini_path() -> str | None:
     """tini, the init the agent runs under in the jail's pid namespace (Debian's ``tini``)."""
     return shutil.which("tini") or (os.path.exists("/usr/bin/tini") and "/usr/bin/tini") or None
@@ -46,7 +60,7 @@ def wrap(argv: list[str], uid: int, gid: int, cwd: str, ro_binds: list[str], rw_
     ``mounts`` are (host path, path in the jail) pairs shown read-only (gatewrap's shims).
 
     Raises:
-        GatewrapError: nsjail or tini is not installed, or ``uid`` is 0.
+        GatewrapError: nsjail or tini is not installed (a root ``uid``: see :func:`refuse_root`).
     """
     nsjail, tini = nsjail_path(), tini_path()
     if nsjail is None or tini is None:
@@ -55,8 +69,6 @@ def wrap(argv: list[str], uid: int, gid: int, cwd: str, ro_binds: list[str], rw_
             f"{missing} is not installed: run scripts/setup.sh install, "
             "or run without the jail with --jail none (weaker: see gatewrap run --help)"
         )
-    if uid == 0:
-        raise GatewrapError("an agent running as root cannot be jailed; add --jail none (weaker)")
     cmd = [nsjail, "--config", str(PROFILE), "--really_quiet", "-u", f"{uid}:{uid}:1",
            "-g", f"{gid}:{gid}:1", "--cwd", cwd]
     writable = list(rw_binds)
