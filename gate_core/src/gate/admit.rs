@@ -1,7 +1,7 @@
 //! From a request's host and port to a carried-out decision (policy + mode).
 
 use crate::audit::{fields as f, GateRecord};
-use crate::policy::{canonical_host, Action, Decision, Host, HostError, Mode};
+use crate::policy::{canonical_host, Action, Decision, Host, HostError, Mode, Policy, RequestFacts};
 
 use hyper::{Response, StatusCode};
 
@@ -38,17 +38,23 @@ impl Admission {
     }
 }
 
-/// Canonicalise `host` and decide on it with the current policy.
-pub fn admit(ctx: &Ctx, host: &str, port: u16) -> Result<Admission, HostError> {
-    Ok(decide(ctx, canonical_host(host)?, port))
+/// Canonicalise the `host` of a CONNECT and decide on the tunnel ([`Policy::decide_connect`]).
+pub fn admit_connect(ctx: &Ctx, host: &str, port: u16) -> Result<Admission, HostError> {
+    let host = canonical_host(host)?;
+    Ok(carry_out(ctx, host, port, |p, h| p.decide_connect(h, port)))
 }
 
-/// Decide on a canonical `host` with the current policy. `report` mode lets a denied
-/// destination through unless the denial is fixed (an unspecified address).
-pub fn decide(ctx: &Ctx, host: Host, port: u16) -> Admission {
+/// Decide on one HTTP request ([`Policy::decide_request`]); `req.host` is canonical.
+pub fn admit_request(ctx: &Ctx, req: &RequestFacts<'_>) -> Admission {
+    carry_out(ctx, req.host.clone(), req.port, |p, _| p.decide_request(req))
+}
+
+/// Decide with the current policy, then apply its mode: `report` lets a denied destination
+/// through unless the denial is fixed (an unspecified address).
+fn carry_out(ctx: &Ctx, host: Host, port: u16, decide: impl FnOnce(&Policy, &Host) -> Decision) -> Admission {
     let (decision, mode) = {
         let policy = ctx.policy.read().unwrap_or_else(|p| p.into_inner());
-        (policy.decide(&host, port), policy.mode)
+        (decide(&policy, &host), policy.mode)
     };
     let (proceed, would) = match (decision.action, mode) {
         (Action::Allow, _) => (true, None),

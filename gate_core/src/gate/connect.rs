@@ -12,7 +12,7 @@ use tokio::net::TcpStream;
 
 use crate::audit::fields as f;
 
-use super::admit::admit;
+use super::admit::admit_connect;
 use super::server::Slot;
 use super::respond::{self, Body};
 use super::ctx::Pending;
@@ -38,7 +38,7 @@ async fn open(ctx: Arc<Ctx>, peer: SocketAddr, mut req: Request<Incoming>) -> Re
             return ctx.refuse(rec, "protocol: CONNECT without HOST:PORT", respond::CONNECT_NEEDS_PORT)
         }
     };
-    let adm = match admit(&ctx, &host, port) {
+    let adm = match admit_connect(&ctx, &host, port) {
         Ok(adm) => adm,
         Err(e) => return ctx.refuse(rec, &format!("protocol: {e}"), &format!("gatewrap gate: {e}")),
     };

@@ -11,9 +11,9 @@ use hyper::{Request, Response, Uri, Version};
 use hyper_util::rt::TokioIo;
 
 use crate::audit::fields as f;
-use crate::policy::{canonical_host, Host};
+use crate::policy::{canonical_host, Host, RequestFacts, Scheme};
 
-use super::admit::decide;
+use super::admit::admit_request;
 use super::respond::{self, Body};
 use super::ctx::Pending;
 use super::target::{check_host_header, split_authority, HostHeaderError, InvalidPort, HTTP_DEFAULT_PORT};
@@ -83,7 +83,9 @@ pub async fn handle(ctx: Arc<Ctx>, peer: SocketAddr, req: Request<Incoming>) -> 
         };
         return ctx.refuse(rec, reason, &respond::host_header(&e));
     }
-    let adm = decide(&ctx, host, port);
+    let path = req.uri().path_and_query().map_or("/", |pq| pq.as_str());
+    let facts = RequestFacts { host: &host, port, scheme: Scheme::Http, method: req.method().as_str(), path };
+    let adm = admit_request(&ctx, &facts);
     adm.fill(&mut rec);
     if !adm.proceed {
         return adm.forbid(&ctx, rec);

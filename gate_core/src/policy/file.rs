@@ -12,9 +12,10 @@
 //! allow_private = true   # optional (allow rules on names only): the names may resolve to
 //!                        # loopback/private/link-local/CGNAT/documentation/reserved
 //!                        # addresses; never metadata nor IPv6-embedded IPv4
+//! inspect = true         # optional: TLS-inspect https CONNECTs this rule matches
 //! ```
 //! Any other key is refused with its line; keys the design has but the gate does not do yet
-//! (`methods`, `path`, `timeout`, `budget`, `inspect`, action `ask`) say "not supported yet".
+//! (`methods`, `path`, `timeout`, `budget`, action `ask`) say "not supported yet".
 
 use serde::Deserialize;
 use toml::Spanned;
@@ -24,7 +25,7 @@ use super::rules::{Action, Mode, Origin, Policy, Ports, Rule};
 use super::PolicyError;
 
 /// Keys from the design that a later version will accept.
-const NOT_YET: [&str; 5] = ["methods", "path", "timeout", "budget", "inspect"];
+const NOT_YET: [&str; 4] = ["methods", "path", "timeout", "budget"];
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -44,6 +45,7 @@ struct RuleSchema {
     ports: Option<Spanned<Vec<Spanned<i64>>>>,
     action: Spanned<String>,
     allow_private: Option<Spanned<bool>>,
+    inspect: Option<Spanned<bool>>,
 }
 
 /// Reads policy text; `source` names the file in messages and rule ids.
@@ -130,6 +132,7 @@ impl Reader<'_> {
             origin: Origin::File,
             line: Some(line),
             allow_private,
+            inspect: r.inspect.as_ref().is_some_and(|v| *v.get_ref()),
         })
     }
 

@@ -8,7 +8,7 @@ pub mod ssrf;
 mod tests;
 
 pub use canon::{canonical_host, canonical_pattern, Host, HostError, HostPattern};
-pub use rules::{Action, Decision, Mode, Origin, Policy, Ports, Rule, REASON_UNSPECIFIED};
+pub use rules::{Action, Decision, Mode, Origin, Policy, Ports, RequestFacts, Rule, Scheme, REASON_UNSPECIFIED};
 
 /// A policy that cannot be used: bad file, bad flag value, or a feature not built yet.
 #[derive(Debug, thiserror::Error)]
@@ -46,6 +46,7 @@ impl Policy {
             origin: Origin::Cli,
             line: None,
             allow_private: false,
+            inspect: false,
         });
         Ok(())
     }

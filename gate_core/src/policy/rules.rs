@@ -83,6 +83,10 @@ pub struct Rule {
     /// loopback, private, link-local, CGNAT, documentation, benchmarking and reserved
     /// addresses (never metadata nor embedded IPv4; see `ssrf::Class::allow_private_covers`).
     pub allow_private: bool,
+    /// `inspect = true`: an https CONNECT this rule matches is TLS-inspected (the gate
+    /// terminates TLS with a leaf certificate of its own CA) so that each inner request is
+    /// decided by [`Policy::decide_request`] on its method and path.
+    pub inspect: bool,
 }
 
 impl Rule {
@@ -104,6 +108,37 @@ pub struct Decision {
     pub fixed: bool,
     /// The matching rule allows and has `allow_private = true` (see [`Rule::allow_private`]).
     pub allow_private: bool,
+    /// Only from [`Policy::decide_connect`]: the tunnel is to be TLS-inspected, and each
+    /// inner request decided by [`Policy::decide_request`] (see [`Rule::inspect`]).
+    pub inspect: bool,
+}
+
+/// The scheme of a request the gate decides on: `http` for an absolute-form request,
+/// `https` for a request inside an inspected CONNECT tunnel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scheme {
+    Http,
+    Https,
+}
+
+impl Scheme {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scheme::Http => "http",
+            Scheme::Https => "https",
+        }
+    }
+}
+
+/// One HTTP request as the gate will carry it out: canonical host, port, scheme, method
+/// (as sent, e.g. `"POST"`) and the path of the request target (origin form, with query).
+#[derive(Debug, Clone, Copy)]
+pub struct RequestFacts<'a> {
+    pub host: &'a Host,
+    pub port: u16,
+    pub scheme: Scheme,
+    pub method: &'a str,
+    pub path: &'a str,
 }
 
 /// Reason of the fixed denial of an unspecified address (`0.0.0.0`, `::`).
@@ -157,6 +192,7 @@ impl Policy {
                 rule: None,
                 fixed: true,
                 allow_private: false,
+                inspect: false,
             };
         }
         match self.rules().find(|r| r.matches(host, port)) {
@@ -166,6 +202,7 @@ impl Policy {
                 rule: Some(rule.id.clone()),
                 fixed: false,
                 allow_private: rule.allow_private && rule.action == Action::Allow,
+                inspect: false,
             },
             None => Decision {
                 action: self.default,
@@ -173,8 +210,25 @@ impl Policy {
                 rule: None,
                 fixed: false,
                 allow_private: false,
+                inspect: false,
             },
         }
+    }
+
+    /// Decide on a CONNECT to `host:port` (the tunnel as a whole). When the decision allows
+    /// and the matching rule has `inspect = true`, [`Decision::inspect`] is set: the gate
+    /// terminates TLS and decides each inner request with [`Policy::decide_request`].
+    pub fn decide_connect(&self, host: &Host, port: u16) -> Decision {
+        let mut d = self.decide(host, port);
+        d.inspect = d.action == Action::Allow
+            && self.rules().find(|r| r.matches(host, port)).is_some_and(|r| r.inspect);
+        d
+    }
+
+    /// Decide on one HTTP request: an absolute-form `http://` request, or a request inside
+    /// an inspected tunnel (`scheme = https`).
+    pub fn decide_request(&self, req: &RequestFacts<'_>) -> Decision {
+        self.decide(req.host, req.port)
     }
 
     /// The id of the rule that allows `ip` on `port` by naming it: the first rule matching
