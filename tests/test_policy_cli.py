@@ -167,6 +167,11 @@ FLAGS = [
     ("a flag's port limits it", ["--allow", "pypi.org:8443"], "https://pypi.org/", "deny", None),
     ("a flag matches canonically", ["--deny", "*.EXAMPLE.com."], "https://a.example.com/", "deny",
      "--deny *.EXAMPLE.com."),
+    ("an IPv4 address written as one decimal number is the dotted quad", ["--allow", "203.0.113.10"],
+     "http://3405803786/", "allow", "--allow 203.0.113.10"),
+    ("an IPv4 address in hex and octal parts is the dotted quad", ["--deny", "203.0.113.10"],
+     "https://0xcb.0.0161.0xa/", "deny", "--deny 203.0.113.10"),
+    ("a short IPv4 form is the dotted quad", ["--allow", "127.0.0.1"], "http://127.1/", "allow", "--allow 127.0.0.1"),
 ]
 
 
@@ -186,7 +191,7 @@ REFUSED = [
     ("an ftp URL", "GET", "ftp://api.openai.com/", "http:// or https://"),
     ("a URL without a host", "GET", "https:///path", "no host"),
     ("a host with an empty label", "GET", "https://a..b/", 'invalid host "a..b": empty label'),
-    ("an ambiguous IPv4 spelling", "GET", "http://127.1/", "ambiguous"),
+    ("a numeric host that is no IPv4 address", "GET", "http://1.2.3.4.5/", "not an IPv4 address in any spelling"),
     ("a percent-encoded host", "GET", "http://%61pi.openai.com/", "invalid host"),
     ("a port out of range", "GET", "https://api.openai.com:99999/", "99999"),
     ("a port that is not a number", "GET", "https://api.openai.com:https/", "api.openai.com:https"),

@@ -1,8 +1,12 @@
 //! Canonical destinations: the one spelling of a host that the gate both decides on and dials.
 //!
 //! A name is lower-case ASCII (IDN as punycode), without a trailing dot, made of labels of
-//! `[a-z0-9-]`; an IP literal is the address `std` parses, printed in its normal form
-//! (`::1`, never `0:0::1`). Anything else is refused rather than guessed at.
+//! `[a-z0-9-]`; an IP literal is printed in its normal form (`::1`, never `0:0::1`). A host
+//! whose last label is a number is an IPv4 address in the WHATWG URL Standard's spellings
+//! (§3.5 "IPv4 parser": decimal, octal `0`-prefixed, hex `0x`-prefixed parts, 1 to 4 of them,
+//! the last filling the remaining bytes: `127.1`, `0x7f.1`, `2130706433`), as URL clients read
+//! it, so the gate decides on the address the client means. Anything else is refused rather
+//! than guessed at.
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -109,7 +113,7 @@ pub fn canonical_host(input: &str) -> Result<Host, HostError> {
     if let Ok(a) = trimmed.parse::<Ipv4Addr>() {
         return Ok(Host::V4(a));
     }
-    canonical_name(input, trimmed).map(Host::Name)
+    canonical_name(input, trimmed)
 }
 
 /// A rule's host pattern, canonicalised: an exact host or `*.suffix` (strict subdomains).
@@ -162,7 +166,7 @@ impl HostPattern {
     }
 }
 
-fn canonical_name(input: &str, trimmed: &str) -> Result<String, HostError> {
+fn canonical_name(input: &str, trimmed: &str) -> Result<Host, HostError> {
     if trimmed.contains('*') {
         return Err(bad(input, "'*' is only allowed as a leading \"*.\" in rules"));
     }
@@ -190,16 +194,32 @@ fn canonical_name(input: &str, trimmed: &str) -> Result<String, HostError> {
             return Err(bad(input, "characters outside [a-z0-9-.]"));
         }
     }
-    // URL parsers (WHATWG) read a host whose last label is numeric as an IPv4 address in
-    // some base ("127.1", "0x7f.1"); refusing it keeps the gate and the client in agreement.
-    if let Some(last) = ascii.rsplit('.').next() {
-        let numeric = last.bytes().all(|b| b.is_ascii_digit())
-            || (last.starts_with("0x") && last[2..].bytes().all(|b| b.is_ascii_hexdigit()));
-        if numeric {
-            return Err(bad(input, "numeric last label (ambiguous IPv4 form)"));
-        }
+    if ends_in_number(&ascii) {
+        return ipv4_any_spelling(&ascii).map(Host::V4).ok_or_else(|| bad(input, NUMERIC_NOT_IPV4));
     }
-    Ok(ascii)
+    Ok(Host::Name(ascii))
+}
+
+/// Why a host whose last label is a number, but which is no IPv4 address, is refused.
+pub const NUMERIC_NOT_IPV4: &str = "numeric last label but not an IPv4 address in any spelling";
+
+/// WHATWG URL §3.5 "ends in a number": the last label (one trailing empty label aside, which
+/// the caller has removed) is decimal digits or `0x` + hex digits.
+fn ends_in_number(ascii: &str) -> bool {
+    let last = ascii.rsplit('.').next().unwrap_or(ascii);
+    !last.is_empty()
+        && (last.bytes().all(|b| b.is_ascii_digit())
+            || last.strip_prefix("0x").is_some_and(|h| h.bytes().all(|b| b.is_ascii_hexdigit())))
+}
+
+/// The IPv4 address a URL client reads from `ascii` (WHATWG URL §3.5, implemented by the
+/// `url` crate's host parser), or `None` when it is not one (five parts, a part too large,
+/// a label that is not a number).
+fn ipv4_any_spelling(ascii: &str) -> Option<Ipv4Addr> {
+    match url::Host::parse(ascii) {
+        Ok(url::Host::Ipv4(a)) => Some(a),
+        _ => None,
+    }
 }
 
 /// Split a CLI spec `HOST[:PORT]` (`[v6]:port`, bare `v6`, `*.name:port`).
