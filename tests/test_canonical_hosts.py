@@ -38,6 +38,13 @@ NOT_NORMALISED = ("gate bug: canonical_host (gate_core/src/policy/canon.rs) refu
                   "octal, hex and short forms ('numeric last label') instead of normalising them to "
                   "the dotted quad as issue 4 asks")
 
+FRAGMENT = ("gate bug: forward::handle (gate_core/src/gate/forward.rs) forwards "
+            "'GET http://allowed.test#@evil.test/' upstream with an empty request-target ('GET  HTTP/1.1': "
+            "the http crate drops the fragment and leaves an empty path, which Uri::from(pq) then writes "
+            "as nothing); the server reads 'HTTP/1.1' as the path and the agent gets 502 'invalid HTTP "
+            "version parsed'. ('http://allowed.test' and 'http://allowed.test/#x' are fine.) Expected: 400, "
+            "as an absolute-URI has no fragment (RFC 9112 §3.2.2, RFC 3986 §4.3)")
+
 
 @pytest.fixture(scope="module")
 def net():
@@ -159,6 +166,8 @@ CASES = [
        "allowed.test", "allowed.test", "--allow allowed.test"),
     bad("a backslash before @ is refused, not read as a path", get("http://evil.test\\@allowed.test/", "allowed.test"),
         MALFORMED_URI),
+    bad("a fragment after the host is refused: absolute-form has none",
+        get("http://allowed.test#@evil.test/", "allowed.test"), "protocol: *", bug=FRAGMENT),
     # the Host header
     bad("a Host header naming another host is refused", get("http://allowed.test/", "evil.test"),
         "protocol: host mismatch", says=MISMATCH),
@@ -198,6 +207,10 @@ CASES = [
          invalid("allowed.test..", "empty label")),
     Case("CONNECT to an IPv6 literal in another spelling is the compressed address",
          connect("[2001:DB8:100:0::10]:443"), 200, None, "2001:db8:100::10", "--allow [2001:db8:100::10]"),
+    Case("CONNECT with userinfo naming an allowed host does not make it the destination",
+         connect("allowed.test@evil.test:443"), 403, DEFAULT_DENY, "evil.test"),
+    Case("CONNECT with userinfo before an allowed host is ignored for matching",
+         connect("evil.test@allowed.test:443"), 200, None, "allowed.test", "--allow allowed.test"),
     Case("CONNECT to a decimal address is judged as its dotted quad", connect("3405803786:443"), 200, None,
          "203.0.113.10", "--allow 203.0.113.10", bug=NOT_NORMALISED),
 ]
@@ -227,7 +240,9 @@ def test_the_gate_judges_the_canonical_host(raw_run, net, case):
     assert rec is not None, f"no audit record for {answer}"
     got = (answer["status"], rec["decision"], rec.get("status"))
     assert got == (case.status, case.decision, case.status), (answer, rec)
-    if case.reason is not None:
+    if case.reason is not None and case.reason.endswith("*"):
+        assert rec.get("reason", "").startswith(case.reason[:-1]), rec
+    elif case.reason is not None:
         assert rec.get("reason") == case.reason, rec
     if case.dst_host is not None:
         assert rec.get("dst_host") == case.dst_host, rec
@@ -243,12 +258,12 @@ MALFORMED_BODY = ("gate bug: a request head hyper cannot parse (raw control char
 
 
 @pytest.mark.parametrize("case", params([
-    dataclasses.replace(c, bug=MALFORMED_BODY if c.reason.startswith("protocol: malformed") else None)
+    dataclasses.replace(c, bug=c.bug or (MALFORMED_BODY if c.reason.startswith("protocol: malformed") else None))
     for c in CASES if c.status == 400]))
 def test_a_refused_host_gets_a_body_that_says_why(raw_run, case):
     _, answers = raw_run
     says = case.says or case.reason.removeprefix("protocol: ")
-    if case.reason.startswith("protocol: malformed"):
+    if case.reason.startswith("protocol: malformed") or case.reason.endswith("*"):
         says = "gatewrap gate: "  # the gate's own words, whatever they are
     assert says in answers[case.id]["body"], answers[case.id]
 
