@@ -14,8 +14,12 @@ CURL = ["curl", "-sS", "-i", "--max-time", "10"]
 
 @pytest.fixture(scope="module")
 def net():
+    # 10.20.30.40 has a server in the fake internet: were the guard to let it through, the
+    # connection would land there (and in the access log), never on the host's own network.
     with FakeInternet(extra_names={"loop.test": "127.0.0.1", "meta.test": "169.254.169.254",
-                                   "lan.test": "10.20.30.40"}) as n:
+                                   "lan.test": "10.20.30.40", "meta6.test": "fd00:ec2::254",
+                                   "mapped.test": "::ffff:10.20.30.40"},
+                      private_addrs=["10.20.30.40"]) as n:
         yield n
 
 
@@ -59,3 +63,91 @@ def test_a_bad_public_range_is_a_usage_error(gatewrap):
     r = gatewrap(["/bin/true"], extra=["--public-range", "169.254.0.0/16"])
     assert r.returncode == 125
     assert "--public-range" in r.stderr and "metadata" in r.stderr
+
+
+# --- every way to the metadata service and to IPv4 behind an IPv6 form, with an allow-all policy
+
+from conftest import run_gatewrap  # noqa: E402
+from rawproxy import agent_code, connect, get, record_of, results  # noqa: E402
+
+#: default allow, and allow_private on the names (which must not be enough for metadata or
+#: embedded IPv4); lan.test shows that allow_private does open a private address.
+ALLOW_PRIVATE_POLICY = 'default = "allow"\n' + "".join(
+    f'\n[[rule]]\nhost = "{name}"\naction = "allow"\nallow_private = true\n'
+    for name in ("meta.test", "meta6.test", "mapped.test", "lan.test"))
+#: The IPv4 normalisation bug of test_canonical_hosts.py: decimal forms are refused (400).
+NOT_NORMALISED = ("gate bug: canonical_host (gate_core/src/policy/canon.rs) refuses the decimal form "
+                  "of an IPv4 address (400 'numeric last label') instead of judging it as the dotted quad")
+
+
+def refused(ip_class: str, ip: str) -> tuple[int, str]:
+    return 403, f"ssrf: {ip_class} address {ip}"
+
+
+GUARD_CASES = [
+    ("the IPv6 metadata address", get("http://[fd00:ec2::254]/", "[fd00:ec2::254]"), refused("metadata", "fd00:ec2::254")),
+    ("a name resolving to the metadata address with allow_private on its rule",
+     get("http://meta.test/latest/meta-data/", "meta.test"), refused("metadata", "169.254.169.254")),
+    ("a name resolving to the IPv6 metadata address with allow_private on its rule",
+     get("http://meta6.test/", "meta6.test"), refused("metadata", "fd00:ec2::254")),
+    ("a CONNECT to the metadata address", connect("169.254.169.254:443"), refused("metadata", "169.254.169.254")),
+    ("a CONNECT to a name resolving to the metadata address with allow_private", connect("meta.test:443"),
+     refused("metadata", "169.254.169.254")),
+    ("the metadata address v4-mapped", get("http://[::ffff:169.254.169.254]/", "[::ffff:169.254.169.254]"),
+     refused("embedded-ipv4", "::ffff:169.254.169.254")),
+    ("the metadata address in decimal", get("http://2852039166/", "2852039166"), refused("metadata", "169.254.169.254")),
+    ("a v4-mapped loopback address in hex", get("http://[::ffff:7f00:1]/", "[::ffff:7f00:1]"),
+     refused("embedded-ipv4", "::ffff:127.0.0.1")),
+    ("a v4-mapped public address", get("http://[::ffff:203.0.113.10]/", "[::ffff:203.0.113.10]"),
+     refused("embedded-ipv4", "::ffff:203.0.113.10")),
+    ("a v4-compatible loopback address", get("http://[::127.0.0.1]/", "[::127.0.0.1]"),
+     refused("embedded-ipv4", "::7f00:1")),
+    ("a NAT64 address embedding a private one", get("http://[64:ff9b::10.20.30.40]/", "[64:ff9b::10.20.30.40]"),
+     refused("embedded-ipv4", "64:ff9b::a14:1e28")),
+    ("a local-use NAT64 address embedding the metadata one", get("http://[64:ff9b:1::a9fe:a9fe]/", "[64:ff9b:1::a9fe:a9fe]"),
+     refused("embedded-ipv4", "64:ff9b:1::a9fe:a9fe")),
+    ("a 6to4 address embedding a private one", get("http://[2002:a14:1e28::1]/", "[2002:a14:1e28::1]"),
+     refused("embedded-ipv4", "2002:a14:1e28::1")),
+    ("a Teredo address", get("http://[2001:0:4136:e378:8000:63bf:3fff:fdd2]/", "[2001:0:4136:e378:8000:63bf:3fff:fdd2]"),
+     refused("embedded-ipv4", "2001:0:4136:e378:8000:63bf:3fff:fdd2")),
+    ("a name resolving to a v4-mapped address with allow_private on its rule", get("http://mapped.test/", "mapped.test"),
+     refused("embedded-ipv4", "::ffff:10.20.30.40")),
+    ("a name resolving to a private address with allow_private on its rule is dialled",
+     get("http://lan.test/", "lan.test"), (200, "allow-private.toml:rule[4]")),
+]
+GUARD_BUGS = {"the metadata address in decimal": NOT_NORMALISED}
+
+
+@pytest.fixture(scope="module")
+def guard_run(net, tmp_path_factory):
+    """One sandbox run under ALLOW_PRIVATE_POLICY sending every GUARD_CASES request."""
+    net.clear_logs()
+    d = tmp_path_factory.mktemp("guard")
+    policy = d / "allow-private.toml"
+    policy.write_text(ALLOW_PRIVATE_POLICY)
+    run = run_gatewrap(net, d / "audit.jsonl", python=agent_code([(c, req) for c, req, _ in GUARD_CASES]),
+                       extra=["--policy", str(policy)])
+    answers = results(run.stdout)
+    assert len(answers) == len(GUARD_CASES), run.stdout + run.stderr
+    return run, answers
+
+
+@pytest.mark.parametrize("case,want", [
+    pytest.param(c, want, id=c, marks=[pytest.mark.xfail(strict=True, reason=GUARD_BUGS[c])] if c in GUARD_BUGS else [])
+    for c, _, want in GUARD_CASES])
+def test_the_guard_refuses_metadata_and_embedded_ipv4_whatever_the_policy_allows(guard_run, case, want):
+    run, answers = guard_run
+    rec = record_of(run, answers[case])
+    status, reason = want
+    assert rec is not None, answers[case]
+    assert (answers[case]["status"], rec.get("status")) == (status, status), (answers[case], rec)
+    if status == 200:
+        assert (rec["decision"], rec["dst_ip"]) == ("allowed", "10.20.30.40"), rec
+        assert rec["rule"].endswith(reason), rec  # the policy file's path, then the rule
+    else:
+        assert (rec["decision"], rec.get("reason")) == ("denied", reason), rec
+
+
+def test_the_guard_dialled_only_the_private_address_allow_private_opened(guard_run, net):
+    seen = {(e["local"], e.get("host")) for e in net.access_entries(event="request")}
+    assert seen == {("10.20.30.40", "lan.test")}, seen

@@ -5,7 +5,12 @@ Usage: ``python3 dns_server.py CONFIG.json``. The config holds::
     {"names": {"allowed.test": ["203.0.113.10", "2001:db8:100::10"], ...},
      "ttl": 0,                       # seconds, on every answer
      "log": "/tmp/.../dns.jsonl",    # every query received -> one JSON line
-     "listen": [["198.51.100.2", 53], ["2001:db8:1::2", 53]]}   # UDP and TCP each
+     "listen": [["198.51.100.2", 53], ["2001:db8:1::2", 53]],   # UDP and TCP each
+     "sequences": {"rebind.test": [["203.0.113.10"], ["10.20.30.40"]]}}   # optional
+
+A name in ``sequences`` answers its n-th query of a type (A, AAAA) from the n-th list,
+the last list once they run out (DNS rebinding: public first, private afterwards; the
+TTL is the config's, 0 by default, so no well-behaved cache keeps the first answer).
 
 Answers: A/AAAA from the table (a key ``*.x.test`` matches any name under
 x.test not listed itself); a known name with no address of the asked type, or
@@ -43,10 +48,25 @@ def lookup(names: dict[str, list[str]], qname: str) -> list[str] | None:
 
 
 class Resolver:
-    def __init__(self, names: dict[str, list[str]], ttl: int, log: JsonLog):
+    def __init__(self, names: dict[str, list[str]], ttl: int, log: JsonLog,
+                 sequences: dict[str, list[list[str]]] | None = None):
         self.names = {k.lower().rstrip("."): v for k, v in names.items()}
+        self.sequences = {k.lower().rstrip("."): v for k, v in (sequences or {}).items()}
+        self.asked: dict[tuple[str, int], int] = {}  # (name, qtype) -> queries answered so far
+        self.lock = threading.Lock()
         self.ttl = ttl
         self.log = log
+
+    def addresses(self, qname: str, qtype: int) -> list[str] | None:
+        """The table's addresses for ``qname``; for a name in ``sequences``, the list for
+        this query's rank among the queries of its type (counted from 0)."""
+        seq = self.sequences.get(qname)
+        if seq is None:
+            return lookup(self.names, qname)
+        with self.lock:
+            n = self.asked.get((qname, qtype), 0)
+            self.asked[(qname, qtype)] = n + 1
+        return seq[min(n, len(seq) - 1)]
 
     def resolve(self, request, handler):
         reply = request.reply()  # sets qr, aa, ra
@@ -58,7 +78,7 @@ class Resolver:
             reply.header.rcode = RCODE.REFUSED
             reply.header.aa = 0
         else:
-            addrs = lookup(self.names, qname)
+            addrs = self.addresses(qname, q.qtype)
             if addrs is None:
                 reply.header.rcode = RCODE.NXDOMAIN
             else:
@@ -68,7 +88,7 @@ class Resolver:
                         reply.add_answer(RR(q.qname, QTYPE.A, ttl=self.ttl, rdata=A(a)))
                         answers.append(a)
                     elif ip.version == 6 and q.qtype in (QTYPE.AAAA, QTYPE.ANY):
-                        reply.add_answer(RR(q.qname, QTYPE.AAAA, ttl=self.ttl, rdata=AAAA(a)))
+                        reply.add_answer(RR(q.qname, QTYPE.AAAA, ttl=self.ttl, rdata=AAAA(ip.exploded)))  # dnslib cannot parse "::ffff:1.2.3.4"
                         answers.append(a)
         # Logged before dnslib sends the reply: once a client has its answer, the line is there.
         peer = handler.client_address
@@ -91,7 +111,7 @@ def main() -> None:
         cfg = json.load(f)
     exit_when_parent_goes()
     log = JsonLog(cfg["log"])
-    resolver = Resolver(cfg["names"], int(cfg.get("ttl", 0)), log)
+    resolver = Resolver(cfg["names"], int(cfg.get("ttl", 0)), log, cfg.get("sequences"))
     logger = DNSLogger(log="error", prefix=False, logf=lambda s: print(s, file=sys.stderr, flush=True))
     servers = []
     for addr, port in cfg["listen"]:

@@ -77,6 +77,11 @@ STARTUP_TIMEOUT = 5.0  # seconds, for all servers to answer from the host netns
 PROBE_TIMEOUT = 0.25  # seconds, one readiness probe
 
 
+def _host_prefix(addr: str) -> int:
+    """32 for an IPv4 address, 128 for IPv6: the prefix that names one host."""
+    return ipaddress.ip_address(addr).max_prefixlen
+
+
 class FakeInternetError(RuntimeError):
     """Set-up of the fake internet failed (message carries the servers' stderr)."""
 
@@ -145,13 +150,17 @@ def _kill_netns_pids(ns: str) -> None:
             pass
 
 
+def _norm_addrs(addrs: str | Iterable[str]) -> list[str]:
+    addrs = [addrs] if isinstance(addrs, str) else list(addrs)
+    for a in addrs:
+        ipaddress.ip_address(a)  # validate early
+    return addrs
+
+
 def _norm_names(extra: Mapping[str, str | Iterable[str]] | None) -> dict[str, list[str]]:
     names = {k: list(v) for k, v in DEFAULT_NAMES.items()}
     for name, addrs in (extra or {}).items():
-        addrs = [addrs] if isinstance(addrs, str) else list(addrs)
-        for a in addrs:
-            ipaddress.ip_address(a)  # validate early
-        names[name.lower().rstrip(".")] = addrs
+        names[name.lower().rstrip(".")] = _norm_addrs(addrs)
     return names
 
 
@@ -162,6 +171,12 @@ class FakeInternet:
     ``{"x.test": ["203.0.113.30", "2001:db8:100::30"]}``. Only the addresses in
     SERVER_V4/SERVER_V6 have servers behind them.
     ``ttl``: TTL in seconds of every DNS answer (default 0: clients must not cache).
+    ``sequences``: names whose answers change from query to query (DNS rebinding),
+    ``{"rebind.test": ["203.0.113.10", "10.20.30.40"]}``: the n-th A (or AAAA) query gets
+    the n-th entry (a string or a list), the last one from then on (see ``dns_server.py``).
+    ``private_addrs``: non-public addresses (e.g. ``"10.20.30.40"``) added to the inet
+    netns's servers and routed there from the host (a /32 or /128 via the veth), so that a
+    connection to one lands in the access log instead of leaving by the host's default route.
 
     Attributes once entered: ``netns`` (name), ``host_ifname``, ``tmpdir``,
     ``dns_server`` ("198.51.100.2:53"), ``dns_server6`` ("[2001:db8:1::2]:53"),
@@ -175,8 +190,15 @@ class FakeInternet:
         extra_names: Mapping[str, str | Iterable[str]] | None = None,
         ttl: int = 0,
         startup_timeout: float = STARTUP_TIMEOUT,
+        sequences: Mapping[str, Sequence[str | Iterable[str]]] | None = None,
+        private_addrs: Iterable[str] = (),
     ):
-        self.names = _norm_names(extra_names)
+        self.sequences = {
+            name.lower().rstrip("."): [_norm_addrs(step) for step in steps] for name, steps in (sequences or {}).items()
+        }
+        # The first answer of a sequence is its entry in the name table (certificates name it too).
+        self.names = _norm_names({**{n: steps[0] for n, steps in self.sequences.items()}, **(extra_names or {})})
+        self.private_addrs = [str(ipaddress.ip_address(a)) for a in private_addrs]
         self.ttl = int(ttl)
         self.startup_timeout = startup_timeout
         suffix = secrets.token_hex(3)
@@ -323,6 +345,7 @@ class FakeInternet:
             f"addr add {INET_V6}/{LINK_V6_PREFIX} dev {INET_IF} nodad",
             *[f"addr add {a}/32 dev lo" for a in SERVER_V4],
             *[f"addr add {a}/128 dev lo nodad" for a in SERVER_V6],
+            *[f"addr add {a}/{_host_prefix(a)} dev lo" for a in self.private_addrs],
             f"link set {INET_IF} up",
             f"route add default via {HOST_V4} dev {INET_IF}",
             f"route add ::/0 via {HOST_V6} dev {INET_IF}",
@@ -337,6 +360,8 @@ class FakeInternet:
             f"link set {hif} up",
             f"route add {SERVER_NET_V4} via {INET_V4} dev {hif}",
             f"route add {SERVER_NET_V6} via {INET_V6} dev {hif}",
+            *[f"route add {a}/{_host_prefix(a)} via {INET_V4 if ':' not in a else INET_V6} dev {hif}"
+              for a in self.private_addrs],
         ]
         p = subprocess.run(["ip", "-batch", "-"], input="\n".join(host_batch) + "\n",
                            capture_output=True, text=True, timeout=10)
@@ -344,7 +369,7 @@ class FakeInternet:
             raise FakeInternetError(f"ip -batch (host side) failed: {p.stderr.strip()}")
         # Never probe before the routes are proven to point at our veth: otherwise
         # probes for documentation addresses would leave by the host's default route.
-        for dst in (SERVER_V4[0], SERVER_V6[0], INET_V4, INET_V6):
+        for dst in (SERVER_V4[0], SERVER_V6[0], INET_V4, INET_V6, *self.private_addrs):
             out = _run(["ip", "route", "get", dst]).stdout
             if f"dev {hif}" not in out:
                 raise FakeInternetError(f"route to {dst} does not use {hif}: {out.strip()}")
@@ -356,6 +381,7 @@ class FakeInternet:
             "ttl": self.ttl,
             "log": self.dns_log,
             "listen": [[INET_V4, DNS_PORT], [INET_V6, DNS_PORT]],
+            "sequences": self.sequences,
         }
         srv_cfg = {
             "log": self.access_log,

@@ -19,6 +19,7 @@ Listeners (threads in this one process):
   - ``/status/NNN``  status NNN (200..599), body ``status NNN\\n`` (none for 204/304)
   - ``/bytes/N``     200, N bytes of ``x`` (application/octet-stream)
   - ``/delay/MS``    200 ``delayed MS ms\\n`` after sleeping MS milliseconds
+  - ``/redirect?to=URL``  302 with ``Location: URL`` (e.g. to a private address)
   - anything else    404 ``not found\\n``
 
 * TCP echo on ``[::]:echo_port`` (dual stack): sends back every byte until EOF.
@@ -42,6 +43,7 @@ import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
+from urllib.parse import parse_qs, urlsplit
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import JsonLog, exit_when_parent_goes, norm_ip  # noqa: E402
@@ -157,6 +159,11 @@ class Handler(BaseHTTPRequestHandler):
         elif len(parts) == 2 and parts[0] == "delay" and parts[1].isdigit():
             time.sleep(int(parts[1]) / 1000)
             self._send(200, f"delayed {parts[1]} ms\n".encode())
+        elif route == "/redirect":
+            self.send_response(302)
+            self.send_header("Location", parse_qs(urlsplit(self.path).query).get("to", ["/"])[0])
+            self.send_header("Content-Length", "0")
+            self.end_headers()
         else:
             self._send(404, b"not found\n")
 

@@ -1,0 +1,82 @@
+"""Raw requests to the gate from inside a sandbox: bytes written by hand on a socket.
+
+Clients (curl, requests) clean up what they send; an attacker does not. :func:`agent_code`
+gives the Python source of an agent that, for each case, opens a TCP connection to the
+gate (``127.0.0.1:3128``), writes the case's bytes as they are, reads the response head
+and its ``Content-Length`` body, and prints one JSON line::
+
+    {"id": str, "client": "127.0.0.1:PORT", "status": int | None, "head": str, "body": str}
+
+``client`` is the connection's own address, which the gate writes in the audit record's
+``client`` field, so each answer is matched with its record (:func:`record_of`).
+"""
+
+from __future__ import annotations
+
+import json
+
+_AGENT = r'''
+import json, socket
+CASES = json.loads({cases!r})
+for case_id, raw in CASES:
+    out = {{"id": case_id, "client": None, "status": None, "head": "", "body": ""}}
+    try:
+        s = socket.create_connection(("127.0.0.1", 3128), timeout=10)
+        out["client"] = "%s:%d" % s.getsockname()[:2]
+        s.sendall(raw.encode("latin-1"))
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+        head, _, body = data.partition(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        length = 0
+        for line in lines[1:]:
+            name, _, value = line.partition(":")
+            if name.strip().lower() == "content-length":
+                length = int(value.strip())
+        while len(body) < length:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            body += chunk
+        s.close()
+        parts = lines[0].split(" ")
+        out["head"] = lines[0]
+        out["status"] = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else None
+        out["body"] = body[:length].decode("utf-8", "replace")
+    except OSError as e:
+        out["error"] = repr(e)
+    print(json.dumps(out), flush=True)
+'''
+
+
+def agent_code(cases: list[tuple[str, str]]) -> str:
+    """Source of an agent that sends each ``(id, request)`` (a str of latin-1 bytes) on a
+    connection of its own, one after the other, and prints one JSON line per case."""
+    return _AGENT.format(cases=json.dumps(cases))
+
+
+def get(target: str, host: str | None = None, *, headers: str = "") -> str:
+    """An absolute-form GET of ``target`` with ``Host: host`` (omitted when None)."""
+    host_line = "" if host is None else f"Host: {host}\r\n"
+    return f"GET {target} HTTP/1.1\r\n{host_line}{headers}Connection: close\r\n\r\n"
+
+
+def connect(authority: str) -> str:
+    """A CONNECT to ``authority`` (host:port), with a Host header naming the same."""
+    return f"CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n\r\n"
+
+
+def results(stdout: str) -> dict[str, dict]:
+    """The agent's JSON lines, by case id."""
+    return {r["id"]: r for r in map(json.loads, stdout.splitlines()) if r.get("id")}
+
+
+def record_of(run, answer: dict) -> dict | None:
+    """The one gate record (event request or connect) of the connection ``answer`` used."""
+    recs = [r for r in run.audit() if r.get("client") == answer["client"] and r.get("event") in ("request", "connect")]
+    assert len(recs) <= 1, recs
+    return recs[0] if recs else None
