@@ -76,10 +76,6 @@ ALLOW_PRIVATE_POLICY = 'default = "allow"\n' + "".join(
     f'\n[[rule]]\nhost = "{name}"\naction = "allow"\nallow_private = true\n'
     for name in ("meta.test", "meta6.test", "mapped.test", "lan.test"))
 #: The IPv4 normalisation bug of test_canonical_hosts.py: decimal forms are refused (400).
-NOT_NORMALISED = ("gate bug: canonical_host (gate_core/src/policy/canon.rs) refuses the decimal form "
-                  "of an IPv4 address (400 'numeric last label') instead of judging it as the dotted quad")
-
-
 def refused(ip_class: str, ip: str) -> tuple[int, str]:
     return 403, f"ssrf: {ip_class} address {ip}"
 
@@ -115,7 +111,6 @@ GUARD_CASES = [
     ("a name resolving to a private address with allow_private on its rule is dialled",
      get("http://lan.test/", "lan.test"), (200, "allow-private.toml:rule[4]")),
 ]
-GUARD_BUGS = {"the metadata address in decimal": NOT_NORMALISED}
 
 
 @pytest.fixture(scope="module")
@@ -133,7 +128,7 @@ def guard_run(net, tmp_path_factory):
 
 
 @pytest.mark.parametrize("case,want", [
-    pytest.param(c, want, id=c, marks=[pytest.mark.xfail(strict=True, reason=GUARD_BUGS[c])] if c in GUARD_BUGS else [])
+    pytest.param(c, want, id=c)
     for c, _, want in GUARD_CASES])
 def test_the_guard_refuses_metadata_and_embedded_ipv4_whatever_the_policy_allows(guard_run, case, want):
     run, answers = guard_run
