@@ -10,6 +10,7 @@ import json
 import os
 import socket
 import subprocess
+import sys
 
 import pytest
 from dnslib import RCODE, DNSRecord
@@ -145,6 +146,15 @@ class TestRunning:
     def test_second_instance_refused(self, net):
         with pytest.raises(FakeInternetError, match="already in use"):
             FakeInternet().start()
+
+    def test_a_clean_up_by_another_process_leaves_a_live_one_alone(self, net):
+        # a second pytest on the host calls cleanup_leftovers() at its start
+        code = "import sys; sys.path.insert(0, sys.argv[1]); import fakenet; fakenet.cleanup_leftovers()"
+        subprocess.run([sys.executable, "-c", code, os.path.dirname(os.path.abspath(__file__))], check=True)
+        assert os.path.isdir(net.tmpdir)
+        assert net.netns in leftovers()["netns"]
+        r = net.exec(["ip", "-o", "addr", "show", "dev", "lo"])
+        assert "203.0.113.10/32" in r.stdout
 
 
 def _assert_gone(netns: str, ifname: str, pids: list[int], tmpdir: str) -> None:

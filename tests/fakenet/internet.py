@@ -123,22 +123,55 @@ def leftovers() -> dict[str, list[str]]:
     }
 
 
+#: Where each FakeInternet records its owner's pid (``<netns>.pid``), so that a clean-up by
+#: another process (a second pytest on the host) leaves a live one alone.
+OWNERS_DIR = "/run/gwt-inet"
+
+
+def _owner_alive(ns: str) -> bool:
+    try:
+        with open(os.path.join(OWNERS_DIR, ns + ".pid")) as f:
+            pid = int(f.read().strip())
+        os.kill(pid, 0)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
 def cleanup_leftovers() -> None:
-    """Remove everything :func:`leftovers` reports (kills processes in stale
-    ``gwt-inet-*`` netns first) and stale ``$TMPDIR/gwt-inet-*`` directories.
-    Do not call while a FakeInternet is in use (e.g. call it once at session start)."""
-    for ns in [n for n in _netns_list() if n.startswith(NETNS_PREFIX)]:
+    """Remove what a dead FakeInternet left: ``gwt-inet-*`` netns whose owner process is
+    gone (their processes killed first), their ``$TMPDIR/gwt-inet-*`` directories, and, when
+    no live FakeInternet remains, the fixed links, routes and addresses. A live one (its
+    owner's pid in :data:`OWNERS_DIR` still runs) is left alone, whoever calls this."""
+    live = {n for n in _netns_list() if n.startswith(NETNS_PREFIX) and _owner_alive(n)}
+    for ns in [n for n in _netns_list() if n.startswith(NETNS_PREFIX) and n not in live]:
         _kill_netns_pids(ns)
         _run(["ip", "netns", "del", ns], check=False)
-    left = leftovers()
-    for link in left["links"]:
+        _forget_owner(ns)
+    tmp = tempfile.gettempdir()
+    for d in os.listdir(tmp):
+        if (d.startswith(NETNS_PREFIX) and os.path.isdir(os.path.join(tmp, d))
+                and not any(d.startswith(ns + "-") for ns in live)):
+            shutil.rmtree(os.path.join(tmp, d), ignore_errors=True)
+    if live:
+        return
+    for link in leftovers()["links"]:
         _run(["ip", "link", "del", link], check=False)
     _run(["ip", "route", "del", SERVER_NET_V4], check=False)
     _run(["ip", "-6", "route", "del", SERVER_NET_V6], check=False)
-    tmp = tempfile.gettempdir()
-    for d in os.listdir(tmp):
-        if d.startswith(NETNS_PREFIX) and os.path.isdir(os.path.join(tmp, d)):
-            shutil.rmtree(os.path.join(tmp, d), ignore_errors=True)
+
+
+def _record_owner(ns: str) -> None:
+    os.makedirs(OWNERS_DIR, exist_ok=True)
+    with open(os.path.join(OWNERS_DIR, ns + ".pid"), "w") as f:
+        f.write(str(os.getpid()))
+
+
+def _forget_owner(ns: str) -> None:
+    try:
+        os.unlink(os.path.join(OWNERS_DIR, ns + ".pid"))
+    except FileNotFoundError:
+        pass
 
 
 def _kill_netns_pids(ns: str) -> None:
@@ -326,6 +359,7 @@ class FakeInternet:
 
     def _build_network(self) -> None:
         ns, hif = self.netns, self.host_ifname
+        _record_owner(ns)
         _run(["ip", "netns", "add", ns])
         self._made_netns = True
         _run(["ip", "link", "add", hif, "type", "veth", "peer", "name", INET_IF, "netns", ns])
@@ -540,5 +574,6 @@ class FakeInternet:
         if self._made_netns:
             _run(["ip", "netns", "del", self.netns], check=False)
             self._made_netns = False
+        _forget_owner(self.netns)
         if self.tmpdir:
             shutil.rmtree(self.tmpdir, ignore_errors=True)
