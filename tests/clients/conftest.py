@@ -3,7 +3,8 @@ agent virtualenv, compiled programs, and the collection of results for the READM
 
 Each matrix test reports through the ``matrix`` fixture: ``matrix(client, case, observed)``.
 At the end of a session in which matrix tests ran, ``tests/clients/results.json`` holds one
-entry per test: ``{"client", "case", "tls", "observed", "test", "outcome"}``; ``case`` is
+entry per test: ``{"client", "rank", "case", "tls", "observed", "test", "outcome"}`` (``rank``: the
+client's row); ``case`` is
 ``allowed``, ``denied`` or ``unwrapped``; ``tls`` says how HTTPS crossed the gate
 (``tunnel``: a CONNECT tunnel, the gate sees no plaintext; a TLS-inspection column set will
 add ``inspected``); ``outcome`` is pytest's. Entries of tests that did not run this session
@@ -52,7 +53,7 @@ def agent_python() -> str:
         if os.path.exists(py) else None
     if probe is None or probe.returncode != 0:
         pytest.fail(f"the agent virtualenv {AGENT_VENV} (with httpx, aiohttp, openai) is missing or broken "
-                    f"({probe.stderr.strip() if probe else 'no interpreter'}): run sudo scripts/setup.sh install")
+                    f"({probe.stderr.strip() if probe else 'no interpreter'}): run sudo scripts/setup.sh test-deps")
     return py
 
 
@@ -71,7 +72,9 @@ def progs(tmp_path_factory) -> str:
     Path(build, "get.go").write_text(programs.GO)
     genv = dict(os.environ, GOCACHE=str(build / "cache"), GOPATH=str(build / "gopath"), CGO_ENABLED="0",
                 GO111MODULE="off", GOFLAGS="", GOTOOLCHAIN="local")
-    p = subprocess.run(["/usr/local/go/bin/go", "build", "-o", os.path.join(d, "goget"), "get.go"],
+    go = shutil.which("go", path=f"{os.environ.get('PATH', '')}:/usr/local/go/bin")
+    assert go, "no go on PATH or in /usr/local/go/bin: run sudo scripts/setup.sh test-deps"
+    p = subprocess.run([go, "build", "-o", os.path.join(d, "goget"), "get.go"],
                        cwd=build, env=genv, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, f"go build failed: {p.stderr}"
     Path(d, "Get.java").write_text(programs.JAVA)
@@ -103,11 +106,12 @@ def java_truststore(net, progs) -> str:
 
 @pytest.fixture
 def matrix(request):
-    """``matrix(client, case, observed, tls="tunnel")``: this test's cell of the matrix."""
+    """``matrix(client, case, observed, rank, tls="tunnel")``: this test's cell of the matrix
+    (``rank``: the client's row, from 0)."""
     entry = _entries.setdefault(request.node.nodeid, {})
 
-    def _set(client: str, case: str, observed: str, tls: str = "tunnel") -> None:
-        entry.update(client=client, case=case, tls=tls, observed=observed)
+    def _set(client: str, case: str, observed: str, rank: int, tls: str = "tunnel") -> None:
+        entry.update(client=client, rank=rank, case=case, tls=tls, observed=observed)
 
     return _set
 
@@ -123,16 +127,16 @@ def pytest_runtest_makereport(item, call):
 
 
 def pytest_sessionfinish(session, exitstatus):
-    """Merge this session's cells into results.json (one entry per test id)."""
+    """Merge this session's cells into results.json (one entry per test id), in collection
+    order (so the clients come in the order the tests list them); entries of tests that did
+    not run this session stay, after them."""
     ran = {nodeid: e for nodeid, e in _entries.items() if "client" in e and "outcome" in e}
     if not ran:
         return
     try:
-        earlier = {e["test"]: e for e in json.loads(RESULTS.read_text())}
-    except (OSError, ValueError, KeyError, TypeError):
-        earlier = {}
-    known = {i.nodeid for i in session.items}
-    merged = {t: e for t, e in earlier.items() if t in known or t not in ran}
-    for nodeid, e in ran.items():
-        merged[nodeid] = {**e, "test": nodeid}
-    RESULTS.write_text(json.dumps(list(merged.values()), indent=1) + "\n")
+        earlier = [e for e in json.loads(RESULTS.read_text()) if e.get("test") not in ran]
+    except (OSError, ValueError, TypeError):
+        earlier = []
+    order = [i.nodeid for i in session.items if i.nodeid in ran]
+    fresh = [{**ran[nodeid], "test": nodeid} for nodeid in order]
+    RESULTS.write_text(json.dumps(fresh + earlier, indent=1) + "\n")
