@@ -44,13 +44,15 @@ function isKernelRefusal(err) {
   return err && err.code === 'EPERM' && err.syscall === 'connect' && !err.gatewrap;
 }
 
+/** Give a kernel refusal (or an AggregateError of them: happy eyeballs tried every address)
+ * gatewrap's explanation; code, errno, syscall, address and port are left as they are. */
 function relabel(err) {
-  const errs = isKernelRefusal(err) ? [err] : (Array.isArray(err && err.errors) ? err.errors.filter(isKernelRefusal) : []);
-  for (const e of errs) {
+  const refused = [err, ...(Array.isArray(err.errors) ? err.errors : [])].filter(isKernelRefusal);
+  for (const e of refused) {
     e.message = `connect EPERM: ${explain(e.address, e.port)}`;
     e.gatewrap = true;
   }
-  if (errs.length && err.errors && err !== errs[0]) err.message = errs[0].message;
+  if (refused.length && !refused.includes(err)) err.message = refused[0].message;
 }
 
 // net.Socket (and tls.TLSSocket) reports every failed connect through destroy(err).
@@ -99,7 +101,10 @@ function tunnel(gate, host, port, cb) {
       return;
     }
     let body = head ? head.toString() : '';
+    let answered = false;
     const done = () => {
+      if (answered) return;
+      answered = true;
       socket.destroy();
       const e = new Error(`gatewrap: the gate answered ${res.statusCode} to CONNECT ${target}: ` +
         `${body.trim().split('\n')[0] || res.statusMessage}`);
@@ -159,8 +164,9 @@ function undiciConnector(gate) {
       if (!https_) return cb(null, socket);
       const t = tls.connect({ socket, servername: opts.servername || (net.isIP(host) ? undefined : host),
         ALPNProtocols: ['http/1.1'] });
-      t.once('secureConnect', () => cb(null, t));
-      t.once('error', (e) => cb(e));
+      const fail = (e) => cb(e);
+      t.once('error', fail);
+      t.once('secureConnect', () => { t.removeListener('error', fail); cb(null, t); });
       return undefined;
     };
     if (bypass(host)) {
@@ -196,6 +202,9 @@ function routeFetch(gate) {
   };
 }
 
+// The options of Node's own global agents (Node >= 19: lib/_http_agent.js, lib/https.js).
+const GLOBAL_AGENT_OPTIONS = { keepAlive: true, scheduling: 'lifo', timeout: 5000 };
+
 function nodeHonoursEnvProxy() {
   const [major, minor] = process.versions.node.split('.').map(Number);
   return major > 24 || (major === 24 && minor >= 5) || (major === 22 && minor >= 21);
@@ -205,10 +214,10 @@ if (!(env.NODE_USE_ENV_PROXY === '1' && nodeHonoursEnvProxy())) {
   const httpGate = proxyFor('http');
   const httpsGate = proxyFor('https');
   if (httpGate) {
-    http.globalAgent = new GateHttpAgent(httpGate, { keepAlive: true });
+    http.globalAgent = new GateHttpAgent(httpGate, GLOBAL_AGENT_OPTIONS);
   }
   if (httpsGate) {
-    https.globalAgent = new GateHttpsAgent(httpsGate, { keepAlive: true });
+    https.globalAgent = new GateHttpsAgent(httpsGate, GLOBAL_AGENT_OPTIONS);
     routeFetch(httpsGate);
   }
 }
