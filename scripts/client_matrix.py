@@ -30,6 +30,8 @@ START, END = "<!-- client-matrix:start -->", "<!-- client-matrix:end -->"
 CASES = ("allowed", "denied", "unwrapped")
 #: How each tls mode is named in a column's heading ("" for the plain CONNECT tunnel).
 TLS_MODES = {"tunnel": "", "inspected": "with TLS inspection"}
+#: A cell shows at most this many characters of what the client said (results.json has all).
+CELL_CHARS = 120
 
 
 def _columns(entries: list[dict]) -> list[tuple[str, str]]:
@@ -48,6 +50,8 @@ def _verdict(e: dict | None) -> str:
     if e is None:
         return "not run"
     observed = _cell(e.get("observed", "?"))
+    if len(observed) > CELL_CHARS:
+        observed = observed[: CELL_CHARS - 1].rstrip() + "…"
     return f"✓ {observed}" if e.get("outcome") == "passed" else f"**{_cell(e.get('outcome', 'failed'))}**: {observed}"
 
 

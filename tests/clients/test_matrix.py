@@ -68,6 +68,8 @@ class Client:
 
 
 SHIM_MSG = rf"egress to {re.escape(DIRECT_IP)}:443 was blocked by gatewrap"
+#: The Node shim's error for a refused tunnel carries the gate's explanation.
+NODE_DENIED = r"the gate answered 403 to CONNECT denied.test:443: gatewrap: egress to denied.test:443 was denied[^\n]*"
 CURL_REFUSED = rf"Failed to connect to {re.escape(DIRECT_IP)} port 443 after \d+ ms: Couldn't connect to server"
 
 
@@ -90,9 +92,9 @@ CLIENTS = [
     Client("httpx", _py("httpx"), denied=r"ProxyError: 403", unwrapped=SHIM_MSG),
     Client("httpx (async)", _py("httpx-async"), denied=r"ProxyError: 403", unwrapped=SHIM_MSG),
     Client("aiohttp", _py("aiohttp"), denied=r"403, message='Forbidden'", unwrapped=SHIM_MSG),
-    Client("Node fetch", _node("fetch"), denied=r"the gate answered 403 to CONNECT denied.test:443",
+    Client("Node fetch", _node("fetch"), denied=NODE_DENIED,
            unwrapped=SHIM_MSG, env=lambda ctx: {"NODE_EXTRA_CA_CERTS": ctx.ca}),
-    Client("Node https.get", _node("https.get"), denied=r"the gate answered 403 to CONNECT denied.test:443",
+    Client("Node https.get", _node("https.get"), denied=NODE_DENIED,
            unwrapped=SHIM_MSG, env=lambda ctx: {"NODE_EXTRA_CA_CERTS": ctx.ca}),
     Client("pip download",
            lambda ctx, base: ["env", "-u", "PIP_FIND_LINKS", "PIP_CONFIG_FILE=/dev/null",

@@ -4,8 +4,9 @@ has a folder under the sites root).
 
 Layout: ``<sites root>/<host>/<path>`` is served for ``GET``/``HEAD https://<host>/<path>``
 (and http): a folder answers with its ``index.json`` (an npm registry's package document,
-``/<name>``) or else its ``index.html``; a file with the type of its extension. This is enough for a PEP 503 simple index (pip), a dumb-HTTP git repository
-(``git update-server-info``; gitprotocol-http(5)) and a static npm registry.
+``/<name>``) or else its ``index.html``; a file with the type of its extension. This is enough
+for a PEP 503 simple index (pip), a dumb-HTTP git repository (``git update-server-info``;
+gitprotocol-http(5)) and a static npm registry.
 
 A host folder holding a file ``.openai`` is an OpenAI-compatible API instead:
 ``POST /v1/chat/completions`` (https://platform.openai.com/docs/api-reference/chat/create)

@@ -107,7 +107,7 @@ function tunnel(gate, host, port, cb) {
       answered = true;
       socket.destroy();
       const e = new Error(`gatewrap: the gate answered ${res.statusCode} to CONNECT ${target}: ` +
-        `${body.trim().split('\n')[0] || res.statusMessage}`);
+        `${body.trim().replace(/\s*\n\s*/g, ' ').slice(0, 400) || res.statusMessage}`);
       e.code = 'EGATEWRAPDENIED';
       e.statusCode = res.statusCode;
       cb(e);
