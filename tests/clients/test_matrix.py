@@ -96,6 +96,8 @@ CLIENTS = [
            unwrapped=SHIM_MSG, env=lambda ctx: {"NODE_EXTRA_CA_CERTS": ctx.ca}),
     Client("Node https.get", _node("https.get"), denied=NODE_DENIED,
            unwrapped=SHIM_MSG, env=lambda ctx: {"NODE_EXTRA_CA_CERTS": ctx.ca}),
+    # pip: the host's pip configuration (find-links) is left out; -vv, since pip tells why an
+    # index could not be fetched only at debug level (by default just "No matching distribution").
     Client("pip download",
            lambda ctx, base: ["env", "-u", "PIP_FIND_LINKS", "PIP_CONFIG_FILE=/dev/null",
                               ctx.python, "-m", "pip", "download", "-vv", "--no-deps", "--no-cache-dir",
@@ -155,8 +157,8 @@ def ctx(progs, agent_python, net, java_truststore) -> Ctx:
 
 
 def _run(gatewrap, client: Client, ctx: Ctx, argv: list[str], allow: list[str]):
-    env = {"NODE_EXTRA_CA_CERTS": ctx.ca, **client.env(ctx)}
-    return gatewrap(["sh", "-c", TIMED, "sh", *argv], allow=allow, env=env, extra=["--ro-bind", ctx.progs],
+    return gatewrap(["sh", "-c", TIMED, "sh", *argv], allow=allow, env=client.env(ctx),
+                    extra=["--ro-bind", ctx.progs],
                     timeout=120)
 
 
