@@ -124,14 +124,15 @@ CLIENTS = [
            denied=r"[^\n]*403[^\n]*", unwrapped=r"[^\n]*(ConnectException|Operation not permitted)[^\n]*"),
 ]
 
-TIMED = ('s=$(date +%s%N); "$@"; rc=$?; e=$(date +%s%N); '
+#: Runs the client with its stderr on its stdout (gatewrap's own notices share stderr, and a
+#: client writing a line in pieces would be cut by them), then prints its timing on stderr.
+TIMED = ('s=$(date +%s%N); "$@" 2>&1; rc=$?; e=$(date +%s%N); '
          'echo "GWT_RC=$rc GWT_MS=$(( (e - s) / 1000000 )) GWT_END_NS=$e" >&2; exit $rc')
 
 
 def _agent_output(run) -> str:
-    """The client's own output: stdout, and stderr without gatewrap's lines."""
-    err = [ln for ln in run.stderr.splitlines() if not ln.startswith(("gatewrap:", "GWT_RC="))]
-    return run.stdout + "\n".join(err)
+    """The client's own output (stdout and stderr)."""
+    return run.stdout
 
 
 def _timing(run) -> re.Match:
