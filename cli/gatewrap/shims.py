@@ -38,6 +38,10 @@ def agent_env(base: dict[str, str], host: str, port: int) -> tuple[dict[str, str
 #: The Python shim's folder in the package (``agent_shims/python``), and where the jail shows it.
 PYTHON_SHIM = Path(__file__).resolve().parent / "_shims" / "python"
 PYTHON_SHIM_IN_JAIL = "/run/gatewrap-shims/python"
+#: The Node shim's folder (``agent_shims/node``), and where the jail shows it.
+NODE_SHIM = Path(__file__).resolve().parent / "_shims" / "node"
+NODE_SHIM_IN_JAIL = "/run/gatewrap-shims/node"
+NODE_SHIM_FILE = "gatewrap-proxy.js"
 #: The sandbox's resolv.conf (the DNS stub), shown by the jail as /etc/resolv.conf.
 RESOLV_CONF = Path(__file__).resolve().parent / "_shims" / "resolv.conf"
 
@@ -52,7 +56,8 @@ def staged_for_jail(run_id: str) -> tuple[str, list[tuple[str, str]]]:
     (the folder, to remove after the run; the (source, path in the jail) mounts)."""
     d = tempfile.mkdtemp(prefix=f"{STAGED_PREFIX}{run_id}-")
     os.chmod(d, 0o755)
-    shutil.copytree(PYTHON_SHIM, os.path.join(d, "python"), ignore=shutil.ignore_patterns("__pycache__"))
+    for name, src in (("python", PYTHON_SHIM), ("node", NODE_SHIM)):
+        shutil.copytree(src, os.path.join(d, name), ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(RESOLV_CONF, os.path.join(d, "resolv.conf"))
     for root, dirs, files in os.walk(d):
         for name in dirs:
@@ -60,6 +65,7 @@ def staged_for_jail(run_id: str) -> tuple[str, list[tuple[str, str]]]:
         for name in files:
             os.chmod(os.path.join(root, name), 0o644)
     return d, [(os.path.join(d, "python"), PYTHON_SHIM_IN_JAIL),
+               (os.path.join(d, "node"), NODE_SHIM_IN_JAIL),
                (os.path.join(d, "resolv.conf"), "/etc/resolv.conf")]
 
 
@@ -69,3 +75,12 @@ def add_python_shim(env: dict[str, str], shim_dir: str, gate_url: str, run_id: s
     env["PYTHONPATH"] = shim_dir + (f":{env['PYTHONPATH']}" if env.get("PYTHONPATH") else "")
     env["GATEWRAP_GATE"] = gate_url
     env["GATEWRAP_RUN"] = run_id
+
+
+def add_node_shim(env: dict[str, str], shim_dir: str) -> None:
+    """Preload the Node shim (``--require``, appended to the agent's own NODE_OPTIONS), which
+    routes fetch and http/https through the gate on Node versions that ignore the proxy
+    variables (Node's ``NODE_OPTIONS`` quoting: a path with spaces is double-quoted)."""
+    path = os.path.join(shim_dir, NODE_SHIM_FILE)
+    arg = f'--require "{path}"' if " " in path else f"--require {path}"
+    env["NODE_OPTIONS"] = f"{env['NODE_OPTIONS']} {arg}" if env.get("NODE_OPTIONS") else arg

@@ -265,6 +265,11 @@ class FakeInternet:
         """JSON-lines file, one line per connection/request/datagram (fields in servers.py)."""
         return os.path.join(self._dir(), "access.jsonl")
 
+    @property
+    def sites_dir(self) -> str:
+        """Folder of the sites tests fill in: ``<sites_dir>/<host>/...`` (see ``sites.py``)."""
+        return os.path.join(self._dir(), "sites")
+
     def _dir(self) -> str:
         assert self.tmpdir, "FakeInternet not started"
         return self.tmpdir
@@ -350,6 +355,7 @@ class FakeInternet:
         for p in (self.dns_log, self.access_log):
             open(p, "w").close()
             os.chmod(p, 0o644)
+        os.mkdir(self.sites_dir, 0o755)
         san_names = sorted({"allowed.test", "*.allowed.test", "denied.test", "evil.test", *self.names})
         self.pki = make_pki(self.tmpdir, san_names, [*SERVER_V4, *SERVER_V6, INET_V4, INET_V6])
         self._build_network()
@@ -425,6 +431,7 @@ class FakeInternet:
             "https_port": HTTPS_PORT,
             "echo_port": ECHO_PORT,
             "udp_addrs": [*SERVER_V4, *SERVER_V6, INET_V4, INET_V6],
+            "sites_root": self.sites_dir,
         }
         env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", PYTHONUNBUFFERED="1")
         for name, script, cfg in (("dns", "dns_server.py", dns_cfg), ("servers", "servers.py", srv_cfg)):

@@ -21,6 +21,7 @@ Listeners (threads in this one process):
   - ``/delay/MS``    200 ``delayed MS ms\\n`` after sleeping MS milliseconds
   - ``/redirect?to=URL``  302 with ``Location: URL`` (e.g. to a private address)
   - anything else    404 ``not found\\n``
+  - a Host with a folder under ``sites_root`` (config key): that site (``sites.py``)
 
 * TCP echo on ``[::]:echo_port`` (dual stack): sends back every byte until EOF.
 * UDP echo on ``<addr>:echo_port`` for each of ``udp_addrs`` (one socket per address
@@ -47,6 +48,7 @@ from urllib.parse import parse_qs, urlsplit
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import JsonLog, exit_when_parent_goes, norm_ip  # noqa: E402
+import sites  # noqa: E402  (hosts with a folder under the sites root: sites.py)
 
 LOG: JsonLog
 
@@ -128,6 +130,9 @@ class Handler(BaseHTTPRequestHandler):
         if scheme == "https":
             rec["sni"] = sni
         LOG.write(**rec)
+        site = sites.site_of(host)
+        if site:
+            return sites.serve(self, site, body, LOG)
         route = self.path.split("?", 1)[0]
         parts = route.strip("/").split("/")
         if route == "/":
@@ -256,6 +261,7 @@ def main() -> None:
         cfg = json.load(f)
     exit_when_parent_goes()
     LOG = JsonLog(cfg["log"])
+    sites.ROOT = cfg.get("sites_root")
     ctx = make_tls_context(cfg["cert"], cfg["key"])
     servers = [
         HTTPDualServer(("::", int(cfg.get("http_port", 80))), Handler),

@@ -2,8 +2,10 @@
 
 A connection the kernel refuses (a cgroup hook: EPERM) raises :class:`EgressBlocked`, a
 PermissionError (so existing handlers still catch it) whose message names gatewrap, the
-destination, and what to do. Nothing else of the socket module changes. Then any other
-``sitecustomize`` on the path runs, as it would have without gatewrap.
+destination, and what to do. Nothing else of the socket module changes. aiohttp, which
+reads the proxy variables only with ``trust_env=True``, gets that as the default of
+``ClientSession`` when (and only if) the agent imports it. Then any other ``sitecustomize``
+on the path runs, as it would have without gatewrap.
 """
 
 import errno as _errno
@@ -60,6 +62,42 @@ _wrap("connect", lambda a: a[0] if a else "?")
 _wrap("sendto", lambda a: a[-1] if a else "?")
 _wrap("sendmsg", lambda a: a[3] if len(a) > 3 else "?")
 _socket.EgressBlocked = EgressBlocked
+
+
+class _AiohttpTrustsEnv:
+    """A one-shot sys.meta_path finder (PEP 451): when ``aiohttp`` is first imported, its
+    ClientSession defaults to ``trust_env=True`` (an explicit ``trust_env=False`` still
+    wins). Costs one name comparison per import otherwise."""
+
+    @classmethod
+    def find_spec(cls, fullname, path=None, target=None):
+        if fullname != "aiohttp":
+            return None
+        _sys.meta_path.remove(cls)
+        spec = _ilu.find_spec(fullname)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            session = getattr(module, "ClientSession", None)
+            if session is not None:
+                init = session.__init__
+
+                def __init__(self, *args, **kwargs):
+                    kwargs.setdefault("trust_env", True)
+                    init(self, *args, **kwargs)
+
+                __init__.__doc__ = init.__doc__
+                __init__.__wrapped__ = init
+                session.__init__ = __init__
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+_sys.meta_path.insert(0, _AiohttpTrustsEnv)
 
 
 def _chain():

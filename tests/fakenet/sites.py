@@ -1,0 +1,80 @@
+"""Sites of the fake internet that tests fill in: static files per host name, and a tiny
+OpenAI-compatible chat API (imported by ``servers.py``, which hands it a request whose Host
+has a folder under the sites root).
+
+Layout: ``<sites root>/<host>/<path>`` is served for ``GET``/``HEAD https://<host>/<path>``
+(and http): a folder answers with its ``index.json`` (an npm registry's package document,
+``/<name>``) or else its ``index.html``; a file with the type of its extension. This is enough
+for a PEP 503 simple index (pip), a dumb-HTTP git repository (``git update-server-info``;
+gitprotocol-http(5)) and a static npm registry.
+
+A host folder holding a file ``.openai`` is an OpenAI-compatible API instead:
+``POST /v1/chat/completions`` (https://platform.openai.com/docs/api-reference/chat/create)
+answers a conversation without tool results with one ``fetch_url`` tool call per URL in the
+last user message, and one with tool results with a final message that quotes each result's
+first line. Each request to it is logged (``server``, ``event`` = ``chat``, ``tools``).
+"""
+
+from __future__ import annotations
+
+import json
+import mimetypes
+import os
+import re
+import time
+
+#: Folder of every host's site (set by servers.py from its config's ``sites_root``).
+ROOT: str | None = None
+
+
+def site_of(host: str) -> str | None:
+    """The folder of ``host``'s site, or None if it has none (then servers.py answers)."""
+    if not ROOT or not host or "/" in host or host.startswith("."):
+        return None
+    d = os.path.join(ROOT, host)
+    return d if os.path.isdir(d) else None
+
+
+def serve(handler, site: str, body: bytes, log) -> None:
+    """Answer ``handler``'s request (a BaseHTTPRequestHandler) from ``site``."""
+    route = handler.path.split("?", 1)[0]
+    if os.path.exists(os.path.join(site, ".openai")):
+        return _chat(handler, route, body, log)
+    if handler.command not in ("GET", "HEAD"):
+        return handler._send(405, b"method not allowed\n")
+    rel = os.path.normpath(route.lstrip("/")) if route.strip("/") else "."
+    if rel.startswith(".."):
+        return handler._send(404, b"not found\n")
+    path = os.path.join(site, rel)
+    if os.path.isdir(path):
+        index = os.path.join(path, "index.json")
+        path = index if os.path.isfile(index) else os.path.join(path, "index.html")
+    if not os.path.isfile(path):
+        return handler._send(404, b"not found\n")
+    ctype = mimetypes.guess_type(path)[0] or "application/octet-stream"
+    with open(path, "rb") as f:
+        handler._send(200, f.read(), ctype)
+
+
+def _chat(handler, route: str, body: bytes, log) -> None:
+    if handler.command != "POST" or route != "/v1/chat/completions":
+        return handler._send(404, b'{"error": {"message": "not found"}}', "application/json")
+    req = json.loads(body or b"{}")
+    messages = req.get("messages", [])
+    results = [m for m in messages if m.get("role") == "tool"]
+    if results:
+        lines = [str(m.get("content", "")).strip().splitlines()[0] if m.get("content") else "" for m in results]
+        message = {"role": "assistant", "content": "The pages said: " + " | ".join(lines)}
+        finish = "stop"
+    else:
+        user = next((m for m in reversed(messages) if m.get("role") == "user"), {})
+        urls = re.findall(r"https?://[^\s,]+", str(user.get("content", "")))
+        calls = [{"id": f"call_{i}", "type": "function",
+                  "function": {"name": "fetch_url", "arguments": json.dumps({"url": u})}} for i, u in enumerate(urls)]
+        message = {"role": "assistant", "content": None, "tool_calls": calls}
+        finish = "tool_calls"
+    log.write(server="https", event="chat", tools=len(results), model=req.get("model"))
+    doc = {"id": "chatcmpl-fake", "object": "chat.completion", "created": int(time.time()),
+           "model": req.get("model", "fake"), "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+           "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
+    handler._send(200, json.dumps(doc).encode(), "application/json")
