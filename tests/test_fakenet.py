@@ -11,6 +11,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 from dnslib import RCODE, DNSRecord
@@ -174,6 +175,11 @@ def test_extra_names_and_clean_exit():
         r = curl("--cacert", net.ca_path, "--resolve", "x.test:443:203.0.113.30", "https://x.test/")
         assert r.stdout == "hello from x.test over https\n", r.stderr
         bg = subprocess.Popen(["ip", "netns", "exec", net.netns, "sleep", "60"])  # a stray process
+        for _ in range(200):  # until it has entered the netns (teardown kills what is inside)
+            pids = subprocess.run(["ip", "netns", "pids", net.netns], capture_output=True, text=True).stdout
+            if str(bg.pid) in pids.split():
+                break
+            time.sleep(0.01)
         seen = (net.netns, net.host_ifname, [p.pid for p in net._procs.values()] + [bg.pid], net.tmpdir)
     bg.wait(timeout=5)
     _assert_gone(*seen)
