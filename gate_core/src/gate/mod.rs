@@ -133,6 +133,7 @@ impl Gate {
                 counts: counts.clone(),
                 public_ranges: config.public_ranges,
                 notices: notice::Notices::new(config.notices),
+                budgets: crate::policy::Budgets::default(),
             })
         };
         let open = Arc::new(AtomicUsize::new(0));
