@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use crate::audit::{fields as f, GateRecord};
 use crate::policy::budget::{show_budget_spent, REASON_BUDGET};
-use crate::policy::duration::show_duration;
+use crate::policy::duration::show_remaining;
 use crate::policy::{canonical_host, Action, Budget, Decision, Host, HostError, Mode, Policy, RequestFacts, Spend};
 
 use hyper::{Response, StatusCode};
@@ -49,7 +49,7 @@ impl Admission {
                 "gatewrap: egress to {hp} was denied (budget): rule {rule} allows {} and that budget is \
                  spent; the window resets in {}.\nWait, or raise the rule's `budget`.\n",
                 budget.describe(),
-                show_duration(resets.max(Duration::from_secs(1))),
+                show_remaining(resets),
             ));
         }
         if d.action == Action::Ask {

@@ -13,7 +13,7 @@ mod notice;
 pub mod netns;
 pub mod respond;
 mod server;
-mod target;
+pub mod target;
 
 use std::io;
 use std::net::SocketAddr;

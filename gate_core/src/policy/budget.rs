@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use super::duration::show_duration;
+use super::duration::{show_duration, show_remaining};
 
 /// The audit reason of a request denied because its rule's budget is spent.
 pub const REASON_BUDGET: &str = "budget";
@@ -35,7 +35,7 @@ impl Budget {
 /// The once-per-window notice of a spent budget, e.g. `gatewrap: budget spent: rule R
 /// allows 2 per 10m; its requests are denied (reason budget) for the next 9m`.
 pub fn show_budget_spent(rule: &str, budget: &Budget, resets_in: Duration, report: bool) -> String {
-    let rest = show_duration(resets_in.max(Duration::from_secs(1)));
+    let rest = show_remaining(resets_in);
     let what = if report { "report mode lets them through (would = deny)" } else { "its requests are denied (reason budget)" };
     format!("gatewrap: budget spent: rule {rule} allows {}; {what} for the next {rest}", budget.describe())
 }

@@ -42,3 +42,13 @@ pub fn show_duration(d: Duration) -> String {
         s => format!("{s}s"),
     }
 }
+
+/// A time left, rounded up to a whole unit for reading: `40s`, `10m` (for 9m 59s), `3h`.
+pub fn show_remaining(d: Duration) -> String {
+    let s = d.as_secs() + u64::from(d.subsec_nanos() > 0);
+    match s {
+        0..=119 => format!("{}s", s.max(1)),
+        120..=7199 => format!("{}m", s.div_ceil(60)),
+        _ => format!("{}h", s.div_ceil(3600)),
+    }
+}

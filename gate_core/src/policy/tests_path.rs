@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use super::duration::parse_duration;
+use super::duration::{parse_duration, show_remaining};
 use super::path::{canonical_path, PathError, PathPattern, PatternError};
 
 #[test]
@@ -127,5 +127,19 @@ fn durations_are_a_number_and_one_unit() {
     ] {
         let e = parse_duration(text).expect_err(case);
         assert!(e.to_string().contains("expected a whole number and a unit s, m or h"), "{case}: {e}");
+    }
+}
+
+#[test]
+fn time_left_is_rounded_up_to_one_unit() {
+    let table: &[(&str, Duration, &str)] = &[
+        ("nothing left still reads as a second", Duration::ZERO, "1s"),
+        ("a part of a second rounds up", Duration::from_millis(39_200), "40s"),
+        ("under two minutes in seconds", Duration::from_secs(119), "119s"),
+        ("minutes round up", Duration::from_secs(599), "10m"),
+        ("hours round up", Duration::from_secs(7201), "3h"),
+    ];
+    for (case, d, want) in table {
+        assert_eq!(show_remaining(*d), *want, "{case}");
     }
 }
