@@ -447,3 +447,19 @@ def test_an_ask_answer_says_the_gate_denies_it_for_now(capsys, policy_file):
     assert "ask: a breakpoint; approvals are not built yet, so the gate denies it (403)" in out
     assert "methods POST,PATCH,DELETE, timeout 10m" in out
 
+
+
+INSPECTED = '[[rule]]\nhost = "api.github.com"\nmethods = ["POST"]\naction = "ask"\ninspect = true\n\n' \
+            '[[rule]]\nhost = "api.github.com"\naction = "allow"\n'
+
+
+@pytest.mark.parametrize("method,decision,reason", [
+    ("POST", "ask", "ask: rule {p}:rule[1] is a breakpoint; approvals are not built yet"),
+    ("GET", "allow", "policy: rule {p}:rule[2]"),
+], ids=["an inspected tunnel's request is decided on its method", "another method falls through"])
+def test_an_inspected_https_url_is_decided_as_its_request(capsys, policy_file, method, decision, reason):
+    path = policy_file(INSPECTED)
+    code, out, _ = gw(capsys, "policy", "test", path, method, "https://api.github.com/repos", "--json")
+    rec = json.loads(out)
+    assert (code, rec["decision"], rec["stage"], rec["reason"]) == (
+        {"allow": 0, "ask": 2}[decision], decision, "request", reason.format(p=path))
