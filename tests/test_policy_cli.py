@@ -223,11 +223,11 @@ def test_a_bad_flag_exits_125(capsys, policy_file):
     assert code == 125 and "a host, not a URL" in err
 
 
-def test_help_says_method_is_not_matched_and_the_ssrf_guard_comes_after(capsys):
+def test_help_says_https_is_decided_on_the_tunnel_and_the_ssrf_guard_comes_after(capsys):
     code, out, _ = gw(capsys, "policy", "test", "--help")
     assert code == 0
     text = " ".join(out.split())
-    assert "TLS inspection" in text and "not built" in text
+    assert "CONNECT tunnel" in text and "inspect = true" in text
     assert "SSRF guard" in text and "DNS" in text
     assert "Exit 0 allow, 1 deny, 2 ask" in text
 
@@ -269,7 +269,8 @@ def test_check_json(capsys, policy_file):
     assert [r["line"] for r in rec["rules"]] == [5, 9, 13, 18, 22]
     assert rec["rules"][2] == {"id": f"{path}:{R_WILD}", "host": "*.example.com", "ports": [443],
                                "ports_default": False, "action": "allow", "origin": "file", "line": 13,
-                               "allow_private": False}
+                               "allow_private": False, "inspect": False, "methods": None, "path": None,
+                               "schemes": None, "timeout": None, "budget": None}
 
 
 BAD_FILES = [
@@ -278,9 +279,14 @@ BAD_FILES = [
     ("an unknown top-level key names its line", 'default = "deny"\nfoo = 1\n', "2: unknown key `foo`"),
     ("bad TOML names its line", 'default = "deny"\n[[rule]\n', "2: invalid table header"),
     ("an unterminated string names its line", 'default = "deny\n', "1: "),
-    ("a key that is not built yet is refused", '[[rule]]\nhost = "a.test"\naction = "allow"\nmethods = ["GET"]\n',
-     "4: key `methods` is not supported yet"),
-    ("action ask is refused", '[[rule]]\nhost = "a.test"\naction = "ask"\n', 'action "ask" is not supported yet'),
+    ("a lower-case method is refused", '[[rule]]\nhost = "a.test"\naction = "allow"\nmethods = ["get"]\n',
+     '4: invalid method "get": expected an upper-case HTTP method token'),
+    ("an ambiguous path is refused", '[[rule]]\nhost = "a.test"\naction = "allow"\npath = "/a%2Fb"\n',
+     "4: invalid path \"/a%2Fb\": encoded '/' (%2F) is ambiguous"),
+    ("a duration without a unit is refused", '[[rule]]\nhost = "a.test"\naction = "ask"\ntimeout = "600"\n',
+     '4: invalid duration "600": expected a whole number and a unit s, m or h'),
+    ("a budget on a deny rule is refused",
+     '[[rule]]\nhost = "a.test"\naction = "deny"\nbudget = { count = 1, per = "1m" }\n', "4: `budget` only applies"),
     ("a bad host in a rule is refused", '[[rule]]\nhost = "a..test"\naction = "allow"\n',
      'invalid host "a..test": empty label'),
     ("allow_private on a deny rule is refused", '[[rule]]\nhost = "a.test"\naction = "deny"\nallow_private = true\n',
@@ -315,6 +321,14 @@ WARNINGS = [
     ("a default allow with only allow rules allows everything",
      'default = "allow"\n[[rule]]\nhost = "a.test"\naction = "allow"\n', "allows everything"),
     ("report mode only records", 'mode = "report"\n', 'mode = "report"'),
+    ("an ask rule denies for now", '[[rule]]\nhost = "a.test"\naction = "ask"\n',
+     'rule[1]): approvals are not built yet'),
+    ("an ask default denies for now", 'default = "ask"\n', 'action "ask" denies for now (the default)'),
+    ("a method rule without inspect cannot see https", '[[rule]]\nhost = "a.test"\nmethods = ["GET"]\naction = "deny"\n',
+     "has no `inspect = true`: https requests travel in CONNECT tunnels that hide both, so this deny rule denies "
+     "the whole tunnel"),
+    ("an allow path rule without inspect is skipped on https", '[[rule]]\nhost = "a.test"\npath = "/v1"\naction = "allow"\n',
+     "so this allow rule is skipped on them"),
 ]
 
 
@@ -323,6 +337,14 @@ def test_check_warns_but_passes(capsys, policy_file, text, needle):
     code, out, err = gw(capsys, "policy", "check", policy_file(text))
     assert code == 0 and "valid" in out
     assert err.startswith("gatewrap: warning: ") and needle in err
+
+
+def test_check_does_not_warn_about_http_only_or_inspected_method_rules(capsys, policy_file):
+    text = ('[[rule]]\nhost = "a.test"\nmethods = ["GET"]\nschemes = ["http"]\naction = "allow"\n\n'
+            '[[rule]]\nhost = "b.test"\npath = "/x/**"\ninspect = true\naction = "deny"\n')
+    code, out, err = gw(capsys, "policy", "check", policy_file(text))
+    assert (code, err) == (0, "")
+    assert "methods GET  schemes http" in out and "path /x/**  inspect" in out
 
 
 def test_check_does_not_warn_when_a_default_allow_has_a_deny_rule(capsys, policy_file):
@@ -342,3 +364,107 @@ def test_the_installed_command_runs(policy_file):
                         "https://api.openai.com/"], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
     assert p.stdout.startswith("allow GET https://api.openai.com/  (policy: rule ")
+
+
+# --- policy test: the DESIGN.md policy block, exactly as written there -------------------------
+
+DESIGN_MD_POLICY = """\
+default = "deny"                 # deny | allow | ask
+mode = "enforce"                 # enforce | report (allow all, log what enforce would do)
+
+[[rule]]
+host = "api.openai.com"          # exact; "*.example.com" = subdomains only; "example.com" ≠ "evilexample.com"
+action = "allow"
+
+[[rule]]
+host = "api.github.com"
+methods = ["POST", "PATCH", "DELETE"]   # method/path need TLS inspection for https
+action = "ask"                   # breakpoint: a human approves, edits or rejects
+timeout = "10m"                  # expiry = deny
+
+[[rule]]
+host = "api.sendgrid.com"
+path = "/v3/mail/send"
+action = "allow"
+budget = { count = 6, per = "10m" }   # then deny with reason "budget"
+"""
+GH_TUNNEL = "policy: rule {p}:rule[2] matches methods or paths, which a tunnel hides; it needs `inspect = true`"
+DESIGN_MD_CASES = [
+    # (case, method, url, decision, stage, reason with {p} for the file)
+    ("an exact host is allowed over https", "GET", "https://api.openai.com/v1/models", "allow", "tunnel",
+     "policy: rule {p}:rule[1]"),
+    ("evilexample.com is not example.com", "GET", "https://evilexample.com/", "deny", "tunnel", "policy: default deny"),
+    ("a listed method on http is a breakpoint", "POST", "http://api.github.com/repos/gw/issues", "ask", "request",
+     "ask: rule {p}:rule[2] is a breakpoint; approvals are not built yet"),
+    ("each listed method is a breakpoint", "DELETE", "http://api.github.com/repos/gw", "ask", "request",
+     "ask: rule {p}:rule[2] is a breakpoint; approvals are not built yet"),
+    ("an unlisted method falls to the default", "GET", "http://api.github.com/user", "deny", "request",
+     "policy: default deny"),
+    ("on https the method rule cannot be seen, so the tunnel is denied", "POST", "https://api.github.com/repos",
+     "deny", "tunnel", GH_TUNNEL),
+    ("even a GET is denied on https: the whole tunnel is", "GET", "https://api.github.com/user", "deny", "tunnel",
+     GH_TUNNEL),
+    ("the allowed path on http", "POST", "http://api.sendgrid.com/v3/mail/send", "allow", "request",
+     "policy: rule {p}:rule[3]"),
+    ("below the allowed path", "POST", "http://api.sendgrid.com/v3/mail/send/batch?x=1", "allow", "request",
+     "policy: rule {p}:rule[3]"),
+    ("a percent-encoded spelling of the path is decoded once", "POST", "http://api.sendgrid.com/v3/mail/%73end",
+     "allow", "request", "policy: rule {p}:rule[3]"),
+    ("a sibling of the path is not allowed", "POST", "http://api.sendgrid.com/v3/mail/sendx", "deny", "request",
+     "policy: default deny"),
+    ("the parent of the path is not allowed", "GET", "http://api.sendgrid.com/v3/mail", "deny", "request",
+     "policy: default deny"),
+    ("a dot-dot path is refused, not resolved", "POST", "http://api.sendgrid.com/v3/mail/send/../../admin", "deny",
+     "request", "path: dot segment ('.' or '..'); rule {p}:rule[3] matches paths, so the gate refuses it"),
+    ("an encoded slash is refused", "POST", "http://api.sendgrid.com/v3/mail/send%2F..%2Fadmin", "deny", "request",
+     "path: encoded '/' (%2F) is ambiguous; rule {p}:rule[3] matches paths, so the gate refuses it"),
+    ("on https the path rule cannot be seen, so it is skipped", "POST", "https://api.sendgrid.com/v3/mail/send",
+     "deny", "tunnel", "policy: default deny"),
+]
+
+
+@pytest.mark.parametrize("method,url,decision,stage,reason", [c[1:] for c in DESIGN_MD_CASES],
+                         ids=[c[0] for c in DESIGN_MD_CASES])
+def test_policy_test_answers_the_design_md_examples(capsys, policy_file, method, url, decision, stage, reason):
+    path = policy_file(DESIGN_MD_POLICY)
+    code, out, err = gw(capsys, "policy", "test", path, method, url, "--json")
+    rec = json.loads(out)
+    assert (code, rec["decision"], rec["stage"]) == ({"allow": 0, "deny": 1, "ask": 2}[decision], decision, stage), err
+    assert rec["reason"] == reason.format(p=path)
+
+
+def test_the_design_md_policy_checks_with_warnings_about_ask_and_inspect(capsys, policy_file):
+    path = policy_file(DESIGN_MD_POLICY)
+    code, out, err = gw(capsys, "policy", "check", path)
+    assert code == 0
+    assert f"{path}:rule[2]  api.github.com    80,443  ask    methods POST,PATCH,DELETE  timeout 10m" in out
+    assert f"{path}:rule[3]  api.sendgrid.com  80,443  allow  path /v3/mail/send  budget 6 per 10m" in out
+    warnings = err.splitlines()
+    assert len(warnings) == 3, err
+    assert 'action "ask" denies for now' in warnings[0]
+    assert f"rule {path}:rule[2] matches methods or paths but has no `inspect = true`" in warnings[1]
+    assert f"rule {path}:rule[3] matches methods or paths but has no `inspect = true`" in warnings[2]
+
+
+def test_an_ask_answer_says_the_gate_denies_it_for_now(capsys, policy_file):
+    code, out, _ = gw(capsys, "policy", "test", policy_file(DESIGN_MD_POLICY), "PATCH", "http://api.github.com/x")
+    assert code == 2
+    assert "ask: a breakpoint; approvals are not built yet, so the gate denies it (403)" in out
+    assert "methods POST,PATCH,DELETE, timeout 10m" in out
+
+
+
+INSPECTED = '[[rule]]\nhost = "api.github.com"\nmethods = ["POST"]\naction = "ask"\ninspect = true\n\n' \
+            '[[rule]]\nhost = "api.github.com"\naction = "allow"\n'
+
+
+@pytest.mark.parametrize("method,decision,reason", [
+    ("POST", "ask", "ask: rule {p}:rule[1] is a breakpoint; approvals are not built yet"),
+    ("GET", "allow", "policy: rule {p}:rule[2]"),
+], ids=["an inspected tunnel's request is decided on its method", "another method falls through"])
+def test_an_inspected_https_url_is_decided_as_its_request(capsys, policy_file, method, decision, reason):
+    path = policy_file(INSPECTED)
+    code, out, _ = gw(capsys, "policy", "test", path, method, "https://api.github.com/repos", "--json")
+    rec = json.loads(out)
+    assert (code, rec["decision"], rec["stage"], rec["reason"]) == (
+        {"allow": 0, "ask": 2}[decision], decision, "request", reason.format(p=path))

@@ -32,12 +32,15 @@ class SpawnError(OSError):
 class Policy:
     """Egress policy: rules evaluated in order, then the default.
 
-    Evaluation order of :meth:`decide`:
+    Evaluation order of :meth:`decide_request` and :meth:`decide_connect`:
 
     1. command-line rules (:meth:`add_rule`), in the order added;
     2. policy-file rules, in file order;
-    3. the first rule whose host matches and whose ports include the port decides
-       (a rule without ``port``/``ports`` matches ports 80 and 443 only);
+    3. the first rule that matches decides: host, ports (none given: 80 and 443), and
+       ``schemes``, ``methods``, ``path`` where given. A CONNECT tunnel (scheme https) cannot
+       show methods or paths: a rule with them inspects the tunnel if it says
+       ``inspect = true``; without it an allow rule is skipped and a deny/ask rule denies the
+       tunnel (fail closed);
     4. otherwise ``default`` decides.
 
     Hosts are compared in canonical form: lower-case, one trailing dot stripped, IDN as
@@ -47,7 +50,7 @@ class Policy:
     Rules added after a :class:`Gate` was started with this policy apply to its new requests.
 
     The unspecified addresses (``0.0.0.0``, ``::``, ``::ffff:0.0.0.0``, any spelling) are
-    never destinations: :meth:`decide` denies them before any rule (reason
+    never destinations: both decisions deny them before any rule (reason
     ``"policy: unspecified address"``, rule ``None``), ``report`` mode does not let them
     through, and a rule naming one raises :class:`PolicyError`.
     """
@@ -57,9 +60,10 @@ class Policy:
         """Parse a policy file (schema ``version = 1``).
 
         ``source`` is the file name used in error messages and rule ids
-        (``"policy.toml:rule[3]"``). Unknown keys, unsupported keys (``methods``, ``path``,
-        ``timeout``, ``budget``, ``inspect``) and action ``"ask"`` raise :class:`PolicyError`
-        naming the key and line.
+        (``"policy.toml:rule[3]"``). Unknown keys and invalid values (a lower-case method,
+        an ambiguous path, a duration outside ``N`` + ``s``/``m``/``h``, ``timeout`` on a
+        non-ask rule, ``budget`` on a non-allow rule) raise :class:`PolicyError` naming the
+        line.
 
         A rule may set ``allow_private = true`` (allow rules on names or ``*.`` patterns
         only; on a deny rule or an IP-literal host it raises :class:`PolicyError`): the
@@ -71,32 +75,44 @@ class Policy:
 
     @staticmethod
     def new(default: str = "deny") -> Policy:
-        """An empty policy with ``default`` ("deny" or "allow"; "ask" is not supported yet)."""
+        """An empty policy with ``default`` ("deny", "allow" or "ask")."""
 
     def add_rule(self, spec: str, action: str, origin: str) -> None:
         """Add a command-line rule, evaluated before every file rule.
 
         ``spec`` is ``HOST[:PORT]`` (``pypi.org``, ``*.example.com:8443``, ``[::1]:443``,
-        bare ``::1``); without a port the rule covers 80 and 443. ``action`` is "allow" or
-        "deny". ``origin`` (e.g. ``"--allow pypi.org"``) becomes the rule id.
+        bare ``::1``); without a port the rule covers 80 and 443. ``action`` is "allow",
+        "deny" or "ask". ``origin`` (e.g. ``"--allow pypi.org"``) becomes the rule id.
         Raises :class:`PolicyError` for a bad host, port or action, and for an unspecified
         address (``0.0.0.0``, ``::``), which can never be a destination.
         """
 
-    def decide(self, host: str, port: int) -> tuple[str, str, str | None]:
-        """Decide on a destination as the gate would in ``enforce`` mode.
+    def decide_connect(self, host: str, port: int) -> tuple[str, str, str | None, bool]:
+        """Decide on a CONNECT tunnel to ``host:port`` as the gate would in ``enforce`` mode.
 
-        This is the policy decision only: the gate's SSRF guard (see :class:`Gate`) judges
-        the addresses afterwards, and may still deny an allowed destination.
+        Returns ``(action, reason, rule_id, inspect)``: action "allow" | "deny" | "ask";
+        reason ``"policy: rule ID"``, ``"policy: default deny"``, ``"ask: rule ID is a
+        breakpoint; approvals are not built yet"``, ``"policy: rule ID matches methods or
+        paths, which a tunnel hides; it needs `inspect = true`"`` or ``"policy: unspecified
+        address"``; rule_id ``None`` when no rule applied; ``inspect`` True when the tunnel
+        is to be TLS-inspected and each request in it decided by :meth:`decide_request`.
+        Policy only: the SSRF guard and budgets come after, in the gate. Raises
+        :class:`PolicyError` if ``host`` is not a valid host.
+        """
 
-        Returns ``(action, reason, rule_id)``: action "allow" | "deny"; reason
-        ``"policy: rule ID"``, ``"policy: default deny"`` or ``"policy: unspecified address"``
-        (``0.0.0.0``/``::``, denied whatever the rules); rule_id ``None`` when no rule applied. Raises :class:`PolicyError` if ``host`` is not a valid host.
+    def decide_request(self, host: str, port: int, scheme: str, method: str, path: str) -> tuple[str, str, str | None]:
+        """Decide on one request (``scheme`` "http" or "https"; ``path`` as sent, query
+        included) as the gate would in ``enforce`` mode: ``(action, reason, rule_id)``.
+
+        A rule that must compare a lower-case method or a path the gate refuses to
+        interpret (encoded ``/``, dot segments, ...) denies it: reason ``"method: ..."`` /
+        ``"path: ..."``. Raises :class:`PolicyError` for an invalid host, ValueError for
+        another scheme.
         """
 
     @property
     def default(self) -> str:
-        """The default action: "deny" or "allow"."""
+        """The default action: "deny", "allow" or "ask"."""
 
     @property
     def mode(self) -> str:
@@ -106,9 +122,11 @@ class Policy:
         """The rules in evaluation order, for display.
 
         Each dict: ``id`` (str), ``host`` (canonical pattern), ``ports`` (list[int]),
-        ``ports_default`` (bool: no port given, so 80 and 443), ``action`` ("allow"|"deny"),
-        ``origin`` ("cli"|"file"), ``line`` (int for file rules, else None),
-        ``allow_private`` (bool; always False for command-line rules).
+        ``ports_default`` (bool: no port given, so 80 and 443), ``action``
+        ("allow"|"deny"|"ask"), ``origin`` ("cli"|"file"), ``line`` (int for file rules, else
+        None), ``allow_private`` and ``inspect`` (bool), ``methods`` (list[str] | None),
+        ``path`` (the canonical pattern | None), ``schemes`` (list[str] | None), ``timeout``
+        (e.g. "10m" | None), ``budget`` ((count, per), e.g. (6, "10m") | None).
         """
 
 class AuditLog:

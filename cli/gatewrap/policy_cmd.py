@@ -1,8 +1,11 @@
 """``gatewrap policy check`` and ``gatewrap policy test``: validate a policy file, and ask it
 what it would decide for a URL, without running anything.
 
-The decision is the policy's (:meth:`Policy.decide`, as the gate judges in ``enforce`` mode),
-before the SSRF guard, which judges the addresses a name resolves to and so needs DNS.
+The decision is the policy's, as the gate judges in ``enforce`` mode: an ``http://`` URL is one
+request (``Policy.decide_request``); an ``https://`` URL is first a CONNECT tunnel
+(``Policy.decide_connect``), and its method and path are looked at only when the tunnel is
+inspected (``inspect = true``). Before the SSRF guard, which judges the addresses a name
+resolves to and so needs DNS, and before budgets, which count a run's requests.
 """
 
 from __future__ import annotations
@@ -61,13 +64,48 @@ def check_file(path: str) -> CheckResult:
     except core.PolicyError as e:
         return CheckResult(path, False, error=_one_line(str(e)))
     rules = policy.describe()
+    return CheckResult(path, True, default=policy.default, mode=policy.mode, rules=rules,
+                       warnings=_warnings(policy.default, policy.mode, rules))
+
+
+def _warnings(default: str, mode: str, rules: list[dict[str, Any]]) -> list[str]:
+    """What a valid policy does that its author may not expect."""
     warnings = []
-    if policy.default == "allow" and not any(r["action"] == "deny" for r in rules):
+    if default == "allow" and not any(r["action"] in ("deny", "ask") for r in rules):
         warnings.append('this policy allows everything (default = "allow" and no deny rule)')
-    if policy.mode == "report":
+    if mode == "report":
         warnings.append('mode = "report": the gate allows every request and only records what '
                         "enforce mode would have denied")
-    return CheckResult(path, True, default=policy.default, mode=policy.mode, rules=rules, warnings=warnings)
+    asks = [r["id"] for r in rules if r["action"] == "ask"] + (["the default"] if default == "ask" else [])
+    if asks:
+        warnings.append(f'action "ask" denies for now ({", ".join(asks)}): approvals are not built yet, '
+                        "so a breakpoint is carried out as a denial")
+    for r in rules:
+        if (r["methods"] or r["path"]) and not r["inspect"] and "https" in (r["schemes"] or ["https"]):
+            what = "is skipped on them" if r["action"] == "allow" else "denies the whole tunnel"
+            warnings.append(f"rule {r['id']} matches methods or paths but has no `inspect = true`: https "
+                            f"requests travel in CONNECT tunnels that hide both, so this {r['action']} rule "
+                            f'{what}; add `inspect = true`, or `schemes = ["http"]` if it is meant for http only')
+    return warnings
+
+
+def rule_extras(r: dict[str, Any]) -> str:
+    """The keys of a rule beyond host, ports and action: ``methods POST,PUT  path /v1  inspect``."""
+    parts = []
+    if r.get("methods"):
+        parts.append("methods " + ",".join(r["methods"]))
+    if r.get("path"):
+        parts.append(f"path {r['path']}")
+    if r.get("schemes"):
+        parts.append("schemes " + ",".join(r["schemes"]))
+    for key in ("inspect", "allow_private"):
+        if r.get(key):
+            parts.append(key)
+    if r.get("budget"):
+        parts.append(f"budget {r['budget'][0]} per {r['budget'][1]}")
+    if r.get("timeout"):
+        parts.append(f"timeout {r['timeout']}")
+    return "  ".join(parts)
 
 
 def check_lines(res: CheckResult) -> list[str]:
@@ -78,12 +116,11 @@ def check_lines(res: CheckResult) -> list[str]:
     lines = [f"{res.file}: valid",
              f"default {res.default}, mode {res.mode}, {n} rule{'' if n == 1 else 's'} (first match decides)"]
     if res.rules:
-        rows = [(r["id"], r["host"], ",".join(map(str, r["ports"])), r["action"],
-                 "allow_private" if r["allow_private"] else "") for r in res.rules]
+        rows = [(r["id"], r["host"], ",".join(map(str, r["ports"])), r["action"], rule_extras(r))
+                for r in res.rules]
         widths = [max(len(row[i]) for row in rows) for i in range(4)]
         for row in rows:
-            lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip()
-                         + (f"  {row[4]}" if row[4] else ""))
+            lines.append(("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)) + f"  {row[4]}").rstrip())
     return lines
 
 
@@ -100,6 +137,11 @@ class Decision:
     url: str
     given_host: str
     mode: str
+    scheme: str = "http"
+    path: str = "/"
+    #: ``"request"`` (decided on method and path) or ``"tunnel"`` (an https CONNECT, decided
+    #: on host and port only: not inspected, or denied before inspection).
+    stage: str = "request"
     userinfo: dict[str, Any] | None = None
 
     @property
@@ -109,7 +151,7 @@ class Decision:
     def as_record(self) -> dict[str, Any]:
         return {"decision": self.decision, "reason": self.reason, "rule": self.rule, "host": self.host,
                 "port": self.port, "method": self.method, "url": self.url, "mode": self.mode,
-                "userinfo": self.userinfo}
+                "scheme": self.scheme, "path": self.path, "stage": self.stage, "userinfo": self.userinfo}
 
 
 def decide_url(path: str, method: str, url: str, allow: list[str], deny: list[str]) -> Decision:
@@ -124,15 +166,21 @@ def decide_url(path: str, method: str, url: str, allow: list[str], deny: list[st
 
     if not _TOKEN.fullmatch(method):
         raise GatewrapError(f"invalid method {method!r}: not an HTTP token (e.g. GET, POST)")
-    scheme, host, port, userinfo, shown = _parse_url(url)
+    scheme, host, port, userinfo, shown, target = _parse_url(url)
     policy = build_policy(path, list(allow), list(deny))
+    stage = "request"
     try:
-        action, reason, rule_id = policy.decide(host, port)
+        if scheme == "https":
+            action, reason, rule_id, inspect = policy.decide_connect(host, port)
+            stage = "tunnel" if action != "allow" or not inspect else "request"
+        if stage == "request":
+            action, reason, rule_id = policy.decide_request(host, port, scheme, method, target)
     except core.PolicyError as e:
         raise GatewrapError(f"URL {shown!r}: {e}") from e
     rule = next((r for r in policy.describe() if r["id"] == rule_id), None) if rule_id else None
     return Decision(action, reason, rule, _canonical(core, host), port, method, shown,
-                    given_host=host, mode=policy.mode, userinfo=userinfo)
+                    given_host=host, mode=policy.mode, scheme=scheme, path=target, stage=stage,
+                    userinfo=userinfo)
 
 
 def decision_lines(d: Decision) -> list[str]:
@@ -145,10 +193,18 @@ def decision_lines(d: Decision) -> list[str]:
         r = d.rule
         where = f"line {r['line']}" if r.get("line") else "command line"
         ports = ",".join(map(str, r["ports"])) + (" (no port given)" if r["ports_default"] else "")
-        extra = ", allow_private" if r["allow_private"] else ""
+        extra = rule_extras(r).replace("  ", ", ")
+        extra = f", {extra}" if extra else ""
         lines.append(f"  rule {r['id']} ({where}): host {r['host']}, ports {ports}, {r['action']}{extra}")
     elif d.reason.endswith("default " + d.decision):
         lines.append(f"  no rule matched {shown}:{d.port}")
+    if d.scheme == "https" and d.stage == "tunnel":
+        lines.append("  https: decided on the CONNECT tunnel (host and port); method and path are seen only "
+                     "when a rule inspects it (inspect = true)")
+    elif d.scheme == "https":
+        lines.append("  https: the tunnel is inspected; this request was decided on its method and path")
+    if d.decision == "ask":
+        lines.append("  ask: a breakpoint; approvals are not built yet, so the gate denies it (403)")
     if d.userinfo is not None:
         pw = " and a password" if d.userinfo["password"] else ""
         lines.append(f"  userinfo (user {d.userinfo['user']!r}{pw}) is ignored for matching")
@@ -159,8 +215,9 @@ def decision_lines(d: Decision) -> list[str]:
     return lines
 
 
-def _parse_url(url: str) -> tuple[str, str, int, dict[str, Any] | None, str]:
-    """``(scheme, host, port, userinfo, url to show)``; the password is masked in the shown URL."""
+def _parse_url(url: str) -> tuple[str, str, int, dict[str, Any] | None, str, str]:
+    """``(scheme, host, port, userinfo, url to show, request target)``; the password is masked
+    in the shown URL; the target is the path (``/`` when empty) and query, as sent."""
     if _CONTROL_OR_SPACE.search(url):
         raise GatewrapError(f"URL {url!r}: contains a space or control character")
     try:
@@ -186,7 +243,8 @@ def _parse_url(url: str) -> tuple[str, str, int, dict[str, Any] | None, str]:
         if parts.password:
             user_part = parts.netloc.rpartition("@")[0]
             shown = url.replace(user_part + "@", f"{user_part.partition(':')[0]}:***@", 1)
-    return parts.scheme, host, port, userinfo, shown
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    return parts.scheme, host, port, userinfo, shown, target
 
 
 def _canonical(core: Any, host: str) -> str:

@@ -74,9 +74,24 @@ impl PyPolicy {
         p.add_rule(spec, action, origin).map_err(policy_err)
     }
 
-    fn decide(&self, host: &str, port: u16) -> PyResult<(&'static str, String, Option<String>)> {
+    /// The decision on a CONNECT tunnel to `host:port`: (action, reason, rule, inspect).
+    fn decide_connect(&self, host: &str, port: u16) -> PyResult<(&'static str, String, Option<String>, bool)> {
         let host = canonical_host(host).map_err(|e| policy_err(e.into()))?;
-        let d = self.read().decide(&host, port);
+        let d = self.read().decide_connect(&host, port);
+        Ok((d.action.as_str(), d.reason, d.rule, d.inspect))
+    }
+
+    /// The decision on one request (`scheme` "http" or "https", `path` with any query):
+    /// (action, reason, rule). Budgets are the gate's: not counted here.
+    fn decide_request(&self, host: &str, port: u16, scheme: &str, method: &str, path: &str) -> PyResult<(&'static str, String, Option<String>)> {
+        let host = canonical_host(host).map_err(|e| policy_err(e.into()))?;
+        let scheme = match scheme {
+            "http" => policy::Scheme::Http,
+            "https" => policy::Scheme::Https,
+            other => return Err(PyValueError::new_err(format!("invalid scheme {other:?}: expected \"http\" or \"https\""))),
+        };
+        let facts = policy::RequestFacts { host: &host, port, scheme, method, path };
+        let d = self.read().decide_request(&facts);
         Ok((d.action.as_str(), d.reason, d.rule))
     }
 
@@ -106,6 +121,12 @@ impl PyPolicy {
                 })?;
                 d.set_item("line", r.line)?;
                 d.set_item("allow_private", r.allow_private)?;
+                d.set_item("inspect", r.inspect)?;
+                d.set_item("methods", r.methods.clone())?;
+                d.set_item("path", r.path.as_ref().map(|p| p.as_str().to_string()))?;
+                d.set_item("schemes", r.schemes.as_ref().map(|s| s.iter().map(|x| x.as_str()).collect::<Vec<_>>()))?;
+                d.set_item("timeout", r.timeout.map(policy::duration::show_duration))?;
+                d.set_item("budget", r.budget.map(|b| (b.count, policy::duration::show_duration(b.per))))?;
                 Ok(d)
             })
             .collect()

@@ -1,7 +1,12 @@
-//! From a request's host and port to a carried-out decision (policy + mode).
+//! From a request's host and port to a carried-out decision: policy, then budgets, then
+//! `ask` (denied until approvals exist) and the mode.
+
+use std::time::{Duration, Instant};
 
 use crate::audit::{fields as f, GateRecord};
-use crate::policy::{canonical_host, Action, Decision, Host, HostError, Mode, Policy, RequestFacts};
+use crate::policy::budget::{show_budget_spent, REASON_BUDGET};
+use crate::policy::duration::show_remaining;
+use crate::policy::{canonical_host, Action, Budget, Decision, Host, HostError, Mode, Policy, RequestFacts, Spend};
 
 use hyper::{Response, StatusCode};
 
@@ -17,6 +22,8 @@ pub struct Admission {
     pub proceed: bool,
     /// `Some("deny")` when `report` mode let a denied destination through.
     pub would: Option<&'static str>,
+    /// The rule's budget was spent (reason [`REASON_BUDGET`]): the budget and when it resets.
+    pub over_budget: Option<(Budget, Duration)>,
 }
 
 impl Admission {
@@ -30,11 +37,34 @@ impl Admission {
         rec.decision = if self.proceed { f::ALLOWED } else { f::DENIED };
     }
 
-    /// Record a denial (status 403) and return the 403 that says how to allow it.
+    /// Record a denial (status 403) and return the 403 that says why and what to do.
     pub fn forbid(&self, ctx: &Ctx, mut rec: GateRecord) -> Response<Body> {
         rec.status = Some(StatusCode::FORBIDDEN.as_u16());
         ctx.record(rec);
-        respond::denied(&self.host, self.port, &self.decision)
+        let hp = self.host.with_port(self.port);
+        let d = &self.decision;
+        let rule = d.rule.as_deref().unwrap_or("default");
+        if let Some((budget, resets)) = self.over_budget {
+            return respond::forbidden(format!(
+                "gatewrap: egress to {hp} was denied (budget): rule {rule} allows {} and that budget is \
+                 spent; the window resets in {}.\nWait, or raise the rule's `budget`.\n",
+                budget.describe(),
+                show_remaining(resets),
+            ));
+        }
+        if d.action == Action::Ask {
+            let who = d.rule.as_ref().map_or("the policy's default".to_string(), |id| format!("rule {id}"));
+            return respond::forbidden(format!(
+                "gatewrap: egress to {hp} needs approval: {who} is a breakpoint (action = \"ask\").\n\
+                 Approvals are not built yet, so the gate denies it; to let it through, make the \
+                 action \"allow\".\n"
+            ));
+        }
+        let plain = d.default_applied() || d.fixed || d.rule.as_ref().is_some_and(|id| d.reason == format!("policy: rule {id}"));
+        if plain {
+            return respond::denied(&self.host, self.port, d);
+        }
+        respond::forbidden(format!("gatewrap: egress to {hp} was denied ({}).\n", d.reason))
     }
 }
 
@@ -49,17 +79,30 @@ pub fn admit_request(ctx: &Ctx, req: &RequestFacts<'_>) -> Admission {
     carry_out(ctx, req.host.clone(), req.port, |p, _| p.decide_request(req))
 }
 
-/// Decide with the current policy, then apply its mode: `report` lets a denied destination
-/// through unless the denial is fixed (an unspecified address).
+/// Decide with the current policy; count an allow against its rule's budget (a spent one
+/// turns it into a denial, reason `budget`, told on stderr once per window); then apply
+/// the mode: `report` lets a denial (`ask` included) through unless it is fixed.
 fn carry_out(ctx: &Ctx, host: Host, port: u16, decide: impl FnOnce(&Policy, &Host) -> Decision) -> Admission {
-    let (decision, mode) = {
+    let (mut decision, mode) = {
         let policy = ctx.policy.read().unwrap_or_else(|p| p.into_inner());
         (decide(&policy, &host), policy.mode)
     };
+    let mut over_budget = None;
+    if let (Action::Allow, Some(budget), Some(rule)) = (decision.action, decision.budget, decision.rule.as_deref()) {
+        if let Spend::Over { first, resets_in } = ctx.budgets.spend(rule, &budget, Instant::now()) {
+            if first {
+                ctx.notices.say(&show_budget_spent(rule, &budget, resets_in, mode == Mode::Report));
+            }
+            decision.action = Action::Deny;
+            decision.reason = REASON_BUDGET.into();
+            decision.allow_private = false;
+            over_budget = Some((budget, resets_in));
+        }
+    }
     let (proceed, would) = match (decision.action, mode) {
         (Action::Allow, _) => (true, None),
-        (Action::Deny, Mode::Report) if !decision.fixed => (true, Some("deny")),
-        (Action::Deny, _) => (false, None),
+        (Action::Deny | Action::Ask, Mode::Report) if !decision.fixed => (true, Some("deny")),
+        (Action::Deny | Action::Ask, _) => (false, None),
     };
-    Admission { host, port, decision, proceed, would }
+    Admission { host, port, decision, proceed, would, over_budget }
 }

@@ -34,6 +34,8 @@ pub struct Ctx {
     /// Extra ranges the SSRF guard counts as public.
     pub(super) public_ranges: PublicRanges,
     pub(super) notices: super::notice::Notices,
+    /// Budget counters of this run (see `policy::budget`).
+    pub(super) budgets: crate::policy::Budgets,
 }
 
 impl Ctx {

@@ -13,7 +13,7 @@ mod notice;
 pub mod netns;
 pub mod respond;
 mod server;
-mod target;
+pub mod target;
 
 use std::io;
 use std::net::SocketAddr;
@@ -133,6 +133,7 @@ impl Gate {
                 counts: counts.clone(),
                 public_ranges: config.public_ranges,
                 notices: notice::Notices::new(config.notices),
+                budgets: crate::policy::Budgets::default(),
             })
         };
         let open = Arc::new(AtomicUsize::new(0));

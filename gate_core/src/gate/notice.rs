@@ -27,7 +27,8 @@ impl Notices {
 
     /// Print the notice of a refused (`denied`) or failed decision; allowed ones are silent.
     pub fn show(&self, rec: &GateRecord) {
-        if !self.enabled || rec.decision == f::ALLOWED {
+        // A spent budget is told once per window by `say` instead of once per request.
+        if !self.enabled || rec.decision == f::ALLOWED || rec.reason.as_deref() == Some(crate::policy::budget::REASON_BUDGET) {
             return;
         }
         let text = line(rec);
@@ -48,6 +49,16 @@ impl Notices {
         }
         if n <= MAX_NOTICES {
             eprintln!("{text}");
+        }
+    }
+}
+
+impl Notices {
+    /// Print one line as it is (control characters escaped), outside the per-run cap:
+    /// for notices that are already rare (a budget spent: once per window).
+    pub fn say(&self, text: &str) {
+        if self.enabled {
+            eprintln!("{}", printable(text));
         }
     }
 }

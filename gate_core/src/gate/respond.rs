@@ -113,6 +113,11 @@ pub fn ssrf_denied(host: &Host, port: u16, ip: IpAddr, class: Class, rule: Optio
     text(StatusCode::FORBIDDEN, "denied", ssrf_body(host, port, ip, class, rule))
 }
 
+/// A 403 with a text of the caller's (an `ask` breakpoint, a spent budget).
+pub fn forbidden(body: String) -> Response<Body> {
+    text(StatusCode::FORBIDDEN, "denied", body)
+}
+
 pub fn bad_request(msg: &str) -> Response<Body> {
     text(StatusCode::BAD_REQUEST, "denied", format!("{msg}\n"))
 }

@@ -13,19 +13,27 @@
 //!                        # loopback/private/link-local/CGNAT/documentation/reserved
 //!                        # addresses; never metadata nor IPv6-embedded IPv4
 //! inspect = true         # optional: TLS-inspect https CONNECTs this rule matches
+//! methods = ["POST"]     # optional: upper-case HTTP method tokens (RFC 9110 §9)
+//! path = "/v1/*/files"   # optional: segment prefix, or a glob with * / ** (see `path.rs`)
+//! schemes = ["http"]     # optional: "http" and/or "https" (a CONNECT tunnel is https)
+//! timeout = "10m"        # optional, "ask" rules only: how long an approval may wait
+//! budget = { count = 6, per = "10m" }  # optional, "allow" rules only
 //! ```
-//! Any other key is refused with its line; keys the design has but the gate does not do yet
-//! (`methods`, `path`, `timeout`, `budget`, action `ask`) say "not supported yet".
+//! `default` may also be `"ask"`. Durations are `duration.rs`'s grammar (`30s`, `10m`, `2h`).
+//! Any other key is refused with its line.
 
 use serde::Deserialize;
 use toml::Spanned;
 
+use super::budget::Budget;
 use super::canon::{canonical_pattern, Host, HostPattern};
-use super::rules::{Action, Mode, Origin, Policy, Ports, Rule};
+use super::decide::is_upper_method;
+use super::duration::parse_duration;
+use super::path::PathPattern;
+use super::rules::{Action, Mode, Origin, Policy, Ports, Rule, Scheme};
 use super::PolicyError;
 
-/// Keys from the design that a later version will accept.
-const NOT_YET: [&str; 4] = ["methods", "path", "timeout", "budget"];
+type SpannedList<T> = Spanned<Vec<Spanned<T>>>;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -46,6 +54,18 @@ struct RuleSchema {
     action: Spanned<String>,
     allow_private: Option<Spanned<bool>>,
     inspect: Option<Spanned<bool>>,
+    methods: Option<SpannedList<String>>,
+    path: Option<Spanned<String>>,
+    schemes: Option<SpannedList<String>>,
+    timeout: Option<Spanned<String>>,
+    budget: Option<Spanned<BudgetSchema>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BudgetSchema {
+    count: Spanned<i64>,
+    per: Spanned<String>,
 }
 
 /// Reads policy text; `source` names the file in messages and rule ids.
@@ -68,11 +88,7 @@ impl Reader<'_> {
         let offset = e.span().map(|s| s.start).unwrap_or(0);
         let m = e.message();
         let msg = if let Some(key) = quoted_after(m, "unknown field `") {
-            if NOT_YET.contains(&key) {
-                format!("key `{key}` is not supported yet")
-            } else {
-                format!("unknown key `{key}`")
-            }
+            format!("unknown key `{key}`")
         } else if let Some(key) = quoted_after(m, "missing field `") {
             format!("missing key `{key}`")
         } else {
@@ -124,16 +140,75 @@ impl Reader<'_> {
             Some(v) => *v.get_ref(),
             None => false,
         };
-        Ok(Rule {
-            id: format!("{}:rule[{}]", self.source, index + 1),
-            host,
-            ports,
-            action,
-            origin: Origin::File,
-            line: Some(line),
-            allow_private,
-            inspect: r.inspect.as_ref().is_some_and(|v| *v.get_ref()),
-        })
+        let mut rule = Rule::new(format!("{}:rule[{}]", self.source, index + 1), host, ports, action, Origin::File);
+        rule.line = Some(line);
+        rule.allow_private = allow_private;
+        rule.inspect = r.inspect.as_ref().is_some_and(|v| *v.get_ref());
+        rule.methods = r.methods.as_ref().map(|m| self.methods(m)).transpose()?;
+        rule.path = match &r.path {
+            Some(p) => Some(PathPattern::parse(p.get_ref()).map_err(|e| self.err(p.span().start, e.to_string()))?),
+            None => None,
+        };
+        rule.schemes = r.schemes.as_ref().map(|s| self.schemes(s)).transpose()?;
+        rule.timeout = match &r.timeout {
+            Some(t) if action != Action::Ask => {
+                return Err(self.err(t.span().start, "`timeout` only applies to \"ask\" rules"))
+            }
+            Some(t) => Some(parse_duration(t.get_ref()).map_err(|e| self.err(t.span().start, e.to_string()))?),
+            None => None,
+        };
+        rule.budget = match &r.budget {
+            Some(b) if action != Action::Allow => {
+                return Err(self.err(b.span().start, "`budget` only applies to \"allow\" rules"))
+            }
+            Some(b) => Some(self.budget(b.get_ref())?),
+            None => None,
+        };
+        Ok(rule)
+    }
+
+    fn methods(&self, list: &SpannedList<String>) -> Result<Vec<String>, PolicyError> {
+        if list.get_ref().is_empty() {
+            return Err(self.err(list.span().start, "`methods` is empty"));
+        }
+        list.get_ref()
+            .iter()
+            .map(|m| match is_upper_method(m.get_ref()) {
+                true => Ok(m.get_ref().clone()),
+                false => Err(self.err(
+                    m.span().start,
+                    format!("invalid method {:?}: expected an upper-case HTTP method token, e.g. \"POST\"", m.get_ref()),
+                )),
+            })
+            .collect()
+    }
+
+    fn schemes(&self, list: &SpannedList<String>) -> Result<Vec<Scheme>, PolicyError> {
+        if list.get_ref().is_empty() {
+            return Err(self.err(list.span().start, "`schemes` is empty"));
+        }
+        list.get_ref()
+            .iter()
+            .map(|s| match s.get_ref().as_str() {
+                "http" => Ok(Scheme::Http),
+                "https" => Ok(Scheme::Https),
+                other => Err(self.err(s.span().start, format!("invalid scheme {other:?}: expected \"http\" or \"https\""))),
+            })
+            .collect()
+    }
+
+    fn budget(&self, b: &BudgetSchema) -> Result<Budget, PolicyError> {
+        let count = match u32::try_from(*b.count.get_ref()) {
+            Ok(n) if n > 0 => n,
+            _ => {
+                return Err(self.err(
+                    b.count.span().start,
+                    format!("invalid budget count {}: expected a whole number from 1 to {}", b.count.get_ref(), u32::MAX),
+                ))
+            }
+        };
+        let per = parse_duration(b.per.get_ref()).map_err(|e| self.err(b.per.span().start, e.to_string()))?;
+        Ok(Budget { count, per })
     }
 
     fn policy(&self) -> Result<Policy, PolicyError> {
@@ -171,12 +246,12 @@ fn quoted_after<'m>(message: &'m str, prefix: &str) -> Option<&'m str> {
     rest.split('`').next()
 }
 
-/// `allow` | `deny`; `ask` is part of the design but not implemented.
+/// `allow` | `deny` | `ask` (a breakpoint; denied until approvals exist).
 pub fn parse_action(s: &str) -> Result<Action, PolicyError> {
     match s {
         "allow" => Ok(Action::Allow),
         "deny" => Ok(Action::Deny),
-        "ask" => Err(PolicyError::AskUnsupported),
+        "ask" => Ok(Action::Ask),
         other => Err(PolicyError::Action { value: other.to_string() }),
     }
 }

@@ -1,16 +1,28 @@
 //! Policy: canonical destinations (`canon`), the model and decision (`rules`), the file (`file`).
 
+pub mod budget;
 pub mod canon;
+pub mod decide;
+pub mod duration;
 pub mod file;
+pub mod path;
 pub mod rules;
 pub mod ssrf;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_match;
+#[cfg(test)]
+mod tests_path;
+#[cfg(test)]
+mod tests_prop;
 
 pub use canon::{canonical_host, canonical_pattern, Host, HostError, HostPattern};
+pub use budget::{Budget, Budgets, Spend};
+pub use path::{canonical_path, PathError, PathPattern};
 pub use rules::{Action, Decision, Mode, Origin, Policy, Ports, RequestFacts, Rule, Scheme, REASON_UNSPECIFIED};
 
-/// A policy that cannot be used: bad file, bad flag value, or a feature not built yet.
+/// A policy that cannot be used: bad file or bad flag value.
 #[derive(Debug, thiserror::Error)]
 pub enum PolicyError {
     #[error("{file}:{line}: {msg}")]
@@ -19,10 +31,8 @@ pub enum PolicyError {
     Host(#[from] HostError),
     #[error("invalid port {value:?}: expected 1-65535")]
     Port { value: String },
-    #[error("invalid action {value:?}: expected \"allow\" or \"deny\"")]
+    #[error("invalid action {value:?}: expected \"allow\", \"deny\" or \"ask\"")]
     Action { value: String },
-    #[error("action \"ask\" is not supported yet")]
-    AskUnsupported,
 }
 
 impl Policy {
@@ -38,16 +48,7 @@ impl Policy {
                 _ => return Err(PolicyError::Port { value: p.to_string() }),
             },
         };
-        self.cli_rules.push(Rule {
-            id: origin.to_string(),
-            host,
-            ports,
-            action,
-            origin: Origin::Cli,
-            line: None,
-            allow_private: false,
-            inspect: false,
-        });
+        self.cli_rules.push(Rule::new(origin.to_string(), host, ports, action, Origin::Cli));
         Ok(())
     }
 }

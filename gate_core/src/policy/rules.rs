@@ -1,8 +1,10 @@
-//! The policy model (independent of the file format) and the one decision function.
+//! The policy model (independent of the file format); the decisions are in `decide.rs`.
 
-use std::net::IpAddr;
+use std::time::Duration;
 
+use super::budget::Budget;
 use super::canon::{Host, HostPattern};
+use super::path::PathPattern;
 
 /// Ports a rule without `port`/`ports` applies to: plain HTTP and HTTPS.
 pub const WEB_PORTS: [u16; 2] = [80, 443];
@@ -11,6 +13,9 @@ pub const WEB_PORTS: [u16; 2] = [80, 443];
 pub enum Action {
     Allow,
     Deny,
+    /// A breakpoint: a human would approve or reject. Approvals are not built yet, so the
+    /// gate carries an `ask` out as a denial (audit decision `denied`, reason `ask: ...`).
+    Ask,
 }
 
 impl Action {
@@ -18,6 +23,7 @@ impl Action {
         match self {
             Action::Allow => "allow",
             Action::Deny => "deny",
+            Action::Ask => "ask",
         }
     }
 }
@@ -87,15 +93,56 @@ pub struct Rule {
     /// terminates TLS with a leaf certificate of its own CA) so that each inner request is
     /// decided by [`Policy::decide_request`] on its method and path.
     pub inspect: bool,
+    /// `methods = [..]`: upper-case HTTP method tokens (RFC 9110 §9); `None` = any method.
+    pub methods: Option<Vec<String>>,
+    /// `path = ".."`: see [`PathPattern`]; `None` = any path.
+    pub path: Option<PathPattern>,
+    /// `schemes = [..]`: `None` = both. A CONNECT tunnel counts as `https`.
+    pub schemes: Option<Vec<Scheme>>,
+    /// `timeout = "10m"` of an `ask` rule: how long an approval may wait (kept for when
+    /// approvals exist; today an `ask` is denied at once).
+    pub timeout: Option<Duration>,
+    /// `budget = { count, per }` of an allow rule.
+    pub budget: Option<Budget>,
 }
 
 impl Rule {
+    /// A rule for `host` on `ports` with `action` and nothing else.
+    pub fn new(id: String, host: HostPattern, ports: Ports, action: Action, origin: Origin) -> Rule {
+        Rule {
+            id,
+            host,
+            ports,
+            action,
+            origin,
+            line: None,
+            allow_private: false,
+            inspect: false,
+            methods: None,
+            path: None,
+            schemes: None,
+            timeout: None,
+            budget: None,
+        }
+    }
+
+    /// Host and port match (the destination; methods, path and scheme aside).
     pub fn matches(&self, host: &Host, port: u16) -> bool {
         self.ports.contains(port) && self.host.matches(host)
     }
+
+    /// The rule looks inside requests (`methods` or `path`): a tunnel hides both.
+    pub fn needs_request(&self) -> bool {
+        self.methods.is_some() || self.path.is_some()
+    }
+
+    /// `schemes` is absent or lists `scheme`.
+    pub fn covers_scheme(&self, scheme: Scheme) -> bool {
+        self.schemes.as_ref().is_none_or(|s| s.contains(&scheme))
+    }
 }
 
-/// The outcome of [`Policy::decide`].
+/// The outcome of [`Policy::decide_connect`] or [`Policy::decide_request`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Decision {
     pub action: Action,
@@ -111,6 +158,9 @@ pub struct Decision {
     /// Only from [`Policy::decide_connect`]: the tunnel is to be TLS-inspected, and each
     /// inner request decided by [`Policy::decide_request`] (see [`Rule::inspect`]).
     pub inspect: bool,
+    /// The allowing rule's budget: the gate counts this request against it (never set on
+    /// a tunnel that is inspected: its inner requests are counted instead).
+    pub budget: Option<Budget>,
 }
 
 /// The scheme of a request the gate decides on: `http` for an absolute-form request,
@@ -168,78 +218,5 @@ impl Policy {
     /// All rules in evaluation order.
     pub fn rules(&self) -> impl Iterator<Item = &Rule> {
         self.cli_rules.iter().chain(self.file_rules.iter())
-    }
-
-    /// Decide on a canonical destination.
-    ///
-    /// An unspecified address (`0.0.0.0`, `::`, `::ffff:0.0.0.0`) is denied before any rule
-    /// is looked at (reason [`REASON_UNSPECIFIED`], [`Decision::fixed`]): dialled, it would
-    /// reach the gate's own host. Otherwise the evaluation order is:
-    /// 1. Command-line rules (`--allow`/`--deny`), in the order they were added.
-    /// 2. Policy-file rules, in file order.
-    /// 3. The first rule whose host pattern matches `host` and whose ports include `port`
-    ///    (no ports given = 80 and 443) decides; its id is the reason.
-    /// 4. No rule matched: the policy's `default` decides (reason `policy: default ...`).
-    ///
-    /// `mode` is not applied here: the decision is what `enforce` would do; the gate lets a
-    /// denied destination through in `report` mode (unless the denial is fixed) and records
-    /// `would = "deny"`.
-    pub fn decide(&self, host: &Host, port: u16) -> Decision {
-        if host.is_unspecified() {
-            return Decision {
-                action: Action::Deny,
-                reason: REASON_UNSPECIFIED.into(),
-                rule: None,
-                fixed: true,
-                allow_private: false,
-                inspect: false,
-            };
-        }
-        match self.rules().find(|r| r.matches(host, port)) {
-            Some(rule) => Decision {
-                action: rule.action,
-                reason: format!("policy: rule {}", rule.id),
-                rule: Some(rule.id.clone()),
-                fixed: false,
-                allow_private: rule.allow_private && rule.action == Action::Allow,
-                inspect: false,
-            },
-            None => Decision {
-                action: self.default,
-                reason: format!("policy: default {}", self.default.as_str()),
-                rule: None,
-                fixed: false,
-                allow_private: false,
-                inspect: false,
-            },
-        }
-    }
-
-    /// Decide on a CONNECT to `host:port` (the tunnel as a whole). When the decision allows
-    /// and the matching rule has `inspect = true`, [`Decision::inspect`] is set: the gate
-    /// terminates TLS and decides each inner request with [`Policy::decide_request`].
-    pub fn decide_connect(&self, host: &Host, port: u16) -> Decision {
-        let mut d = self.decide(host, port);
-        d.inspect = d.action == Action::Allow
-            && self.rules().find(|r| r.matches(host, port)).is_some_and(|r| r.inspect);
-        d
-    }
-
-    /// Decide on one HTTP request: an absolute-form `http://` request, or a request inside
-    /// an inspected tunnel (`scheme = https`).
-    pub fn decide_request(&self, req: &RequestFacts<'_>) -> Decision {
-        self.decide(req.host, req.port)
-    }
-
-    /// The id of the rule that allows `ip` on `port` by naming it: the first rule matching
-    /// the IP literal is an `allow` rule (only an exact rule can match a literal). The SSRF
-    /// guard lets a non-public address through when a rule names it, whatever its class and
-    /// whichever host resolved to it: the agent could ask for the address directly anyway.
-    pub fn names_ip(&self, ip: IpAddr, port: u16) -> Option<&str> {
-        let host = Host::from(ip);
-        self.rules()
-            .find(|r| r.matches(&host, port))
-            .filter(|r| r.action == Action::Allow && r.host == HostPattern::Exact(host.clone()))
-            .map(|r| r.id.as_str())
     }
 }

@@ -155,7 +155,7 @@ fn decisions_follow_evaluation_order() {
     ];
     for (case, host, port, action, reason) in table {
         let h = canonical_host(host).unwrap_or_else(|e| panic!("{case}: {e}"));
-        let d = p.decide(&h, *port);
+        let d = p.decide_connect(&h, *port);
         assert_eq!(d.action, *action, "{case}");
         assert_eq!(d.reason, *reason, "{case}");
         assert_eq!(d.default_applied(), reason.contains("default"), "{case}");
@@ -165,7 +165,7 @@ fn decisions_follow_evaluation_order() {
 #[test]
 fn default_allow_and_report_mode() {
     let p = from_toml("default = \"allow\"\nmode = \"report\"\n", "p.toml").expect("parses");
-    let d = p.decide(&Host::Name("x.test".into()), 443);
+    let d = p.decide_connect(&Host::Name("x.test".into()), 443);
     assert_eq!((d.action, d.reason.as_str(), d.rule), (Action::Allow, "policy: default allow", None));
     assert_eq!(p.mode, super::Mode::Report);
 }
@@ -182,11 +182,7 @@ fn bad_files_name_the_line_and_key() {
     let table: &[(&str, &str, &str)] = &[
         ("an unknown top-level key", "default = \"deny\"\ncolour = 1\n", "p.toml:2: unknown key `colour`"),
         ("an unknown rule key", "[[rule]]\nhost = \"a.test\"\naction = \"allow\"\nfoo = 1\n", "p.toml:4: unknown key `foo`"),
-        ("methods is not supported yet", "[[rule]]\nhost = \"a.test\"\nmethods = [\"GET\"]\naction = \"allow\"\n", "p.toml:3: key `methods` is not supported yet"),
-        ("budget is not supported yet", "[[rule]]\nhost = \"a.test\"\naction = \"allow\"\nbudget = { count = 1, per = \"1m\" }\n", "p.toml:4: key `budget` is not supported yet"),
-        ("ask as an action", "[[rule]]\nhost = \"a.test\"\naction = \"ask\"\n", "p.toml:3: action \"ask\" is not supported yet"),
-        ("ask as the default", "default = \"ask\"\n", "p.toml:1: action \"ask\" is not supported yet"),
-        ("a bad action", "[[rule]]\nhost = \"a.test\"\naction = \"permit\"\n", "p.toml:3: invalid action \"permit\": expected \"allow\" or \"deny\""),
+        ("a bad action", "[[rule]]\nhost = \"a.test\"\naction = \"permit\"\n", "p.toml:3: invalid action \"permit\": expected \"allow\", \"deny\" or \"ask\""),
         ("a missing host", "\n[[rule]]\naction = \"allow\"\n", "p.toml:2: missing key `host`"),
         ("a bad host", "[[rule]]\nhost = \"a..test\"\naction = \"allow\"\n", "p.toml:2: invalid host \"a..test\": empty label"),
         ("port zero", "[[rule]]\nhost = \"a.test\"\nport = 0\naction = \"allow\"\n", "p.toml:3: invalid port 0: expected 1-65535"),
@@ -220,7 +216,6 @@ fn bad_cli_rules_name_the_value() {
         ("empty host", ":443", "allow", "invalid host \"\": empty"),
         ("bad host", "a..test", "allow", "invalid host \"a..test\": empty label"),
         ("junk after brackets", "[::1]x", "allow", "invalid host \"[::1]x\": expected ':PORT' after ']'"),
-        ("ask", "a.test", "ask", "action \"ask\" is not supported yet"),
     ];
     for (case, spec, action, want) in table {
         match p.add_rule(spec, action, "--x") {
@@ -271,7 +266,7 @@ fn unspecified_destinations_are_denied_whatever_the_rules() {
         let h = canonical_host(spelling).unwrap_or_else(|e| panic!("{spelling}: {e}"));
         assert!(h.is_unspecified(), "{spelling}");
         for port in [80, 443, 8080] {
-            let d = p.decide(&h, port);
+            let d = p.decide_connect(&h, port);
             assert_eq!((d.action, d.reason.as_str(), &d.rule), (Action::Deny, "policy: unspecified address", &None), "{spelling}");
             assert!(d.fixed && !d.default_applied(), "{spelling}");
         }
@@ -279,7 +274,7 @@ fn unspecified_destinations_are_denied_whatever_the_rules() {
     for other in ["0.0.0.1", "::1", "::ffff:127.0.0.1", "zero.test"] {
         let h = canonical_host(other).unwrap_or_else(|e| panic!("{other}: {e}"));
         assert!(!h.is_unspecified(), "{other}");
-        assert_eq!(p.decide(&h, 80).action, Action::Allow, "{other}");
+        assert_eq!(p.decide_connect(&h, 80).action, Action::Allow, "{other}");
     }
 }
 
@@ -289,7 +284,7 @@ fn allow_private_is_carried_by_allow_decisions() {
                 [[rule]]\nhost = \"plain.test\"\naction = \"allow\"\nallow_private = false\n";
     let p = from_toml(text, "p.toml").expect("parses");
     assert_eq!(p.file_rules.iter().map(|r| r.allow_private).collect::<Vec<_>>(), vec![true, false]);
-    let d = |h: &str| p.decide(&Host::Name(h.into()), 443).allow_private;
+    let d = |h: &str| p.decide_connect(&Host::Name(h.into()), 443).allow_private;
     assert!(d("git.corp.test"));
     assert!(!d("plain.test"));
     assert!(!d("other.test"), "the default never allows private addresses");

@@ -1,0 +1,127 @@
+"""``gatewrap policy suggest``: turn what one run did (typically a ``mode = "report"`` run) into a
+draft policy: default deny, enforce mode, one allow rule per host with the ports it used.
+
+The draft is TOML that ``gatewrap policy check`` accepts. What no rule can cover goes into
+comments: connections the kernel refused (``direct_egress``), DNS queries to the sandbox's
+stub, and requests the SSRF guard refused (an allow rule would not let those through).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import GatewrapError
+
+#: Gate events that name a destination the policy decided on.
+GATE_EVENTS = ("request", "connect")
+#: Reasons of gate records that are not policy decisions on a destination (malformed
+#: requests, limits): they suggest no rule.
+NOT_A_DESTINATION = ("protocol:", "limit:")
+
+
+@dataclass
+class HostUse:
+    """What the run sent to one host: ports, methods, and denials by the policy."""
+
+    ports: set[int] = field(default_factory=set)
+    methods: Counter[str] = field(default_factory=Counter)
+    denied: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def requests(self) -> int:
+        return sum(self.methods.values())
+
+
+@dataclass
+class Suggestion:
+    """The draft: hosts to allow, and what goes into comments only."""
+
+    run: str
+    hosts: dict[str, HostUse]
+    ssrf: Counter[str]
+    direct: Counter[str]
+    dns: Counter[str]
+
+    def rules(self) -> list[dict[str, Any]]:
+        """``[{host, ports, requests, methods}]``, sorted by host; ports sorted."""
+        return [{"host": h, "ports": sorted(u.ports), "requests": u.requests, "methods": dict(sorted(u.methods.items()))}
+                for h, u in sorted(self.hosts.items())]
+
+    def toml(self) -> str:
+        """The draft policy text."""
+        n = sum(u.requests for u in self.hosts.values())
+        out = [f"# Draft policy from run {self.run} (gatewrap policy suggest): {_count(n, 'request')} "
+               f"to {_count(len(self.hosts), 'host')}.",
+               "# Review it: it allows every host the run reached, on the ports it used.",
+               "version = 1", 'default = "deny"', 'mode = "enforce"']
+        for h, u in sorted(self.hosts.items()):
+            methods = ", ".join(f"{m} {c}" for m, c in sorted(u.methods.items()))
+            out += ["", f"# {h}: covers {_count(u.requests, 'request')} ({methods})"]
+            for reason, c in sorted(u.denied.items()):
+                out.append(f"# denied in that run: {_count(c, 'request')} ({_comment(reason)})")
+            out += ["[[rule]]", f"host = {json.dumps(h)}", f"ports = [{', '.join(map(str, sorted(u.ports)))}]",
+                    'action = "allow"']
+        notes = [("refused by the SSRF guard (a rule naming the address, or allow_private, would be needed)",
+                  self.ssrf),
+                 ("direct egress blocked by the kernel (no rule can allow it: send it through the gate)", self.direct),
+                 ("DNS queries refused by the sandbox's stub (the gate resolves what it allows)", self.dns)]
+        for title, counter in notes:
+            if counter:
+                out += ["", f"# {title}:"]
+                out += [f"#   {_comment(what)} ({_count(c, 'time')})" for what, c in sorted(counter.items())]
+        return "\n".join(out) + "\n"
+
+
+def suggest(records: Iterable[dict[str, Any]], run: str) -> Suggestion:
+    """Collect the records of ``run`` into a :class:`Suggestion`.
+
+    Raises :class:`GatewrapError` (exit 1) when the run has no records.
+    """
+    hosts: dict[str, HostUse] = defaultdict(HostUse)
+    ssrf: Counter[str] = Counter()
+    direct: Counter[str] = Counter()
+    dns: Counter[str] = Counter()
+    seen = False
+    for rec in records:
+        if rec.get("run") != run:
+            continue
+        seen = True
+        event, reason = rec.get("event"), str(rec.get("reason") or "")
+        if event in GATE_EVENTS and rec.get("dst_host") and isinstance(rec.get("dst_port"), int):
+            if reason.startswith(NOT_A_DESTINATION):
+                continue
+            if reason.startswith("ssrf:"):
+                ssrf[f"{_hostport(rec['dst_host'], rec['dst_port'])}: {reason}"] += 1
+                continue
+            use = hosts[str(rec["dst_host"])]
+            use.ports.add(rec["dst_port"])
+            use.methods[str(rec.get("method") or "?")] += 1
+            if rec.get("decision") == "denied" or rec.get("would") == "deny":
+                use.denied[reason or "denied"] += 1
+        elif event == "direct_egress":
+            dst = _hostport(rec.get("dst_ip") or "?", rec.get("dst_port") or 0)
+            direct[f"{rec.get('comm') or '?'} -> {rec.get('proto') or '?'} {dst} [{rec.get('hook') or '?'}]"] += 1
+        elif event == "dns":
+            dns[str(rec.get("dst_host") or "a malformed query")] += 1
+    if not seen:
+        raise GatewrapError(f"no audit records of run {run}; check the id with `gatewrap audit`, or pass --log PATH",
+                            exit_code=1)
+    return Suggestion(run, dict(hosts), ssrf, direct, dns)
+
+
+def _hostport(host: Any, port: Any) -> str:
+    host = str(host)
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def _comment(text: str) -> str:
+    """One line of comment text: no line breaks or control characters (audit data is the agent's)."""
+    return "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in text)

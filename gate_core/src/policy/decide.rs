@@ -1,0 +1,178 @@
+//! The decisions: a CONNECT tunnel as a whole ([`Policy::decide_connect`]) and one HTTP
+//! request ([`Policy::decide_request`]). Both are what `enforce` mode would do; the gate
+//! applies `mode`, `ask` and budgets (`gate/admit.rs`).
+
+use std::net::IpAddr;
+
+use super::canon::{Host, HostPattern};
+use super::path::{canonical_path, without_query, PathError};
+use super::rules::{Action, Decision, Policy, RequestFacts, Rule, Scheme, REASON_UNSPECIFIED};
+
+/// Reason prefix of an `ask` decision: approvals are not built, so the gate denies it.
+pub const ASK_NOT_BUILT: &str = "is a breakpoint; approvals are not built yet";
+
+impl Decision {
+    fn unspecified() -> Decision {
+        Decision {
+            action: Action::Deny,
+            reason: REASON_UNSPECIFIED.into(),
+            rule: None,
+            fixed: true,
+            allow_private: false,
+            inspect: false,
+            budget: None,
+        }
+    }
+
+    /// `rule` decides with its action.
+    fn by_rule(rule: &Rule) -> Decision {
+        let reason = match rule.action {
+            Action::Ask => format!("ask: rule {} {ASK_NOT_BUILT}", rule.id),
+            _ => format!("policy: rule {}", rule.id),
+        };
+        let allows = rule.action == Action::Allow;
+        Decision {
+            action: rule.action,
+            reason,
+            rule: Some(rule.id.clone()),
+            fixed: false,
+            allow_private: rule.allow_private && allows,
+            inspect: false,
+            budget: rule.budget.filter(|_| allows),
+        }
+    }
+
+    fn by_default(default: Action) -> Decision {
+        let reason = match default {
+            Action::Ask => format!("ask: the default {ASK_NOT_BUILT}"),
+            a => format!("policy: default {}", a.as_str()),
+        };
+        Decision { action: default, reason, rule: None, fixed: false, allow_private: false, inspect: false, budget: None }
+    }
+
+    /// A denial by `rule` for a reason other than its action (a request it cannot judge).
+    fn refused(rule: &Rule, reason: String) -> Decision {
+        Decision { action: Action::Deny, reason, ..Decision::by_rule(rule) }
+    }
+}
+
+/// RFC 9110 §5.6.2 token of upper-case letters, digits and symbols (no lower case).
+pub fn is_upper_method(m: &str) -> bool {
+    !m.is_empty()
+        && m.bytes().all(|b| {
+            b.is_ascii_uppercase() || b.is_ascii_digit() || b"!#$%&'*+-.^_`|~".contains(&b)
+        })
+}
+
+impl Policy {
+    /// Decide on a CONNECT tunnel to canonical `host:port`. A tunnel counts as scheme
+    /// `https`; its requests cannot be seen unless it is inspected. Evaluation order:
+    /// 1. An unspecified address (`0.0.0.0`, `::`, `::ffff:0.0.0.0`) is denied before any
+    ///    rule ([`REASON_UNSPECIFIED`], [`Decision::fixed`]): dialled, it reaches the gate's host.
+    /// 2. Rules in order: command-line `--deny`, then `--allow`, then the file's in file
+    ///    order. A rule is considered when its host pattern matches `host`, its ports include
+    ///    `port` (none given = 80 and 443) and its `schemes` (if any) include `https`.
+    /// 3. The first considered rule without `methods`/`path` decides the tunnel with its
+    ///    action; an allow rule with `inspect = true` marks it [`Decision::inspect`].
+    /// 4. A considered rule with `methods`/`path` and `inspect = true`: the tunnel is
+    ///    inspected (allowed, [`Decision::inspect`]) and each inner request is decided by
+    ///    [`Policy::decide_request`], from step 1, with scheme `https`.
+    /// 5. A considered rule with `methods`/`path` but no `inspect` cannot be evaluated (fail
+    ///    closed): an `allow` rule is skipped (it might not match); a `deny` or `ask` rule
+    ///    denies the tunnel, the reason saying it needs `inspect = true`.
+    /// 6. No rule decided: the policy's `default` (reason `policy: default ...`).
+    pub fn decide_connect(&self, host: &Host, port: u16) -> Decision {
+        if host.is_unspecified() {
+            return Decision::unspecified();
+        }
+        let considered = self.rules().filter(|r| r.matches(host, port) && r.covers_scheme(Scheme::Https));
+        for rule in considered {
+            if !rule.needs_request() {
+                let mut d = Decision::by_rule(rule);
+                if rule.inspect && rule.action == Action::Allow {
+                    d.inspect = true;
+                    d.budget = None;
+                }
+                return d;
+            }
+            if rule.inspect {
+                return Decision {
+                    action: Action::Allow,
+                    reason: format!("policy: rule {} inspects the tunnel", rule.id),
+                    inspect: true,
+                    budget: None,
+                    ..Decision::by_rule(rule)
+                };
+            }
+            if rule.action != Action::Allow {
+                return Decision::refused(
+                    rule,
+                    format!(
+                        "policy: rule {} matches methods or paths, which a tunnel hides; it needs `inspect = true`",
+                        rule.id
+                    ),
+                );
+            }
+        }
+        Decision::by_default(self.default)
+    }
+
+    /// Decide on one HTTP request: an absolute-form `http://` request, or a request inside
+    /// an inspected tunnel (`scheme = https`). Evaluation order:
+    /// 1. An unspecified address is denied before any rule, as in [`Policy::decide_connect`].
+    /// 2. Rules in order (`--deny`, `--allow`, then the file's). A rule matches when its
+    ///    host pattern, ports and `schemes` (if any) match, its `methods` (if any) list the
+    ///    request's method exactly (RFC 9110 §9.1: case-sensitive), and its `path` (if any)
+    ///    matches the request's path, percent-decoded once ([`canonical_path`]; the query is
+    ///    not matched). `inspect` plays no part here.
+    /// 3. The first matching rule decides with its action.
+    /// 4. A rule that has to look at a method that is not upper case, or at a path that
+    ///    [`canonical_path`] refuses (encoded `/`, dot segments, ...), denies the request
+    ///    (reason `method: ...` / `path: ...`, naming the rule): fail closed, no guessing.
+    /// 5. No rule matched: the policy's `default`.
+    pub fn decide_request(&self, req: &RequestFacts<'_>) -> Decision {
+        if req.host.is_unspecified() {
+            return Decision::unspecified();
+        }
+        let mut path: Option<Result<String, PathError>> = None;
+        for rule in self.rules().filter(|r| r.matches(req.host, req.port) && r.covers_scheme(req.scheme)) {
+            if let Some(methods) = &rule.methods {
+                if !is_upper_method(req.method) {
+                    return Decision::refused(
+                        rule,
+                        format!("method: {:?} is not upper case; rule {} matches methods exactly", req.method, rule.id),
+                    );
+                }
+                if !methods.iter().any(|m| m == req.method) {
+                    continue;
+                }
+            }
+            if let Some(pattern) = &rule.path {
+                match path.get_or_insert_with(|| canonical_path(without_query(req.path))) {
+                    Err(e) => {
+                        return Decision::refused(
+                            rule,
+                            format!("path: {e}; rule {} matches paths, so the gate refuses it", rule.id),
+                        )
+                    }
+                    Ok(p) if !pattern.matches(p) => continue,
+                    Ok(_) => {}
+                }
+            }
+            return Decision::by_rule(rule);
+        }
+        Decision::by_default(self.default)
+    }
+
+    /// The id of the rule that allows `ip` on `port` by naming it: the first rule matching
+    /// the IP literal is an `allow` rule (only an exact rule can match a literal). The SSRF
+    /// guard lets a non-public address through when a rule names it, whatever its class and
+    /// whichever host resolved to it: the agent could ask for the address directly anyway.
+    pub fn names_ip(&self, ip: IpAddr, port: u16) -> Option<&str> {
+        let host = Host::from(ip);
+        self.rules()
+            .find(|r| r.matches(&host, port))
+            .filter(|r| r.action == Action::Allow && r.host == HostPattern::Exact(host.clone()))
+            .map(|r| r.id.as_str())
+    }
+}

@@ -1,0 +1,68 @@
+"""`gatewrap policy suggest` on audit logs written here (no root, no netns); the kernel test
+(test_policy_suggest.py) drafts from a real report-mode run."""
+
+from __future__ import annotations
+
+import json
+
+from test_policy_cli import gw
+
+
+def _log(tmp_path, records: list[dict]) -> str:
+    path = tmp_path / "audit.jsonl"
+    path.write_text("".join(json.dumps({"v": 1, "run": "gw-1", **r}) + "\n" for r in records)
+                    + json.dumps({"v": 1, "run": "gw-2", "event": "request", "dst_host": "other-run.test",
+                                  "dst_port": 80, "decision": "allowed", "method": "GET"}) + "\n")
+    return str(path)
+
+
+SUGGEST_LOG = [
+    {"event": "run_start"},
+    {"event": "request", "method": "GET", "dst_host": "b.test", "dst_port": 80, "decision": "allowed",
+     "would": "deny", "reason": "policy: default deny"},
+    {"event": "request", "method": "POST", "dst_host": "b.test", "dst_port": 8080, "decision": "allowed"},
+    {"event": "connect", "method": "CONNECT", "dst_host": "b.test", "dst_port": 443, "decision": "allowed"},
+    {"event": "connect", "method": "CONNECT", "dst_host": "2001:db8::1", "dst_port": 443, "decision": "allowed"},
+    {"event": "connect", "method": "CONNECT", "dst_host": "a.test", "dst_port": 443, "decision": "failed"},
+    {"event": "request", "method": "GET", "dst_host": "lan.test", "dst_port": 80, "decision": "denied",
+     "reason": "ssrf: private address 10.0.0.1"},
+    {"event": "request", "method": "GET", "decision": "denied", "reason": "protocol: absolute-form request without a host"},
+    {"event": "direct_egress", "comm": "python3", "proto": "tcp", "dst_ip": "203.0.113.20", "dst_port": 80,
+     "hook": "connect4", "decision": "denied"},
+    {"event": "dns", "dst_host": "leak.test", "decision": "denied"},
+    {"event": "run_end"},
+]
+
+
+def test_suggest_drafts_one_sorted_rule_per_host_that_policy_check_accepts(capsys, tmp_path):
+    log = _log(tmp_path, SUGGEST_LOG)
+    code, out, err = gw(capsys, "policy", "suggest", "--run", "gw-1", "--log", log)
+    assert (code, err) == (0, "")
+    assert out.splitlines()[0] == ("# Draft policy from run gw-1 (gatewrap policy suggest): 5 requests to 3 hosts.")
+    hosts = [line for line in out.splitlines() if line.startswith("host = ")]
+    assert hosts == ['host = "2001:db8::1"', 'host = "a.test"', 'host = "b.test"']
+    assert "# b.test: covers 3 requests (CONNECT 1, GET 1, POST 1)\n" in out
+    assert "# denied in that run: 1 request (policy: default deny)\n" in out
+    assert 'host = "b.test"\nports = [80, 443, 8080]\naction = "allow"\n' in out
+    assert "#   lan.test:80: ssrf: private address 10.0.0.1 (1 time)" in out
+    assert "#   python3 -> tcp 203.0.113.20:80 [connect4] (1 time)" in out
+    assert "#   leak.test (1 time)" in out
+    assert "other-run.test" not in out
+    draft = tmp_path / "draft.toml"
+    draft.write_text(out)
+    code, out, err = gw(capsys, "policy", "check", str(draft))
+    assert (code, err) == (0, ""), out
+    assert "default deny, mode enforce, 3 rules" in out
+
+
+def test_suggest_json_and_an_unknown_run(capsys, tmp_path):
+    log = _log(tmp_path, SUGGEST_LOG)
+    code, out, _ = gw(capsys, "policy", "suggest", "--run", "gw-1", "--log", log, "--json")
+    rec = json.loads(out)
+    assert code == 0 and rec["run"] == "gw-1" and rec["policy"].startswith("# Draft policy")
+    assert rec["rules"][2] == {"host": "b.test", "ports": [80, 443, 8080], "requests": 3,
+                               "methods": {"CONNECT": 1, "GET": 1, "POST": 1}}
+    code, _, err = gw(capsys, "policy", "suggest", "--run", "gw-nope", "--log", log)
+    assert code == 1 and "no audit records of run gw-nope" in err
+    code, _, err = gw(capsys, "policy", "suggest", "--run", "gw-1", "--log", str(tmp_path / "none.jsonl"))
+    assert code == 1 and "no audit log at" in err
