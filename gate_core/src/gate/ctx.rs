@@ -34,6 +34,9 @@ pub struct Ctx {
     /// Extra ranges the SSRF guard counts as public.
     pub(super) public_ranges: PublicRanges,
     pub(super) notices: super::notice::Notices,
+    /// TLS inspection; `None` when the gate has no CA.
+    pub(super) inspector: Option<Arc<super::inspect::Inspector>>,
+    pub(super) idle_timeout: Duration,
 }
 
 impl Ctx {
