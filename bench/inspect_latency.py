@@ -50,7 +50,7 @@ def run(net: FakeInternet, policy: str, n: int, tmp: str) -> dict:
     cmd = [sys.executable, "-m", "gatewrap", "run", "--audit-log", os.path.join(tmp, "audit.jsonl"),
            "--resolver", net.dns_server, "--public-range", "203.0.113.0/24", "--public-range", "2001:db8:100::/48",
            "--policy", path, "--upstream-ca", net.ca_path, "--ca-dir", os.path.join(tmp, "ca"),
-           "--workdir", "/tmp", "--", "/usr/bin/python3", "-c", AGENT, str(n)]
+           "--workdir", "/tmp", "--ro-bind", net.tmpdir, "--", "/usr/bin/python3", "-c", AGENT, str(n)]
     env = dict(os.environ, SSL_CERT_FILE=net.ca_path, REQUESTS_CA_BUNDLE=net.ca_path)
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
     if p.returncode != 0:

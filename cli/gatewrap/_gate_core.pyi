@@ -58,8 +58,9 @@ class Policy:
 
         ``source`` is the file name used in error messages and rule ids
         (``"policy.toml:rule[3]"``). Unknown keys, unsupported keys (``methods``, ``path``,
-        ``timeout``, ``budget``, ``inspect``) and action ``"ask"`` raise :class:`PolicyError`
-        naming the key and line.
+        ``timeout``, ``budget``) and action ``"ask"`` raise :class:`PolicyError`
+        naming the key and line. ``inspect = true`` on an allow rule makes the gate
+        TLS-inspect the https CONNECTs it matches (see :class:`Gate`, ``ca_dir``).
 
         A rule may set ``allow_private = true`` (allow rules on names or ``*.`` patterns
         only; on a deny rule or an IP-literal host it raises :class:`PolicyError`): the

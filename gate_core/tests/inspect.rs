@@ -259,3 +259,27 @@ fn an_idle_tunnel_is_closed_after_the_idle_timeout() {
     assert_eq!(read, Ok(0), "the gate closed the silent tunnel");
     assert!(took >= Duration::from_millis(900) && took < Duration::from_secs(5), "closed after about 1 s, not {took:?}");
 }
+
+#[test]
+fn a_client_that_leaves_mid_request_costs_nothing() {
+    let s = setup("insp-leave");
+    let (g, ca, port) = (s.gate.listen_addrs()[0], s.gate_ca.clone(), s.good);
+    let after = in_netns(s.ns.path(), move || {
+        use std::io::Write;
+        let target = format!("127.0.0.1:{port}");
+        for _ in 0..20 {
+            let mut tls = open(g, &target, &ca, "127.0.0.1").1.expect("tls");
+            let _ = tls.write_all(format!("POST /upload HTTP/1.1\r\nHost: {target}\r\nContent-Length: 1000\r\n\r\npartial").as_bytes());
+            let _ = tls.flush();
+            drop(tls);
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        let mut tls = open(g, &target, &ca, "127.0.0.1").1.expect("tls after the departures");
+        ask(&mut tls, &format!("GET /after HTTP/1.1\r\nHost: {target}\r\n\r\n"))
+    });
+    assert!(after.starts_with("HTTP/1.1 200"), "the gate still serves: {after}");
+    s.gate.stop();
+    let left: Vec<Value> = records(&s.audit, "https").into_iter().filter(|r| r["target"].as_str().is_some_and(|t| t.ends_with("/upload"))).collect();
+    assert_eq!(left.len(), 20, "each abandoned request is one record");
+    assert!(left.iter().all(|r| r["decision"] == "failed" && r["error"] == "downstream: client disconnected"), "{left:#?}");
+}
