@@ -221,22 +221,6 @@ def _hidden_paths(ca_dir: str) -> list[str]:
     return [p for p in paths if os.path.isdir(p)]
 
 
-def _stage(run_id: str, jailed: bool, ca_cert: str | None, env: dict[str, str]) -> tuple[str | None, list[tuple[str, str]], list[str]]:
-    """Stage the run's files the agent reads: the shims (in the jail) and, when the run
-    inspects TLS, the CA and the bundle, with the variables that point at them. Returns
-    (the staged folder or None, the jail's mounts, the user's variables replaced)."""
-    if not jailed and ca_cert is None:
-        return None, [], []
-    staged = shims.staged_dir(run_id)
-    overridden: list[str] = []
-    if ca_cert is not None:
-        ca, bundle = shims.stage_ca(staged, ca_cert)
-        if jailed:
-            ca, bundle = f"{shims.SHIMS_IN_JAIL}/{shims.CA_FILE}", f"{shims.SHIMS_IN_JAIL}/{shims.BUNDLE_FILE}"
-        overridden = shims.add_ca_env(env, ca, bundle)
-    return staged, shims.staged_for_jail(staged) if jailed else [], overridden
-
-
 def _readonly_paths(audit_log: str) -> list[str]:
     """Host paths the agent sees read-only: cgroupfs (a uid-0 agent could otherwise create
     cgroups or move processes) and the audit log file (which exists by now)."""
@@ -327,7 +311,7 @@ def run(opts: RunOptions, stderr: TextIO | None = None) -> RunResult:
         for warning in _public_range_warnings(opts.public_ranges):
             print(warning, file=err)
         loader.verify_attached(parent, hooks.pin_dir)
-        staged, mounts, replaced = _stage(run_id, opts.jail == "nsjail", ca_cert, env)
+        staged, mounts, replaced = shims.stage_run(run_id, opts.jail == "nsjail", ca_cert, env)
         if staged is not None:
             undo.callback(shutil.rmtree, staged, True)
         overridden += replaced

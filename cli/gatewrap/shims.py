@@ -122,3 +122,20 @@ def add_python_shim(env: dict[str, str], shim_dir: str, gate_url: str, run_id: s
     env["PYTHONPATH"] = shim_dir + (f":{env['PYTHONPATH']}" if env.get("PYTHONPATH") else "")
     env["GATEWRAP_GATE"] = gate_url
     env["GATEWRAP_RUN"] = run_id
+
+
+def stage_run(run_id: str, jailed: bool, ca_cert: str | None,
+              env: dict[str, str]) -> tuple[str | None, list[tuple[str, str]], list[str]]:
+    """Stage the run's files the agent reads: the shims (in the jail) and, when the run
+    inspects TLS, the CA and the bundle, with the variables that point at them. Returns
+    (the staged folder or None, the jail's mounts, the user's variables replaced)."""
+    if not jailed and ca_cert is None:
+        return None, [], []
+    staged = staged_dir(run_id)
+    overridden: list[str] = []
+    if ca_cert is not None:
+        ca, bundle = stage_ca(staged, ca_cert)
+        if jailed:
+            ca, bundle = f"{SHIMS_IN_JAIL}/{CA_FILE}", f"{SHIMS_IN_JAIL}/{BUNDLE_FILE}"
+        overridden = add_ca_env(env, ca, bundle)
+    return staged, staged_for_jail(staged) if jailed else [], overridden

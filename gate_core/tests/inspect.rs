@@ -92,6 +92,18 @@ struct Setup {
     gate_ca: PathBuf,
     good: u16,
     untrusted: u16,
+    /// Accepts TCP and never says anything.
+    silent: u16,
+}
+
+fn silent_upstream() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind silent upstream");
+    let port = l.local_addr().expect("addr").port();
+    std::thread::spawn(move || {
+        let held: Vec<std::net::TcpStream> = l.incoming().flatten().collect();
+        drop(held);
+    });
+    port
 }
 
 /// A gate inspecting 127.0.0.1 on two TLS upstreams: one whose CA the gate is given
@@ -106,8 +118,8 @@ fn setup_idle(tag: &str, idle_timeout: Duration) -> Setup {
     let dir = TempDir::new(tag);
     let trusted = pki(&dir.path, "trusted");
     let unknown = pki(&dir.path, "unknown");
-    let (good, untrusted) = (upstream(&trusted).port(), upstream(&unknown).port());
-    let text = format!("[[rule]]\nhost = \"127.0.0.1\"\nports = [{good}, {untrusted}]\naction = \"allow\"\ninspect = true\n");
+    let (good, untrusted, silent) = (upstream(&trusted).port(), upstream(&unknown).port(), silent_upstream());
+    let text = format!("[[rule]]\nhost = \"127.0.0.1\"\nports = [{good}, {untrusted}, {silent}]\naction = \"allow\"\ninspect = true\n");
     let policy = Arc::new(RwLock::new(from_toml(&text, "policy.toml").expect("policy")));
     let audit = dir.path.join("audit.jsonl");
     let ca_dir = dir.path.join("ca");
@@ -126,7 +138,7 @@ fn setup_idle(tag: &str, idle_timeout: Duration) -> Setup {
         idle_timeout,
     })
     .expect("gate starts");
-    Setup { ns, _dir: dir, gate, policy, audit, gate_ca: ca_dir.join("ca.crt"), good, untrusted }
+    Setup { ns, _dir: dir, gate, policy, audit, gate_ca: ca_dir.join("ca.crt"), good, untrusted, silent }
 }
 
 fn records(path: &PathBuf, proto: &str) -> Vec<Value> {
@@ -183,7 +195,7 @@ fn inner_requests_are_decided_forwarded_and_audited_one_by_one() {
 #[test]
 fn refusals_inside_a_tunnel_say_why() {
     let s = setup("insp-refuse");
-    let (g, ca, good, bad) = (s.gate.listen_addrs()[0], s.gate_ca.clone(), s.good, s.untrusted);
+    let (g, ca, good, bad, silent) = (s.gate.listen_addrs()[0], s.gate_ca.clone(), s.good, s.untrusted, s.silent);
     let out = in_netns(s.ns.path(), move || {
         let target = format!("127.0.0.1:{good}");
         let (_, sni) = open(g, &target, &ca, "other.test");
@@ -198,9 +210,11 @@ fn refusals_inside_a_tunnel_say_why() {
         let chunked = ask(&mut tls, &format!("POST / HTTP/1.1\r\nHost: {target}\r\nTransfer-Encoding: chunked\r\n\r\n{chunk}0\r\n\r\n"));
         let mut tls = open(g, &format!("127.0.0.1:{bad}"), &ca, "127.0.0.1").1.expect("tls");
         let unverified = ask(&mut tls, &format!("GET / HTTP/1.1\r\nHost: 127.0.0.1:{bad}\r\n\r\n"));
-        (sni.err().unwrap_or_default(), host, h2c, declared, chunked, unverified)
+        let mut tls = open(g, &format!("127.0.0.1:{silent}"), &ca, "127.0.0.1").1.expect("tls");
+        let mute = ask(&mut tls, &format!("GET / HTTP/1.1\r\nHost: 127.0.0.1:{silent}\r\n\r\n"));
+        (sni.err().unwrap_or_default(), host, h2c, declared, chunked, unverified, mute)
     });
-    let (sni, host, h2c, declared, chunked, unverified) = out;
+    let (sni, host, h2c, declared, chunked, unverified, mute) = out;
     s.gate.stop();
     let recs = records(&s.audit, "https");
     let find = |what: &str| -> Value {
@@ -213,6 +227,7 @@ fn refusals_inside_a_tunnel_say_why() {
         ("a declared body over the limit is refused", &declared, "HTTP/1.1 413", "limit: request body over 1024 bytes", "denied"),
         ("a streamed body over the limit is refused", &chunked, "HTTP/1.1 413", "limit: request body over 1024 bytes", "denied"),
         ("an upstream the gate cannot verify fails", &unverified, "HTTP/1.1 502", "upstream: tls: invalid peer certificate: UnknownIssuer", "failed"),
+        ("an upstream that never finishes its handshake times out", &mute, "HTTP/1.1 504", "upstream: tls: timeout during the handshake", "failed"),
     ];
     for (case, answer, starts, reason, decision) in table {
         assert!(answer.contains(starts), "{case}: {answer}");

@@ -32,6 +32,9 @@ use super::{upstream, Tunnel};
 pub(crate) type Sender = SendRequest<Limited<Incoming>>;
 
 const HTTPS_DEFAULT_PORT: u16 = 443;
+/// The audit `error` of an upstream that did not finish its TLS handshake within the
+/// gate's connect timeout (answered 504).
+const TLS_TIMEOUT: &str = "upstream: tls: timeout during the handshake";
 
 /// `host[:port]` as the tunnel's requests name it (port omitted when 443).
 fn authority_of(host: &Host, port: u16) -> String {
@@ -204,9 +207,11 @@ enum Failure {
 /// Dial the vetted address (SSRF guard), then TLS and an HTTP/1.1 connection to it.
 async fn connect(ctx: &Ctx, tunnel: &Tunnel, adm: &Admission) -> Result<(Sender, SocketAddr), Failure> {
     let (tcp, addr) = guard::dial(ctx, adm).await.map_err(Failure::Dial)?;
-    let tls = upstream::handshake(&tunnel.inspector.upstream, &tunnel.host, tcp)
-        .await
-        .map_err(|cause| Failure::After(addr, cause))?;
+    let handshake = upstream::handshake(&tunnel.inspector.upstream, &tunnel.host, tcp);
+    let tls = match tokio::time::timeout(ctx.connect_timeout, handshake).await {
+        Ok(done) => done.map_err(|cause| Failure::After(addr, cause))?,
+        Err(_) => return Err(Failure::After(addr, TLS_TIMEOUT.into())),
+    };
     let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
         .await
         .map_err(|e| Failure::After(addr, format!("upstream: {e}")))?;
@@ -218,9 +223,13 @@ async fn connect(ctx: &Ctx, tunnel: &Tunnel, adm: &Admission) -> Result<(Sender,
     Ok((sender, addr))
 }
 
-/// Record an upstream failure after the dial (decision failed) and answer 502.
+/// Record an upstream failure after the dial (decision failed) and answer 502 (504 when
+/// the TLS handshake timed out).
 fn after_dial(mut pending: Pending, target: &str, addr: SocketAddr, cause: String) -> Response<Body> {
-    let resp = respond::bad_gateway(target, &cause);
+    let mut resp = respond::bad_gateway(target, &cause);
+    if cause == TLS_TIMEOUT {
+        *resp.status_mut() = StatusCode::GATEWAY_TIMEOUT;
+    }
     let rec = pending.rec();
     rec.decision = f::FAILED;
     rec.dst_ip = Some(addr.ip().to_string());
