@@ -222,7 +222,8 @@ class Gate:
         Refused inside a tunnel: an SNI naming another host (TLS alert ``access_denied``;
         reason ``tls: SNI "x" does not match the CONNECT host y``), a ``Host`` header or
         target naming another host or port (421, reason ``protocol: host mismatch (...)``),
-        ``Upgrade: h2c`` (400, also on plain http), a body over ``body_limit`` bytes (413,
+        a CONNECT (400), ``Upgrade: h2c`` (400, also on plain http), a body over
+        ``body_limit`` bytes (413,
         reason ``limit: request body over N bytes``). A handshake the client abandons (it
         does not trust the CA) is recorded as failed, error ``downstream: tls: ...``.
         Upstream TLS is verified against Mozilla's roots (compiled in; never the

@@ -210,11 +210,13 @@ fn refusals_inside_a_tunnel_say_why() {
         let chunked = ask(&mut tls, &format!("POST / HTTP/1.1\r\nHost: {target}\r\nTransfer-Encoding: chunked\r\n\r\n{chunk}0\r\n\r\n"));
         let mut tls = open(g, &format!("127.0.0.1:{bad}"), &ca, "127.0.0.1").1.expect("tls");
         let unverified = ask(&mut tls, &format!("GET / HTTP/1.1\r\nHost: 127.0.0.1:{bad}\r\n\r\n"));
+        let mut tls = open(g, &target, &ca, "127.0.0.1").1.expect("tls");
+        let nested = ask(&mut tls, &format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n"));
         let mut tls = open(g, &format!("127.0.0.1:{silent}"), &ca, "127.0.0.1").1.expect("tls");
         let mute = ask(&mut tls, &format!("GET / HTTP/1.1\r\nHost: 127.0.0.1:{silent}\r\n\r\n"));
-        (sni.err().unwrap_or_default(), host, h2c, declared, chunked, unverified, mute)
+        (sni.err().unwrap_or_default(), host, h2c, declared, chunked, unverified, mute, nested)
     });
-    let (sni, host, h2c, declared, chunked, unverified, mute) = out;
+    let (sni, host, h2c, declared, chunked, unverified, mute, nested) = out;
     s.gate.stop();
     let recs = records(&s.audit, "https");
     let find = |what: &str| -> Value {
@@ -223,6 +225,7 @@ fn refusals_inside_a_tunnel_say_why() {
     let table: &[(&str, &str, &str, &str, &str)] = &[
         ("an SNI that names another host ends the handshake", &sni, "AccessDenied", "tls: SNI \"other.test\" does not match the CONNECT host 127.0.0.1", "denied"),
         ("a Host header that names another host is misdirected", &host, "HTTP/1.1 421", "protocol: host mismatch (Host evil.test, tunnel to 127.0.0.1:", "denied"),
+        ("a CONNECT inside the tunnel is refused", &nested, "HTTP/1.1 400", "protocol: CONNECT inside an inspected tunnel", "denied"),
         ("Upgrade: h2c is refused", &h2c, "HTTP/1.1 400", "protocol: Upgrade: h2c is refused", "denied"),
         ("a declared body over the limit is refused", &declared, "HTTP/1.1 413", "limit: request body over 1024 bytes", "denied"),
         ("a streamed body over the limit is refused", &chunked, "HTTP/1.1 413", "limit: request body over 1024 bytes", "denied"),

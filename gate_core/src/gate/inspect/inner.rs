@@ -2,7 +2,8 @@
 //! it ([`admit_request`], scheme https), and forward it over verified TLS, or answer 4xx.
 //!
 //! Refusals, each audited: another host in `Host` or the target (421 Misdirected
-//! Request, RFC 9110 §15.5.20), `Upgrade: h2c` (400), a body over the limit (413).
+//! Request, RFC 9110 §15.5.20), a CONNECT (400), `Upgrade: h2c` (400), a body over the
+//! limit (413).
 
 use std::error::Error as _;
 use std::net::SocketAddr;
@@ -14,7 +15,7 @@ use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
 use hyper::header::{HeaderValue, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, HOST};
 use hyper::http::uri::{Authority, PathAndQuery};
-use hyper::{Request, Response, StatusCode, Uri, Version};
+use hyper::{Method, Request, Response, StatusCode, Uri, Version};
 use hyper_util::rt::TokioIo;
 
 use crate::audit::{fields as f, GateRecord};
@@ -110,6 +111,10 @@ pub(super) async fn handle(ctx: Arc<Ctx>, tunnel: Arc<Tunnel>, mut req: Request<
         let hp = host.with_port(port);
         let body = format!("gatewrap gate: this tunnel is to {hp}; the request names {other}. Open a tunnel (CONNECT) to the host you mean\n");
         return refuse(&ctx, rec, StatusCode::MISDIRECTED_REQUEST, format!("protocol: host mismatch ({other}, tunnel to {hp})"), body);
+    }
+    if req.method() == Method::CONNECT {
+        let body = "gatewrap gate: CONNECT inside an inspected tunnel is refused; send the request itself\n".to_string();
+        return refuse(&ctx, rec, StatusCode::BAD_REQUEST, "protocol: CONNECT inside an inspected tunnel".into(), body);
     }
     let asked = upgrade::asked(req.headers());
     if asked == Asked::H2c {
