@@ -264,7 +264,7 @@ def test_check_json(capsys, policy_file):
     assert [r["line"] for r in rec["rules"]] == [5, 9, 13, 18, 22]
     assert rec["rules"][2] == {"id": f"{path}:{R_WILD}", "host": "*.example.com", "ports": [443],
                                "ports_default": False, "action": "allow", "origin": "file", "line": 13,
-                               "allow_private": False}
+                               "allow_private": False, "inspect": False}
 
 
 BAD_FILES = [
