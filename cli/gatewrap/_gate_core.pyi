@@ -64,6 +64,8 @@ class Policy:
         an ambiguous path, a duration outside ``N`` + ``s``/``m``/``h``, ``timeout`` on a
         non-ask rule, ``budget`` on a non-allow rule) raise :class:`PolicyError` naming the
         line.
+        ``inspect = true`` on an allow rule makes the gate TLS-inspect the https CONNECTs it
+        matches (see :class:`Gate`, ``ca_dir``).
 
         A rule may set ``allow_private = true`` (allow rules on names or ``*.`` patterns
         only; on a deny rule or an IP-literal host it raises :class:`PolicyError`): the
@@ -205,6 +207,10 @@ class Gate:
         public_ranges: list[str] | None = None,
         notices: bool = False,
         dns_stub: bool = False,
+        ca_dir: str | None = None,
+        upstream_ca: list[str] | None = None,
+        body_limit: int = 16 * 1024 * 1024,
+        idle_timeout: float = 300.0,
     ) -> None:
         """Bind the listeners inside ``netns_path`` and start serving; returns once listening.
 
@@ -223,7 +229,32 @@ class Gate:
         ``dns_stub``: also serve UDP and TCP port 53 on the same loopback addresses; every
         query is answered REFUSED (RFC 1035 RCODE 5) and recorded (event ``"dns"``, decision
         ``"denied"``, ``dst_host`` = the queried name).
-        Raises :class:`GateError` on failure. Needs root (setns).
+        ``ca_dir``: the TLS inspection CA (see :func:`ensure_ca`), loaded (or made) at start;
+        ``None``: no inspection, and a CONNECT that an ``inspect = true`` rule allows fails
+        with 502 (error ``"tls: inspection is off ..."``). With a CA, such a CONNECT is
+        answered 200 at once (no dial; audit record event ``"connect"``, no ``dst_ip``),
+        the client's TLS is accepted with a leaf for the CONNECT host (dNSName or iPAddress
+        SAN, signed by the CA, cached up to 1024 hosts for 24 h, valid 7 days; ALPN
+        ``http/1.1`` only), and each request inside is decided (scheme https) and audited on
+        its own: event ``"request"``, proto ``"https"``, target ``https://host[:port]/path``.
+        Refused inside a tunnel: an SNI naming another host (TLS alert ``access_denied``;
+        reason ``tls: SNI "x" does not match the CONNECT host y``), a ``Host`` header or
+        target naming another host or port (421, reason ``protocol: host mismatch (...)``),
+        a CONNECT (400), ``Upgrade: h2c`` (400, also on plain http), a body over
+        ``body_limit`` bytes (413,
+        reason ``limit: request body over N bytes``). A handshake the client abandons (it
+        does not trust the CA) is recorded as failed, error ``downstream: tls: ...``.
+        Upstream TLS is verified against Mozilla's roots (compiled in; never the
+        environment's ``SSL_CERT_FILE``) plus the PEM files ``upstream_ca``; a failure is
+        502 with error ``upstream: tls: <cause>`` (e.g. ``invalid peer certificate:
+        UnknownIssuer``).
+        ``Upgrade: websocket`` on an allowed request (plain http or inspected https) is
+        relayed both ways after the upstream's 101.
+        ``idle_timeout``: seconds after which a tunnel or an upgraded connection that
+        carried nothing either way is closed. An inspected connection's next request head
+        must arrive within 30 s.
+        Raises :class:`GateError` on failure (an unreadable CA, a CA key readable by others,
+        a bad ``upstream_ca`` file). Needs root (setns).
         """
 
     @property
@@ -236,6 +267,12 @@ class Gate:
     def stop(self) -> None:
         """Stop accepting, abort tunnels and requests in flight, shut down (within ~1 s).
         Idempotent; also done when the Gate is garbage-collected."""
+
+def ensure_ca(ca_dir: str) -> str:
+    """Load the TLS inspection CA from ``ca_dir``, or make it (ECDSA P-256, ten years, path
+    length 0): ``ca_dir/ca.crt`` (0644) and ``ca_dir/private/ca.key`` (0600 in a 0700
+    directory). Returns the certificate's path. Raises :class:`GateError` when the key is
+    readable by others or not owned by the caller, or the files do not match."""
 
 def spawn_agent(
     argv: list[str],

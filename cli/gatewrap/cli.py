@@ -69,12 +69,17 @@ def cli() -> None:
               help="Memory limit of the whole run (cgroup v2 memory.max), e.g. 512M, 2G; no swap.")
 @click.option("--cpus", type=click.FloatRange(min=0.01), metavar="N", help="CPU limit (cgroup v2 cpu.max), e.g. 0.5.")
 @click.option("--pids", type=click.IntRange(min=1), metavar="N", help="Most tasks (processes + threads) at once (pids.max).")
+@click.option("--ca-dir", default="/var/lib/gatewrap/ca", show_default=True, metavar="DIR",
+              help="The TLS inspection CA (made on first use: ca.crt, and private/ca.key, hidden from the agent).")
+@click.option("--upstream-ca", "upstream_ca", multiple=True, type=click.Path(exists=True, dir_okay=False), metavar="FILE",
+              help="PEM CA certificates the gate trusts upstream when inspecting, besides Mozilla's roots. Repeatable.")
 @click.option("--json", "as_json", is_flag=True, help="Print the closing summary as one JSON object on stderr.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def run(allow: tuple[str, ...], deny: tuple[str, ...], policy_file: str | None, user: str | None,
         audit_log: str, nameservers: tuple[str, ...], public_ranges: tuple[str, ...], port: int, workdir: str | None, jail: str,
         ro_binds: tuple[str, ...], rw_binds: tuple[str, ...], timeout: float | None, memory: int | None,
-        cpus: float | None, pids: int | None, as_json: bool, command: tuple[str, ...]) -> int:
+        cpus: float | None, pids: int | None, ca_dir: str, upstream_ca: tuple[str, ...], as_json: bool,
+        command: tuple[str, ...]) -> int:
     """Run COMMAND in a sandbox whose only egress is the gate.
 
     \b
@@ -97,7 +102,8 @@ def run(allow: tuple[str, ...], deny: tuple[str, ...], policy_file: str | None, 
                       user=user, audit_log=audit_log, nameservers=list(nameservers) or None, port=port,
                       cwd=workdir, jail=jail, ro_binds=[os.path.abspath(p) for p in ro_binds],
                       rw_binds=[os.path.abspath(p) for p in rw_binds], timeout=timeout,
-                      limits=Limits(memory=memory, cpus=cpus, pids=pids), public_ranges=list(public_ranges))
+                      limits=Limits(memory=memory, cpus=cpus, pids=pids), public_ranges=list(public_ranges),
+                      ca_dir=os.path.abspath(ca_dir), upstream_ca=[os.path.abspath(p) for p in upstream_ca])
     result = do_run(opts)
     if as_json:
         click.echo(json.dumps(result.as_record()), err=True)

@@ -29,6 +29,9 @@ from .policy import build_policy
 from .sandbox import cgroup, gc, jail, limits, netns, registry, user
 
 DEFAULT_AUDIT_LOG = "/var/log/gatewrap/audit.jsonl"
+#: The TLS inspection CA of this host install (``ca.crt``; the key in ``private/``, hidden
+#: from every agent).
+DEFAULT_CA_DIR = "/var/lib/gatewrap/ca"
 GATE_IP4 = "127.0.0.1"
 GATE_IP6 = "::1"
 #: The gate's DNS stub in the sandbox (UDP and TCP); it answers REFUSED and records each query.
@@ -58,6 +61,8 @@ class RunOptions:
     timeout: float | None = None
     limits: limits.Limits = field(default_factory=limits.Limits)
     public_ranges: list[str] = field(default_factory=list)
+    ca_dir: str = DEFAULT_CA_DIR
+    upstream_ca: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -208,10 +213,12 @@ def _public_range_warnings(ranges: list[str]) -> list[str]:
 _DOC_NETS = [ipaddress.ip_network(n) for n in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24", "2001:db8::/32")]
 
 
-def _hidden_paths() -> list[str]:
-    """Host paths the agent must not see: the BPF pins (their fds could detach the hooks)
-    and gatewrap's runtime state."""
-    return [p for p in (loader.BPFFS, "/run/gatewrap") if os.path.isdir(p)]
+def _hidden_paths(ca_dir: str) -> list[str]:
+    """Host paths the agent must not see: the BPF pins (their fds could detach the hooks),
+    gatewrap's runtime state, and the TLS inspection CA's key directory (a root agent
+    without the jail could read the root-owned key otherwise)."""
+    paths = (loader.BPFFS, "/run/gatewrap", os.path.join(ca_dir, "private"))
+    return [p for p in paths if os.path.isdir(p)]
 
 
 def _readonly_paths(audit_log: str) -> list[str]:
@@ -283,10 +290,19 @@ def run(opts: RunOptions, stderr: TextIO | None = None) -> RunResult:
         denials = KernelDenials(run_hooks, audit, run_id, gate_url, err)
         denials.start()
         undo.callback(denials.stop)
+        inspecting = any(r.get("inspect") for r in policy.describe())
+        ca_cert = None
+        if inspecting:
+            try:
+                ca_cert = core.ensure_ca(opts.ca_dir)
+            except core.GateError as e:
+                raise GatewrapError(f"{e} (--ca-dir DIR to use another)") from e
         try:
             gate = core.Gate(run_id=run_id, netns_path=ns_path, policy=policy, audit=audit,
                              listen_port=opts.port, nameservers=opts.nameservers,
-                             public_ranges=opts.public_ranges, notices=True, dns_stub=True)
+                             public_ranges=opts.public_ranges, notices=True, dns_stub=True,
+                             ca_dir=opts.ca_dir if inspecting else None,
+                             upstream_ca=opts.upstream_ca or None)
         except core.GateError as e:
             raise GatewrapError(f"the gate could not start: {e}") from e
         except ValueError as e:
@@ -295,6 +311,10 @@ def run(opts: RunOptions, stderr: TextIO | None = None) -> RunResult:
         for warning in _public_range_warnings(opts.public_ranges):
             print(warning, file=err)
         loader.verify_attached(parent, hooks.pin_dir)
+        staged, mounts, replaced = shims.stage_run(run_id, opts.jail == "nsjail", ca_cert, env)
+        if staged is not None:
+            undo.callback(shutil.rmtree, staged, True)
+        overridden += replaced
 
         if overridden:
             print(f"gatewrap: replaced your {', '.join(overridden)} so the agent uses the gate", file=err)
@@ -306,10 +326,7 @@ def run(opts: RunOptions, stderr: TextIO | None = None) -> RunResult:
                   "through sudo; --user USER to choose)", file=err)
         audit.write({"run": run_id, "event": "run_start", "argv": opts.argv, "uid": target.uid,
                      "cgroup_id": cgroup_id, "gate": gate_url})
-        mounts: list[tuple[str, str]] = []
         if opts.jail == "nsjail":
-            staged, mounts = shims.staged_for_jail(run_id)
-            undo.callback(shutil.rmtree, staged, True)
             shims.add_python_shim(env, shims.PYTHON_SHIM_IN_JAIL, gate_url, run_id)
             shims.add_node_shim(env, shims.NODE_SHIM_IN_JAIL)
         elif user.can_enter(str(shims.PYTHON_SHIM), target):
@@ -325,7 +342,7 @@ def run(opts: RunOptions, stderr: TextIO | None = None) -> RunResult:
             print(jail.WITHOUT_JAIL, file=err)
         try:
             pid = core.spawn_agent(argv, env, cwd, ns_path, leaf, target.uid, target.gid,
-                                   list(target.groups), hide=_hidden_paths(),
+                                   list(target.groups), hide=_hidden_paths(opts.ca_dir),
                                    readonly=_readonly_paths(opts.audit_log))
         except core.SpawnError as e:
             if e.stage != "exec":

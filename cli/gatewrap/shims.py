@@ -11,10 +11,14 @@ from pathlib import Path
 ENV_TABLE = Path(__file__).resolve().parent / "_shims" / "env.toml"
 
 
-def env_table() -> dict[str, str]:
-    """The variables gatewrap sets, with ``{proxy}`` unexpanded (name -> template)."""
+def env_table(table: str = "env") -> dict[str, str]:
+    """The variables gatewrap sets, with ``{proxy}`` unexpanded (name -> template).
+
+    ``table``: ``"env"`` (every run) or ``"env_inspect"`` (runs that TLS-inspect: the CA
+    variables, with ``{bundle}`` and ``{ca}`` unexpanded).
+    """
     with open(ENV_TABLE, "rb") as f:
-        return dict(tomllib.load(f)["env"])
+        return dict(tomllib.load(f)[table])
 
 
 def agent_env(base: dict[str, str], host: str, port: int) -> tuple[dict[str, str], list[str]]:
@@ -35,12 +39,58 @@ def agent_env(base: dict[str, str], host: str, port: int) -> tuple[dict[str, str
     return env, overridden
 
 
+def add_ca_env(env: dict[str, str], ca: str, bundle: str) -> list[str]:
+    """Point every common client at the gate's CA (the ``env_inspect`` table): ``bundle``
+    is the system roots plus the CA, ``ca`` the CA alone, as paths the agent sees. Returns
+    the names of variables whose (different) value of the user's was replaced."""
+    overridden = []
+    for name, template in env_table("env_inspect").items():
+        value = template.replace("{bundle}", bundle).replace("{ca}", ca)
+        if name in env and env[name] != value:
+            overridden.append(name)
+        env[name] = value
+    return overridden
+
+
+#: The system's roots, which the bundle the agent trusts starts with (Debian's
+#: ca-certificates); the gate's CA follows them.
+SYSTEM_ROOTS = "/etc/ssl/certs/ca-certificates.crt"
+CA_FILE, BUNDLE_FILE = "ca.crt", "ca-bundle.crt"
+
+
+def stage_ca(staged: str, ca_cert: str) -> tuple[str, str]:
+    """Write the gate's CA certificate and the bundle (system roots, then the CA) into the
+    staged folder ``staged``, readable by anyone; returns their paths (ca, bundle)."""
+    with open(ca_cert, "rb") as f:
+        pem = f.read()
+    try:
+        with open(SYSTEM_ROOTS, "rb") as f:
+            roots = f.read()
+    except FileNotFoundError:
+        roots = b""
+    ca, bundle = os.path.join(staged, CA_FILE), os.path.join(staged, BUNDLE_FILE)
+    for path, data in ((ca, pem), (bundle, roots.rstrip(b"\n") + b"\n" + pem if roots else pem)):
+        with open(path, "wb") as f:
+            f.write(data)
+        os.chmod(path, 0o644)
+    return ca, bundle
+
+
+def staged_dir(run_id: str) -> str:
+    """A fresh folder ``/tmp/gatewrap-shims-<run id>-<random>`` (mode 0755) for the run's
+    staged files; removed after the run (and by gc after a crash)."""
+    d = tempfile.mkdtemp(prefix=f"{STAGED_PREFIX}{run_id}-")
+    os.chmod(d, 0o755)
+    return d
+
+
 #: The Python shim's folder in the package (``agent_shims/python``), and where the jail shows it.
 PYTHON_SHIM = Path(__file__).resolve().parent / "_shims" / "python"
-PYTHON_SHIM_IN_JAIL = "/run/gatewrap-shims/python"
+SHIMS_IN_JAIL = "/run/gatewrap-shims"
+PYTHON_SHIM_IN_JAIL = f"{SHIMS_IN_JAIL}/python"
 #: The Node shim's folder (``agent_shims/node``), and where the jail shows it.
 NODE_SHIM = Path(__file__).resolve().parent / "_shims" / "node"
-NODE_SHIM_IN_JAIL = "/run/gatewrap-shims/node"
+NODE_SHIM_IN_JAIL = f"{SHIMS_IN_JAIL}/node"
 NODE_SHIM_FILE = "gatewrap-proxy.js"
 #: The sandbox's resolv.conf (the DNS stub), shown by the jail as /etc/resolv.conf.
 RESOLV_CONF = Path(__file__).resolve().parent / "_shims" / "resolv.conf"
@@ -50,12 +100,11 @@ RESOLV_CONF = Path(__file__).resolve().parent / "_shims" / "resolv.conf"
 STAGED_PREFIX = "gatewrap-shims-"
 
 
-def staged_for_jail(run_id: str) -> tuple[str, list[tuple[str, str]]]:
-    """Copy the shims to a fresh folder under /tmp that any user can read (nsjail runs as the
-    agent's user, who may not reach the package, e.g. a virtualenv under /root); returns
-    (the folder, to remove after the run; the (source, path in the jail) mounts)."""
-    d = tempfile.mkdtemp(prefix=f"{STAGED_PREFIX}{run_id}-")
-    os.chmod(d, 0o755)
+def staged_for_jail(d: str) -> list[tuple[str, str]]:
+    """Copy the shims into the staged folder ``d`` (see :func:`staged_dir`), which any user
+    can read (nsjail runs as the agent's user, who may not reach the package, e.g. a
+    virtualenv under /root); returns the (source, path in the jail) mounts, the CA files
+    of :func:`stage_ca` included when they are there."""
     for name, src in (("python", PYTHON_SHIM), ("node", NODE_SHIM)):
         shutil.copytree(src, os.path.join(d, name), ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(RESOLV_CONF, os.path.join(d, "resolv.conf"))
@@ -64,9 +113,13 @@ def staged_for_jail(run_id: str) -> tuple[str, list[tuple[str, str]]]:
             os.chmod(os.path.join(root, name), 0o755)
         for name in files:
             os.chmod(os.path.join(root, name), 0o644)
-    return d, [(os.path.join(d, "python"), PYTHON_SHIM_IN_JAIL),
-               (os.path.join(d, "node"), NODE_SHIM_IN_JAIL),
-               (os.path.join(d, "resolv.conf"), "/etc/resolv.conf")]
+    mounts = [(os.path.join(d, "python"), PYTHON_SHIM_IN_JAIL),
+              (os.path.join(d, "node"), NODE_SHIM_IN_JAIL),
+              (os.path.join(d, "resolv.conf"), "/etc/resolv.conf")]
+    for name in (CA_FILE, BUNDLE_FILE):
+        if os.path.exists(os.path.join(d, name)):
+            mounts.append((os.path.join(d, name), f"{SHIMS_IN_JAIL}/{name}"))
+    return mounts
 
 
 def add_python_shim(env: dict[str, str], shim_dir: str, gate_url: str, run_id: str) -> None:
@@ -84,3 +137,20 @@ def add_node_shim(env: dict[str, str], shim_dir: str) -> None:
     path = os.path.join(shim_dir, NODE_SHIM_FILE)
     arg = f'--require "{path}"' if " " in path else f"--require {path}"
     env["NODE_OPTIONS"] = f"{env['NODE_OPTIONS']} {arg}" if env.get("NODE_OPTIONS") else arg
+
+
+def stage_run(run_id: str, jailed: bool, ca_cert: str | None,
+              env: dict[str, str]) -> tuple[str | None, list[tuple[str, str]], list[str]]:
+    """Stage the run's files the agent reads: the shims (in the jail) and, when the run
+    inspects TLS, the CA and the bundle, with the variables that point at them. Returns
+    (the staged folder or None, the jail's mounts, the user's variables replaced)."""
+    if not jailed and ca_cert is None:
+        return None, [], []
+    staged = staged_dir(run_id)
+    overridden: list[str] = []
+    if ca_cert is not None:
+        ca, bundle = stage_ca(staged, ca_cert)
+        if jailed:
+            ca, bundle = f"{SHIMS_IN_JAIL}/{CA_FILE}", f"{SHIMS_IN_JAIL}/{BUNDLE_FILE}"
+        overridden = add_ca_env(env, ca, bundle)
+    return staged, staged_for_jail(staged) if jailed else [], overridden

@@ -228,7 +228,7 @@ pub struct PyGate {
 #[pymethods]
 impl PyGate {
     #[new]
-    #[pyo3(signature = (*, run_id, netns_path, policy, audit, listen_port = 3128, nameservers = None, connect_timeout = 10.0, public_ranges = None, notices = false, dns_stub = false))]
+    #[pyo3(signature = (*, run_id, netns_path, policy, audit, listen_port = 3128, nameservers = None, connect_timeout = 10.0, public_ranges = None, notices = false, dns_stub = false, ca_dir = None, upstream_ca = None, body_limit = gate::inspect::DEFAULT_BODY_LIMIT, idle_timeout = gate::DEFAULT_IDLE_TIMEOUT.as_secs_f64()))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -242,9 +242,16 @@ impl PyGate {
         public_ranges: Option<Vec<String>>,
         notices: bool,
         dns_stub: bool,
+        ca_dir: Option<PathBuf>,
+        upstream_ca: Option<Vec<PathBuf>>,
+        body_limit: u64,
+        idle_timeout: f64,
     ) -> PyResult<Self> {
         if !(connect_timeout.is_finite() && connect_timeout > 0.0) {
             return Err(gate_err(gate::GateError::ConnectTimeout(connect_timeout)));
+        }
+        if !(idle_timeout.is_finite() && idle_timeout > 0.0) {
+            return Err(gate_err(gate::GateError::IdleTimeout(idle_timeout)));
         }
         let public_ranges = PublicRanges::parse(public_ranges.as_deref().unwrap_or_default())
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
@@ -259,6 +266,8 @@ impl PyGate {
             public_ranges,
             notices,
             dns_stub,
+            inspect: gate::inspect::InspectSettings { ca_dir, upstream_ca: upstream_ca.unwrap_or_default(), body_limit },
+            idle_timeout: Duration::from_secs_f64(idle_timeout),
         };
         let gate = py.allow_threads(move || Gate::start(config)).map_err(gate_err)?;
         Ok(PyGate { inner: gate })
@@ -286,6 +295,14 @@ impl PyGate {
         let addrs: Vec<String> = self.listen_addrs();
         format!("<Gate listening on {}>", addrs.join(", "))
     }
+}
+
+/// Load the TLS inspection CA from `ca_dir`, or make it there; returns the path of its
+/// certificate (PEM). See `gate::inspect::ca`.
+#[pyfunction]
+fn ensure_ca(py: Python<'_>, ca_dir: PathBuf) -> PyResult<String> {
+    let ca = py.allow_threads(|| gate::inspect::ca::Ca::load_or_create(&ca_dir)).map_err(|e| GateError::new_err(e.to_string()))?;
+    Ok(ca.cert_path.to_string_lossy().into_owned())
 }
 
 #[pyfunction]
@@ -331,5 +348,6 @@ fn _gate_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyAuditLog>()?;
     m.add_class::<PyGate>()?;
     m.add_function(wrap_pyfunction!(spawn_agent, m)?)?;
+    m.add_function(wrap_pyfunction!(ensure_ca, m)?)?;
     Ok(())
 }

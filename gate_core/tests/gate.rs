@@ -57,6 +57,8 @@ fn gate_forwards_tunnels_denies_and_audits() {
         public_ranges: PublicRanges::default(),
         notices: false,
         dns_stub: false,
+        inspect: Default::default(),
+        idle_timeout: _gate_core::gate::DEFAULT_IDLE_TIMEOUT,
     })
     .expect("gate starts");
     let addrs = gate.listen_addrs().to_vec();
@@ -221,6 +223,8 @@ fn gate_start_failures_say_what_to_do() {
         public_ranges: PublicRanges::default(),
         notices: false,
         dns_stub: false,
+        inspect: Default::default(),
+        idle_timeout: _gate_core::gate::DEFAULT_IDLE_TIMEOUT,
     })
     .err()
     .map(|e| e.to_string())
@@ -244,6 +248,8 @@ fn start_gate(ns: &Netns, policy_text: &str, audit: &PathBuf) -> (Gate, Arc<RwLo
         public_ranges: PublicRanges::default(),
         notices: false,
         dns_stub: false,
+        inspect: Default::default(),
+        idle_timeout: _gate_core::gate::DEFAULT_IDLE_TIMEOUT,
     })
     .expect("gate starts");
     (gate, policy)

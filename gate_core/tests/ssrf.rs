@@ -91,6 +91,8 @@ fn setup() -> Setup {
         public_ranges: PublicRanges::parse(&["203.0.113.0/24", "2001:db8:100::/48"]).expect("ranges"),
         notices: false,
         dns_stub: false,
+        inspect: Default::default(),
+        idle_timeout: _gate_core::gate::DEFAULT_IDLE_TIMEOUT,
     };
     // Started on a thread inside the "internet": its runtime resolves and dials from there.
     let gate = in_netns(inet.path(), move || Gate::start(config).expect("gate starts"));

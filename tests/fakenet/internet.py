@@ -17,6 +17,7 @@ Servers in the inet netns:
 * HTTP port 80, HTTPS port 443, TCP echo port 7 on every address (v4 and v6),
   UDP echo port 7 on each server address and on 198.51.100.2 / 2001:db8:1::2
   (``servers.py``, whose docstring lists the HTTP routes).
+* WebSocket echo: ws on port 8080, wss on port 8443, every address (``ws_server.py``).
 
 Only one FakeInternet can exist at a time on a host (the addresses and routes
 are fixed); a second one raises. After a crash (SIGKILL) call
@@ -63,6 +64,8 @@ DNS_PORT = 53
 HTTP_PORT = 80
 HTTPS_PORT = 443
 ECHO_PORT = 7
+WS_PORT = 8080
+WSS_PORT = 8443
 
 #: Default name table: name -> addresses (v4 and/or v6). A key "*.x.test" answers
 #: every name under x.test that has no entry of its own.
@@ -270,6 +273,11 @@ class FakeInternet:
         """Folder of the sites tests fill in: ``<sites_dir>/<host>/...`` (see ``sites.py``)."""
         return os.path.join(self._dir(), "sites")
 
+    @property
+    def ws_log(self) -> str:
+        """JSON-lines file, one line per WebSocket handshake (fields in ws_server.py)."""
+        return os.path.join(self._dir(), "ws.jsonl")
+
     def _dir(self) -> str:
         assert self.tmpdir, "FakeInternet not started"
         return self.tmpdir
@@ -433,8 +441,11 @@ class FakeInternet:
             "udp_addrs": [*SERVER_V4, *SERVER_V6, INET_V4, INET_V6],
             "sites_root": self.sites_dir,
         }
+        ws_cfg = {"log": self.ws_log, "cert": self.pki.server_cert, "key": self.pki.server_key,
+                  "ws_port": WS_PORT, "wss_port": WSS_PORT}
         env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", PYTHONUNBUFFERED="1")
-        for name, script, cfg in (("dns", "dns_server.py", dns_cfg), ("servers", "servers.py", srv_cfg)):
+        for name, script, cfg in (("dns", "dns_server.py", dns_cfg), ("servers", "servers.py", srv_cfg),
+                                  ("ws", "ws_server.py", ws_cfg)):
             cfg_path = os.path.join(self.tmpdir, f"{name}.json")
             with open(cfg_path, "w") as f:
                 json.dump(cfg, f)
@@ -515,6 +526,8 @@ class FakeInternet:
             "tcp echo v4": lambda: tcp_echo(v4),
             "udp echo v4": lambda: udp_echo(v4),
             "udp echo v6": lambda: udp_echo(v6),
+            "ws v4": lambda: socket.create_connection((v4, WS_PORT), timeout=PROBE_TIMEOUT).close() is None,
+            "wss v4": lambda: socket.create_connection((v4, WSS_PORT), timeout=PROBE_TIMEOUT).close() is None,
         }
 
     def _wait_ready(self) -> None:

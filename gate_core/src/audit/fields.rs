@@ -20,7 +20,7 @@ pub const TARGET: &str = "target";
 pub const DST_HOST: &str = "dst_host";
 pub const DST_IP: &str = "dst_ip";
 pub const DST_PORT: &str = "dst_port";
-/// `http` | `connect`.
+/// `http` | `connect` | `https` (inside an inspected tunnel).
 pub const PROTO: &str = "proto";
 /// HTTP status the gate sent to the client.
 pub const STATUS: &str = "status";
@@ -40,6 +40,8 @@ pub const EVENT_REQUEST: &str = "request";
 pub const EVENT_CONNECT: &str = "connect";
 pub const PROTO_HTTP: &str = "http";
 pub const PROTO_CONNECT: &str = "connect";
+/// A request inside a TLS-inspected CONNECT tunnel.
+pub const PROTO_HTTPS: &str = "https";
 /// A query to the sandbox's DNS stub.
 pub const EVENT_DNS: &str = "dns";
 pub const PROTO_DNS: &str = "dns";

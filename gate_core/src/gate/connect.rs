@@ -1,7 +1,9 @@
-//! CONNECT tunnels: decide, dial, answer 200, then copy bytes both ways.
+//! CONNECT tunnels: decide, dial, answer 200, then copy bytes both ways; or, when the
+//! rule says `inspect = true`, answer 200 and inspect the tunnel (`inspect`).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use hyper::body::Incoming;
 use hyper::header::{HeaderValue, CONNECTION};
@@ -10,14 +12,15 @@ use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
-use crate::audit::fields as f;
+use crate::audit::{fields as f, GateRecord};
 
-use super::admit::admit_connect;
+use super::admit::{admit_connect, Admission};
+use super::idle::{self, Ended};
 use super::server::Slot;
 use super::respond::{self, Body};
 use super::ctx::Pending;
 use super::target::{split_authority, InvalidPort};
-use super::{guard, Ctx};
+use super::{guard, inspect, Ctx};
 
 /// A CONNECT that did not open a tunnel ends the connection: what the client sends next
 /// (typically a TLS ClientHello) is not HTTP.
@@ -47,6 +50,9 @@ async fn open(ctx: Arc<Ctx>, peer: SocketAddr, mut req: Request<Incoming>) -> Re
         return adm.forbid(&ctx, rec);
     }
     let target = adm.host.with_port(port);
+    if adm.decision.inspect {
+        return inspect_tunnel(ctx, peer, req, rec, adm);
+    }
     let mut pending = Pending::new(ctx.clone(), rec);
     match guard::dial(&ctx, &adm).await {
         Err(e) => pending.fail(&adm, &e),
@@ -56,15 +62,43 @@ async fn open(ctx: Arc<Ctx>, peer: SocketAddr, mut req: Request<Incoming>) -> Re
             rec.status = Some(StatusCode::OK.as_u16());
             pending.finish();
             let slot = req.extensions().get::<Slot>().cloned();
-            tokio::spawn(tunnel(hyper::upgrade::on(&mut req), upstream, peer, target, slot));
+            tokio::spawn(tunnel(hyper::upgrade::on(&mut req), upstream, peer, target, slot, ctx.idle_timeout));
             Response::new(respond::empty())
         }
     }
 }
 
-/// Runs until either side closes; `Gate::stop` aborts it with the runtime.
+/// An `inspect` rule allowed the CONNECT: answer 200 without dialing (the leaf is made from
+/// the CONNECT target) and serve the tunnel's requests (see [`inspect`]). Without a CA the
+/// gate cannot inspect, and says so (502).
+fn inspect_tunnel(ctx: Arc<Ctx>, peer: SocketAddr, mut req: Request<Incoming>, mut rec: GateRecord, adm: Admission) -> Response<Body> {
+    let Some(inspector) = ctx.inspector.clone() else {
+        let cause = "tls: inspection is off (the gate has no CA); gatewrap run sets one up when the policy has an inspect rule";
+        let resp = respond::bad_gateway(&adm.host.with_port(adm.port), cause);
+        rec.decision = f::FAILED;
+        rec.error = Some(cause.into());
+        rec.status = Some(resp.status().as_u16());
+        ctx.record(rec);
+        return resp;
+    };
+    rec.status = Some(StatusCode::OK.as_u16());
+    ctx.record(rec);
+    let slot = req.extensions().get::<Slot>().cloned();
+    let tunnel = inspect::Tunnel {
+        host: adm.host,
+        port: adm.port,
+        peer,
+        inspector,
+        upstream: tokio::sync::Mutex::new(None),
+    };
+    tokio::spawn(inspect::serve(ctx, hyper::upgrade::on(&mut req), tunnel, slot));
+    Response::new(respond::empty())
+}
+
+/// Runs until either side closes, or nothing crossed it for `idle` (see [`idle::relay`]);
+/// `Gate::stop` aborts it with the runtime.
 /// `_slot` counts the tunnel against [`super::server::MAX_CONNECTIONS`] until it ends.
-async fn tunnel(upgrade: OnUpgrade, mut upstream: TcpStream, peer: SocketAddr, target: String, _slot: Option<Slot>) {
+async fn tunnel(upgrade: OnUpgrade, upstream: TcpStream, peer: SocketAddr, target: String, _slot: Option<Slot>, idle: Duration) {
     let upgraded = match upgrade.await {
         Ok(u) => u,
         Err(e) => {
@@ -72,9 +106,9 @@ async fn tunnel(upgrade: OnUpgrade, mut upstream: TcpStream, peer: SocketAddr, t
             return;
         }
     };
-    let mut client = TokioIo::new(upgraded);
-    match tokio::io::copy_bidirectional(&mut client, &mut upstream).await {
-        Ok((up, down)) => tracing::debug!(client = %peer, dst = %target, bytes.up = up, bytes.down = down, "tunnel closed"),
-        Err(e) => tracing::debug!(client = %peer, dst = %target, error = %e, "tunnel ended with an error"),
+    match idle::relay(TokioIo::new(upgraded), upstream, idle).await {
+        Ended::Closed(up, down) => tracing::debug!(client = %peer, dst = %target, bytes.up = up, bytes.down = down, "tunnel closed"),
+        Ended::Error(e) => tracing::debug!(client = %peer, dst = %target, error = %e, "tunnel ended with an error"),
+        Ended::Idle => tracing::debug!(client = %peer, dst = %target, "tunnel closed: idle"),
     }
 }

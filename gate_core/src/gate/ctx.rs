@@ -36,6 +36,9 @@ pub struct Ctx {
     pub(super) notices: super::notice::Notices,
     /// Budget counters of this run (see `policy::budget`).
     pub(super) budgets: crate::policy::Budgets,
+    /// TLS inspection; `None` when the gate has no CA.
+    pub(super) inspector: Option<Arc<super::inspect::Inspector>>,
+    pub(super) idle_timeout: Duration,
 }
 
 impl Ctx {

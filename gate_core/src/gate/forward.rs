@@ -1,4 +1,5 @@
-//! Absolute-form `http://` requests: decide, dial, forward in origin form, stream back.
+//! Absolute-form `http://` requests: decide, dial, forward in origin form, stream back;
+//! a WebSocket handshake is relayed after the upstream's 101, `Upgrade: h2c` refused (`upgrade`).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -17,6 +18,7 @@ use super::admit::admit_request;
 use super::respond::{self, Body};
 use super::ctx::Pending;
 use super::target::{check_host_header, split_authority, HostHeaderError, InvalidPort, HTTP_DEFAULT_PORT};
+use super::upgrade::{self, Asked};
 use super::{guard, Ctx};
 
 /// Headers that describe one hop and are never forwarded (RFC 9110 §7.6.1), besides the
@@ -62,7 +64,7 @@ fn host_header(host: &Host, port: u16) -> Option<HeaderValue> {
 
 /// Refuse (400) a target without a host, with an invalid port, an invalid host or a Host
 /// header that disagrees; decide (403 when denied); else dial and forward.
-pub async fn handle(ctx: Arc<Ctx>, peer: SocketAddr, req: Request<Incoming>) -> Response<Body> {
+pub async fn handle(ctx: Arc<Ctx>, peer: SocketAddr, mut req: Request<Incoming>) -> Response<Body> {
     let mut rec = ctx.record_for(f::EVENT_REQUEST, f::PROTO_HTTP, peer, &req);
     let Some(authority) = req.uri().authority().cloned() else {
         return ctx.refuse(rec, "protocol: absolute-form request without a host", respond::ORIGIN_FORM);
@@ -83,6 +85,10 @@ pub async fn handle(ctx: Arc<Ctx>, peer: SocketAddr, req: Request<Incoming>) -> 
         };
         return ctx.refuse(rec, reason, &respond::host_header(&e));
     }
+    let asked = upgrade::asked(req.headers());
+    if asked == Asked::H2c {
+        return ctx.refuse(rec, upgrade::H2C_REASON, upgrade::H2C_REFUSED);
+    }
     let path = req.uri().path_and_query().map_or("/", |pq| pq.as_str());
     let facts = RequestFacts { host: &host, port, scheme: Scheme::Http, method: req.method().as_str(), path };
     let adm = admit_request(&ctx, &facts);
@@ -98,11 +104,15 @@ pub async fn handle(ctx: Arc<Ctx>, peer: SocketAddr, req: Request<Incoming>) -> 
     };
     pending.rec().dst_ip = Some(addr.ip().to_string());
 
+    let down_upgrade = (asked == Asked::WebSocket).then(|| hyper::upgrade::on(&mut req));
     let (mut parts, body) = req.into_parts();
     let pq = parts.uri.path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/"));
     parts.uri = Uri::from(pq);
     parts.version = Version::HTTP_11;
     strip_hop_by_hop(&mut parts.headers);
+    if down_upgrade.is_some() {
+        upgrade::keep_websocket(&mut parts.headers);
+    }
     if let Some(h) = host_header(&adm.host, port) {
         parts.headers.insert(HOST, h);
     }
@@ -111,7 +121,7 @@ pub async fn handle(ctx: Arc<Ctx>, peer: SocketAddr, req: Request<Incoming>) -> 
     let result = async {
         let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
         tokio::spawn(async move {
-            if let Err(e) = conn.await {
+            if let Err(e) = conn.with_upgrades().await {
                 tracing::debug!(error = %e, "upstream connection ended with an error");
             }
         });
@@ -122,6 +132,9 @@ pub async fn handle(ctx: Arc<Ctx>, peer: SocketAddr, req: Request<Incoming>) -> 
         Ok(resp) => {
             pending.rec().status = Some(resp.status().as_u16());
             pending.finish();
+            if let Some(down) = down_upgrade.filter(|_| resp.status() == hyper::StatusCode::SWITCHING_PROTOCOLS) {
+                return upgrade::switch(down, resp, ctx.idle_timeout, target);
+            }
             let (mut parts, body) = resp.into_parts();
             strip_hop_by_hop(&mut parts.headers);
             Response::from_parts(parts, body.boxed())

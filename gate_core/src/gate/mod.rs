@@ -8,12 +8,15 @@ mod ctx;
 pub mod dial;
 mod forward;
 mod guard;
+mod idle;
+pub mod inspect;
 mod malformed;
 mod notice;
 pub mod netns;
 pub mod respond;
 mod server;
 pub mod target;
+mod upgrade;
 
 use std::io;
 use std::net::SocketAddr;
@@ -54,7 +57,15 @@ pub enum GateError {
     Nameserver(String),
     #[error("invalid connect_timeout {0}: expected a positive number of seconds")]
     ConnectTimeout(f64),
+    #[error("invalid idle_timeout {0}: expected a positive number of seconds")]
+    IdleTimeout(f64),
+    #[error("{0}")]
+    Inspect(#[from] inspect::InspectError),
 }
+
+/// How long a tunnel or an upgraded (WebSocket) connection may carry nothing either way
+/// before the gate closes it, by default.
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 
 pub struct GateConfig {
     pub run_id: String,
@@ -71,6 +82,10 @@ pub struct GateConfig {
     pub notices: bool,
     /// Serve the DNS stub on port 53 in the netns (see `dns_stub`).
     pub dns_stub: bool,
+    /// TLS inspection (the CA, upstream roots, body limit); off by default.
+    pub inspect: inspect::InspectSettings,
+    /// Idle timeout of tunnels and upgraded connections ([`DEFAULT_IDLE_TIMEOUT`]).
+    pub idle_timeout: Duration,
 }
 
 fn parse_nameservers(list: &[String]) -> Result<ResolverConfig, GateError> {
@@ -110,6 +125,10 @@ impl Gate {
         if config.connect_timeout.is_zero() {
             return Err(GateError::ConnectTimeout(config.connect_timeout.as_secs_f64()));
         }
+        if config.idle_timeout.is_zero() {
+            return Err(GateError::IdleTimeout(config.idle_timeout.as_secs_f64()));
+        }
+        let inspector = inspect::Inspector::new(&config.inspect)?.map(Arc::new);
         let listeners = netns::listeners(&config.netns_path, config.listen_port)?;
         let dns = if config.dns_stub { Some(netns::dns_sockets(&config.netns_path)?) } else { None };
         let listen_addrs = listeners.iter().filter_map(|l| l.local_addr().ok()).collect();
@@ -134,6 +153,8 @@ impl Gate {
                 public_ranges: config.public_ranges,
                 notices: notice::Notices::new(config.notices),
                 budgets: crate::policy::Budgets::default(),
+                inspector,
+                idle_timeout: config.idle_timeout,
             })
         };
         let open = Arc::new(AtomicUsize::new(0));

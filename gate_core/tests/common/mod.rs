@@ -4,6 +4,7 @@
 
 pub mod client;
 pub mod dns;
+pub mod tls;
 
 use std::path::PathBuf;
 use std::process::Command;

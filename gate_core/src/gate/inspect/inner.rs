@@ -1,0 +1,245 @@
+//! One request inside an inspected tunnel: check that it names the tunnel's host, decide
+//! it ([`admit_request`], scheme https), and forward it over verified TLS, or answer 4xx.
+//!
+//! Refusals, each audited: another host in `Host` or the target (421 Misdirected
+//! Request, RFC 9110 §15.5.20), a CONNECT (400), `Upgrade: h2c` (400), a body over the
+//! limit (413).
+
+use std::error::Error as _;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use hyper::body::Incoming;
+use hyper::client::conn::http1::SendRequest;
+use hyper::header::{HeaderValue, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, HOST};
+use hyper::http::uri::{Authority, PathAndQuery};
+use hyper::{Method, Request, Response, StatusCode, Uri, Version};
+use hyper_util::rt::TokioIo;
+
+use crate::audit::{fields as f, GateRecord};
+use crate::policy::{canonical_host, Host, RequestFacts, Scheme};
+
+use super::super::admit::{admit_request, Admission};
+use super::super::dial::DialError;
+use super::super::ctx::Pending;
+use super::super::respond::{self, Body};
+use super::super::target::split_authority;
+use super::super::upgrade::{self, Asked};
+use super::super::{guard, strip_hop_by_hop, Ctx};
+use super::{upstream, Tunnel};
+
+pub(crate) type Sender = SendRequest<Limited<Incoming>>;
+
+const HTTPS_DEFAULT_PORT: u16 = 443;
+/// The audit `error` of an upstream that did not finish its TLS handshake within the
+/// gate's connect timeout (answered 504).
+const TLS_TIMEOUT: &str = "upstream: tls: timeout during the handshake";
+
+/// `host[:port]` as the tunnel's requests name it (port omitted when 443).
+fn authority_of(host: &Host, port: u16) -> String {
+    match (host, port) {
+        (Host::V6(a), HTTPS_DEFAULT_PORT) => format!("[{a}]"),
+        (h, HTTPS_DEFAULT_PORT) => h.to_string(),
+        (h, p) => h.with_port(p),
+    }
+}
+
+/// Whether `value` (a Host header or a target's authority) names `host:port` canonically.
+fn names(value: &str, host: &Host, port: u16) -> bool {
+    value
+        .parse::<Authority>()
+        .ok()
+        .filter(|a| !a.as_str().contains('@'))
+        .and_then(|a| {
+            let (h, p) = split_authority(&a).ok()?;
+            Some((canonical_host(h).ok()?, p.unwrap_or(HTTPS_DEFAULT_PORT)))
+        })
+        .is_some_and(|(h, p)| h == *host && p == port)
+}
+
+/// `None` when the request names the tunnel's host (exactly one Host header, and the
+/// target's authority if it has one); else what it names instead.
+fn misdirected<B>(req: &Request<B>, host: &Host, port: u16) -> Option<String> {
+    let hosts: Vec<&str> = req.headers().get_all(HOST).iter().map(|v| v.to_str().unwrap_or("(not text)")).collect();
+    if let Some(a) = req.uri().authority() {
+        if !names(a.as_str(), host, port) {
+            return Some(format!("target {a}"));
+        }
+    }
+    match hosts.as_slice() {
+        [one] if names(one, host, port) => None,
+        [one] => Some(format!("Host {one}")),
+        [] => Some("no Host header".into()),
+        _ => Some("more than one Host header".into()),
+    }
+}
+
+fn text(status: StatusCode, decision: &'static str, body: String) -> Response<Body> {
+    let mut resp = Response::new(Full::new(Bytes::from(body)).map_err(|never| match never {}).boxed());
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+    resp.headers_mut().insert(respond::DECISION_HEADER, HeaderValue::from_static(decision));
+    resp
+}
+
+/// Record a refusal (decision denied) and answer `status` with `body`.
+fn refuse(ctx: &Ctx, mut rec: GateRecord, status: StatusCode, reason: String, body: String) -> Response<Body> {
+    rec.decision = f::DENIED;
+    rec.reason = Some(reason);
+    rec.status = Some(status.as_u16());
+    ctx.record(rec);
+    text(status, "denied", body)
+}
+
+fn too_large(limit: u64) -> (String, String) {
+    (
+        format!("limit: request body over {limit} bytes"),
+        format!("gatewrap gate: the request body is over the gate's limit of {limit} bytes for inspected https requests\n"),
+    )
+}
+
+pub(super) async fn handle(ctx: Arc<Ctx>, tunnel: Arc<Tunnel>, mut req: Request<Incoming>) -> Response<Body> {
+    let (host, port) = (&tunnel.host, tunnel.port);
+    let mut rec = ctx.record_for(f::EVENT_REQUEST, f::PROTO_HTTPS, tunnel.peer, &req);
+    let pq = req.uri().path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/"));
+    rec.target = Some(format!("https://{}{pq}", authority_of(host, port)));
+    rec.dst_host = Some(host.to_string());
+    rec.dst_port = Some(port);
+    if let Some(other) = misdirected(&req, host, port) {
+        let hp = host.with_port(port);
+        let body = format!("gatewrap gate: this tunnel is to {hp}; the request names {other}. Open a tunnel (CONNECT) to the host you mean\n");
+        return refuse(&ctx, rec, StatusCode::MISDIRECTED_REQUEST, format!("protocol: host mismatch ({other}, tunnel to {hp})"), body);
+    }
+    if req.method() == Method::CONNECT {
+        let body = "gatewrap gate: CONNECT inside an inspected tunnel is refused; send the request itself\n".to_string();
+        return refuse(&ctx, rec, StatusCode::BAD_REQUEST, "protocol: CONNECT inside an inspected tunnel".into(), body);
+    }
+    let asked = upgrade::asked(req.headers());
+    if asked == Asked::H2c {
+        return refuse(&ctx, rec, StatusCode::BAD_REQUEST, upgrade::H2C_REASON.into(), format!("{}\n", upgrade::H2C_REFUSED));
+    }
+    let limit = tunnel.inspector.body_limit;
+    let declared = req.headers().get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit) {
+        let (reason, body) = too_large(limit);
+        return refuse(&ctx, rec, StatusCode::PAYLOAD_TOO_LARGE, reason, body);
+    }
+    let facts = RequestFacts { host, port, scheme: Scheme::Https, method: req.method().as_str(), path: pq.as_str() };
+    let adm = admit_request(&ctx, &facts);
+    adm.fill(&mut rec);
+    if !adm.proceed {
+        return adm.forbid(&ctx, rec);
+    }
+    let mut pending = Pending::new(ctx.clone(), rec);
+    let mut slot = tunnel.upstream.lock().await;
+    let (mut sender, addr) = match slot.take().filter(|(s, _)| s.is_ready()) {
+        Some(kept) => kept,
+        None => match connect(&ctx, &tunnel, &adm).await {
+            Ok(fresh) => fresh,
+            Err(Failure::Dial(e)) => return pending.fail(&adm, &e),
+            Err(Failure::After(addr, cause)) => return after_dial(pending, &host.with_port(port), addr, cause),
+        },
+    };
+    pending.rec().dst_ip = Some(addr.ip().to_string());
+    let down_upgrade = (asked == Asked::WebSocket).then(|| hyper::upgrade::on(&mut req));
+    let (mut parts, body) = req.into_parts();
+    // The client's last request is the upstream connection's last too (RFC 9112 §9.6).
+    let last = parts.headers.get_all(CONNECTION).iter().any(|v| v.to_str().is_ok_and(|v| v.to_ascii_lowercase().contains("close")));
+    parts.uri = Uri::from(pq);
+    parts.version = Version::HTTP_11;
+    strip_hop_by_hop(&mut parts.headers);
+    if down_upgrade.is_some() {
+        upgrade::keep_websocket(&mut parts.headers);
+    } else if last {
+        parts.headers.insert(CONNECTION, HeaderValue::from_static("close"));
+    }
+    if let Ok(h) = HeaderValue::from_str(&authority_of(host, port)) {
+        parts.headers.insert(HOST, h);
+    }
+    let result = sender.send_request(Request::from_parts(parts, Limited::new(body, limit as usize))).await;
+    match result {
+        Ok(resp) => {
+            pending.rec().status = Some(resp.status().as_u16());
+            pending.finish();
+            match down_upgrade {
+                Some(down) if resp.status() == StatusCode::SWITCHING_PROTOCOLS => {
+                    upgrade::switch(down, resp, ctx.idle_timeout, host.with_port(port))
+                }
+                _ => {
+                    *slot = Some((sender, addr));
+                    let (mut parts, body) = resp.into_parts();
+                    strip_hop_by_hop(&mut parts.headers);
+                    Response::from_parts(parts, body.boxed())
+                }
+            }
+        }
+        Err(e) => {
+            let over = e.source().is_some_and(|s| s.downcast_ref::<LengthLimitError>().is_some());
+            let rec = pending.rec();
+            let (status, resp) = if over {
+                let (reason, body) = too_large(limit);
+                rec.decision = f::DENIED;
+                rec.reason = Some(reason);
+                (StatusCode::PAYLOAD_TOO_LARGE, text(StatusCode::PAYLOAD_TOO_LARGE, "denied", body))
+            } else {
+                let cause = if e.is_incomplete_message() || e.is_canceled() {
+                    "upstream: closed the connection before responding".to_string()
+                } else if e.is_body_write_aborted() || e.is_user() {
+                    "downstream: client disconnected".to_string()
+                } else {
+                    format!("upstream: {e}")
+                };
+                rec.decision = f::FAILED;
+                rec.error = Some(cause.clone());
+                (StatusCode::BAD_GATEWAY, respond::bad_gateway(&host.with_port(port), &cause))
+            };
+            rec.status = Some(status.as_u16());
+            pending.finish();
+            resp
+        }
+    }
+}
+
+/// Why no upstream connection was made: the dial (or the SSRF guard), or what came after
+/// it (TLS, the HTTP/1.1 handshake) with the address that was dialled.
+enum Failure {
+    Dial(DialError),
+    After(SocketAddr, String),
+}
+
+/// Dial the vetted address (SSRF guard), then TLS and an HTTP/1.1 connection to it.
+async fn connect(ctx: &Ctx, tunnel: &Tunnel, adm: &Admission) -> Result<(Sender, SocketAddr), Failure> {
+    let (tcp, addr) = guard::dial(ctx, adm).await.map_err(Failure::Dial)?;
+    let handshake = upstream::handshake(&tunnel.inspector.upstream, &tunnel.host, tcp);
+    let tls = match tokio::time::timeout(ctx.connect_timeout, handshake).await {
+        Ok(done) => done.map_err(|cause| Failure::After(addr, cause))?,
+        Err(_) => return Err(Failure::After(addr, TLS_TIMEOUT.into())),
+    };
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+        .await
+        .map_err(|e| Failure::After(addr, format!("upstream: {e}")))?;
+    tokio::spawn(async move {
+        if let Err(e) = conn.with_upgrades().await {
+            tracing::debug!(error = %e, "upstream connection ended with an error");
+        }
+    });
+    Ok((sender, addr))
+}
+
+/// Record an upstream failure after the dial (decision failed) and answer 502 (504 when
+/// the TLS handshake timed out).
+fn after_dial(mut pending: Pending, target: &str, addr: SocketAddr, cause: String) -> Response<Body> {
+    let mut resp = respond::bad_gateway(target, &cause);
+    if cause == TLS_TIMEOUT {
+        *resp.status_mut() = StatusCode::GATEWAY_TIMEOUT;
+    }
+    let rec = pending.rec();
+    rec.decision = f::FAILED;
+    rec.dst_ip = Some(addr.ip().to_string());
+    rec.error = Some(cause);
+    rec.status = Some(resp.status().as_u16());
+    pending.finish();
+    resp
+}

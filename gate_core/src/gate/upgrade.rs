@@ -1,0 +1,87 @@
+//! Protocol upgrades on allowed requests (RFC 9110 §7.8): WebSocket is relayed both ways
+//! (RFC 6455 §4), `h2c` is refused, any other upgrade is dropped (the request goes on as
+//! plain HTTP/1.1, as `strip_hop_by_hop` removes `Upgrade`).
+//!
+//! A WebSocket handshake keeps `Connection: Upgrade` and `Upgrade: websocket` on both hops;
+//! the `Sec-WebSocket-*` headers are end-to-end and pass untouched. After the upstream's
+//! `101 Switching Protocols`, both connections are taken over from hyper and copied.
+
+use std::time::Duration;
+
+use hyper::body::Incoming;
+use hyper::header::{HeaderMap, HeaderValue, CONNECTION, UPGRADE};
+use hyper::upgrade::OnUpgrade;
+use hyper::{Response, StatusCode};
+use hyper_util::rt::TokioIo;
+
+use super::idle::{self, Ended};
+use super::respond::{self, Body};
+
+/// What a request's `Upgrade` header asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Asked {
+    Nothing,
+    WebSocket,
+    H2c,
+    Other,
+}
+
+/// Read `Upgrade` (only when `Connection` names it, as RFC 9110 §7.8 requires; `h2c` is
+/// refused either way).
+pub fn asked(headers: &HeaderMap) -> Asked {
+    let tokens = |name| {
+        headers
+            .get_all(name)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .map(|t| t.trim().to_ascii_lowercase())
+            .collect::<Vec<_>>()
+    };
+    let upgrade = tokens(UPGRADE);
+    if upgrade.is_empty() {
+        return Asked::Nothing;
+    }
+    if upgrade.iter().any(|t| t.starts_with("h2c")) {
+        return Asked::H2c;
+    }
+    let connection_names_it = tokens(CONNECTION).iter().any(|t| t == "upgrade");
+    match (connection_names_it, upgrade.as_slice()) {
+        (true, [only]) if only == "websocket" => Asked::WebSocket,
+        _ => Asked::Other,
+    }
+}
+
+/// Put back the two hop-by-hop headers a WebSocket handshake needs on the next hop.
+pub fn keep_websocket(headers: &mut HeaderMap) {
+    headers.insert(CONNECTION, HeaderValue::from_static("upgrade"));
+    headers.insert(UPGRADE, HeaderValue::from_static("websocket"));
+}
+
+/// The text of the 400 for `Upgrade: h2c`.
+pub const H2C_REFUSED: &str =
+    "gatewrap gate: Upgrade: h2c is refused (HTTP/2 over cleartext would bypass per-request decisions); send HTTP/1.1";
+pub const H2C_REASON: &str = "protocol: Upgrade: h2c is refused";
+
+/// Answer the client with the upstream's 101 and relay both connections once hyper hands
+/// them over; the relay ends when either side closes or after `idle` without traffic.
+/// `resp` is the upstream's 101; `down` the client's pending upgrade.
+pub fn switch(down: OnUpgrade, mut resp: Response<Incoming>, idle_limit: Duration, what: String) -> Response<Body> {
+    let up = hyper::upgrade::on(&mut resp);
+    tokio::spawn(async move {
+        let (down, up) = match tokio::try_join!(down, up) {
+            Ok(pair) => pair,
+            Err(e) => return tracing::debug!(dst = %what, error = %e, "upgrade: a side left before switching"),
+        };
+        match idle::relay(TokioIo::new(down), TokioIo::new(up), idle_limit).await {
+            Ended::Closed(up, down) => tracing::debug!(dst = %what, bytes.up = up, bytes.down = down, "upgraded connection closed"),
+            Ended::Error(e) => tracing::debug!(dst = %what, error = %e, "upgraded connection ended with an error"),
+            Ended::Idle => tracing::debug!(dst = %what, "upgraded connection closed: idle"),
+        }
+    });
+    let (mut parts, _) = resp.into_parts();
+    super::strip_hop_by_hop(&mut parts.headers);
+    keep_websocket(&mut parts.headers);
+    debug_assert_eq!(parts.status, StatusCode::SWITCHING_PROTOCOLS);
+    Response::from_parts(parts, respond::empty())
+}
