@@ -30,6 +30,8 @@ SUGGEST_LOG = [
     {"event": "direct_egress", "comm": "python3", "proto": "tcp", "dst_ip": "203.0.113.20", "dst_port": 80,
      "hook": "connect4", "decision": "denied"},
     {"event": "dns", "dst_host": "leak.test", "decision": "denied"},
+    {"event": "request", "method": "GET", "dst_host": "0.0.0.0", "dst_port": 80, "decision": "denied",
+     "reason": "policy: unspecified address"},
     {"event": "run_end"},
 ]
 
@@ -47,6 +49,7 @@ def test_suggest_drafts_one_sorted_rule_per_host_that_policy_check_accepts(capsy
     assert "#   lan.test:80: ssrf: private address 10.0.0.1 (1 time)" in out
     assert "#   python3 -> tcp 203.0.113.20:80 [connect4] (1 time)" in out
     assert "#   leak.test (1 time)" in out
+    assert "#   0.0.0.0:80 (1 time)" in out, "an unspecified address is a comment: policy check refuses it as a rule"
     assert "other-run.test" not in out
     draft = tmp_path / "draft.toml"
     draft.write_text(out)

@@ -21,6 +21,9 @@ GATE_EVENTS = ("request", "connect")
 #: Reasons of gate records that are not policy decisions on a destination (malformed
 #: requests, limits): they suggest no rule.
 NOT_A_DESTINATION = ("protocol:", "limit:")
+#: Reason of the gate's fixed denial of an unspecified address (0.0.0.0, ::): no rule can
+#: allow it (``policy check`` refuses one), so it goes into a comment, never a rule.
+UNSPECIFIED = "policy: unspecified address"
 
 
 @dataclass
@@ -45,6 +48,7 @@ class Suggestion:
     ssrf: Counter[str]
     direct: Counter[str]
     dns: Counter[str]
+    unspecified: Counter[str] = field(default_factory=Counter)
 
     def rules(self) -> list[dict[str, Any]]:
         """``[{host, ports, requests, methods}]``, sorted by host; ports sorted."""
@@ -65,7 +69,8 @@ class Suggestion:
                 out.append(f"# denied in that run: {_count(c, 'request')} ({_comment(reason)})")
             out += ["[[rule]]", f"host = {json.dumps(h)}", f"ports = [{', '.join(map(str, sorted(u.ports)))}]",
                     'action = "allow"']
-        notes = [("refused by the SSRF guard (a rule naming the address, or allow_private, would be needed)",
+        notes = [("unspecified addresses, which the gate always refuses (no rule can allow them)", self.unspecified),
+                 ("refused by the SSRF guard (a rule naming the address, or allow_private, would be needed)",
                   self.ssrf),
                  ("direct egress blocked by the kernel (no rule can allow it: send it through the gate)", self.direct),
                  ("DNS queries refused by the sandbox's stub (the gate resolves what it allows)", self.dns)]
@@ -85,6 +90,7 @@ def suggest(records: Iterable[dict[str, Any]], run: str) -> Suggestion:
     ssrf: Counter[str] = Counter()
     direct: Counter[str] = Counter()
     dns: Counter[str] = Counter()
+    unspecified: Counter[str] = Counter()
     seen = False
     for rec in records:
         if rec.get("run") != run:
@@ -93,6 +99,9 @@ def suggest(records: Iterable[dict[str, Any]], run: str) -> Suggestion:
         event, reason = rec.get("event"), str(rec.get("reason") or "")
         if event in GATE_EVENTS and rec.get("dst_host") and isinstance(rec.get("dst_port"), int):
             if reason.startswith(NOT_A_DESTINATION):
+                continue
+            if reason == UNSPECIFIED:
+                unspecified[_hostport(rec["dst_host"], rec["dst_port"])] += 1
                 continue
             if reason.startswith("ssrf:"):
                 ssrf[f"{_hostport(rec['dst_host'], rec['dst_port'])}: {reason}"] += 1
@@ -110,7 +119,7 @@ def suggest(records: Iterable[dict[str, Any]], run: str) -> Suggestion:
     if not seen:
         raise GatewrapError(f"no audit records of run {run}; check the id with `gatewrap audit`, or pass --log PATH",
                             exit_code=1)
-    return Suggestion(run, dict(hosts), ssrf, direct, dns)
+    return Suggestion(run, dict(hosts), ssrf, direct, dns, unspecified)
 
 
 def _hostport(host: Any, port: Any) -> str:
