@@ -17,12 +17,15 @@
 //! - NUL and other control characters (0x00-0x1F, 0x7F), raw or encoded (`%00`, `%0A`);
 //! - non-ASCII bytes, raw or encoded (servers differ on Unicode normalisation and on
 //!   invalid UTF-8);
-//! - dot segments `.` and `..`, raw or encoded (`%2e%2E`), also with path parameters
-//!   (`..;x`, which some servers strip to `..`);
+//! - `;`, raw or encoded (`%3B`): a path parameter, which Java servers (Tomcat, Jetty,
+//!   Spring) strip before routing (`/admin;x` is `/admin` to them, `..;x` is `..`);
+//! - dot segments `.` and `..`, raw or encoded (`%2e%2E`);
+//! - a segment ending in `.` or a space (`/admin.`, `/admin%20`), which Windows servers
+//!   (IIS) trim;
 //! - empty segments (`//`), which some servers merge into one `/`.
 //!
 //! The canonical form is the decoded path: printable ASCII (0x20-0x7E) other than `%`, `\`,
-//! `?` and `#`, starting with `/`. Canonicalising it again gives it back unchanged.
+//! `?`, `#` and `;`, starting with `/`. Canonicalising it again gives it back unchanged.
 
 /// Why a path was refused; the text goes into the audit reason after `path: `.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -49,15 +52,19 @@ pub enum PathError {
     Control,
     #[error("non-ASCII character")]
     NonAscii,
+    #[error("';' (a path parameter) is ambiguous")]
+    Parameter,
     #[error("dot segment ('.' or '..')")]
     DotSegment,
+    #[error("a segment ending in '.' or ' ' is ambiguous")]
+    TrailingDotOrSpace,
     #[error("empty segment ('//')")]
     EmptySegment,
 }
 
 /// Whether `b` may appear in a canonical path (see the module doc).
 pub fn allowed_byte(b: u8) -> bool {
-    (0x20..=0x7e).contains(&b) && !matches!(b, b'%' | b'\\' | b'?' | b'#')
+    (0x20..=0x7e).contains(&b) && !matches!(b, b'%' | b'\\' | b'?' | b'#' | b';')
 }
 
 fn hex(b: u8) -> Option<u8> {
@@ -91,10 +98,12 @@ pub fn canonical_path(path: &str) -> Result<String, PathError> {
                     b'\\' => return Err(PathError::EncodedBackslash),
                     b'?' | b'#' => return Err(PathError::EncodedDelimiter),
                     b'%' => return Err(PathError::EncodedPercent),
+                    b';' => return Err(PathError::Parameter),
                     d => d,
                 }
             }
             b'#' => return Err(PathError::Fragment),
+            b';' => return Err(PathError::Parameter),
             b'\\' => return Err(PathError::Backslash),
             b'?' => return Err(PathError::Query),
             _ => {
@@ -122,9 +131,11 @@ fn check_segments(path: &str) -> Result<(), PathError> {
         if seg.is_empty() && n != last {
             return Err(PathError::EmptySegment);
         }
-        let bare = seg.split(';').next().unwrap_or_default();
-        if bare == "." || bare == ".." {
+        if *seg == "." || *seg == ".." {
             return Err(PathError::DotSegment);
+        }
+        if seg.ends_with('.') || seg.ends_with(' ') {
+            return Err(PathError::TrailingDotOrSpace);
         }
     }
     Ok(())
