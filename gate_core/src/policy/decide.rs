@@ -65,13 +65,17 @@ pub fn is_upper_method(m: &str) -> bool {
 }
 
 impl Policy {
-    /// Decide on a CONNECT tunnel to canonical `host:port`. A tunnel counts as scheme
-    /// `https`; its requests cannot be seen unless it is inspected. Evaluation order:
+    /// Decide on a CONNECT tunnel to canonical `host:port`. Its requests cannot be seen unless
+    /// it is inspected, nor its scheme: a tunnel to port 443 counts as `https`, a tunnel to any
+    /// other port as `http` *and* `https` (it may carry plain http, e.g. to port 80). Order:
     /// 1. An unspecified address (`0.0.0.0`, `::`, `::ffff:0.0.0.0`) is denied before any
     ///    rule ([`REASON_UNSPECIFIED`], [`Decision::fixed`]): dialled, it reaches the gate's host.
     /// 2. Rules in order: command-line `--deny`, then `--allow`, then the file's in file
     ///    order. A rule is considered when its host pattern matches `host`, its ports include
-    ///    `port` (none given = 80 and 443) and its `schemes` (if any) include `https`.
+    ///    `port` (none given = 80 and 443) and its `schemes` (if any) cover the tunnel's:
+    ///    an `allow` rule must cover every scheme the tunnel may carry, a `deny` or `ask`
+    ///    rule any of them (fail closed: `schemes = ["http"]` on a deny rule holds for a
+    ///    tunnel to port 80 too).
     /// 3. The first considered rule without `methods`/`path` decides the tunnel with its
     ///    action; an allow rule with `inspect = true` marks it [`Decision::inspect`].
     /// 4. A considered rule with `methods`/`path` and `inspect = true`: the tunnel is
@@ -85,7 +89,12 @@ impl Policy {
         if host.is_unspecified() {
             return Decision::unspecified();
         }
-        let considered = self.rules().filter(|r| r.matches(host, port) && r.covers_scheme(Scheme::Https));
+        let schemes: &[Scheme] = if port == 443 { &[Scheme::Https] } else { &[Scheme::Http, Scheme::Https] };
+        let covers = |r: &Rule| match r.action {
+            Action::Allow => schemes.iter().all(|s| r.covers_scheme(*s)),
+            _ => schemes.iter().any(|s| r.covers_scheme(*s)),
+        };
+        let considered = self.rules().filter(|r| r.matches(host, port) && covers(r));
         for rule in considered {
             if !rule.needs_request() {
                 let mut d = Decision::by_rule(rule);

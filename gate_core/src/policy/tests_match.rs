@@ -169,6 +169,50 @@ action = "ask"
 }
 
 #[test]
+fn a_tunnel_to_a_port_other_than_443_may_carry_plain_http() {
+    let text = r#"
+[[rule]]
+host = "a.test"
+methods = ["POST"]
+schemes = ["http"]
+action = "deny"
+
+[[rule]]
+host = "a.test"
+action = "allow"
+
+[[rule]]
+host = "tls-only.test"
+schemes = ["https"]
+action = "allow"
+
+[[rule]]
+host = "no-plain.test"
+schemes = ["http"]
+action = "deny"
+
+[[rule]]
+host = "no-plain.test"
+action = "allow"
+"#;
+    let p = from_toml(text, "t.toml").unwrap_or_else(|e| panic!("{e}"));
+    let table: &[(&str, &str, u16, Action, &str)] = &[
+        ("an http-only deny rule with methods denies a tunnel to port 80", "a.test", 80, Action::Deny,
+         "policy: rule t.toml:rule[1] matches methods or paths, which a tunnel hides; it needs `inspect = true`"),
+        ("an http-only deny rule leaves a tunnel to port 443 alone", "a.test", 443, Action::Allow, "policy: rule t.toml:rule[2]"),
+        ("an https-only allow rule does not allow a tunnel to port 80", "tls-only.test", 80, Action::Deny, "policy: default deny"),
+        ("an https-only allow rule allows a tunnel to port 443", "tls-only.test", 443, Action::Allow, "policy: rule t.toml:rule[3]"),
+        ("an http-only deny rule denies a tunnel to port 80", "no-plain.test", 80, Action::Deny, "policy: rule t.toml:rule[4]"),
+        ("an http-only deny rule does not deny a tunnel to port 443", "no-plain.test", 443, Action::Allow,
+         "policy: rule t.toml:rule[5]"),
+    ];
+    for (case, host, port, action, reason) in table {
+        let d = p.decide_connect(&canonical_host(host).unwrap_or_else(|e| panic!("{e}")), *port);
+        assert_eq!((d.action, d.reason.as_str()), (*action, *reason), "{case}");
+    }
+}
+
+#[test]
 fn ask_as_the_default_is_a_breakpoint_too() {
     let p = from_toml("default = \"ask\"\n", "p.toml").unwrap_or_else(|e| panic!("{e}"));
     let (action, reason) = request(&p, Scheme::Http, "GET", "x.test", "/");
