@@ -101,7 +101,9 @@ fn target_of(uri: &Uri) -> String {
 
 /// The record of an allowed request that is still being carried out (dial, upstream
 /// response). If the handler is dropped first — the client went away, or the gate
-/// stopped — the record is still written, as `failed` with a `downstream:` error.
+/// stopped — the record is still written with a `downstream:` error: as `failed` before
+/// the gate dialled, as `allowed` after (the request may have reached upstream, so the
+/// log must not say it failed).
 pub struct Pending {
     ctx: Arc<Ctx>,
     rec: Option<GateRecord>,
@@ -152,8 +154,13 @@ impl Pending {
 impl Drop for Pending {
     fn drop(&mut self) {
         if let Some(mut rec) = self.rec.take() {
-            rec.decision = f::FAILED;
-            rec.error = Some("downstream: client disconnected".into());
+            // `dst_ip` is set once the dial succeeded (see connect.rs, forward.rs, inspect/inner.rs).
+            if rec.dst_ip.is_some() {
+                rec.error = Some("downstream: client disconnected before the response; the request may have reached upstream".into());
+            } else {
+                rec.decision = f::FAILED;
+                rec.error = Some("downstream: client disconnected".into());
+            }
             self.ctx.record(rec);
         }
     }
