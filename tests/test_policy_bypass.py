@@ -1,7 +1,7 @@
 """Attacks on the gate's method, path and scheme rules and on the audit log, through a real
 sandbox: each case is a request a rule denies that still reaches its server, or a record that
-says something other than what the gate did. Confirmed bypasses are strict xfails (the suite
-stays green; the day a fix lands, the xfail turns into a failure and the marker goes)."""
+says something other than what the gate did. Each was a confirmed bypass, now fixed; the tests keep
+it so."""
 
 from __future__ import annotations
 
@@ -64,21 +64,18 @@ def tunnel_to_80(host: str) -> list:
     return [(f"CONNECT {host}:80 HTTP/1.1\r\nHost: {host}:80\r\n\r\n", 1), (POST_ECHO.format(h=host), 1)]
 
 
-@pytest.mark.xfail(strict=True, reason="connect.rs ignores Decision::inspect: a tunnel a rule with methods/path and "
-                   "inspect = true 'inspects' is opened as a plain byte tunnel, so the rule's deny never applies "
-                   "(fail closed until TLS inspection exists: deny such a tunnel)")
 def test_a_deny_rule_with_inspect_denies_post_over_https(gatewrap, tmp_path):
     p = tmp_path / "policy.toml"
     p.write_text('[[rule]]\nhost = "allowed.test"\nmethods = ["POST"]\ninspect = true\naction = "deny"\n')
     r = gatewrap(["curl", "-sS", "--max-time", "10", "-X", "POST", "-d", "mail", "https://allowed.test/echo"],
                  extra=["--policy", str(p)])
     assert '"method": "POST"' not in r.stdout, "the POST a rule denies reached the server: " + r.stdout
-    (rec,) = r.records(event="connect")
-    assert rec["decision"] == "denied", rec
+    (tunnel,) = r.records(event="connect")
+    assert (tunnel["decision"], tunnel["reason"]) == ("allowed", f"policy: rule {p}:rule[1] inspects the tunnel")
+    (rec,) = r.records(event="request", proto="https")
+    assert (rec["method"], rec["decision"], rec["status"]) == ("POST", "denied", 403), rec
 
 
-@pytest.mark.xfail(strict=True, reason="decide_connect counts every tunnel as scheme https, so a deny rule with "
-                   "schemes = [\"http\"] never sees a CONNECT to port 80, whose tunnel carries plain http")
 def test_an_http_only_deny_rule_also_holds_for_a_tunnel_to_port_80(gatewrap, tmp_path):
     policy = ('[[rule]]\nhost = "allowed.test"\nmethods = ["POST"]\nschemes = ["http"]\naction = "deny"\n\n'
               '[[rule]]\nhost = "allowed.test"\naction = "allow"\n')
@@ -91,8 +88,6 @@ def test_an_http_only_deny_rule_also_holds_for_a_tunnel_to_port_80(gatewrap, tmp
         "the plain-http POST the rule denies went through a CONNECT tunnel: " + json.dumps(out))
 
 
-@pytest.mark.xfail(strict=True, reason="canonical_path keeps ';' path parameters, which servers such as Tomcat, "
-                   "Jetty and Spring strip ('/admin;x' is '/admin' to them): a path deny rule is bypassed")
 @pytest.mark.parametrize("path", ["/echo;x", "/echo%3Bx", "/echo;x/deeper"])
 def test_a_path_deny_rule_is_not_bypassed_by_a_path_parameter(gatewrap, tmp_path, path):
     policy = ('[[rule]]\nhost = "allowed.test"\npath = "/echo"\naction = "deny"\n\n'
@@ -116,19 +111,15 @@ time.sleep(1.5)
 '''
 
 
-@pytest.mark.xfail(strict=True, reason="Pending's Drop records 'failed' (and stderr 'could not reach') for a request "
-                   "the gate already sent upstream when the agent hangs up before the response")
 def test_a_request_delivered_upstream_is_not_recorded_as_failed_when_the_agent_hangs_up(gatewrap, net):
     r = gatewrap(["/usr/bin/python3", "-c", HANG_UP], allow=["allowed.test"])
     (rec,) = r.records(event="request")
-    assert rec["error"] == "downstream: client disconnected"
+    assert rec["error"] == "downstream: client disconnected before the response; the request may have reached upstream"
     assert net.access_entries(event="request", method="POST", path="/delay/1500"), "the POST reached the server"
     assert rec["decision"] == "allowed", f"the POST reached the server but the record says {rec['decision']}"
     assert "could not reach" not in r.stderr, r.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="decide_connect drops the budget of an inspect = true rule (its inner requests "
-                   "are to be counted), but connect.rs never inspects: no tunnel and no request is ever counted")
 def test_a_budget_on_an_inspect_rule_still_limits_https(gatewrap, tmp_path):
     p = tmp_path / "policy.toml"
     p.write_text('[[rule]]\nhost = "allowed.test"\ninspect = true\naction = "allow"\n'
