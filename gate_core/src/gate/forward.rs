@@ -7,7 +7,6 @@ use std::sync::Arc;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::header::{HeaderMap, HeaderName, HeaderValue, CONNECTION, HOST};
-use hyper::http::uri::PathAndQuery;
 use hyper::{Request, Response, Uri, Version};
 use hyper_util::rt::TokioIo;
 
@@ -17,7 +16,7 @@ use crate::policy::{canonical_host, Host, RequestFacts, Scheme};
 use super::admit::admit_request;
 use super::respond::{self, Body};
 use super::ctx::Pending;
-use super::target::{check_host_header, split_authority, HostHeaderError, InvalidPort, HTTP_DEFAULT_PORT};
+use super::target::{check_host_header, origin_form, split_authority, HostHeaderError, InvalidPort, HTTP_DEFAULT_PORT};
 use super::upgrade::{self, Asked};
 use super::{guard, Ctx};
 
@@ -89,8 +88,8 @@ pub async fn handle(ctx: Arc<Ctx>, peer: SocketAddr, mut req: Request<Incoming>)
     if asked == Asked::H2c {
         return ctx.refuse(rec, upgrade::H2C_REASON, upgrade::H2C_REFUSED);
     }
-    let path = req.uri().path_and_query().map_or("/", |pq| pq.as_str());
-    let facts = RequestFacts { host: &host, port, scheme: Scheme::Http, method: req.method().as_str(), path };
+    let pq = origin_form(req.uri());
+    let facts = RequestFacts { host: &host, port, scheme: Scheme::Http, method: req.method().as_str(), path: pq.as_str() };
     let adm = admit_request(&ctx, &facts);
     adm.fill(&mut rec);
     if !adm.proceed {
@@ -106,7 +105,6 @@ pub async fn handle(ctx: Arc<Ctx>, peer: SocketAddr, mut req: Request<Incoming>)
 
     let down_upgrade = (asked == Asked::WebSocket).then(|| hyper::upgrade::on(&mut req));
     let (mut parts, body) = req.into_parts();
-    let pq = parts.uri.path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/"));
     parts.uri = Uri::from(pq);
     parts.version = Version::HTTP_11;
     strip_hop_by_hop(&mut parts.headers);

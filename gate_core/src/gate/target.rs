@@ -3,7 +3,8 @@
 //! a request whose `Host` says otherwise rather than silently rewriting it).
 
 use hyper::header::{HeaderMap, HOST};
-use hyper::http::uri::Authority;
+use hyper::http::uri::{Authority, PathAndQuery};
+use hyper::Uri;
 
 use crate::policy::{canonical_host, Host};
 
@@ -81,6 +82,16 @@ pub fn check_host_header(headers: &HeaderMap, host: &Host, port: u16) -> Result<
         true => Ok(()),
         false => Err(HostHeaderError::Disagrees),
     }
+}
+
+/// The origin-form of a request's target (RFC 9112 §3.2.1): its path and query, an empty
+/// path sent as `/` (`http://h`, `http://h?q` and `http://h#f` become `/`, `/?q`, `/`; the
+/// http crate drops a fragment while parsing). Always built anew from the text: a
+/// `PathAndQuery` the http crate left empty prints `/` but is written as nothing.
+pub fn origin_form(uri: &Uri) -> PathAndQuery {
+    let s = uri.path_and_query().map_or("/", PathAndQuery::as_str);
+    let s = if s.starts_with('/') { s.to_string() } else { format!("/{s}") };
+    PathAndQuery::try_from(s).unwrap_or_else(|_| PathAndQuery::from_static("/"))
 }
 
 #[cfg(test)]
@@ -161,6 +172,22 @@ mod tests {
         ];
         for (case, values, target, port, want) in table {
             assert_eq!(check(values, target, *port), *want, "{case}");
+        }
+    }
+
+    #[test]
+    fn origin_form_sends_an_empty_path_as_a_slash() {
+        let table: &[(&str, &str, &str)] = &[
+            ("no path", "http://h", "/"),
+            ("a fragment right after the host", "http://h#@evil.test/", "/"),
+            ("a query right after the host", "http://h?x=1", "/?x=1"),
+            ("a path and query are kept", "http://h/a/b?c", "/a/b?c"),
+            ("origin form is kept", "/a?b", "/a?b"),
+        ];
+        for (case, uri, want) in table {
+            let uri: Uri = uri.parse().unwrap_or_else(|e| panic!("{case}: {e}"));
+            let pq = origin_form(&uri);
+            assert_eq!(Uri::from(pq).to_string(), *want, "{case}");
         }
     }
 }

@@ -14,7 +14,7 @@ use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
 use hyper::header::{HeaderValue, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, HOST};
-use hyper::http::uri::{Authority, PathAndQuery};
+use hyper::http::uri::Authority;
 use hyper::{Method, Request, Response, StatusCode, Uri, Version};
 use hyper_util::rt::TokioIo;
 
@@ -25,7 +25,7 @@ use super::super::admit::{admit_request, Admission};
 use super::super::dial::DialError;
 use super::super::ctx::Pending;
 use super::super::respond::{self, Body};
-use super::super::target::split_authority;
+use super::super::target::{origin_form, split_authority};
 use super::super::upgrade::{self, Asked};
 use super::super::{guard, strip_hop_by_hop, Ctx};
 use super::{upstream, Tunnel};
@@ -103,7 +103,7 @@ fn too_large(limit: u64) -> (String, String) {
 pub(super) async fn handle(ctx: Arc<Ctx>, tunnel: Arc<Tunnel>, mut req: Request<Incoming>) -> Response<Body> {
     let (host, port) = (&tunnel.host, tunnel.port);
     let mut rec = ctx.record_for(f::EVENT_REQUEST, f::PROTO_HTTPS, tunnel.peer, &req);
-    let pq = req.uri().path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/"));
+    let pq = origin_form(req.uri());
     rec.target = Some(format!("https://{}{pq}", authority_of(host, port)));
     rec.dst_host = Some(host.to_string());
     rec.dst_port = Some(port);
