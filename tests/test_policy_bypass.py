@@ -70,6 +70,7 @@ def test_a_deny_rule_with_inspect_denies_post_over_https(gatewrap, tmp_path):
     r = gatewrap(["curl", "-sS", "--max-time", "10", "-X", "POST", "-d", "mail", "https://allowed.test/echo"],
                  extra=["--policy", str(p)])
     assert '"method": "POST"' not in r.stdout, "the POST a rule denies reached the server: " + r.stdout
+    assert f"was denied (rule {p}:rule[1]).\nTo allow it, change that rule in your policy" in r.stdout, r.stdout
     (tunnel,) = r.records(event="connect")
     assert (tunnel["decision"], tunnel["reason"]) == ("allowed", f"policy: rule {p}:rule[1] inspects the tunnel")
     (rec,) = r.records(event="request", proto="https")

@@ -43,15 +43,24 @@ pub fn denied_body(host: &Host, port: u16, decision: &Decision) -> String {
              No rule can allow them; name the host you mean.\n"
         );
     }
-    let why = match &decision.rule {
-        Some(id) => format!("rule {id}"),
-        None => "default deny".to_string(),
-    };
-    format!(
-        "gatewrap: egress to {hp} was denied ({why}).\n\
-         To allow it, run with --allow {hp} or add to your policy:\n  \
-         [[rule]]\n  host = \"{host}\"\n  port = {port}\n  action = \"allow\"\n"
-    )
+    match &decision.rule {
+        // `--deny` flags are checked before everything else: only dropping one helps.
+        Some(id) if id.starts_with("--deny") => format!(
+            "gatewrap: egress to {hp} was denied (rule {id}).\n\
+             To allow it, drop `{id}` from gatewrap's command line.\n"
+        ),
+        // A file rule may judge methods or paths: point at it rather than at a new rule.
+        Some(id) => format!(
+            "gatewrap: egress to {hp} was denied (rule {id}).\n\
+             To allow it, change that rule in your policy, or run with --allow {hp} \
+             (command-line rules are checked before the file's; it allows every method and path).\n"
+        ),
+        None => format!(
+            "gatewrap: egress to {hp} was denied (default deny).\n\
+             To allow it, run with --allow {hp} or add to your policy:\n{}",
+            rule_block(host, port, "")
+        ),
+    }
 }
 
 pub fn denied(host: &Host, port: u16, decision: &Decision) -> Response<Body> {
