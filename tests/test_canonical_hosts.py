@@ -172,6 +172,11 @@ CASES = [
         "protocol: more than one Host header", says="more than one Host header"),
     ok("a Host header that agrees once canonical is accepted", "http://allowed.test/", "ALLOWED.TEST.:80",
        "allowed.test", "--allow allowed.test"),
+    bad("an HTTP/1.1 request without a Host header is refused (RFC 9112 §3.2)", get("http://allowed.test/"),
+        "protocol: no Host header", says="an HTTP/1.1 request without a Host header"),
+    Case("an HTTP/1.0 request without a Host header is accepted",
+         get("http://allowed.test/").replace("HTTP/1.1", "HTTP/1.0", 1), 200, None, "allowed.test",
+         "--allow allowed.test", hello("allowed.test")),
     # hostile names
     bad("a percent-encoded NUL in the host is refused", get("http://allowed.test%00.evil.test/", "allowed.test"),
         MALFORMED_URI),

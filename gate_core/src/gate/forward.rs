@@ -77,10 +77,11 @@ pub async fn handle(ctx: Arc<Ctx>, peer: SocketAddr, mut req: Request<Incoming>)
         Err(e) => return ctx.refuse(rec, &format!("protocol: {e}"), &format!("gatewrap gate: {e}")),
     };
     // RFC 9112 §3.2.2: the target wins; a Host header that names something else is refused.
-    if let Err(e) = check_host_header(req.headers(), &host, port) {
+    if let Err(e) = check_host_header(req.headers(), &host, port, req.version() == Version::HTTP_11) {
         let reason = match e {
             HostHeaderError::Disagrees => "protocol: host mismatch",
             HostHeaderError::Several => "protocol: more than one Host header",
+            HostHeaderError::Missing => "protocol: no Host header",
         };
         return ctx.refuse(rec, reason, &respond::host_header(&e));
     }

@@ -147,7 +147,7 @@ pub fn invalid_port(port: &str) -> String {
     format!("gatewrap gate: the port {port:?} in the request target is invalid: expected 1-65535")
 }
 pub fn host_header(err: &HostHeaderError) -> String {
-    format!("gatewrap gate: {err}; send at most one Host header, naming the target's host and port")
+    format!("gatewrap gate: {err}; send one Host header, naming the target's host and port")
 }
 pub fn other_scheme(scheme: &str) -> String {
     format!(

@@ -21,6 +21,8 @@ pub struct InvalidPort(pub String);
 pub enum HostHeaderError {
     #[error("more than one Host header")]
     Several,
+    #[error("an HTTP/1.1 request without a Host header")]
+    Missing,
     #[error("Host header disagrees with the request target")]
     Disagrees,
 }
@@ -57,13 +59,14 @@ pub fn split_authority(a: &Authority) -> Result<(&str, Option<u16>), InvalidPort
 
 /// Check the `Host` header(s) of an absolute-form request against its canonical target.
 ///
-/// No `Host` header is fine (HTTP/1.0; the gate writes one). One must name the same host
-/// and port once canonicalised: case, a trailing dot, IPv6 spelling and an omitted
-/// default port (80) do not matter. An unparsable value or userinfo disagrees.
-pub fn check_host_header(headers: &HeaderMap, host: &Host, port: u16) -> Result<(), HostHeaderError> {
+/// No `Host` header is fine in HTTP/1.0 (the gate writes one); an HTTP/1.1 request
+/// (`http11`) must have one (RFC 9112 §3.2: a server answers 400 otherwise). It must name
+/// the same host and port once canonicalised: case, a trailing dot, IPv6 spelling and an
+/// omitted default port (80) do not matter. An unparsable value or userinfo disagrees.
+pub fn check_host_header(headers: &HeaderMap, host: &Host, port: u16, http11: bool) -> Result<(), HostHeaderError> {
     let mut values = headers.get_all(HOST).iter();
     let Some(value) = values.next() else {
-        return Ok(());
+        return if http11 { Err(HostHeaderError::Missing) } else { Ok(()) };
     };
     if values.next().is_some() {
         return Err(HostHeaderError::Several);
@@ -142,16 +145,16 @@ mod tests {
             headers.append(HOST, HeaderValue::from_str(v).unwrap_or_else(|e| panic!("{v}: {e}")));
         }
         let host = canonical_host(target).unwrap_or_else(|e| panic!("{target}: {e}"));
-        check_host_header(&headers, &host, port)
+        check_host_header(&headers, &host, port, true)
     }
 
     #[test]
     fn host_headers_must_agree_canonically() {
-        use HostHeaderError::{Disagrees, Several};
+        use HostHeaderError::{Disagrees, Missing, Several};
         /// (case, Host header values, target host, target port, verdict)
         type Row<'a> = (&'a str, &'a [&'a str], &'a str, u16, Result<(), HostHeaderError>);
         let table: &[Row] = &[
-            ("no Host header", &[], "a.test", 80, Ok(())),
+            ("no Host header in HTTP/1.1", &[], "a.test", 80, Err(Missing)),
             ("the same", &["a.test"], "a.test", 80, Ok(())),
             ("case and a trailing dot", &["A.Test."], "a.test", 80, Ok(())),
             ("default port written out", &["a.test:80"], "a.test", 80, Ok(())),
@@ -173,6 +176,8 @@ mod tests {
         for (case, values, target, port, want) in table {
             assert_eq!(check(values, target, *port), *want, "{case}");
         }
+        let host = canonical_host("a.test").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(check_host_header(&HeaderMap::new(), &host, 80, false), Ok(()), "no Host header in HTTP/1.0");
     }
 
     #[test]
