@@ -30,6 +30,21 @@ def test_usage_errors_exit_125_with_a_message(args, needle):
     assert needle in p.stderr
 
 
+@pytest.mark.parametrize("cmd", [["audit"], ["policy", "suggest", "--run", "gw-0123456789"]],
+                         ids=["audit", "policy suggest"])
+def test_an_audit_log_the_user_cannot_read_exits_125_and_says_to_use_sudo(tmp_path, cmd):
+    log = tmp_path / "audit.jsonl"
+    log.write_text('{"v": 1, "run": "gw-0123456789", "event": "run_start"}\n')
+    log.chmod(0o600)
+    tmp_path.chmod(0o755)
+    code = ("import os, sys; from gatewrap.cli import main; import gatewrap.audit_reader, gatewrap.policy_suggest; "
+            f"os.setresuid(65534, 65534, 0); main({[*cmd, '--log', str(log)]!r})")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 125, p.stderr
+    assert f"cannot read the audit log {log} (Permission denied)" in p.stderr and "sudo" in p.stderr, p.stderr
+    assert "Traceback" not in p.stderr and p.stdout == "", (p.stdout, p.stderr)
+
+
 def test_without_root_run_exits_125_and_says_to_use_sudo():
     code = ("import os, sys; from gatewrap.cli import main; import gatewrap.runner; "
             "os.setresuid(65534, 65534, 0); main(['run', '--', '/bin/true'])")

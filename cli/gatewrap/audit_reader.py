@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterator
 from typing import Any, TextIO
 
+from .errors import GatewrapError
 from .text import printable
 
 #: Decisions that count as a denial for ``--denied``.
@@ -24,11 +25,17 @@ def records(path: str, follow: bool = False, err: TextIO | None = None) -> Itera
 
     Raises:
         FileNotFoundError: the log does not exist (and not following).
+        GatewrapError: the log cannot be read by this user (exit 125; it is root's, 0600).
     """
     err = err or sys.stderr
     while follow and not os.path.exists(path):
         time.sleep(0.2)
-    with open(path, encoding="utf-8", errors="backslashreplace") as f:
+    try:
+        f = open(path, encoding="utf-8", errors="backslashreplace")
+    except PermissionError as e:
+        raise GatewrapError(f"cannot read the audit log {path} ({e.strerror}): it is root's; run gatewrap "
+                            "with sudo, or pass --log PATH") from e
+    with f:
         n = 0
         buf = ""
         while True:

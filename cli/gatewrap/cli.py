@@ -132,10 +132,10 @@ def audit(run_id: str | None, denied: bool, as_json: bool, follow: bool, path: s
 
     shown = 0
     try:
-        if not as_json:
-            click.echo(ar.header())
         for rec in ar.records(path, follow=follow):
             if ar.matches(rec, run_id, denied):
+                if not shown and not as_json:
+                    click.echo(ar.header())
                 click.echo(json.dumps(rec) if as_json else ar.row(rec))
                 shown += 1
         if not shown:
