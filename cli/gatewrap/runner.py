@@ -90,12 +90,13 @@ def new_run_id() -> str:
     return "gw-" + secrets.token_hex(5)
 
 
-def require_root() -> None:
-    """Raises NeedRoot unless the effective uid is 0."""
+def require_root(command: str = "run") -> None:
+    """Raises NeedRoot unless the effective uid is 0; the message names ``gatewrap COMMAND``."""
     if os.geteuid() != 0:
+        hint = " (the agent still runs as you)" if command == "run" else ""
         raise NeedRoot(
-            "gatewrap needs root to create the sandbox (netns, cgroup, BPF hooks); "
-            "run it with sudo: sudo gatewrap run ... (the agent still runs as you)"
+            "gatewrap needs root to manage sandboxes (netns, cgroup, BPF hooks); "
+            f"run it with sudo: sudo gatewrap {command} ...{hint}"
         )
 
 
@@ -306,7 +307,7 @@ def run(opts: RunOptions, stderr: TextIO | None = None) -> RunResult:
         except core.GateError as e:
             raise GatewrapError(f"the gate could not start: {e}") from e
         except ValueError as e:
-            raise GatewrapError(f"--public-range: {e}") from e
+            raise GatewrapError(f"--public-range: {str(e).removeprefix('public_ranges: ')}") from e
         undo.callback(gate.stop)
         for warning in _public_range_warnings(opts.public_ranges):
             print(warning, file=err)
@@ -373,7 +374,7 @@ def collect_stale() -> gc.Collected:
     Raises:
         NeedRoot: not root.
     """
-    require_root()
+    require_root("gc")
     parent = cgroup.parent_dir()
     hooks = loader.load_or_reuse(parent)
     try:
