@@ -22,13 +22,17 @@ die() { printf 'setup: %s\n' "$*" >&2; exit 1; }
 apt_packages() {
 	say "Debian packages"
 	export DEBIAN_FRONTEND=noninteractive
-	apt-get update -qq
 	local pkgs=(python3-bpfcc libbpf1 libnl-route-3-200 tini iproute2 curl dnsutils python3-venv
 		python3-requests build-essential pkg-config hyperfine ca-certificates)
 	local kh="linux-headers-$(uname -r)"
 	if apt-cache show "$kh" >/dev/null 2>&1; then pkgs+=("$kh"); else pkgs+=(linux-headers-amd64); fi
 	command -v cargo >/dev/null || pkgs+=(cargo rustc)
-	apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null
+	# Everything installed already: no apt-get update (it waits on unreachable mirrors offline).
+	if dpkg-query -W -f='${Status}\n' "${pkgs[@]}" 2>/dev/null | grep -vq '^install ok installed$' \
+		|| [ "$(dpkg-query -W -f='${Status}\n' "${pkgs[@]}" 2>/dev/null | wc -l)" -ne "${#pkgs[@]}" ]; then
+		apt-get update -qq
+		apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null
+	fi
 }
 
 kernel_headers() {
@@ -49,8 +53,13 @@ kernel_headers() {
 }
 
 python_env() {
-	say "virtualenv $VENV with gatewrap (builds the Rust gate: a minute or two the first time)"
-	[ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+	say "virtualenv $VENV with gatewrap (builds the Rust gate: a few minutes the first time)"
+	# The system's interpreter when it is new enough: every user can run it, so gatewrap's
+	# own commands (policy check, doctor) work for users other than root too; a python3
+	# under /root (pyenv) would leave them "Permission denied".
+	local py=python3
+	if /usr/bin/python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then py=/usr/bin/python3; fi
+	[ -x "$VENV/bin/python" ] || "$py" -m venv "$VENV"
 	"$VENV/bin/pip" install -q --upgrade pip >/dev/null
 	"$VENV/bin/pip" install -q "$ROOT[test]"
 	ln -sfn "$VENV/bin/gatewrap" /usr/local/bin/gatewrap
