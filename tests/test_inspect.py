@@ -90,7 +90,11 @@ def test_curl_trusts_the_gates_leaf_through_the_ca_variables_and_each_request_is
     echo = json.loads(r.stdout.split("\n", 1)[1])
     assert (echo["path"], echo["scheme"], echo["sni"]) == ("/echo?x=1", "https", "allowed.test")
     (tunnel,) = r.records(event="connect")
-    assert (tunnel["decision"], tunnel["dst_host"], tunnel["status"]) == ("allowed", "allowed.test", 200)
+    assert (tunnel["decision"], tunnel["dst_host"], tunnel["status"], tunnel["inspected"]) == (
+        "allowed", "allowed.test", 200, True)
+    (end,) = r.records(event="run_end")
+    assert (end["allowed"], end["inspected"]) == (2, 1), end  # the two requests; the tunnel apart
+    assert ": 2 allowed, " in r.stderr and ", 1 tunnels TLS-inspected" in r.stderr, r.stderr
     inner = r.records(event="request", proto="https")
     assert [(x["method"], x["target"], x["decision"], x["status"]) for x in inner] == [
         ("GET", "https://allowed.test/", "allowed", 200),

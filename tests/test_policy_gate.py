@@ -142,3 +142,6 @@ def test_report_mode_lets_a_request_over_budget_through_and_records_would_deny(g
     assert (second["decision"], second["would"], second["reason"], second["rule"]) == (
         "allowed", "deny", "budget", f"{p}:rule[1]")
     assert "report mode lets them through (would = deny)" in r.stderr
+    (end,) = r.records(event="run_end")
+    assert (end["allowed"], end["would_deny"]) == (2, 1), end
+    assert ", 1 would be denied in enforce mode (report mode)" in r.stderr, r.stderr

@@ -262,7 +262,10 @@ class Gate:
         """Where the gate listens, e.g. ``["127.0.0.1:3128", "[::1]:3128"]``."""
 
     def counts(self) -> dict[str, int]:
-        """Decisions so far: ``{"allowed": n, "denied": n, "failed": n}``."""
+        """Decisions so far: ``{"allowed": n, "denied": n, "failed": n, "inspected": n,
+        "would_deny": n}``: ``inspected`` counts TLS-inspected tunnels (not in ``allowed``;
+        their requests are counted each), ``would_deny`` report-mode decisions that enforce
+        mode would have denied (also in ``allowed``)."""
 
     def stop(self) -> None:
         """Stop accepting, abort tunnels and requests in flight, shut down (within ~1 s).

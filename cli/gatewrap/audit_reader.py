@@ -84,6 +84,10 @@ def destination(rec: dict[str, Any]) -> str:
 def who_why(rec: dict[str, Any]) -> str:
     """Process and reason columns, merged."""
     parts = []
+    if rec.get("would"):
+        parts.append(f"report mode: enforce would {rec['would']}")
+    if rec.get("inspected"):
+        parts.append("TLS-inspected tunnel")
     if rec.get("pid") is not None:
         parts.append(f"pid {rec['pid']} {rec.get('comm') or rec.get('cmdline') or ''}".strip())
     for key in ("reason", "error", "rule"):

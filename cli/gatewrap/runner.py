@@ -77,11 +77,16 @@ class RunResult:
     direct_egress: int
     lost: int
     audit_log: str
+    #: Tunnels the gate TLS-inspected (their requests are counted in allowed/denied/failed).
+    inspected: int = 0
+    #: Let through by report mode, denied in enforce mode (also counted in ``allowed``).
+    would_deny: int = 0
 
     def as_record(self) -> dict[str, Any]:
         """The summary with the audit log's field names (as in its ``run_end`` record)."""
         return {"run": self.run_id, "exit_code": self.exit_code, "allowed": self.allowed,
                 "denied": self.denied, "failed": self.failed, "direct_egress": self.direct_egress,
+                "inspected": self.inspected, "would_deny": self.would_deny,
                 "lost_events": self.lost, "audit_log": self.audit_log}
 
 
@@ -360,7 +365,8 @@ def run(opts: RunOptions, stderr: TextIO | None = None) -> RunResult:
         counts = gate.counts()
         lost = run_hooks.lost()
         result = RunResult(run_id, exit_code, counts.get("allowed", 0), counts.get("denied", 0),
-                           counts.get("failed", 0), denials.count, lost, opts.audit_log)
+                           counts.get("failed", 0), denials.count, lost, opts.audit_log,
+                           inspected=counts.get("inspected", 0), would_deny=counts.get("would_deny", 0))
         end = result.as_record()
         del end["audit_log"]
         audit.write({"run": run_id, "event": "run_end", **end})
@@ -398,6 +404,8 @@ def summary_line(r: RunResult) -> str:
     return (
         f"gatewrap: run {r.run_id} exited {r.exit_code}: {r.allowed} allowed, "
         f"{r.denied} denied by policy, {r.direct_egress} direct egress blocked"
-        f"{f', {r.failed} upstream failed' if r.failed else ''}{lost}; "
+        f"{f', {r.failed} upstream failed' if r.failed else ''}"
+        f"{f', {r.inspected} tunnels TLS-inspected' if r.inspected else ''}"
+        f"{f', {r.would_deny} would be denied in enforce mode (report mode)' if r.would_deny else ''}{lost}; "
         f"audit log {r.audit_log} (gatewrap audit --run {r.run_id})"
     )

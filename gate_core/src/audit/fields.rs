@@ -32,6 +32,8 @@ pub const COMM: &str = "comm";
 pub const CGROUP_ID: &str = "cgroup_id";
 /// In `report` mode: what `enforce` would have done (`deny`).
 pub const WOULD: &str = "would";
+/// On a `connect` record: the tunnel was TLS-inspected (its requests have records of their own).
+pub const INSPECTED: &str = "inspected";
 
 /// Record schema version.
 pub const VERSION: u64 = 1;

@@ -24,6 +24,8 @@ pub struct GateRecord {
     pub proto: &'static str,
     pub status: Option<u16>,
     pub error: Option<String>,
+    /// A CONNECT the gate TLS-inspects (see [`f::INSPECTED`]).
+    pub inspected: bool,
 }
 
 impl GateRecord {
@@ -49,6 +51,7 @@ impl GateRecord {
         put(f::PROTO, Some(self.proto.into()));
         put(f::STATUS, self.status.map(Value::from));
         put(f::ERROR, self.error.map(Value::from));
+        put(f::INSPECTED, self.inspected.then_some(Value::Bool(true)));
         m
     }
 }

@@ -82,6 +82,7 @@ fn inspect_tunnel(ctx: Arc<Ctx>, peer: SocketAddr, mut req: Request<Incoming>, m
         return resp;
     };
     rec.status = Some(StatusCode::OK.as_u16());
+    rec.inspected = true;
     ctx.record(rec);
     let slot = req.extensions().get::<Slot>().cloned();
     let tunnel = inspect::Tunnel {

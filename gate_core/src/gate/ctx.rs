@@ -18,9 +18,15 @@ use super::respond;
 
 #[derive(Debug, Default)]
 pub struct Counts {
+    /// Requests and plain tunnels let through (inspected tunnels are counted apart: their
+    /// requests are counted here, each with its own decision).
     pub allowed: AtomicU64,
     pub denied: AtomicU64,
     pub failed: AtomicU64,
+    /// Tunnels the gate TLS-inspected.
+    pub inspected: AtomicU64,
+    /// Let through by `report` mode that `enforce` would have denied (also in `allowed`).
+    pub would_deny: AtomicU64,
 }
 
 /// What every connection task shares.
@@ -57,7 +63,11 @@ impl Ctx {
 
     /// Count and log one decision; a failing audit write is reported, never fatal to traffic.
     pub(super) fn record(&self, rec: GateRecord) {
+        if rec.would.is_some() {
+            self.counts.would_deny.fetch_add(1, Ordering::Relaxed);
+        }
         let counter = match rec.decision {
+            f::ALLOWED if rec.inspected => &self.counts.inspected,
             f::ALLOWED => &self.counts.allowed,
             f::DENIED => &self.counts.denied,
             _ => &self.counts.failed,

@@ -189,6 +189,11 @@ impl Gate {
         )
     }
 
+    /// (inspected tunnels, report-mode decisions `enforce` would have denied) so far.
+    pub fn more_counts(&self) -> (u64, u64) {
+        (self.counts.inspected.load(Ordering::Relaxed), self.counts.would_deny.load(Ordering::Relaxed))
+    }
+
     /// Stop accepting, abort tunnels and in-flight requests, shut the runtime down. Idempotent.
     pub fn stop(&self) {
         let runtime = self.runtime.lock().unwrap_or_else(|p| p.into_inner()).take();
