@@ -9,7 +9,7 @@ use std::time::Duration;
 pub const MAX_DURATION: Duration = Duration::from_secs(31 * 24 * 3600);
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid duration {0:?}: expected a whole number and a unit s, m or h (e.g. \"30s\", \"10m\", \"2h\"), at most 31 days")]
+#[error("invalid duration {0:?}: expected a whole number and a unit s, m or h (e.g. \"30s\", \"10m\", \"2h\"), from 1s to 31 days")]
 pub struct DurationError(pub String);
 
 /// Parse a duration of the grammar above.
