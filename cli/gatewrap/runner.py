@@ -317,10 +317,12 @@ def run(opts: RunOptions, stderr: TextIO | None = None) -> RunResult:
         for warning in _public_range_warnings(opts.public_ranges):
             print(warning, file=err)
         loader.verify_attached(parent, hooks.pin_dir)
-        staged, mounts, replaced = shims.stage_run(run_id, opts.jail == "nsjail", ca_cert, env)
+        staged, mounts, replaced, notes = shims.stage_run(run_id, opts.jail == "nsjail", ca_cert, env)
         if staged is not None:
             undo.callback(shutil.rmtree, staged, True)
         overridden += replaced
+        for note in notes:
+            print(note, file=err)
 
         if overridden:
             print(f"gatewrap: replaced your {', '.join(overridden)} so the agent uses the gate", file=err)

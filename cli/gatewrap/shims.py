@@ -8,6 +8,8 @@ import tempfile
 import tomllib
 from pathlib import Path
 
+from . import client_trust
+
 ENV_TABLE = Path(__file__).resolve().parent / "_shims" / "env.toml"
 
 
@@ -56,6 +58,8 @@ def add_ca_env(env: dict[str, str], ca: str, bundle: str) -> list[str]:
 #: ca-certificates); the gate's CA follows them.
 SYSTEM_ROOTS = "/etc/ssl/certs/ca-certificates.crt"
 CA_FILE, BUNDLE_FILE = "ca.crt", "ca-bundle.crt"
+#: Java's trust store (the JDK's roots and the CA) and wget's startup file, when staged.
+TRUSTSTORE_FILE, WGETRC_FILE = "java-truststore.p12", client_trust.WGETRC_FILE
 
 
 def stage_ca(staged: str, ca_cert: str) -> tuple[str, str]:
@@ -116,7 +120,7 @@ def staged_for_jail(d: str) -> list[tuple[str, str]]:
     mounts = [(os.path.join(d, "python"), PYTHON_SHIM_IN_JAIL),
               (os.path.join(d, "node"), NODE_SHIM_IN_JAIL),
               (os.path.join(d, "resolv.conf"), "/etc/resolv.conf")]
-    for name in (CA_FILE, BUNDLE_FILE):
+    for name in (CA_FILE, BUNDLE_FILE, TRUSTSTORE_FILE, WGETRC_FILE):
         if os.path.exists(os.path.join(d, name)):
             mounts.append((os.path.join(d, name), f"{SHIMS_IN_JAIL}/{name}"))
     return mounts
@@ -140,17 +144,44 @@ def add_node_shim(env: dict[str, str], shim_dir: str) -> None:
 
 
 def stage_run(run_id: str, jailed: bool, ca_cert: str | None,
-              env: dict[str, str]) -> tuple[str | None, list[tuple[str, str]], list[str]]:
+              env: dict[str, str]) -> tuple[str | None, list[tuple[str, str]], list[str], list[str]]:
     """Stage the run's files the agent reads: the shims (in the jail) and, when the run
-    inspects TLS, the CA and the bundle, with the variables that point at them. Returns
-    (the staged folder or None, the jail's mounts, the user's variables replaced)."""
+    inspects TLS, the CA, the bundle, Java's trust store and wget's startup file, with the
+    variables that point at them. Returns (the staged folder or None, the jail's mounts, the
+    user's variables replaced, notes for stderr)."""
     if not jailed and ca_cert is None:
-        return None, [], []
+        return None, [], [], []
     staged = staged_dir(run_id)
     overridden: list[str] = []
+    notes: list[str] = []
     if ca_cert is not None:
-        ca, bundle = stage_ca(staged, ca_cert)
-        if jailed:
-            ca, bundle = f"{SHIMS_IN_JAIL}/{CA_FILE}", f"{SHIMS_IN_JAIL}/{BUNDLE_FILE}"
-        overridden = add_ca_env(env, ca, bundle)
-    return staged, staged_for_jail(staged) if jailed else [], overridden
+        stage_ca(staged, ca_cert)
+
+        def seen(name: str) -> str:
+            return f"{SHIMS_IN_JAIL}/{name}" if jailed else os.path.join(staged, name)
+
+        overridden = add_ca_env(env, seen(CA_FILE), seen(BUNDLE_FILE))
+        notes = _stage_client_trust(staged, ca_cert, env, seen)
+    return staged, staged_for_jail(staged) if jailed else [], overridden, notes
+
+
+def _stage_client_trust(staged: str, ca_cert: str, env: dict[str, str], seen) -> list[str]:
+    """Java's trust store (copied from the CA folder's cache; JAVA_TOOL_OPTIONS extended) and
+    wget's startup file (WGETRC) for a run that inspects TLS; the notes of
+    :mod:`gatewrap.client_trust` for what could not be done."""
+    notes = []
+    store, note = client_trust.java_truststore(ca_cert)
+    if store is not None:
+        shutil.copyfile(store, os.path.join(staged, TRUSTSTORE_FILE))
+        os.chmod(os.path.join(staged, TRUSTSTORE_FILE), 0o644)
+        options = client_trust.java_options(seen(TRUSTSTORE_FILE))
+        env["JAVA_TOOL_OPTIONS"] = f"{env['JAVA_TOOL_OPTIONS']} {options}" if env.get("JAVA_TOOL_OPTIONS") else options
+    else:
+        notes.append(note)
+    stage, note = client_trust.wgetrc_needed(env)
+    if stage:
+        client_trust.write_wgetrc(staged, seen(BUNDLE_FILE))
+        env["WGETRC"] = seen(WGETRC_FILE)
+    elif note:
+        notes.append(note)
+    return notes

@@ -6,8 +6,9 @@ At the end of a session in which matrix tests ran, ``tests/clients/results.json`
 entry per test: ``{"client", "rank", "case", "tls", "observed", "test", "outcome"}`` (``rank``: the
 client's row); ``case`` is
 ``allowed``, ``denied`` or ``unwrapped``; ``tls`` says how HTTPS crossed the gate
-(``tunnel``: a CONNECT tunnel, the gate sees no plaintext; a TLS-inspection column set will
-add ``inspected``); ``outcome`` is pytest's. Entries of tests that did not run this session
+(``tunnel``: a CONNECT tunnel, the gate sees no plaintext; ``inspected``: TLS inspection,
+test_matrix_inspected.py, where ``denied`` is a path the inspected tunnel denies);
+``outcome`` is pytest's. Entries of tests that did not run this session
 are kept. ``scripts/client_matrix.py`` renders the file as the README's matrix.
 """
 

@@ -45,8 +45,10 @@ class Ctx:
 
     progs: str
     python: str
-    ca: str
-    truststore: str
+    #: The fake internet's CA as a PEM file and as a Java trust store; None under TLS
+    #: inspection, where a client trusts only what gatewrap points it at.
+    ca: str | None
+    truststore: str | None
 
 
 @dataclass
@@ -73,6 +75,11 @@ NODE_DENIED = r"the gate answered 403 to CONNECT denied.test:443: gatewrap: egre
 CURL_REFUSED = rf"Failed to connect to {re.escape(DIRECT_IP)} port 443 after \d+ ms: Couldn't connect to server"
 
 
+def _fake_ca(ctx: Ctx, *names: str) -> dict[str, str]:
+    """``names`` set to the fake internet's CA, or nothing under TLS inspection."""
+    return {n: ctx.ca for n in names} if ctx.ca else {}
+
+
 def _py(name: str) -> Callable[[Ctx, str], list[str]]:
     return lambda ctx, base: [ctx.python, f"{ctx.progs}/client_{name}.py", f"{base}/"]
 
@@ -84,8 +91,8 @@ def _node(name: str) -> Callable[[Ctx, str], list[str]]:
 CLIENTS = [
     Client("curl", lambda ctx, base: ["curl", "-sS", "--max-time", "10", f"{base}/"],
            denied=r"CONNECT tunnel failed, response 403", unwrapped=CURL_REFUSED),
-    Client("wget", lambda ctx, base: ["wget", "-nv", "-O", "-", f"--ca-certificate={ctx.ca}", "--tries=1",
-                                      "--timeout=10", f"{base}/"],
+    Client("wget", lambda ctx, base: ["wget", "-nv", "-O", "-", *([f"--ca-certificate={ctx.ca}"] if ctx.ca else []),
+                                      "--tries=1", "--timeout=10", f"{base}/"],
            denied=r"Proxy tunneling failed: Forbidden", unwrapped=r"Operation not permitted"),
     Client("Python urllib", _py("urllib"), denied=r"Tunnel connection failed: 403", unwrapped=SHIM_MSG),
     Client("requests", _py("requests"), denied=r"Tunnel connection failed: 403", unwrapped=SHIM_MSG),
@@ -93,9 +100,9 @@ CLIENTS = [
     Client("httpx (async)", _py("httpx-async"), denied=r"ProxyError: 403", unwrapped=SHIM_MSG),
     Client("aiohttp", _py("aiohttp"), denied=r"403, message='Forbidden'", unwrapped=SHIM_MSG),
     Client("Node fetch", _node("fetch"), denied=NODE_DENIED,
-           unwrapped=SHIM_MSG, env=lambda ctx: {"NODE_EXTRA_CA_CERTS": ctx.ca}),
+           unwrapped=SHIM_MSG, env=lambda ctx: _fake_ca(ctx, "NODE_EXTRA_CA_CERTS")),
     Client("Node https.get", _node("https.get"), denied=NODE_DENIED,
-           unwrapped=SHIM_MSG, env=lambda ctx: {"NODE_EXTRA_CA_CERTS": ctx.ca}),
+           unwrapped=SHIM_MSG, env=lambda ctx: _fake_ca(ctx, "NODE_EXTRA_CA_CERTS")),
     # pip: the host's pip configuration (find-links) is left out; -vv, since pip tells why an
     # index could not be fetched only at debug level (by default just "No matching distribution").
     Client("pip download",
@@ -105,21 +112,22 @@ CLIENTS = [
                               "dl", "--index-url", f"{base}/simple/", "gwdemo"],
            site="pypi.test", body=f"Saved ./dl/{site_content.WHEEL}",
            denied=r"Tunnel connection failed: 403", unwrapped=SHIM_MSG,
-           env=lambda ctx: {"PIP_CERT": ctx.ca}),
-    Client("git clone", lambda ctx, base: ["sh", "-c", f"git clone -q {base}/demo.git /tmp/c && cat /tmp/c/README"],
+           env=lambda ctx: _fake_ca(ctx, "PIP_CERT")),
+    Client("git clone", lambda ctx, base: ["sh", "-c", f"d=$(mktemp -d) && git clone -q {base}/demo.git $d/c && cat $d/c/README"],
            site="git.test", body=site_content.GIT_README, denied=r"CONNECT tunnel failed, response 403",
            unwrapped=rf"Failed to connect to {re.escape(DIRECT_IP)} port 443",
-           env=lambda ctx: {"GIT_SSL_CAINFO": ctx.ca, "GIT_TERMINAL_PROMPT": "0"}),
+           env=lambda ctx: {**_fake_ca(ctx, "GIT_SSL_CAINFO"), "GIT_TERMINAL_PROMPT": "0"}),
     Client("npm view", lambda ctx, base: ["/usr/bin/npm", "view", "gwdemo", "description", "--registry", f"{base}/"],
            site="npm.test", body=site_content.NPM_DESCRIPTION, denied=r"[^\n]*403[^\n]*", unwrapped=SHIM_MSG,
-           env=lambda ctx: {"npm_config_cafile": ctx.ca, "npm_config_cache": "/tmp/npm-cache",
+           env=lambda ctx: {**_fake_ca(ctx, "npm_config_cafile"), "npm_config_cache": "/tmp/npm-cache",
                             "npm_config_fetch_retries": "0", "npm_config_update_notifier": "false",
                             "npm_config_loglevel": "error"}),
     Client("Go net/http", lambda ctx, base: [f"{ctx.progs}/goget", f"{base}/"],
            denied=r"Forbidden", unwrapped=r"connect: operation not permitted"),
     Client("Java HttpClient", lambda ctx, base: ["/usr/bin/java", "-Xshare:auto", "-XX:TieredStopAtLevel=1",
-                                                 f"-Djavax.net.ssl.trustStore={ctx.truststore}",
-                                                 "-Djavax.net.ssl.trustStorePassword=changeit",
+                                                 *([f"-Djavax.net.ssl.trustStore={ctx.truststore}",
+                                                    "-Djavax.net.ssl.trustStorePassword=changeit"]
+                                                   if ctx.truststore else []),
                                                  "-cp", ctx.progs, "Get", f"{base}/"],
            denied=r"[^\n]*403[^\n]*", unwrapped=r"[^\n]*(ConnectException|Operation not permitted)[^\n]*"),
 ]
