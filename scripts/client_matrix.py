@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from escape_table import _cell  # noqa: E402
+from readme_markers import cell as _cell, write_table  # noqa: E402
 
 START, END = "<!-- client-matrix:start -->", "<!-- client-matrix:end -->"
 CASES = ("allowed", "denied", "unwrapped")
@@ -74,14 +74,6 @@ def render(entries: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def replace_between_markers(text: str, table: str) -> str | None:
-    """``text`` with the part between the markers replaced by ``table``; None if absent."""
-    i, j = text.find(START), text.find(END)
-    if i < 0 or j < 0 or j < i:
-        return None
-    return text[: i + len(START)] + "\n" + table + text[j:]
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--results", type=Path, default=ROOT / "tests" / "clients" / "results.json")
@@ -95,20 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"client_matrix: cannot read {args.results} ({e}); run the matrix first: "
               "python -m pytest tests/clients", file=sys.stderr)
         return 1
-    table = render(entries)
-    readme = args.readme.read_text() if args.readme.exists() else ""
-    new = None if args.stdout else replace_between_markers(readme, table)
-    if new is None:
-        if not args.stdout:
-            print(f"client_matrix: no {START} / {END} markers in {args.readme}; the table:", file=sys.stderr)
-        sys.stdout.write(table)
-        return 0
-    if new != readme:
-        args.readme.write_text(new)
-        print(f"client_matrix: updated {args.readme}", file=sys.stderr)
-    else:
-        print(f"client_matrix: {args.readme} is up to date", file=sys.stderr)
-    return 0
+    return write_table(args.readme, START, END, render(entries), "client_matrix", args.stdout)
 
 
 if __name__ == "__main__":

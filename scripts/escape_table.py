@@ -19,12 +19,13 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from readme_markers import cell as _cell, write_table  # noqa: E402
+
 START, END = "<!-- escape-table:start -->", "<!-- escape-table:end -->"
 VERDICTS = {"held": "held", "OPEN": "**OPEN**", "hang": "**hang** (no egress, but no error either)"}
 
-
-def _cell(text: str) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ").strip()
 
 
 def render(entries: list[dict]) -> str:
@@ -46,15 +47,6 @@ def render(entries: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def replace_between_markers(text: str, table: str) -> str | None:
-    """``text`` with the part between the markers replaced by ``table``; None if the
-    markers are absent or out of order."""
-    i, j = text.find(START), text.find(END)
-    if i < 0 or j < 0 or j < i:
-        return None
-    return text[: i + len(START)] + "\n" + table + text[j:]
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--results", type=Path, default=ROOT / "tests" / "escape" / "results.json")
@@ -68,25 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"escape_table: cannot read {args.results} ({e}); run the escape suite first: "
               "python -m pytest tests/escape", file=sys.stderr)
         return 1
-    table = render(entries)
-    if args.stdout:
-        sys.stdout.write(table)
-        return 0
-    try:
-        readme = args.readme.read_text()
-    except OSError:
-        readme = ""
-    new = replace_between_markers(readme, table)
-    if new is None:
-        print(f"escape_table: no {START} / {END} markers in {args.readme}; the table:", file=sys.stderr)
-        sys.stdout.write(table)
-        return 0
-    if new != readme:
-        args.readme.write_text(new)
-        print(f"escape_table: updated {args.readme} ({len(entries)} vectors)", file=sys.stderr)
-    else:
-        print(f"escape_table: {args.readme} is up to date", file=sys.stderr)
-    return 0
+    return write_table(args.readme, START, END, render(entries), "escape_table", args.stdout)
 
 
 if __name__ == "__main__":

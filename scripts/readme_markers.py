@@ -1,0 +1,46 @@
+"""What the README's generated tables share: markdown cells, and the README's text between two
+markers (``<!-- NAME:start -->`` ... ``<!-- NAME:end -->``) replaced by a table.
+
+Used by ``escape_table.py`` and ``client_matrix.py``.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+
+def cell(text: object) -> str:
+    """``text`` as one markdown table cell: ``|`` escaped, newlines folded, trimmed."""
+    return str(text).replace("|", "\\|").replace("\n", " ").strip()
+
+
+def replace_between_markers(text: str, start: str, end: str, table: str) -> str | None:
+    """``text`` with the part between ``start`` and ``end`` replaced by ``table``; None if the
+    markers are absent or out of order."""
+    i, j = text.find(start), text.find(end)
+    if i < 0 or j < 0 or j < i:
+        return None
+    return text[: i + len(start)] + "\n" + table + text[j:]
+
+
+def write_table(readme: Path, start: str, end: str, table: str, name: str, to_stdout: bool) -> int:
+    """Put ``table`` between the markers of ``readme`` (or print it: with ``to_stdout``, or
+    when the markers are missing, which ``name``, the script, says on stderr). Returns 0."""
+    if to_stdout:
+        sys.stdout.write(table)
+        return 0
+    try:
+        text = readme.read_text()
+    except OSError:
+        text = ""
+    new = replace_between_markers(text, start, end, table)
+    if new is None:
+        print(f"{name}: no {start} / {end} markers in {readme}; the table:", file=sys.stderr)
+        sys.stdout.write(table)
+    elif new != text:
+        readme.write_text(new)
+        print(f"{name}: updated {readme}", file=sys.stderr)
+    else:
+        print(f"{name}: {readme} is up to date", file=sys.stderr)
+    return 0
