@@ -90,8 +90,6 @@ def test_a_streamed_body_over_the_limit_is_recorded_as_reaching_upstream(gatewra
 DEFAULT_CA_DIR = "/var/lib/gatewrap/ca"
 
 
-@pytest.mark.xfail(strict=True, reason="runner._hidden_paths hides only --ca-dir's private/: a root agent "
-                   "without the jail reads the host install's default CA key")
 def test_a_root_agent_without_the_jail_cannot_read_the_default_ca_key_when_the_run_uses_another(gatewrap, tmp_path):
     core.ensure_ca(DEFAULT_CA_DIR)
     policy = tmp_path / "policy.toml"
