@@ -59,8 +59,6 @@ except OSError as e:
 """
 
 
-@pytest.mark.xfail(strict=True, reason="inspect/inner.rs handle: a body over the limit found while streaming is "
-                   "recorded denied, though its head and 16 MiB of it reached upstream")
 def test_a_streamed_body_over_the_limit_is_recorded_as_reaching_upstream(gatewrap, net, tmp_path):
     log = os.path.join(net.tmpdir, "upstream-heads.log")
     server = subprocess.Popen(["ip", "netns", "exec", net.netns, sys.executable, "-c", LOGGING_SERVER,
@@ -75,7 +73,8 @@ def test_a_streamed_body_over_the_limit_is_recorded_as_reaching_upstream(gatewra
     finally:
         server.kill()
         server.wait()
-    assert r.stdout.startswith("HTTP/1.1 413"), r.stdout + r.stderr
+    # The agent sees the 413, or a reset if the gate closes while it is still sending.
+    assert r.stdout.startswith(("HTTP/1.1 413", "ERR")), r.stdout + r.stderr
     with open(log) as f:
         seen = f.read().splitlines()
     assert seen[0] == "POST /upload HTTP/1.1", seen  # the request reached upstream ...
