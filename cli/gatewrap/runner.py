@@ -221,9 +221,11 @@ _DOC_NETS = [ipaddress.ip_network(n) for n in ("192.0.2.0/24", "198.51.100.0/24"
 
 def _hidden_paths(ca_dir: str) -> list[str]:
     """Host paths the agent must not see: the BPF pins (their fds could detach the hooks),
-    gatewrap's runtime state, and the TLS inspection CA's key directory (a root agent
-    without the jail could read the root-owned key otherwise)."""
-    paths = (loader.BPFFS, "/run/gatewrap", os.path.join(ca_dir, "private"))
+    gatewrap's runtime state, and the TLS inspection CA's key directory, the run's and the
+    host install's default one (a root agent without the jail could read the root-owned
+    key otherwise, whichever ``--ca-dir`` the run uses)."""
+    keys = {os.path.realpath(os.path.join(d, "private")) for d in (ca_dir, DEFAULT_CA_DIR)}
+    paths = (loader.BPFFS, "/run/gatewrap", *sorted(keys))
     return [p for p in paths if os.path.isdir(p)]
 
 

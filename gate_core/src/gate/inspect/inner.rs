@@ -2,8 +2,9 @@
 //! it ([`admit_request`], scheme https), and forward it over verified TLS, or answer 4xx.
 //!
 //! Refusals, each audited: another host in `Host` or the target (421 Misdirected
-//! Request, RFC 9110 §15.5.20), a CONNECT (400), `Upgrade: h2c` (400), a body over the
-//! limit (413).
+//! Request, RFC 9110 §15.5.20), a CONNECT (400), `Upgrade: h2c` (400), a declared body
+//! over the limit (413). A streamed body found over the limit also gets 413, but its
+//! record stays `allowed` (with the limit as `error`): part of it has reached upstream.
 
 use std::error::Error as _;
 use std::net::SocketAddr;
@@ -179,9 +180,10 @@ pub(super) async fn handle(ctx: Arc<Ctx>, tunnel: Arc<Tunnel>, mut req: Request<
             let over = e.source().is_some_and(|s| s.downcast_ref::<LengthLimitError>().is_some());
             let rec = pending.rec();
             let (status, resp) = if over {
+                // Found while streaming: the head and `limit` bytes of the body have gone
+                // upstream, so the record stays `allowed` (it must not say nothing left).
                 let (reason, body) = too_large(limit);
-                rec.decision = f::DENIED;
-                rec.reason = Some(reason);
+                rec.error = Some(format!("{reason}; its head and the first {limit} bytes reached upstream"));
                 (StatusCode::PAYLOAD_TOO_LARGE, text(StatusCode::PAYLOAD_TOO_LARGE, "denied", body))
             } else {
                 let cause = if e.is_incomplete_message() || e.is_canceled() {
