@@ -112,8 +112,6 @@ def _mode(p) -> int:
     return os.lstat(p).st_mode & 0o7777
 
 
-@pytest.mark.xfail(strict=True, reason="ca.rs ensure_dir chmods an existing --ca-dir to 0755 (a sticky "
-                   "world-writable /tmp-like dir loses its sticky bit and others' write)")
 def test_a_world_writable_ca_dir_is_refused_not_chmodded(tmp_path):
     d = tmp_path / "shared"
     d.mkdir()
@@ -123,8 +121,6 @@ def test_a_world_writable_ca_dir_is_refused_not_chmodded(tmp_path):
     assert _mode(d) == 0o1777
 
 
-@pytest.mark.xfail(strict=True, reason="ca.rs ensure_dir follows a symlinked --ca-dir and chmods its target "
-                   "0755 (a planted link to a 0700 directory opens it to everyone)")
 def test_a_ca_dir_link_a_local_user_planted_does_not_loosen_its_target(tmp_path):
     victim = tmp_path / "victim"
     victim.mkdir(mode=0o700)
@@ -140,8 +136,6 @@ def test_a_ca_dir_link_a_local_user_planted_does_not_loosen_its_target(tmp_path)
     assert _mode(victim) == 0o700
 
 
-@pytest.mark.xfail(strict=True, reason="ca.rs load_or_create accepts a CA directory and private/ owned by "
-                   "another user, who can then swap the key between the gate's stat and read")
 def test_a_key_directory_owned_by_another_user_is_refused(tmp_path):
     d = tmp_path / "ca"
     (d / "private").mkdir(parents=True)

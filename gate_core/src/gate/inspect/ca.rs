@@ -9,9 +9,10 @@
 //! The certificate is a CA with path length 0 (it signs leaves only; RFC 5280 §4.2.1.9),
 //! key usages keyCertSign and cRLSign, valid ten years.
 
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::fs::{self, DirBuilder, File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::os::unix::fs::DirBuilderExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
@@ -32,6 +33,8 @@ pub enum CaError {
     Io { what: &'static str, path: PathBuf, source: io::Error },
     #[error("tls inspection CA: {path} is readable by others or not owned by root (mode {mode:o}); the key must be 0600 root: fix it, or remove the CA directory to make a new CA")]
     Exposed { path: PathBuf, mode: u32 },
+    #[error("tls inspection CA: {path} {why}; choose a --ca-dir only root can write (default /var/lib/gatewrap/ca)")]
+    Unsafe { path: PathBuf, why: &'static str },
     #[error("tls inspection CA: {path}: {msg}; remove the CA directory to make a new CA")]
     Bad { path: PathBuf, msg: String },
     #[error("tls inspection CA: cannot make a certificate: {0}")]
@@ -53,10 +56,47 @@ fn io_err<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> C
     move |source| CaError::Io { what, path: path.to_path_buf(), source }
 }
 
-/// `mkdir -p` then force `mode` on the last component.
-fn ensure_dir(path: &Path, mode: u32) -> Result<(), CaError> {
-    fs::create_dir_all(path).map_err(io_err("create", path))?;
-    fs::set_permissions(path, fs::Permissions::from_mode(mode)).map_err(io_err("chmod", path))
+/// `mkdir -p path`, the directories it makes with `mode`; an existing directory is never
+/// chmodded (a `--ca-dir` such as `/tmp` keeps its mode). Then the directory must be safe
+/// to keep a key under ([`check_dir`], `deny` = the mode bits others must not have).
+fn ensure_dir(path: &Path, mode: u32, deny: u32) -> Result<(), CaError> {
+    match fs::symlink_metadata(path) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            DirBuilder::new().recursive(true).mode(mode).create(path).map_err(io_err("create", path))?
+        }
+        Err(e) => return Err(io_err("stat", path)(e)),
+        Ok(_) => {}
+    }
+    check_dir(path, deny)
+}
+
+/// `path` is a real directory (not a symbolic link) owned by the gate's user (root) without
+/// the mode bits `deny`, and so is every directory above it, unless that one is sticky (as
+/// `/tmp`: others cannot rename what they do not own there). Otherwise a local user could
+/// swap the key or the certificate the gate reads, or learn the key.
+fn check_dir(path: &Path, deny: u32) -> Result<(), CaError> {
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    let unsafe_dir = |why| Err(CaError::Unsafe { path: path.to_path_buf(), why });
+    let meta = fs::symlink_metadata(path).map_err(io_err("stat", path))?;
+    if meta.file_type().is_symlink() || !meta.is_dir() {
+        return unsafe_dir("is a symbolic link or not a directory");
+    }
+    if meta.uid() != me {
+        return unsafe_dir("is not owned by root");
+    }
+    if meta.mode() & deny != 0 {
+        return unsafe_dir("is readable or writable by others");
+    }
+    let real = fs::canonicalize(path).map_err(io_err("resolve", path))?;
+    for dir in real.ancestors().skip(1) {
+        let m = fs::metadata(dir).map_err(io_err("stat", dir))?;
+        let sticky = m.mode() & 0o1000 != 0;
+        if (m.uid() != me && m.uid() != 0) || (m.mode() & 0o022 != 0 && !sticky) {
+            return Err(CaError::Unsafe { path: dir.to_path_buf(), why: "(above the CA directory) is not root's, or is writable by others" });
+        }
+    }
+    Ok(())
 }
 
 /// Write `data` to `path` through a temporary file and a rename (never a half-written file).
@@ -85,9 +125,9 @@ impl Ca {
     /// Load the CA from `dir`, or make one there if it has none. Two runs starting at once
     /// make one CA between them (an exclusive lock on `private/` while deciding).
     pub fn load_or_create(dir: &Path) -> Result<Ca, CaError> {
-        ensure_dir(dir, 0o755)?;
+        ensure_dir(dir, 0o755, 0o022)?;
         let key_dir = dir.join(KEY_DIR);
-        ensure_dir(&key_dir, 0o700)?;
+        ensure_dir(&key_dir, 0o700, 0o077)?;
         let lock = File::open(&key_dir).map_err(io_err("open", &key_dir))?;
         // SAFETY: flock on a descriptor we own; released when `lock` is dropped.
         if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } != 0 {
@@ -105,12 +145,19 @@ impl Ca {
     }
 
     fn load(key_path: &Path, cert_path: &Path) -> Result<Ca, CaError> {
-        let meta = fs::metadata(key_path).map_err(io_err("stat", key_path))?;
+        // The checks and the read are of one open file, never followed through a link.
+        let mut f = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(key_path)
+            .map_err(io_err("open", key_path))?;
+        let meta = f.metadata().map_err(io_err("stat", key_path))?;
         // SAFETY: geteuid has no preconditions.
-        if meta.mode() & 0o077 != 0 || meta.uid() != unsafe { libc::geteuid() } {
+        if !meta.is_file() || meta.mode() & 0o077 != 0 || meta.uid() != unsafe { libc::geteuid() } {
             return Err(CaError::Exposed { path: key_path.to_path_buf(), mode: meta.mode() & 0o7777 });
         }
-        let key_pem = fs::read_to_string(key_path).map_err(io_err("read", key_path))?;
+        let mut key_pem = String::new();
+        f.read_to_string(&mut key_pem).map_err(io_err("read", key_path))?;
         let key = KeyPair::from_pem(&key_pem).map_err(|e| CaError::Bad { path: key_path.into(), msg: e.to_string() })?;
         let cert_pem = fs::read_to_string(cert_path).map_err(io_err("read", cert_path))?;
         let bad = |msg: String| CaError::Bad { path: cert_path.into(), msg };
