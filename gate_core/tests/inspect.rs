@@ -214,9 +214,11 @@ fn refusals_inside_a_tunnel_say_why() {
         let nested = ask(&mut tls, &format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n"));
         let mut tls = open(g, &format!("127.0.0.1:{silent}"), &ca, "127.0.0.1").1.expect("tls");
         let mute = ask(&mut tls, &format!("GET / HTTP/1.1\r\nHost: 127.0.0.1:{silent}\r\n\r\n"));
-        (sni.err().unwrap_or_default(), host, h2c, declared, chunked, unverified, mute, nested)
+        let mut tls = open(g, &target, &ca, "127.0.0.1").1.expect("tls");
+        let gzip = ask(&mut tls, &format!("POST / HTTP/1.1\r\nHost: {target}\r\nTransfer-Encoding: gzip, chunked\r\n\r\n2\r\nab\r\n0\r\n\r\n"));
+        (sni.err().unwrap_or_default(), host, h2c, declared, chunked, unverified, mute, nested, gzip)
     });
-    let (sni, host, h2c, declared, chunked, unverified, mute, nested) = out;
+    let (sni, host, h2c, declared, chunked, unverified, mute, nested, gzip) = out;
     s.gate.stop();
     let recs = records(&s.audit, "https");
     let find = |what: &str| -> Value {
@@ -227,6 +229,7 @@ fn refusals_inside_a_tunnel_say_why() {
         ("a Host header that names another host is misdirected", &host, "HTTP/1.1 421", "protocol: host mismatch (Host evil.test, tunnel to 127.0.0.1:", "denied"),
         ("a CONNECT inside the tunnel is refused", &nested, "HTTP/1.1 400", "protocol: CONNECT inside an inspected tunnel", "denied"),
         ("Upgrade: h2c is refused", &h2c, "HTTP/1.1 400", "protocol: Upgrade: h2c is refused", "denied"),
+        ("a transfer coding other than chunked is refused", &gzip, "HTTP/1.1 400", "protocol: a transfer coding other than chunked", "denied"),
         ("a declared body over the limit is refused", &declared, "HTTP/1.1 413", "limit: request body over 1024 bytes", "denied"),
         ("a streamed body over the limit is cut, and recorded as reaching upstream", &chunked, "HTTP/1.1 413", "limit: request body over 1024 bytes; its head and the first 1024 bytes reached upstream", "allowed"),
         ("an upstream the gate cannot verify fails", &unverified, "HTTP/1.1 502", "upstream: tls: invalid peer certificate: UnknownIssuer", "failed"),
@@ -241,6 +244,20 @@ fn refusals_inside_a_tunnel_say_why() {
     let limit = |t: &Value| t.as_str().is_some_and(|t| t.starts_with("limit: request body over 1024 bytes"));
     let declared_recs = recs.iter().filter(|r| limit(&r["reason"]) || limit(&r["error"])).count();
     assert_eq!(declared_recs, 2, "both oversized bodies are audited");
+}
+
+#[test]
+fn a_transfer_coding_other_than_chunked_is_refused_on_plain_http_too() {
+    let s = setup("insp-te");
+    let req = format!(
+        "POST http://127.0.0.1:{p}/ HTTP/1.1\r\nHost: 127.0.0.1:{p}\r\nTransfer-Encoding: gzip, chunked\r\nConnection: close\r\n\r\n2\r\nab\r\n0\r\n\r\n",
+        p = s.good
+    );
+    let resp = exchange(s.ns.path(), s.gate.listen_addrs()[0], req);
+    assert!(resp.starts_with("HTTP/1.1 400") && resp.contains("only the chunked transfer coding"), "{resp}");
+    s.gate.stop();
+    let recs = records(&s.audit, "http");
+    assert_eq!(recs.last().map(|r| r["reason"].clone()), Some(Value::from("protocol: a transfer coding other than chunked")));
 }
 
 #[test]

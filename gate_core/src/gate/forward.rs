@@ -33,6 +33,20 @@ const HOP_BY_HOP: [&str; 8] = [
     "upgrade",
 ];
 
+/// Reason and answer for a request whose `Transfer-Encoding` names a coding other than
+/// `chunked`: hyper decodes only chunked and the gate re-frames the body, so another coding
+/// (`gzip, chunked`) would be dropped on the way and upstream would read another body
+/// (RFC 9112 §6.1 lets a server refuse codings it does not understand).
+pub const TE_REASON: &str = "protocol: a transfer coding other than chunked";
+pub const TE_REFUSED: &str = "gatewrap gate: only the chunked transfer coding is understood; send the body as it is (Content-Encoding may say it is compressed)";
+
+/// True when a `Transfer-Encoding` header names anything but `chunked` (see [`TE_REASON`]).
+pub fn other_transfer_coding(headers: &HeaderMap) -> bool {
+    headers.get_all(hyper::header::TRANSFER_ENCODING).iter().any(|v| {
+        v.to_str().map_or(true, |s| s.split(',').any(|c| !c.trim().eq_ignore_ascii_case("chunked")))
+    })
+}
+
 /// Remove hop-by-hop headers (Transfer-Encoding is left to hyper, which re-frames bodies).
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     let named: Vec<HeaderName> = headers
@@ -88,6 +102,9 @@ pub async fn handle(ctx: Arc<Ctx>, peer: SocketAddr, mut req: Request<Incoming>)
     let asked = upgrade::asked(req.headers());
     if asked == Asked::H2c {
         return ctx.refuse(rec, upgrade::H2C_REASON, upgrade::H2C_REFUSED);
+    }
+    if other_transfer_coding(req.headers()) {
+        return ctx.refuse(rec, TE_REASON, TE_REFUSED);
     }
     let pq = origin_form(req.uri());
     let facts = RequestFacts { host: &host, port, scheme: Scheme::Http, method: req.method().as_str(), path: pq.as_str() };

@@ -28,7 +28,7 @@ use super::super::ctx::Pending;
 use super::super::respond::{self, Body};
 use super::super::target::{origin_form, split_authority};
 use super::super::upgrade::{self, Asked};
-use super::super::{guard, strip_hop_by_hop, Ctx};
+use super::super::{forward, guard, strip_hop_by_hop, Ctx};
 use super::{upstream, Tunnel};
 
 pub(crate) type Sender = SendRequest<Limited<Incoming>>;
@@ -120,6 +120,9 @@ pub(super) async fn handle(ctx: Arc<Ctx>, tunnel: Arc<Tunnel>, mut req: Request<
     let asked = upgrade::asked(req.headers());
     if asked == Asked::H2c {
         return refuse(&ctx, rec, StatusCode::BAD_REQUEST, upgrade::H2C_REASON.into(), format!("{}\n", upgrade::H2C_REFUSED));
+    }
+    if forward::other_transfer_coding(req.headers()) {
+        return refuse(&ctx, rec, StatusCode::BAD_REQUEST, forward::TE_REASON.into(), format!("{}\n", forward::TE_REFUSED));
     }
     let limit = tunnel.inspector.body_limit;
     let declared = req.headers().get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
