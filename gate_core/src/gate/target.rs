@@ -93,7 +93,8 @@ pub fn check_host_header(headers: &HeaderMap, host: &Host, port: u16, http11: bo
 /// `PathAndQuery` the http crate left empty prints `/` but is written as nothing.
 pub fn origin_form(uri: &Uri) -> PathAndQuery {
     let s = uri.path_and_query().map_or("/", PathAndQuery::as_str);
-    let s = if s.starts_with('/') { s.to_string() } else { format!("/{s}") };
+    // `*` is the asterisk-form of `OPTIONS *` (RFC 9112 §3.2.4), kept as it is.
+    let s = if s.starts_with('/') || s == "*" { s.to_string() } else { format!("/{s}") };
     PathAndQuery::try_from(s).unwrap_or_else(|_| PathAndQuery::from_static("/"))
 }
 
@@ -188,6 +189,7 @@ mod tests {
             ("a query right after the host", "http://h?x=1", "/?x=1"),
             ("a path and query are kept", "http://h/a/b?c", "/a/b?c"),
             ("origin form is kept", "/a?b", "/a?b"),
+            ("the asterisk form is kept", "*", "*"),
         ];
         for (case, uri, want) in table {
             let uri: Uri = uri.parse().unwrap_or_else(|e| panic!("{case}: {e}"));
