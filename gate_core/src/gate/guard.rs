@@ -22,12 +22,22 @@ use super::Ctx;
 /// Resolve (names only), screen, and connect to the first kept address that answers.
 pub async fn dial(ctx: &Ctx, adm: &Admission) -> Result<(TcpStream, SocketAddr), DialError> {
     let ips = dial::addresses(&ctx.resolver, &adm.host, ctx.connect_timeout).await?;
-    let kept = {
-        let policy = ctx.policy.read().unwrap_or_else(|p| p.into_inner());
-        let allow_private = adm.decision.allow_private && matches!(adm.host, Host::Name(_));
-        screen(&policy, &ctx.public_ranges, allow_private, adm.port, ips)?
-    };
+    let kept = screen_for(ctx, adm, ips)?;
     dial::connect_any(&kept, adm.port, ctx.connect_timeout).await
+}
+
+/// True when `ip`, an address the gate is already connected to (an inspected tunnel keeps
+/// its upstream connection), may carry the request `adm` decided: the guard is applied
+/// again, since the request that opened the connection may have been allowed by another
+/// rule (`allow_private`, or a rule naming the address).
+pub fn permits(ctx: &Ctx, adm: &Admission, ip: IpAddr) -> bool {
+    screen_for(ctx, adm, vec![ip]).is_ok()
+}
+
+fn screen_for(ctx: &Ctx, adm: &Admission, ips: Vec<IpAddr>) -> Result<Vec<IpAddr>, DialError> {
+    let policy = ctx.policy.read().unwrap_or_else(|p| p.into_inner());
+    let allow_private = adm.decision.allow_private && matches!(adm.host, Host::Name(_));
+    screen(&policy, &ctx.public_ranges, allow_private, adm.port, ips)
 }
 
 /// The addresses of `ips` the gate may dial on `port`, in order; when none is left, the

@@ -138,7 +138,8 @@ pub(super) async fn handle(ctx: Arc<Ctx>, tunnel: Arc<Tunnel>, mut req: Request<
     }
     let mut pending = Pending::new(ctx.clone(), rec);
     let mut slot = tunnel.upstream.lock().await;
-    let (mut sender, addr) = match slot.take().filter(|(s, _)| s.is_ready()) {
+    // A kept connection serves this request only if the SSRF guard would let it dial there.
+    let (mut sender, addr) = match slot.take().filter(|(s, a)| s.is_ready() && guard::permits(&ctx, &adm, a.ip())) {
         Some(kept) => kept,
         None => match connect(&ctx, &tunnel, &adm).await {
             Ok(fresh) => fresh,
