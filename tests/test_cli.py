@@ -88,6 +88,25 @@ def test_audit_lists_denials_as_json_and_table(tmp_path):
     assert "\x1b" not in p.stdout and "evil\\x1b[2J.test" in p.stdout
 
 
+@pytest.mark.parametrize("rec,says,never", [
+    ({"event": "request", "decision": "allowed", "would": "deny", "reason": "policy: default deny"},
+     "report mode: enforce would deny", None),
+    ({"event": "connect", "decision": "allowed", "inspected": True, "reason": "policy: rule p:rule[1]"},
+     "TLS-inspected tunnel", None),
+    ({"event": "run_end", "exit_code": 0, "allowed": 3, "denied": 0, "failed": 0, "direct_egress": 0,
+      "inspected": 2, "would_deny": 3},
+     "3 allowed, 0 denied, 0 failed, 0 direct egress blocked, 2 tunnels TLS-inspected, 3 would be denied",
+     "TLS-inspected tunnel;"),
+], ids=["a report-mode row says what enforce would do", "an inspected tunnel's row says so",
+        "the run_end row has the inspected and would-deny counts"])
+def test_audit_table_rows_say_report_mode_and_inspection(tmp_path, rec, says, never):
+    log = tmp_path / "audit.jsonl"
+    log.write_text(json.dumps({"v": 1, "time": "2026-12-01T09:00:00.000000Z", "run": "gw-a", **rec}) + "\n")
+    p = _gw("audit", "--log", str(log))
+    assert p.returncode == 0 and says in p.stdout, p.stdout + p.stderr
+    assert never is None or never not in p.stdout, p.stdout
+
+
 def test_audit_without_a_log_says_so(tmp_path):
     p = _gw("audit", "--log", str(tmp_path / "none.jsonl"))
     assert p.returncode == 1

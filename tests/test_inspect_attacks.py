@@ -78,11 +78,14 @@ def test_a_streamed_body_over_the_limit_is_recorded_as_reaching_upstream(gatewra
     with open(log) as f:
         seen = f.read().splitlines()
     assert seen[0] == "POST /upload HTTP/1.1", seen  # the request reached upstream ...
-    assert int(seen[1].split()[0]) > 16 * 1024 * 1024, seen  # ... with 16 MiB of its body
+    # ... with part of its body: how much of the first 16 MiB is in flight when the gate cuts
+    # the stream varies from run to run
+    assert int(seen[1].split()[0]) > 1024 * 1024, seen
     (rec,) = r.records(event="request", proto="https")
     # ... so the log must not say it was denied (nothing would have left).
     assert (rec["decision"], rec["status"]) == ("allowed", 413), rec
-    assert rec["error"].startswith("limit: request body over 16777216 bytes"), rec
+    assert rec["error"] == ("limit: request body over 16777216 bytes; its head and up to 16777216 bytes of its "
+                            "body were sent upstream"), rec
 
 
 #: Where a host install keeps its CA (the escape suite's test_ca_key makes it).

@@ -86,7 +86,7 @@ def who_why(rec: dict[str, Any]) -> str:
     parts = []
     if rec.get("would"):
         parts.append(f"report mode: enforce would {rec['would']}")
-    if rec.get("inspected"):
+    if rec.get("event") == "connect" and rec.get("inspected") is True:
         parts.append("TLS-inspected tunnel")
     if rec.get("pid") is not None:
         parts.append(f"pid {rec['pid']} {rec.get('comm') or rec.get('cmdline') or ''}".strip())
@@ -98,6 +98,8 @@ def who_why(rec: dict[str, Any]) -> str:
         parts.append(
             f"exit {rec.get('exit_code')}: {rec.get('allowed', 0)} allowed, {rec.get('denied', 0)} denied, "
             f"{rec.get('failed', 0)} failed, {rec.get('direct_egress', 0)} direct egress blocked"
+            + (f", {rec['inspected']} tunnels TLS-inspected" if rec.get("inspected") else "")
+            + (f", {rec['would_deny']} would be denied in enforce mode" if rec.get("would_deny") else "")
         )
     if rec.get("event") == "run_start" and rec.get("argv"):
         parts.append(" ".join(map(str, rec["argv"])))

@@ -407,7 +407,7 @@ def summary_line(r: RunResult) -> str:
     lost = f", {r.lost} kernel events LOST (ring buffer full)" if r.lost else ""
     return (
         f"gatewrap: run {r.run_id} exited {r.exit_code}: {r.allowed} allowed, "
-        f"{r.denied} denied by policy, {r.direct_egress} direct egress blocked"
+        f"{r.denied} denied by the gate, {r.direct_egress} direct egress blocked"
         f"{f', {r.failed} upstream failed' if r.failed else ''}"
         f"{f', {r.inspected} tunnels TLS-inspected' if r.inspected else ''}"
         f"{f', {r.would_deny} would be denied in enforce mode (report mode)' if r.would_deny else ''}{lost}; "

@@ -16,7 +16,10 @@ use crate::policy::{canonical_host, Host, RequestFacts, Scheme};
 use super::admit::admit_request;
 use super::respond::{self, Body};
 use super::ctx::Pending;
-use super::target::{check_host_header, origin_form, split_authority, HostHeaderError, InvalidPort, HTTP_DEFAULT_PORT};
+use super::target::{
+    check_host_header, split_authority, upstream_target, HostHeaderError, InvalidPort, ASTERISK_REASON, ASTERISK_REFUSED,
+    HTTP_DEFAULT_PORT,
+};
 use super::upgrade::{self, Asked};
 use super::{guard, Ctx};
 
@@ -37,14 +40,23 @@ const HOP_BY_HOP: [&str; 8] = [
 /// `chunked`: hyper decodes only chunked and the gate re-frames the body, so another coding
 /// (`gzip, chunked`) would be dropped on the way and upstream would read another body
 /// (RFC 9112 §6.1 lets a server refuse codings it does not understand).
-pub const TE_REASON: &str = "protocol: a transfer coding other than chunked";
+pub const TE_REASON: &str = "protocol: a transfer coding other than one chunked";
 pub const TE_REFUSED: &str = "gatewrap gate: only the chunked transfer coding is understood; send the body as it is (Content-Encoding may say it is compressed)";
 
-/// True when a `Transfer-Encoding` header names anything but `chunked` (see [`TE_REASON`]).
+/// True when the `Transfer-Encoding` headers name anything but one `chunked` (see
+/// [`TE_REASON`]; chunked twice is forbidden too, RFC 9112 §6.1).
 pub fn other_transfer_coding(headers: &HeaderMap) -> bool {
-    headers.get_all(hyper::header::TRANSFER_ENCODING).iter().any(|v| {
-        v.to_str().map_or(true, |s| s.split(',').any(|c| !c.trim().eq_ignore_ascii_case("chunked")))
-    })
+    let mut chunked = 0;
+    for v in headers.get_all(hyper::header::TRANSFER_ENCODING) {
+        let Ok(s) = v.to_str() else { return true };
+        for coding in s.split(',') {
+            if !coding.trim().eq_ignore_ascii_case("chunked") {
+                return true;
+            }
+            chunked += 1;
+        }
+    }
+    chunked > 1
 }
 
 /// Remove hop-by-hop headers (Transfer-Encoding is left to hyper, which re-frames bodies).
@@ -106,7 +118,9 @@ pub async fn handle(ctx: Arc<Ctx>, peer: SocketAddr, mut req: Request<Incoming>)
     if other_transfer_coding(req.headers()) {
         return ctx.refuse(rec, TE_REASON, TE_REFUSED);
     }
-    let pq = origin_form(req.uri());
+    let Some(pq) = upstream_target(req.method(), req.uri()) else {
+        return ctx.refuse(rec, ASTERISK_REASON, ASTERISK_REFUSED);
+    };
     let facts = RequestFacts { host: &host, port, scheme: Scheme::Http, method: req.method().as_str(), path: pq.as_str() };
     let adm = admit_request(&ctx, &facts);
     adm.fill(&mut rec);

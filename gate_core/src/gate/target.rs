@@ -87,14 +87,29 @@ pub fn check_host_header(headers: &HeaderMap, host: &Host, port: u16, http11: bo
     }
 }
 
+/// The request target to send upstream (RFC 9112 §3.2): `*` for `OPTIONS *`, else
+/// [`origin_form`] (`OPTIONS http://h` is sent as `OPTIONS /`: the http crate reads an empty
+/// path as `/`). `None`: the asterisk-form with another method, which §3.2.4 allows for
+/// OPTIONS only (refused, not rewritten).
+pub fn upstream_target(method: &hyper::Method, uri: &Uri) -> Option<PathAndQuery> {
+    match uri.path_and_query().map(PathAndQuery::as_str) {
+        Some("*") if method == hyper::Method::OPTIONS => Some(PathAndQuery::from_static("*")),
+        Some("*") => None,
+        _ => Some(origin_form(uri)),
+    }
+}
+
+/// Why a request with the asterisk-form and a method other than OPTIONS is refused.
+pub const ASTERISK_REASON: &str = "protocol: the asterisk-form target is for OPTIONS only";
+pub const ASTERISK_REFUSED: &str = "gatewrap gate: a request target of '*' is for OPTIONS only (RFC 9112 §3.2.4)";
+
 /// The origin-form of a request's target (RFC 9112 §3.2.1): its path and query, an empty
 /// path sent as `/` (`http://h`, `http://h?q` and `http://h#f` become `/`, `/?q`, `/`; the
 /// http crate drops a fragment while parsing). Always built anew from the text: a
 /// `PathAndQuery` the http crate left empty prints `/` but is written as nothing.
 pub fn origin_form(uri: &Uri) -> PathAndQuery {
     let s = uri.path_and_query().map_or("/", PathAndQuery::as_str);
-    // `*` is the asterisk-form of `OPTIONS *` (RFC 9112 §3.2.4), kept as it is.
-    let s = if s.starts_with('/') || s == "*" { s.to_string() } else { format!("/{s}") };
+    let s = if s.starts_with('/') { s.to_string() } else { format!("/{s}") };
     PathAndQuery::try_from(s).unwrap_or_else(|_| PathAndQuery::from_static("/"))
 }
 
@@ -182,6 +197,23 @@ mod tests {
     }
 
     #[test]
+    fn the_asterisk_form_is_for_options_only() {
+        use hyper::Method;
+        let table: &[(&str, Method, &str, Option<&str>)] = &[
+            ("OPTIONS * is kept", Method::OPTIONS, "*", Some("*")),
+            ("OPTIONS of a bare absolute URI is /", Method::OPTIONS, "http://h", Some("/")),
+            ("OPTIONS of a path is kept", Method::OPTIONS, "http://h/a", Some("/a")),
+            ("GET * is refused", Method::GET, "*", None),
+            ("GET of a bare absolute URI is /", Method::GET, "http://h", Some("/")),
+        ];
+        for (case, method, uri, want) in table {
+            let uri: Uri = uri.parse().unwrap_or_else(|e| panic!("{case}: {e}"));
+            let got = upstream_target(method, &uri).map(|pq| pq.as_str().to_string());
+            assert_eq!(got.as_deref(), *want, "{case}");
+        }
+    }
+
+    #[test]
     fn origin_form_sends_an_empty_path_as_a_slash() {
         let table: &[(&str, &str, &str)] = &[
             ("no path", "http://h", "/"),
@@ -189,7 +221,7 @@ mod tests {
             ("a query right after the host", "http://h?x=1", "/?x=1"),
             ("a path and query are kept", "http://h/a/b?c", "/a/b?c"),
             ("origin form is kept", "/a?b", "/a?b"),
-            ("the asterisk form is kept", "*", "*"),
+            ("the asterisk form is a path of its own for other methods", "*", "/*"),
         ];
         for (case, uri, want) in table {
             let uri: Uri = uri.parse().unwrap_or_else(|e| panic!("{case}: {e}"));

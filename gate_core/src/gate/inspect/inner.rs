@@ -26,7 +26,7 @@ use super::super::admit::{admit_request, Admission};
 use super::super::dial::DialError;
 use super::super::ctx::Pending;
 use super::super::respond::{self, Body};
-use super::super::target::{origin_form, split_authority};
+use super::super::target::{split_authority, upstream_target, ASTERISK_REASON, ASTERISK_REFUSED};
 use super::super::upgrade::{self, Asked};
 use super::super::{forward, guard, strip_hop_by_hop, Ctx};
 use super::{upstream, Tunnel};
@@ -104,10 +104,17 @@ fn too_large(limit: u64) -> (String, String) {
 pub(super) async fn handle(ctx: Arc<Ctx>, tunnel: Arc<Tunnel>, mut req: Request<Incoming>) -> Response<Body> {
     let (host, port) = (&tunnel.host, tunnel.port);
     let mut rec = ctx.record_for(f::EVENT_REQUEST, f::PROTO_HTTPS, tunnel.peer, &req);
-    let pq = origin_form(req.uri());
-    rec.target = Some(format!("https://{}{pq}", authority_of(host, port)));
+    let target = upstream_target(req.method(), req.uri());
+    // `OPTIONS *` is recorded as the bare origin (RFC 9112 §3.2.4: the URI it stands for).
+    rec.target = Some(match &target {
+        Some(pq) if pq.as_str() != "*" => format!("https://{}{pq}", authority_of(host, port)),
+        _ => format!("https://{}", authority_of(host, port)),
+    });
     rec.dst_host = Some(host.to_string());
     rec.dst_port = Some(port);
+    let Some(pq) = target else {
+        return refuse(&ctx, rec, StatusCode::BAD_REQUEST, ASTERISK_REASON.into(), format!("{ASTERISK_REFUSED}\n"));
+    };
     if let Some(other) = misdirected(&req, host, port) {
         let hp = host.with_port(port);
         let body = format!("gatewrap gate: this tunnel is to {hp}; the request names {other}. Open a tunnel (CONNECT) to the host you mean\n");
@@ -187,7 +194,7 @@ pub(super) async fn handle(ctx: Arc<Ctx>, tunnel: Arc<Tunnel>, mut req: Request<
                 // Found while streaming: the head and `limit` bytes of the body have gone
                 // upstream, so the record stays `allowed` (it must not say nothing left).
                 let (reason, body) = too_large(limit);
-                rec.error = Some(format!("{reason}; its head and the first {limit} bytes reached upstream"));
+                rec.error = Some(format!("{reason}; its head and up to {limit} bytes of its body were sent upstream"));
                 (StatusCode::PAYLOAD_TOO_LARGE, text(StatusCode::PAYLOAD_TOO_LARGE, "denied", body))
             } else {
                 let cause = if e.is_incomplete_message() || e.is_canceled() {
