@@ -87,12 +87,17 @@ impl Ctx {
     }
 
     /// Answer 400 for a request that is not a proxy request, recording it as denied.
-    pub(super) fn refuse(&self, mut rec: GateRecord, reason: &str, msg: &str) -> Response<respond::Body> {
+    pub(super) fn refuse(&self, rec: GateRecord, reason: &str, msg: &str) -> Response<respond::Body> {
+        self.refuse_with(rec, StatusCode::BAD_REQUEST, reason.to_string(), format!("{msg}\n"))
+    }
+
+    /// Record a refusal (decision denied, `reason`) and answer `status` with `body`.
+    pub(super) fn refuse_with(&self, mut rec: GateRecord, status: StatusCode, reason: String, body: String) -> Response<respond::Body> {
         rec.decision = f::DENIED;
-        rec.reason = Some(reason.to_string());
-        rec.status = Some(StatusCode::BAD_REQUEST.as_u16());
+        rec.reason = Some(reason);
+        rec.status = Some(status.as_u16());
         self.record(rec);
-        respond::bad_request(msg)
+        respond::text(status, "denied", body)
     }
 }
 
@@ -149,6 +154,19 @@ impl Pending {
         rec.dst_ip = err.addr().map(|a| a.ip().to_string());
         rec.error = Some(err.to_string());
         rec.status = Some(resp.status().as_u16());
+        self.finish();
+        resp
+    }
+
+    /// Record a failure once the gate has dialled (decision `failed`, `cause` as the error)
+    /// and return the `status` (502 or 504) answer that names `target` and the cause.
+    pub fn fail_after_dial(mut self, target: &str, cause: String, status: StatusCode) -> Response<respond::Body> {
+        let mut resp = respond::bad_gateway(target, &cause);
+        *resp.status_mut() = status;
+        let rec = self.rec();
+        rec.decision = f::FAILED;
+        rec.error = Some(cause);
+        rec.status = Some(status.as_u16());
         self.finish();
         resp
     }

@@ -43,6 +43,28 @@ const HOP_BY_HOP: [&str; 8] = [
 pub const TE_REASON: &str = "protocol: a transfer coding other than one chunked";
 pub const TE_REFUSED: &str = "gatewrap gate: only the chunked transfer coding is understood; send the body as it is (Content-Encoding may say it is compressed)";
 
+/// The audit `error` of a request whose upstream exchange failed after the dial (hyper's
+/// error, told by where it came from).
+pub fn send_failure(e: &hyper::Error) -> String {
+    if e.is_incomplete_message() || e.is_canceled() {
+        "upstream: closed the connection before responding".to_string()
+    } else if e.is_user() || e.is_body_write_aborted() {
+        "downstream: client disconnected".to_string()
+    } else {
+        format!("upstream: {e}")
+    }
+}
+
+/// The refusals both request paths (absolute-form http, and requests in an inspected
+/// tunnel) make on a request's headers before deciding: `Upgrade: h2c` (`asked`), and a
+/// transfer coding other than one chunked. `Some((reason, body))` to refuse with 400.
+pub fn header_refusal(asked: Asked, headers: &HeaderMap) -> Option<(&'static str, &'static str)> {
+    if asked == Asked::H2c {
+        return Some((upgrade::H2C_REASON, upgrade::H2C_REFUSED));
+    }
+    other_transfer_coding(headers).then_some((TE_REASON, TE_REFUSED))
+}
+
 /// True when the `Transfer-Encoding` headers name anything but one `chunked` (see
 /// [`TE_REASON`]; chunked twice is forbidden too, RFC 9112 §6.1).
 pub fn other_transfer_coding(headers: &HeaderMap) -> bool {
@@ -112,11 +134,8 @@ pub async fn handle(ctx: Arc<Ctx>, peer: SocketAddr, mut req: Request<Incoming>)
         return ctx.refuse(rec, reason, &respond::host_header(&e));
     }
     let asked = upgrade::asked(req.headers());
-    if asked == Asked::H2c {
-        return ctx.refuse(rec, upgrade::H2C_REASON, upgrade::H2C_REFUSED);
-    }
-    if other_transfer_coding(req.headers()) {
-        return ctx.refuse(rec, TE_REASON, TE_REFUSED);
+    if let Some((reason, body)) = header_refusal(asked, req.headers()) {
+        return ctx.refuse(rec, reason, body);
     }
     let Some(pq) = upstream_target(req.method(), req.uri()) else {
         return ctx.refuse(rec, ASTERISK_REASON, ASTERISK_REFUSED);
@@ -169,21 +188,6 @@ pub async fn handle(ctx: Arc<Ctx>, peer: SocketAddr, mut req: Request<Incoming>)
             strip_hop_by_hop(&mut parts.headers);
             Response::from_parts(parts, body.boxed())
         }
-        Err(e) => {
-            let cause = if e.is_incomplete_message() || e.is_canceled() {
-                "upstream: closed the connection before responding".to_string()
-            } else if e.is_user() || e.is_body_write_aborted() {
-                "downstream: client disconnected".to_string()
-            } else {
-                format!("upstream: {e}")
-            };
-            let resp = respond::bad_gateway(&target, &cause);
-            let rec = pending.rec();
-            rec.decision = f::FAILED;
-            rec.status = Some(resp.status().as_u16());
-            rec.error = Some(cause);
-            pending.finish();
-            resp
-        }
+        Err(e) => pending.fail_after_dial(&target, send_failure(&e), hyper::StatusCode::BAD_GATEWAY),
     }
 }

@@ -23,7 +23,8 @@ pub fn empty() -> Body {
     Empty::<Bytes>::new().map_err(|never| match never {}).boxed()
 }
 
-fn text(status: StatusCode, decision: &'static str, body: String) -> Response<Body> {
+/// A plain-text answer with `status`, the `x-gatewrap-decision` header and `body`.
+pub fn text(status: StatusCode, decision: &'static str, body: String) -> Response<Body> {
     let mut resp = Response::new(Full::new(Bytes::from(body)).map_err(|never| match never {}).boxed());
     *resp.status_mut() = status;
     let h = resp.headers_mut();
@@ -125,10 +126,6 @@ pub fn ssrf_denied(host: &Host, port: u16, ip: IpAddr, class: Class, rule: Optio
 /// A 403 with a text of the caller's (an `ask` breakpoint, a spent budget).
 pub fn forbidden(body: String) -> Response<Body> {
     text(StatusCode::FORBIDDEN, "denied", body)
-}
-
-pub fn bad_request(msg: &str) -> Response<Body> {
-    text(StatusCode::BAD_REQUEST, "denied", format!("{msg}\n"))
 }
 
 pub fn upstream_failure(target: &str, err: &DialError) -> Response<Body> {

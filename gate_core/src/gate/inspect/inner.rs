@@ -10,16 +10,15 @@ use std::error::Error as _;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use http_body_util::{BodyExt, LengthLimitError, Limited};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
-use hyper::header::{HeaderValue, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, HOST};
+use hyper::header::{HeaderValue, CONNECTION, CONTENT_LENGTH, HOST};
 use hyper::http::uri::Authority;
 use hyper::{Method, Request, Response, StatusCode, Uri, Version};
 use hyper_util::rt::TokioIo;
 
-use crate::audit::{fields as f, GateRecord};
+use crate::audit::fields as f;
 use crate::policy::{canonical_host, Host, RequestFacts, Scheme};
 
 use super::super::admit::{admit_request, Admission};
@@ -77,23 +76,6 @@ fn misdirected<B>(req: &Request<B>, host: &Host, port: u16) -> Option<String> {
     }
 }
 
-fn text(status: StatusCode, decision: &'static str, body: String) -> Response<Body> {
-    let mut resp = Response::new(Full::new(Bytes::from(body)).map_err(|never| match never {}).boxed());
-    *resp.status_mut() = status;
-    resp.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
-    resp.headers_mut().insert(respond::DECISION_HEADER, HeaderValue::from_static(decision));
-    resp
-}
-
-/// Record a refusal (decision denied) and answer `status` with `body`.
-fn refuse(ctx: &Ctx, mut rec: GateRecord, status: StatusCode, reason: String, body: String) -> Response<Body> {
-    rec.decision = f::DENIED;
-    rec.reason = Some(reason);
-    rec.status = Some(status.as_u16());
-    ctx.record(rec);
-    text(status, "denied", body)
-}
-
 fn too_large(limit: u64) -> (String, String) {
     (
         format!("limit: request body over {limit} bytes"),
@@ -113,29 +95,26 @@ pub(super) async fn handle(ctx: Arc<Ctx>, tunnel: Arc<Tunnel>, mut req: Request<
     rec.dst_host = Some(host.to_string());
     rec.dst_port = Some(port);
     let Some(pq) = target else {
-        return refuse(&ctx, rec, StatusCode::BAD_REQUEST, ASTERISK_REASON.into(), format!("{ASTERISK_REFUSED}\n"));
+        return ctx.refuse_with(rec, StatusCode::BAD_REQUEST, ASTERISK_REASON.into(), format!("{ASTERISK_REFUSED}\n"));
     };
     if let Some(other) = misdirected(&req, host, port) {
         let hp = host.with_port(port);
         let body = format!("gatewrap gate: this tunnel is to {hp}; the request names {other}. Open a tunnel (CONNECT) to the host you mean\n");
-        return refuse(&ctx, rec, StatusCode::MISDIRECTED_REQUEST, format!("protocol: host mismatch ({other}, tunnel to {hp})"), body);
+        return ctx.refuse_with(rec, StatusCode::MISDIRECTED_REQUEST, format!("protocol: host mismatch ({other}, tunnel to {hp})"), body);
     }
     if req.method() == Method::CONNECT {
         let body = "gatewrap gate: CONNECT inside an inspected tunnel is refused; send the request itself\n".to_string();
-        return refuse(&ctx, rec, StatusCode::BAD_REQUEST, "protocol: CONNECT inside an inspected tunnel".into(), body);
+        return ctx.refuse_with(rec, StatusCode::BAD_REQUEST, "protocol: CONNECT inside an inspected tunnel".into(), body);
     }
     let asked = upgrade::asked(req.headers());
-    if asked == Asked::H2c {
-        return refuse(&ctx, rec, StatusCode::BAD_REQUEST, upgrade::H2C_REASON.into(), format!("{}\n", upgrade::H2C_REFUSED));
-    }
-    if forward::other_transfer_coding(req.headers()) {
-        return refuse(&ctx, rec, StatusCode::BAD_REQUEST, forward::TE_REASON.into(), format!("{}\n", forward::TE_REFUSED));
+    if let Some((reason, body)) = forward::header_refusal(asked, req.headers()) {
+        return ctx.refuse_with(rec, StatusCode::BAD_REQUEST, reason.into(), format!("{body}\n"));
     }
     let limit = tunnel.inspector.body_limit;
     let declared = req.headers().get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > limit) {
         let (reason, body) = too_large(limit);
-        return refuse(&ctx, rec, StatusCode::PAYLOAD_TOO_LARGE, reason, body);
+        return ctx.refuse_with(rec, StatusCode::PAYLOAD_TOO_LARGE, reason, body);
     }
     let facts = RequestFacts { host, port, scheme: Scheme::Https, method: req.method().as_str(), path: pq.as_str() };
     let adm = admit_request(&ctx, &facts);
@@ -187,31 +166,17 @@ pub(super) async fn handle(ctx: Arc<Ctx>, tunnel: Arc<Tunnel>, mut req: Request<
                 }
             }
         }
-        Err(e) => {
-            let over = e.source().is_some_and(|s| s.downcast_ref::<LengthLimitError>().is_some());
+        Err(e) if e.source().is_some_and(|s| s.downcast_ref::<LengthLimitError>().is_some()) => {
+            // Found while streaming: the head and up to `limit` bytes of the body have gone
+            // upstream, so the record stays `allowed` (it must not say nothing left).
+            let (reason, body) = too_large(limit);
             let rec = pending.rec();
-            let (status, resp) = if over {
-                // Found while streaming: the head and `limit` bytes of the body have gone
-                // upstream, so the record stays `allowed` (it must not say nothing left).
-                let (reason, body) = too_large(limit);
-                rec.error = Some(format!("{reason}; its head and up to {limit} bytes of its body were sent upstream"));
-                (StatusCode::PAYLOAD_TOO_LARGE, text(StatusCode::PAYLOAD_TOO_LARGE, "denied", body))
-            } else {
-                let cause = if e.is_incomplete_message() || e.is_canceled() {
-                    "upstream: closed the connection before responding".to_string()
-                } else if e.is_body_write_aborted() || e.is_user() {
-                    "downstream: client disconnected".to_string()
-                } else {
-                    format!("upstream: {e}")
-                };
-                rec.decision = f::FAILED;
-                rec.error = Some(cause.clone());
-                (StatusCode::BAD_GATEWAY, respond::bad_gateway(&host.with_port(port), &cause))
-            };
-            rec.status = Some(status.as_u16());
+            rec.error = Some(format!("{reason}; its head and up to {limit} bytes of its body were sent upstream"));
+            rec.status = Some(StatusCode::PAYLOAD_TOO_LARGE.as_u16());
             pending.finish();
-            resp
+            respond::text(StatusCode::PAYLOAD_TOO_LARGE, "denied", body)
         }
+        Err(e) => pending.fail_after_dial(&host.with_port(port), forward::send_failure(&e), StatusCode::BAD_GATEWAY),
     }
 }
 
@@ -244,15 +209,7 @@ async fn connect(ctx: &Ctx, tunnel: &Tunnel, adm: &Admission) -> Result<(Sender,
 /// Record an upstream failure after the dial (decision failed) and answer 502 (504 when
 /// the TLS handshake timed out).
 fn after_dial(mut pending: Pending, target: &str, addr: SocketAddr, cause: String) -> Response<Body> {
-    let mut resp = respond::bad_gateway(target, &cause);
-    if cause == TLS_TIMEOUT {
-        *resp.status_mut() = StatusCode::GATEWAY_TIMEOUT;
-    }
-    let rec = pending.rec();
-    rec.decision = f::FAILED;
-    rec.dst_ip = Some(addr.ip().to_string());
-    rec.error = Some(cause);
-    rec.status = Some(resp.status().as_u16());
-    pending.finish();
-    resp
+    let status = if cause == TLS_TIMEOUT { StatusCode::GATEWAY_TIMEOUT } else { StatusCode::BAD_GATEWAY };
+    pending.rec().dst_ip = Some(addr.ip().to_string());
+    pending.fail_after_dial(target, cause, status)
 }
