@@ -15,38 +15,48 @@ from __future__ import annotations
 
 import json
 
+#: Python source for agents' code: ``answer(s)`` reads one response from the socket ``s``,
+#: its head up to the blank line (a byte at a time, so the next response on a kept-alive
+#: connection stays unread) and its ``Content-Length`` body; returns (status line, body bytes).
+READ_ANSWER = r'''
+def answer(s):
+    head = b""
+    while not head.endswith(b"\r\n\r\n"):
+        c = s.recv(1)
+        if not c:
+            break
+        head += c
+    lines = head.decode("latin-1").split("\r\n")
+    n = 0
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        if name.strip().lower() == "content-length":
+            n = int(value.strip())
+    body = b""
+    while len(body) < n:
+        c = s.recv(n - len(body))
+        if not c:
+            break
+        body += c
+    return lines[0], body
+'''
+
 _AGENT = r'''
 import json, socket
 CASES = json.loads({cases!r})
+{read_answer}
 for case_id, raw in CASES:
     out = {{"id": case_id, "client": None, "status": None, "head": "", "body": ""}}
     try:
         s = socket.create_connection(("127.0.0.1", 3128), timeout=10)
         out["client"] = "%s:%d" % s.getsockname()[:2]
         s.sendall(raw.encode("latin-1"))
-        data = b""
-        while b"\r\n\r\n" not in data:
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            data += chunk
-        head, _, body = data.partition(b"\r\n\r\n")
-        lines = head.decode("latin-1").split("\r\n")
-        length = 0
-        for line in lines[1:]:
-            name, _, value = line.partition(":")
-            if name.strip().lower() == "content-length":
-                length = int(value.strip())
-        while len(body) < length:
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            body += chunk
+        line, body = answer(s)
         s.close()
-        parts = lines[0].split(" ")
-        out["head"] = lines[0]
+        parts = line.split(" ")
+        out["head"] = line
         out["status"] = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else None
-        out["body"] = body[:length].decode("utf-8", "replace")
+        out["body"] = body.decode("utf-8", "replace")
     except OSError as e:
         out["error"] = repr(e)
     print(json.dumps(out), flush=True)
@@ -56,7 +66,7 @@ for case_id, raw in CASES:
 def agent_code(cases: list[tuple[str, str]]) -> str:
     """Source of an agent that sends each ``(id, request)`` (a str of latin-1 bytes) on a
     connection of its own, one after the other, and prints one JSON line per case."""
-    return _AGENT.format(cases=json.dumps(cases))
+    return _AGENT.format(cases=json.dumps(cases), read_answer=READ_ANSWER)
 
 
 def get(target: str, host: str | None = None, *, headers: str = "") -> str:

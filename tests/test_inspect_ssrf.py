@@ -11,6 +11,7 @@ import json
 import pytest
 
 from fakenet import FakeInternet
+from rawproxy import READ_ANSWER
 
 pytestmark = pytest.mark.kernel
 
@@ -32,21 +33,7 @@ action = "allow"
 
 AGENT = r"""
 import json, socket, ssl
-def answer(s):
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = s.recv(1)
-        if not chunk:
-            break
-        data += chunk
-    n = 0
-    for line in data.split(b"\r\n"):
-        if line.lower().startswith(b"content-length:"):
-            n = int(line.split(b":")[1])
-    body = b""
-    while len(body) < n:
-        body += s.recv(n - len(body))
-    return [data.split(b"\r\n")[0].decode(), body.decode(errors="replace")]
+""" + READ_ANSWER + r"""
 def tunnel():
     s = socket.create_connection(("127.0.0.1", 3128), timeout=10)
     s.sendall(b"CONNECT priv.test:443 HTTP/1.1\r\nHost: priv.test:443\r\n\r\n")
@@ -54,7 +41,8 @@ def tunnel():
     return ssl.create_default_context().wrap_socket(s, server_hostname="priv.test")
 def get(s, path):
     s.sendall(f"GET {path} HTTP/1.1\r\nHost: priv.test\r\n\r\n".encode())
-    return answer(s)
+    line, body = answer(s)
+    return [line, body.decode(errors="replace")]
 out = {"fresh /b": get(tunnel(), "/b")}
 t = tunnel()
 out["/a"] = get(t, "/a")

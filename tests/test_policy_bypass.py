@@ -9,38 +9,22 @@ import json
 
 import pytest
 
+from rawproxy import READ_ANSWER
+
 pytestmark = pytest.mark.kernel
 
 #: An agent that sends each case's steps (raw bytes, then how many responses to read) on one
 #: connection to the gate and prints one JSON line per case: [status line, body] per response.
 RAW_AGENT = r'''
 import json, socket, sys
-def answer(s):
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = s.recv(65536)
-        if not chunk:
-            break
-        data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    n = 0
-    for line in head.split(b"\r\n")[1:]:
-        name, _, value = line.partition(b":")
-        if name.strip().lower() == b"content-length":
-            n = int(value)
-    while len(body) < n:
-        chunk = s.recv(65536)
-        if not chunk:
-            break
-        body += chunk
-    return [head.split(b"\r\n")[0].decode(), body[:n].decode("utf-8", "replace")]
+''' + READ_ANSWER + r'''
 for case, steps in json.loads(sys.argv[1]):
     out = []
     s = socket.create_connection(("127.0.0.1", 3128), timeout=5)
     try:
         for raw, answers in steps:
             s.sendall(raw.encode("latin-1"))
-            out += [answer(s) for _ in range(answers)]
+            out += [[line, body.decode("utf-8", "replace")] for line, body in (answer(s) for _ in range(answers))]
     except OSError as e:
         out.append(["error", repr(e)])
     s.close()
