@@ -31,23 +31,25 @@ def agent_env(base: dict[str, str], host: str, port: int) -> tuple[dict[str, str
     ``host``/``port``: the gate's listener in the sandbox (e.g. ``127.0.0.1``, 3128).
     """
     env = dict(base)
-    overridden = []
-    proxy_url = f"http://{host}:{port}"
-    for name, template in env_table().items():
-        value = template.replace("{proxy}", proxy_url).replace("{host}", host).replace("{port}", str(port))
-        if name in env and env[name] != value:
-            overridden.append(name)
-        env[name] = value
-    return env, overridden
+    fields = {"proxy": f"http://{host}:{port}", "host": host, "port": str(port)}
+    return env, _set_table(env, "env", fields)
 
 
 def add_ca_env(env: dict[str, str], ca: str, bundle: str) -> list[str]:
     """Point every common client at the gate's CA (the ``env_inspect`` table): ``bundle``
     is the system roots plus the CA, ``ca`` the CA alone, as paths the agent sees. Returns
     the names of variables whose (different) value of the user's was replaced."""
+    return _set_table(env, "env_inspect", {"bundle": bundle, "ca": ca})
+
+
+def _set_table(env: dict[str, str], table: str, fields: dict[str, str]) -> list[str]:
+    """Set every variable of ``table`` in ``env``, its template's ``{field}``s filled from
+    ``fields``; returns the names whose (different) value of the user's was replaced."""
     overridden = []
-    for name, template in env_table("env_inspect").items():
-        value = template.replace("{bundle}", bundle).replace("{ca}", ca)
+    for name, template in env_table(table).items():
+        value = template
+        for field, text in fields.items():
+            value = value.replace("{" + field + "}", text)
         if name in env and env[name] != value:
             overridden.append(name)
         env[name] = value
