@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import GatewrapError
+from .text import printable
 
 #: Gate events that name a destination the policy decided on.
 GATE_EVENTS = ("request", "connect")
@@ -66,7 +67,7 @@ class Suggestion:
             methods = ", ".join(f"{m} {c}" for m, c in sorted(u.methods.items()))
             out += ["", f"# {h}: covers {_count(u.requests, 'request')} ({methods})"]
             for reason, c in sorted(u.denied.items()):
-                out.append(f"# denied in that run: {_count(c, 'request')} ({_comment(reason)})")
+                out.append(f"# denied in that run: {_count(c, 'request')} ({printable(reason)})")
             out += ["[[rule]]", f"host = {json.dumps(h)}", f"ports = [{', '.join(map(str, sorted(u.ports)))}]",
                     'action = "allow"']
         notes = [("unspecified addresses, which the gate always refuses (no rule can allow them)", self.unspecified),
@@ -77,7 +78,7 @@ class Suggestion:
         for title, counter in notes:
             if counter:
                 out += ["", f"# {title}:"]
-                out += [f"#   {_comment(what)} ({_count(c, 'time')})" for what, c in sorted(counter.items())]
+                out += [f"#   {printable(what)} ({_count(c, 'time')})" for what, c in sorted(counter.items())]
         return "\n".join(out) + "\n"
 
 
@@ -130,7 +131,3 @@ def _hostport(host: Any, port: Any) -> str:
 def _count(n: int, noun: str) -> str:
     return f"{n} {noun}{'' if n == 1 else 's'}"
 
-
-def _comment(text: str) -> str:
-    """One line of comment text: no line breaks or control characters (audit data is the agent's)."""
-    return "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in text)
