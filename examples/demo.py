@@ -17,7 +17,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from fakenet import FakeInternet, cleanup_leftovers  # noqa: E402
+from fakenet import AddressConflict, FakeInternet, cleanup_leftovers  # noqa: E402
 
 
 def main() -> int:
@@ -30,7 +30,13 @@ def main() -> int:
     os.chmod(shown, 0o755)
     agent = shutil.copy(ROOT / "examples" / "agent.py", shown)
     os.chmod(agent, 0o644)
-    with FakeInternet() as net:
+    try:
+        net = FakeInternet().__enter__()
+    except AddressConflict as e:
+        print(f"demo: cannot start the fake internet: {e}. The demo needs 198.51.100.0/24, "
+              "203.0.113.0/24, 2001:db8:1::/64 and 2001:db8:100::/48 free on this host.", file=sys.stderr)
+        return 1
+    with net:
         env = dict(os.environ, REQUESTS_CA_BUNDLE=net.ca_path)
         # The fake internet's CA is under /tmp, which the jail replaces: show it read-only.
         cmd = ["gatewrap", "run", "--allow", "allowed.test", "--resolver", net.dns_server,

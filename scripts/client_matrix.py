@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Turn the client matrix's results into the README's table.
 
+    sudo .venv/bin/python scripts/client_matrix.py --run   # run tests/clients, then render
     scripts/client_matrix.py [--results tests/clients/results.json] [--readme README.md] [--stdout]
 
 ``tests/clients/results.json`` is written by tests/clients (its conftest) at the end of a
-session in which matrix tests ran: one entry per (client, case, tls) with what the client
+session run with ``--write-results`` (``--run`` does that): one entry per (client, case, tls) with what the client
 showed and pytest's outcome. This script renders one row per client (in ``rank`` order) and
 one column per (tls, case) found in the file: the cases ``allowed``, ``denied``,
 ``unwrapped`` for ``tls`` = ``tunnel`` first, then those of any other tls mode (e.g. TLS
@@ -24,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from readme_markers import cell as _cell, write_table  # noqa: E402
+from readme_markers import cell as _cell, run_suite, write_table  # noqa: E402
 
 START, END = "<!-- client-matrix:start -->", "<!-- client-matrix:end -->"
 CASES = ("allowed", "denied", "unwrapped")
@@ -79,13 +80,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--results", type=Path, default=ROOT / "tests" / "clients" / "results.json")
     ap.add_argument("--readme", type=Path, default=ROOT / "README.md")
     ap.add_argument("--stdout", action="store_true", help="print the table; do not touch the README")
+    ap.add_argument("--run", action="store_true",
+                    help="run tests/clients first (as root, with this interpreter), writing the results file")
     args = ap.parse_args(argv)
+    if args.run and run_suite("tests/clients", sys.executable) not in (0, 1):
+        print("client_matrix: the suite did not run to its end; the README is left alone", file=sys.stderr)
+        return 1
     try:
         entries = json.loads(args.results.read_text())
         assert isinstance(entries, list) and all("client" in e and "case" in e for e in entries)
     except (OSError, ValueError, AssertionError) as e:
         print(f"client_matrix: cannot read {args.results} ({e}); run the matrix first: "
-              "python -m pytest tests/clients", file=sys.stderr)
+              "sudo .venv/bin/python scripts/client_matrix.py --run", file=sys.stderr)
         return 1
     return write_table(args.readme, START, END, render(entries), "client_matrix", args.stdout)
 

@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Turn the escape suite's results into the README's security table.
 
+    sudo .venv/bin/python scripts/escape_table.py --run   # run tests/escape, then render
     scripts/escape_table.py [--results tests/escape/results.json] [--readme README.md] [--stdout]
 
 ``tests/escape/results.json`` is written by the escape suite (tests/escape/conftest.py)
-at the end of a session in which its tests ran. This script renders it as a markdown
+at the end of a session run with ``--write-results`` (``--run`` does that). This script renders it as a markdown
 table (vector -> hook or layer -> errno or outcome -> verdict) and replaces the text
 between ``<!-- escape-table:start -->`` and ``<!-- escape-table:end -->`` in the README.
 If the README lacks the markers (or with ``--stdout``), the table goes to stdout and the
@@ -21,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from readme_markers import cell as _cell, write_table  # noqa: E402
+from readme_markers import cell as _cell, run_suite, write_table  # noqa: E402
 
 START, END = "<!-- escape-table:start -->", "<!-- escape-table:end -->"
 VERDICTS = {"held": "held", "OPEN": "**OPEN**", "hang": "**hang** (no egress, but no error either)"}
@@ -52,13 +53,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--results", type=Path, default=ROOT / "tests" / "escape" / "results.json")
     ap.add_argument("--readme", type=Path, default=ROOT / "README.md")
     ap.add_argument("--stdout", action="store_true", help="print the table; do not touch the README")
+    ap.add_argument("--run", action="store_true",
+                    help="run tests/escape first (as root, with this interpreter), writing the results file")
     args = ap.parse_args(argv)
+    if args.run and run_suite("tests/escape", sys.executable) not in (0, 1):
+        print("escape_table: the suite did not run to its end; the README is left alone", file=sys.stderr)
+        return 1
     try:
         entries = json.loads(args.results.read_text())
         assert isinstance(entries, list) and all("vector" in e for e in entries)
     except (OSError, ValueError, AssertionError) as e:
         print(f"escape_table: cannot read {args.results} ({e}); run the escape suite first: "
-              "python -m pytest tests/escape", file=sys.stderr)
+              "sudo .venv/bin/python scripts/escape_table.py --run", file=sys.stderr)
         return 1
     return write_table(args.readme, START, END, render(entries), "escape_table", args.stdout)
 

@@ -6,8 +6,11 @@ Used by ``escape_table.py`` and ``client_matrix.py``.
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def cell(text: object) -> str:
@@ -44,3 +47,12 @@ def write_table(readme: Path, start: str, end: str, table: str, name: str, to_st
     else:
         print(f"{name}: {readme} is up to date", file=sys.stderr)
     return 0
+
+
+def run_suite(tests: str, python: str) -> int:
+    """Run the pytest suite ``tests`` (a path under the repository, e.g. ``tests/escape``) with
+    ``python`` (the project's venv) and ``--write-results``, so it writes its results file.
+    Needs root for the kernel tests. Returns pytest's exit status."""
+    cmd = [python, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--write-results", tests]
+    print(f"running {' '.join(cmd)}", file=sys.stderr)
+    return subprocess.call(cmd, cwd=ROOT)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from fakenet import FakeInternet, cleanup_leftovers
+from fakenet import AddressConflict, FakeInternet, cleanup_leftovers
 
 ROOT = Path(__file__).resolve().parent.parent
 #: The agents of the tests run as this user (as if `sudo` had been run by it).
@@ -28,6 +28,14 @@ AGENT_UID = 65534
 PUBLIC_RANGES = ("--public-range", "203.0.113.0/24", "--public-range", "2001:db8:100::/48")
 #: Debian's interpreter: readable by the agent's user, with python3-requests.
 AGENT_PYTHON = "/usr/bin/python3"
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--write-results", action="store_true",
+        help="write tests/escape/results.json and tests/clients/results.json, the README tables' "
+             "sources (scripts/escape_table.py --run and scripts/client_matrix.py --run pass it); "
+             "without it a test run leaves the work tree as it was")
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -65,6 +73,15 @@ def net():
     """The fake internet, one per test module (its addresses are fixed, so one at a time)."""
     with FakeInternet() as n:
         yield n
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_fixture_setup(fixturedef, request):
+    """A fake internet whose addresses are taken on this host ends the session with that one
+    line (no traceback): no test after it could build one either."""
+    outcome = yield
+    if outcome.excinfo is not None and isinstance(outcome.excinfo[1], AddressConflict):
+        pytest.exit(f"fake internet: {outcome.excinfo[1]}", returncode=3)
 
 
 @dataclass

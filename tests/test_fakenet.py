@@ -17,9 +17,9 @@ import pytest
 from dnslib import RCODE, DNSRecord
 
 try:
-    from fakenet import FakeInternet, FakeInternetError, leftovers
+    from fakenet import AddressConflict, FakeInternet, FakeInternetError, leftovers
 except ImportError:  # run from the repo root with tests/ not on sys.path
-    from tests.fakenet import FakeInternet, FakeInternetError, leftovers
+    from tests.fakenet import AddressConflict, FakeInternet, FakeInternetError, leftovers
 
 pytestmark = pytest.mark.kernel
 
@@ -145,7 +145,8 @@ class TestRunning:
         assert "203.0.113.10/32" in r.stdout and "2001:db8:100::30/128" in r.stdout
 
     def test_second_instance_refused(self, net):
-        with pytest.raises(FakeInternetError, match="already in use"):
+        with pytest.raises(AddressConflict, match=f"on {net.host_ifname} .another fake internet's link: "
+                           f"a test run or demo in progress, {net.netns}; wait for it to end"):
             FakeInternet().start()
 
     def test_a_clean_up_by_another_process_leaves_a_live_one_alone(self, net):
@@ -192,3 +193,22 @@ def test_clean_exit_on_exception(exc):
             seen = (net.netns, net.host_ifname, [p.pid for p in net._procs.values()], net.tmpdir)
             raise exc()
     _assert_gone(*seen)
+
+
+@pytest.mark.kernel
+@pytest.mark.parametrize("addr", ["203.0.113.77/24", "198.51.100.9/32", "2001:db8:100:5::1/64"])
+def test_an_address_of_the_host_in_its_ranges_is_named_in_one_line(addr):
+    """A host network inside the fake internet's ranges: one line that names the address and
+    its interface, and nothing of the fake internet is left behind."""
+    dev = "gwtclash0"  # a veth pair of the test's own (this kernel has no dummy driver)
+    subprocess.run(["ip", "link", "add", dev, "type", "veth", "peer", "name", "gwtclash1"], check=True)
+    try:
+        subprocess.run(["ip", "addr", "add", addr, "dev", dev, "nodad"] if ":" in addr
+                       else ["ip", "addr", "add", addr, "dev", dev], check=True)
+        with pytest.raises(AddressConflict) as e:
+            FakeInternet().start()
+        assert f"{addr} on {dev} (this host's own network" in str(e.value) and "\n" not in str(e.value)
+        assert not leftovers()["netns"] and not leftovers()["links"]
+    finally:
+        subprocess.run(["ip", "link", "del", dev], check=True)
+

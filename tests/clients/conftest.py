@@ -2,7 +2,8 @@
 agent virtualenv, compiled programs, and the collection of results for the README matrix.
 
 Each matrix test reports through the ``matrix`` fixture: ``matrix(client, case, observed)``.
-At the end of a session in which matrix tests ran, ``tests/clients/results.json`` holds one
+At the end of a session in which matrix tests ran with ``--write-results``
+(``scripts/client_matrix.py --run``; a plain test run writes nothing), ``tests/clients/results.json`` holds one
 entry per test: ``{"client", "rank", "case", "tls", "observed", "test", "outcome"}`` (``rank``: the
 client's row); ``case`` is
 ``allowed``, ``denied`` or ``unwrapped``; ``tls`` says how HTTPS crossed the gate
@@ -130,7 +131,9 @@ def pytest_runtest_makereport(item, call):
 def pytest_sessionfinish(session, exitstatus):
     """Merge this session's cells into results.json (one entry per test id), in collection
     order (so the clients come in the order the tests list them); entries of tests that did
-    not run this session stay, after them."""
+    not run this session stay, after them. Only with ``--write-results``."""
+    if not session.config.getoption("write_results"):
+        return
     ran = {nodeid: e for nodeid, e in _entries.items() if "client" in e and "outcome" in e}
     if not ran:
         return

@@ -2,7 +2,8 @@
 
 Each test reports what it observed through the ``outcome`` fixture:
 ``outcome(layer, observed, verdict="held")``. At the end of a session in which escape
-tests ran, ``tests/escape/results.json`` gets one entry per test, in collection order:
+tests ran with ``--write-results`` (``scripts/escape_table.py --run``; a plain test run
+writes nothing), ``tests/escape/results.json`` gets one entry per test, in collection order:
 ``{"vector", "layer", "observed", "verdict", "test", "outcome"}`` where ``verdict`` is
 ``held`` (refused at the syscall, nothing reached the fake internet), ``OPEN`` (it got
 out, or reached something outside the sandbox) or ``hang`` (nothing got out, but the call
@@ -75,7 +76,10 @@ def _prefix(item) -> str:
 
 def pytest_sessionfinish(session, exitstatus):
     """Write results.json: this session's entries, in collection order, then (for a partial
-    run, e.g. ``-k``) the earlier entries of tests that still exist and did not run."""
+    run, e.g. ``-k``) the earlier entries of tests that still exist and did not run. Only with
+    ``--write-results``: a test run leaves the tracked file alone."""
+    if not session.config.getoption("write_results"):
+        return
     ran = [i for i in session.items if "outcome" in getattr(i, "fixturenames", ())
            and "outcome" in _entries.get(i.nodeid, {})]
     if not ran:

@@ -7,6 +7,7 @@ on 203.0.113.{10,20,30} and 2001:db8:100::{10,20,30}; see ``internet.py``.
 
 from .ca import TestPKI, make_pki
 from .internet import (
+    AddressConflict,
     DEFAULT_NAMES,
     DNS_PORT,
     ECHO_PORT,
@@ -23,10 +24,13 @@ from .internet import (
     FakeInternet,
     FakeInternetError,
     cleanup_leftovers,
+    conflicts,
     leftovers,
 )
 
 __all__ = [
+    "AddressConflict",
+    "conflicts",
     "DEFAULT_NAMES",
     "DNS_PORT",
     "ECHO_PORT",

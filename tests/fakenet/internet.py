@@ -89,6 +89,61 @@ class FakeInternetError(RuntimeError):
     """Set-up of the fake internet failed (message carries the servers' stderr)."""
 
 
+class AddressConflict(FakeInternetError):
+    """An address or route the fake internet needs is already on this host. The message is
+    one line: the address, who holds it (an interface, a route, another fake internet) and
+    what to do."""
+
+
+#: Every network the fake internet puts on the host side: the veth link and the server ranges.
+HOST_NETS = (f"{HOST_V4}/{LINK_V4_PREFIX}", f"{HOST_V6}/{LINK_V6_PREFIX}", SERVER_NET_V4, SERVER_NET_V6)
+
+
+def _ip_json(*args: str) -> list[dict]:
+    """``ip -json ARGS`` parsed (iproute2's own JSON output)."""
+    return json.loads(_run(["ip", "-json", *args]).stdout or "[]")
+
+
+def conflicts(extra: Iterable[str] = ()) -> list[str]:
+    """What on this host overlaps the fake internet's networks (:data:`HOST_NETS` and
+    ``extra`` addresses): one sentence per address or route, naming its interface, and the
+    live fake internet that owns it when it is one. Empty when the host is free."""
+    ours = [ipaddress.ip_network(n, strict=False) for n in (*HOST_NETS, *extra)]
+
+    def clash(text: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network | None:
+        # A clash: an address inside one of ours, or a route (an address's own network among
+        # them) at least as specific as ours that overlaps it. A wider one (a /8, a default
+        # route) is fine: ours, more specific, wins.
+        try:
+            iface = ipaddress.ip_interface(text)
+        except ValueError:
+            return None
+        net = iface.network
+        return next((o for o in ours if o.version == net.version
+                     and (iface.ip in o or (net.prefixlen >= o.prefixlen and o.overlaps(net)))), None)
+
+    def holder(dev: str) -> str:
+        if dev.startswith(HOST_IF_PREFIX):
+            live = [n for n in _netns_list() if n.startswith(NETNS_PREFIX) and _owner_alive(n)]
+            return (f"{dev} (another fake internet's link: a test run or demo in progress, {', '.join(live)}; "
+                    "wait for it to end)" if live else f"{dev} (a leaked fake internet's link; a new "
+                    "test run or demo removes it)")
+        return f"{dev} (this host's own network: stop using that range here, or run on another machine)"
+
+    out = []
+    for link in _ip_json("addr", "show"):
+        for a in link.get("addr_info", []):
+            o = clash(f"{a.get('local')}/{a.get('prefixlen')}")
+            if o is not None:
+                out.append(f"{a['local']}/{a['prefixlen']} on {holder(link.get('ifname', '?'))} overlaps the fake internet's {o}")
+    for fam in ("-4", "-6"):
+        for r in _ip_json(fam, "route", "show"):
+            o = clash(r.get("dst", ""))
+            if o is not None and r.get("dst") != "default":
+                out.append(f"route {r['dst']} via {holder(r.get('dev', '?'))} overlaps the fake internet's {o}")
+    return sorted(set(out))
+
+
 def _run(argv: Sequence[str], check: bool = True, timeout: float = 10) -> subprocess.CompletedProcess:
     p = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout)
     if check and p.returncode != 0:
@@ -343,12 +398,11 @@ class FakeInternet:
         """Build the netns, start the servers, wait until all answer (< startup_timeout s)."""
         if self._active:
             raise FakeInternetError("already started")
-        left = leftovers()
-        if left["routes"] or left["addrs"]:
-            raise FakeInternetError(
-                f"fake internet addresses/routes already in use on this host: {left}; "
-                "another FakeInternet is running, or one leaked (fakenet.cleanup_leftovers())"
-            )
+        clash = conflicts(self.private_addrs)
+        if clash:
+            raise AddressConflict(
+                f"the fake internet's addresses are taken on this host: {clash[0]}"
+                + (f" (and {len(clash) - 1} more)" if len(clash) > 1 else ""))
         self._active = True
         atexit.register(self.close)
         try:
