@@ -13,6 +13,7 @@ import time
 import pytest
 
 from gatewrap import _gate_core as core
+from fakenet import in_netns
 
 pytestmark = pytest.mark.kernel
 
@@ -61,7 +62,7 @@ except OSError as e:
 
 def test_a_streamed_body_over_the_limit_is_recorded_as_reaching_upstream(gatewrap, net, tmp_path):
     log = os.path.join(net.tmpdir, "upstream-heads.log")
-    server = subprocess.Popen(["ip", "netns", "exec", net.netns, sys.executable, "-c", LOGGING_SERVER,
+    server = subprocess.Popen([*in_netns(net.netns), sys.executable, "-c", LOGGING_SERVER,
                                net.pki.server_cert, net.pki.server_key, log, "9451"])
     policy = tmp_path / "policy.toml"
     policy.write_text('[[rule]]\nhost = "allowed.test"\nports = [9451]\naction = "allow"\ninspect = true\n')

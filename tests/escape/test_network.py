@@ -11,6 +11,7 @@ import threading
 from dataclasses import dataclass, field
 
 import pytest
+from fakenet import in_netns
 
 from .helpers import (assert_audited, assert_bounded, assert_nothing_reached, attempts,
                       hook_of, last_attempt, python_argv, run_id_of, spawn)
@@ -241,7 +242,7 @@ def test_icmp_ping_socket_with_ping_group_range_opened_is_refused_by_sock_create
     try:
         assert p.stdout.readline() == "ready\n", p.stderr.read()
         run_id = run_id_of(audit)
-        s = subprocess.run(["ip", "netns", "exec", run_id, "sysctl", "-qw",
+        s = subprocess.run([*in_netns(run_id), "sysctl", "-qw",
                             "net.ipv4.ping_group_range=0 2147483647"], capture_output=True, text=True)
         assert s.returncode == 0, s.stderr
         out, err = p.communicate("go\n", timeout=30)

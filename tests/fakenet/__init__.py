@@ -25,12 +25,14 @@ from .internet import (
     FakeInternetError,
     cleanup_leftovers,
     conflicts,
+    in_netns,
     leftovers,
 )
 
 __all__ = [
     "AddressConflict",
     "conflicts",
+    "in_netns",
     "DEFAULT_NAMES",
     "DNS_PORT",
     "ECHO_PORT",

@@ -151,6 +151,13 @@ def _run(argv: Sequence[str], check: bool = True, timeout: float = 10) -> subpro
     return p
 
 
+def in_netns(ns: str) -> list[str]:
+    """The argv prefix that runs a command in the named netns ``ns`` (``/run/netns/NS``):
+    ``nsenter --net`` enters the network namespace only. (``ip netns exec`` also remounts
+    /sys, which fails with EINVAL where / is not a mount point, as in a chroot.)"""
+    return ["nsenter", f"--net=/run/netns/{ns}", "--"]
+
+
 def _netns_list() -> list[str]:
     try:
         return sorted(n for n in os.listdir("/run/netns"))
@@ -381,10 +388,10 @@ class FakeInternet:
 
     # ------------------------------------------------------------------- exec
     def exec(self, argv: Sequence[str], timeout: float = 30, check: bool = False, **kw) -> subprocess.CompletedProcess:
-        """Run ``argv`` inside the inet netns (``ip netns exec``); output captured as text."""
+        """Run ``argv`` inside the inet netns (:func:`in_netns`); output captured as text."""
         kw.setdefault("capture_output", True)
         kw.setdefault("text", True)
-        return subprocess.run(["ip", "netns", "exec", self.netns, *argv], timeout=timeout, check=check, **kw)
+        return subprocess.run([*in_netns(self.netns), *argv], timeout=timeout, check=check, **kw)
 
     # -------------------------------------------------------------- lifecycle
     def __enter__(self) -> "FakeInternet":
@@ -436,7 +443,7 @@ class FakeInternet:
             with open(f"/proc/sys/net/ipv6/conf/{hif}/{knob}", "w") as f:
                 f.write(val)
         _run(
-            ["ip", "netns", "exec", ns, "sysctl", "-qw",
+            [*in_netns(ns), "sysctl", "-qw",
              "net.ipv6.conf.all.accept_dad=0", "net.ipv6.conf.default.accept_dad=0",
              f"net.ipv6.conf.{INET_IF}.accept_dad=0", f"net.ipv6.conf.{INET_IF}.accept_ra=0",
              "net.ipv6.conf.all.disable_ipv6=0", f"net.ipv6.conf.{INET_IF}.disable_ipv6=0"]
@@ -507,7 +514,7 @@ class FakeInternet:
             err = open(os.path.join(self.tmpdir, f"{name}.err"), "wb")
             try:
                 self._procs[name] = subprocess.Popen(
-                    ["ip", "netns", "exec", self.netns, sys.executable, os.path.join(HERE, script), cfg_path],
+                    [*in_netns(self.netns), sys.executable, os.path.join(HERE, script), cfg_path],
                     stdin=subprocess.PIPE, stdout=out, stderr=err, cwd=self.tmpdir, env=env,
                     start_new_session=True,  # Ctrl-C in the terminal goes to pytest, not to them
                 )
