@@ -48,7 +48,7 @@ def run(net: FakeInternet, policy: str, n: int, tmp: str) -> dict:
     with open(path, "w") as f:
         f.write(policy)
     cmd = [sys.executable, "-m", "gatewrap", "run", "--audit-log", os.path.join(tmp, "audit.jsonl"),
-           "--resolver", net.dns_server, "--public-range", "203.0.113.0/24", "--public-range", "2001:db8:100::/48",
+           "--resolver", net.dns_server, "--public-range", "198.51.100.128/25", "--public-range", "2001:db8:100::/48",
            "--policy", path, "--upstream-ca", net.ca_path, "--ca-dir", os.path.join(tmp, "ca"),
            "--workdir", "/tmp", "--ro-bind", net.tmpdir, "--", "/usr/bin/python3", "-c", AGENT, str(n)]
     env = dict(os.environ, SSL_CERT_FILE=net.ca_path, REQUESTS_CA_BUNDLE=net.ca_path)

@@ -16,7 +16,7 @@ import requests
 
 ALLOWED_URL = os.environ.get("AGENT_ALLOWED_URL", "https://allowed.test/")
 DENIED_URL = os.environ.get("AGENT_DENIED_URL", "http://denied.test/")
-DIRECT = os.environ.get("AGENT_DIRECT", "203.0.113.20:80")
+DIRECT = os.environ.get("AGENT_DIRECT", "198.51.100.148:80")
 
 
 def main() -> None:

@@ -33,8 +33,8 @@ def main() -> int:
     try:
         net = FakeInternet().__enter__()
     except AddressConflict as e:
-        print(f"demo: cannot start the fake internet: {e}. The demo needs 198.51.100.0/24, "
-              "203.0.113.0/24, 2001:db8:1::/64 and 2001:db8:100::/48 free on this host.", file=sys.stderr)
+        print(f"demo: cannot start the fake internet: {e}. The demo needs 198.51.100.0/24 "
+              "(TEST-NET-2), 2001:db8:1::/64 and 2001:db8:100::/48 free on this host.", file=sys.stderr)
         return 1
     with net:
         env = dict(os.environ, REQUESTS_CA_BUNDLE=net.ca_path)
@@ -42,7 +42,7 @@ def main() -> int:
         cmd = ["gatewrap", "run", "--allow", "allowed.test", "--resolver", net.dns_server,
                "--ro-bind", net.tmpdir, "--audit-log", audit,
                # the fake internet uses documentation addresses: count them as public
-               "--public-range", "203.0.113.0/24", "--public-range", "2001:db8:100::/48",
+               "--public-range", "198.51.100.128/25", "--public-range", "2001:db8:100::/48",
                "--ro-bind", shown, "--workdir", "/tmp", "--", "/usr/bin/python3", agent]
         print("$ " + " ".join(cmd), flush=True)
         rc = subprocess.run(cmd, env=env).returncode

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 AGENT_UID = 65534
 #: The fake internet's servers live in documentation ranges, which the SSRF guard does not
 #: count as public unless told (the documented --public-range setting, no test-only path).
-PUBLIC_RANGES = ("--public-range", "203.0.113.0/24", "--public-range", "2001:db8:100::/48")
+PUBLIC_RANGES = ("--public-range", "198.51.100.128/25", "--public-range", "2001:db8:100::/48")
 #: Debian's interpreter: readable by the agent's user, with python3-requests.
 AGENT_PYTHON = "/usr/bin/python3"
 

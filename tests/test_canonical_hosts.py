@@ -23,13 +23,13 @@ pytestmark = pytest.mark.kernel
 
 #: Names a wrong match would reach (evil.test's address), and two IDN names in punycode.
 NAMES = {
-    "evilallowed.test": "203.0.113.30",
-    "allowed.test.evil.test": "203.0.113.30",
-    "xn--bcher-kva.test": "203.0.113.10",  # bücher.test
-    "xn--mnchen-3ya.test": "203.0.113.10",  # münchen.test
+    "evilallowed.test": "198.51.100.158",
+    "allowed.test.evil.test": "198.51.100.158",
+    "xn--bcher-kva.test": "198.51.100.138",  # bücher.test
+    "xn--mnchen-3ya.test": "198.51.100.138",  # münchen.test
 }
 #: bücher.test is allowed by its Unicode spelling, münchen.test by its punycode one.
-ALLOW = ["allowed.test", "*.allowed.test", "bücher.test", "xn--mnchen-3ya.test", "203.0.113.10",
+ALLOW = ["allowed.test", "*.allowed.test", "bücher.test", "xn--mnchen-3ya.test", "198.51.100.138",
          "[2001:db8:100::10]"]
 DEFAULT_DENY = "policy: default deny"
 MALFORMED_URI = "protocol: malformed request (invalid URI)"
@@ -115,25 +115,25 @@ CASES = [
     bad("a raw UTF-8 name in the request target is refused: URIs are ASCII",
         get("http://bücher.test/", "xn--bcher-kva.test").encode().decode("latin-1"),
         MALFORMED_URI),
-    # alternate IPv4 spellings of an allowed address (203.0.113.10) and of denied ones
-    ok("the dotted quad of an allowed address is allowed", "http://203.0.113.10/", "203.0.113.10",
-       "203.0.113.10", "--allow 203.0.113.10"),
-    ok("a 32-bit decimal address is judged as its dotted quad", "http://3405803786/", "3405803786",
-       "203.0.113.10", "--allow 203.0.113.10"),
-    ok("an octal address is judged as its dotted quad", "http://0313.0.0161.012/", "0313.0.0161.012",
-       "203.0.113.10", "--allow 203.0.113.10"),
-    ok("a hex address is judged as its dotted quad", "http://0xcb.0.0x71.0xa/", "0xcb.0.0x71.0xa",
-       "203.0.113.10", "--allow 203.0.113.10"),
-    ok("a three-part short form is judged as its dotted quad", "http://203.0.28938/", "203.0.28938",
-       "203.0.113.10", "--allow 203.0.113.10"),
-    ok("a two-part short form is judged as its dotted quad", "http://203.28938/", "203.28938",
-       "203.0.113.10", "--allow 203.0.113.10"),
-    deny("a hex spelling of a denied address is judged as that address", "http://0xcb.0.0x71.0x14/",
-         "0xcb.0.0x71.0x14", "203.0.113.20"),
+    # alternate IPv4 spellings of an allowed address (198.51.100.138) and of denied ones
+    ok("the dotted quad of an allowed address is allowed", "http://198.51.100.138/", "198.51.100.138",
+       "198.51.100.138", "--allow 198.51.100.138"),
+    ok("a 32-bit decimal address is judged as its dotted quad", "http://3325256842/", "3325256842",
+       "198.51.100.138", "--allow 198.51.100.138"),
+    ok("an octal address is judged as its dotted quad", "http://0306.063.0144.0212/", "0306.063.0144.0212",
+       "198.51.100.138", "--allow 198.51.100.138"),
+    ok("a hex address is judged as its dotted quad", "http://0xc6.0x33.0x64.0x8a/", "0xc6.0x33.0x64.0x8a",
+       "198.51.100.138", "--allow 198.51.100.138"),
+    ok("a three-part short form is judged as its dotted quad", "http://198.51.25738/", "198.51.25738",
+       "198.51.100.138", "--allow 198.51.100.138"),
+    ok("a two-part short form is judged as its dotted quad", "http://198.3368074/", "198.3368074",
+       "198.51.100.138", "--allow 198.51.100.138"),
+    deny("a hex spelling of a denied address is judged as that address", "http://0xc6.0x33.0x64.0x94/",
+         "0xc6.0x33.0x64.0x94", "198.51.100.148"),
     deny("a short form that reads as another address is judged as that address", "http://203.113.10/",
          "203.113.10", "203.113.0.10"),
-    deny("a leading zero makes the last part octal, not the allowed address", "http://203.0.113.010/",
-         "203.0.113.010", "203.0.113.8"),
+    deny("a leading zero makes the last part octal, not the allowed address", "http://198.51.100.0210/",
+         "198.51.100.0210", "198.51.100.136"),
     bad("an address past 32 bits is refused", get("http://4294967296/", "4294967296"),
         invalid("4294967296", "numeric last label but not an IPv4 address in any spelling")),
     # IPv6 spellings of an allowed address
@@ -207,8 +207,8 @@ CASES = [
          connect("allowed.test@evil.test:443"), 403, DEFAULT_DENY, "evil.test"),
     Case("CONNECT with userinfo before an allowed host is ignored for matching",
          connect("evil.test@allowed.test:443"), 200, None, "allowed.test", "--allow allowed.test"),
-    Case("CONNECT to a decimal address is judged as its dotted quad", connect("3405803786:443"), 200, None,
-         "203.0.113.10", "--allow 203.0.113.10"),
+    Case("CONNECT to a decimal address is judged as its dotted quad", connect("3325256842:443"), 200, None,
+         "198.51.100.138", "--allow 198.51.100.138"),
 ]
 
 
@@ -266,9 +266,9 @@ def test_a_refused_host_gets_a_body_that_says_why(raw_run, case):
 
 def test_no_refused_or_denied_case_reached_the_fake_internet(raw_run, net):
     """Nothing the gate refused was dialled: the only addresses the servers saw requests on
-    are the allowed ones (evil.test's 203.0.113.30 and denied.test's .20 saw nothing)."""
+    are the allowed ones (evil.test's 198.51.100.158 and denied.test's .20 saw nothing)."""
     seen = {e["local"] for e in net.access_entries()}
-    assert seen <= {"203.0.113.10", "2001:db8:100::10"}, seen
+    assert seen <= {"198.51.100.138", "2001:db8:100::10"}, seen
 
 
 CLIENT_AGENT = r"""
@@ -291,8 +291,8 @@ def get(case_id, url):
 curl("curl upper case and a trailing dot", "http://ALLOWED.TEST./")
 curl("curl Unicode name", "http://bücher.test/")
 get("requests Unicode name", "http://münchen.test/")
-curl("curl decimal address", "http://3405803786/")
-curl("curl hex address", "http://0xcb.0.0x71.0xa/")
+curl("curl decimal address", "http://3325256842/")
+curl("curl hex address", "http://0xc6.0x33.0x64.0x8a/")
 get("requests IPv6 spelling", "http://[2001:DB8:100:0::10]/")
 get("requests userinfo", "http://allowed.test@evil.test/")
 curl("curl backslash userinfo", "--path-as-is", "http://evil.test\\@allowed.test/")
@@ -304,8 +304,8 @@ CLIENT_CASES = [
     ("curl Unicode name", 200, hello("xn--bcher-kva.test"), "xn--bcher-kva.test", "--allow bücher.test"),
     ("requests Unicode name", 200, hello("xn--mnchen-3ya.test"), "xn--mnchen-3ya.test",
      "--allow xn--mnchen-3ya.test"),
-    ("curl decimal address", 200, hello("203.0.113.10"), "203.0.113.10", "--allow 203.0.113.10"),
-    ("curl hex address", 200, hello("203.0.113.10"), "203.0.113.10", "--allow 203.0.113.10"),
+    ("curl decimal address", 200, hello("198.51.100.138"), "198.51.100.138", "--allow 198.51.100.138"),
+    ("curl hex address", 200, hello("198.51.100.138"), "198.51.100.138", "--allow 198.51.100.138"),
     ("requests IPv6 spelling", 200, hello("2001:db8:100::10"), "2001:db8:100::10", "--allow [2001:db8:100::10]"),
     ("requests userinfo", 403, None, "evil.test", DEFAULT_DENY),
 ]
@@ -347,4 +347,4 @@ def test_curl_reads_a_backslash_before_at_as_userinfo_and_the_gate_judges_the_sa
     answer = answers["curl backslash userinfo"]
     assert (answer["status"], answer["body"]) == (200, hello("allowed.test")), answer
     assert not [r for r in run.audit() if r.get("dst_host") == "evil.test" and r["decision"] == "allowed"]
-    assert net.access_entries(local="203.0.113.30") == []
+    assert net.access_entries(local="198.51.100.158") == []

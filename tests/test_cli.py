@@ -75,7 +75,7 @@ def test_audit_lists_denials_as_json_and_table(tmp_path):
         {"v": 1, "time": "2026-11-29T09:00:01.000000Z", "run": "gw-a", "event": "request", "decision": "denied",
          "dst_host": "evil\x1b[2J.test", "dst_port": 80, "proto": "http", "reason": "policy: default deny"},
         {"v": 1, "time": "2026-11-29T09:00:02.000000Z", "run": "gw-b", "event": "direct_egress",
-         "decision": "denied", "dst_ip": "203.0.113.10", "dst_port": 7, "proto": "tcp", "pid": 7, "comm": "python3"},
+         "decision": "denied", "dst_ip": "198.51.100.138", "dst_port": 7, "proto": "tcp", "pid": 7, "comm": "python3"},
     ]
     log.write_text("".join(json.dumps(r) + "\n" for r in recs) + "not json\n")
     p = _gw("audit", "--denied", "--json", "--log", str(log))

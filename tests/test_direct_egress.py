@@ -25,9 +25,9 @@ else:
 
 CASES = [
     # (case, family, kind, host, port, audited dst_ip, hook)
-    ("TCP connect to an IPv4 literal", "4", "tcp", "203.0.113.10", 7, "203.0.113.10", "connect4"),
+    ("TCP connect to an IPv4 literal", "4", "tcp", "198.51.100.138", 7, "198.51.100.138", "connect4"),
     ("TCP connect to an IPv6 literal", "6", "tcp", "2001:db8:100::10", 7, "2001:db8:100::10", "connect6"),
-    ("TCP connect to a v4-mapped IPv6 address", "6", "tcp", "::ffff:203.0.113.10", 7, "::ffff:203.0.113.10", "connect6"),
+    ("TCP connect to a v4-mapped IPv6 address", "6", "tcp", "::ffff:198.51.100.138", 7, "::ffff:198.51.100.138", "connect6"),
     ("UDP sendto port 53", "4", "udp", "198.51.100.2", 53, "198.51.100.2", "sendmsg4"),
     ("UDP sendto a v4-mapped address reaches sendmsg4", "6", "udp", "::ffff:198.51.100.2", 53, "198.51.100.2", "sendmsg4"),
     ("UDP sendto an IPv6 address", "6", "udp", "2001:db8:1::2", 53, "2001:db8:1::2", "sendmsg6"),
@@ -56,13 +56,13 @@ def test_a_child_process_and_a_thread_are_refused_too(gatewrap):
         import subprocess, threading, socket, errno
         def attempt(tag):
             try:
-                socket.create_connection(("203.0.113.10", 7), timeout=2)
+                socket.create_connection(("198.51.100.138", 7), timeout=2)
                 print(tag, "SENT")
             except OSError as e:
                 print(tag, errno.errorcode[e.errno])
         t = threading.Thread(target=attempt, args=("thread",)); t.start(); t.join()
         subprocess.run(["/usr/bin/python3", "-c",
-            "import socket, errno\\ntry:\\n socket.create_connection(('203.0.113.10', 7), timeout=2); print('child SENT')\\n"
+            "import socket, errno\\ntry:\\n socket.create_connection(('198.51.100.138', 7), timeout=2); print('child SENT')\\n"
             "except OSError as e:\\n print('child', errno.errorcode[e.errno])"], check=True)
     """)
     assert r.stdout.splitlines() == ["thread EPERM", "child EPERM"], r.stderr

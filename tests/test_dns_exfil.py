@@ -16,7 +16,7 @@ from fakenet import INET_V4, FakeInternet
 pytestmark = pytest.mark.kernel
 
 #: Every name under exfil.test resolves: a query that leaked would be answered, and logged.
-NAMES = {"*.exfil.test": "203.0.113.30", "data.denied.test": "203.0.113.20"}
+NAMES = {"*.exfil.test": "198.51.100.158", "data.denied.test": "198.51.100.148"}
 
 #: (case, name, how the agent asks): the agent prints, per case, whether it got an answer
 #: and how long the attempt took.
@@ -102,7 +102,7 @@ def test_a_denied_name_through_the_proxy_is_never_resolved_and_an_allowed_one_is
     assert {(r["event"], r["decision"], r["reason"]) for r in denied} == {
         ("request", "denied", "policy: default deny"), ("connect", "denied", "policy: default deny")}
     assert net.dns_queries(qname="data.denied.test") == []
-    assert net.access_entries(local="203.0.113.20") == []
+    assert net.access_entries(local="198.51.100.148") == []
     assert answers["http://allowed.test/"]["status"] == "200"
     asked = net.dns_queries(qname="allowed.test")
     assert asked and all(q["peer"] in ("198.51.100.1", "2001:db8:1::1") for q in asked), asked

@@ -45,9 +45,9 @@ class TestRunning:
 
     def test_addresses(self, net):
         assert net.dns_server == "198.51.100.2:53"
-        assert net.addr("allowed.test") == "203.0.113.10"
+        assert net.addr("allowed.test") == "198.51.100.138"
         assert net.addr6("allowed.test") == "2001:db8:100::10"
-        assert net.addr("denied.test") == "203.0.113.20"
+        assert net.addr("denied.test") == "198.51.100.148"
         with pytest.raises(KeyError):
             net.addr6("evil.test")
         assert net.netns.startswith("gwt-inet-") and len(net.host_ifname) < 16
@@ -57,11 +57,11 @@ class TestRunning:
     @pytest.mark.parametrize("server", ["198.51.100.2", "2001:db8:1::2"])
     @pytest.mark.parametrize("tcp", [False, True])
     def test_dns_answers(self, net, server, tcp):
-        assert dns(server, "allowed.test", "A", tcp) == ("NOERROR", ["203.0.113.10"])
+        assert dns(server, "allowed.test", "A", tcp) == ("NOERROR", ["198.51.100.138"])
         assert dns(server, "allowed.test", "AAAA", tcp) == ("NOERROR", ["2001:db8:100::10"])
-        assert dns(server, "other.allowed.test", "A", tcp) == ("NOERROR", ["203.0.113.10"])
+        assert dns(server, "other.allowed.test", "A", tcp) == ("NOERROR", ["198.51.100.138"])
         assert dns(server, "denied.test", "AAAA", tcp) == ("NOERROR", ["2001:db8:100::20"])
-        assert dns(server, "evil.test", "A", tcp) == ("NOERROR", ["203.0.113.30"])
+        assert dns(server, "evil.test", "A", tcp) == ("NOERROR", ["198.51.100.158"])
         assert dns(server, "evil.test", "AAAA", tcp) == ("NOERROR", [])
         assert dns(server, "nope.test", "A", tcp) == ("NXDOMAIN", [])
         assert dns(server, "example.com", "A", tcp) == ("REFUSED", [])
@@ -80,16 +80,16 @@ class TestRunning:
     def test_dig(self, net):
         out = subprocess.run(["dig", "+short", "+time=2", "+tries=1", "@198.51.100.2", "allowed.test"],
                              capture_output=True, text=True, timeout=10)
-        assert out.stdout.split() == ["203.0.113.10"], out
+        assert out.stdout.split() == ["198.51.100.138"], out
 
     def test_https_v4(self, net):
         net.clear_logs()
-        r = curl("--cacert", net.ca_path, "--resolve", "allowed.test:443:203.0.113.10", "https://allowed.test/")
+        r = curl("--cacert", net.ca_path, "--resolve", "allowed.test:443:198.51.100.138", "https://allowed.test/")
         assert r.returncode == 0, r.stderr
         assert r.stdout == "hello from allowed.test over https\n"
         reqs = net.access_entries(event="request")
         assert [(e["server"], e["host"], e["path"], e["sni"], e["local"]) for e in reqs] == [
-            ("https", "allowed.test", "/", "allowed.test", "203.0.113.10")
+            ("https", "allowed.test", "/", "allowed.test", "198.51.100.138")
         ]
 
     def test_https_v6_and_wildcard_name(self, net):
@@ -98,31 +98,31 @@ class TestRunning:
         assert (r.returncode, r.stdout) == (0, "hello from other.allowed.test over https\n"), r.stderr
 
     def test_https_by_ip(self, net):
-        r = curl("--cacert", net.ca_path, "https://203.0.113.20/")
+        r = curl("--cacert", net.ca_path, "https://198.51.100.148/")
         assert r.returncode == 0, r.stderr
 
     def test_https_untrusted_without_test_ca(self, net):
-        r = curl("--resolve", "allowed.test:443:203.0.113.10", "https://allowed.test/")
+        r = curl("--resolve", "allowed.test:443:198.51.100.138", "https://allowed.test/")
         assert r.returncode == 60, (r.returncode, r.stderr)  # peer certificate not trusted
 
     def test_http_v4_v6(self, net):
-        r = curl("--resolve", "denied.test:80:203.0.113.20", "http://denied.test/")
+        r = curl("--resolve", "denied.test:80:198.51.100.148", "http://denied.test/")
         assert (r.returncode, r.stdout) == (0, "hello from denied.test over http\n"), r.stderr
         r = curl("-g", "http://[2001:db8:100::30]/")
         assert (r.returncode, r.stdout) == (0, "hello from 2001:db8:100::30 over http\n"), r.stderr
 
     def test_echo_and_status(self, net):
-        r = curl("--resolve", "allowed.test:80:203.0.113.10", "-H", "X-Probe: 1", "-d", "abc",
+        r = curl("--resolve", "allowed.test:80:198.51.100.138", "-H", "X-Probe: 1", "-d", "abc",
                  "http://allowed.test/echo?q=1")
         doc = json.loads(r.stdout)
         assert doc["method"] == "POST" and doc["path"] == "/echo?q=1" and doc["body"] == "abc"
         assert doc["headers"]["X-Probe"] == "1" and doc["headers"]["Host"] == "allowed.test"
-        r = curl("-o", "/dev/null", "-w", "%{http_code}", "http://203.0.113.10/status/503")
+        r = curl("-o", "/dev/null", "-w", "%{http_code}", "http://198.51.100.138/status/503")
         assert r.stdout == "503"
-        r = curl("-o", "/dev/null", "-w", "%{size_download}", "http://203.0.113.10/bytes/12345")
+        r = curl("-o", "/dev/null", "-w", "%{size_download}", "http://198.51.100.138/bytes/12345")
         assert r.stdout == "12345"
 
-    @pytest.mark.parametrize("ip", ["203.0.113.10", "2001:db8:100::10"])
+    @pytest.mark.parametrize("ip", ["198.51.100.138", "2001:db8:100::10"])
     def test_tcp_echo(self, net, ip):
         net.clear_logs()
         with socket.create_connection((ip, 7), timeout=2) as s:
@@ -130,7 +130,7 @@ class TestRunning:
             assert s.recv(100) == b"hello tcp"
         assert [e["local"] for e in net.access_entries(server="tcp-echo")] == [ip]
 
-    @pytest.mark.parametrize("ip", ["203.0.113.10", "2001:db8:100::10"])
+    @pytest.mark.parametrize("ip", ["198.51.100.138", "2001:db8:100::10"])
     def test_udp_echo(self, net, ip):
         net.clear_logs()
         with socket.socket(socket.AF_INET6 if ":" in ip else socket.AF_INET, socket.SOCK_DGRAM) as s:
@@ -142,7 +142,7 @@ class TestRunning:
 
     def test_exec_in_netns(self, net):
         r = net.exec(["ip", "-o", "addr", "show", "dev", "lo"])
-        assert "203.0.113.10/32" in r.stdout and "2001:db8:100::30/128" in r.stdout
+        assert "198.51.100.138/32" in r.stdout and "2001:db8:100::30/128" in r.stdout
 
     def test_second_instance_refused(self, net):
         with pytest.raises(AddressConflict, match=f"on {net.host_ifname} .another fake internet's link: "
@@ -156,7 +156,7 @@ class TestRunning:
         assert os.path.isdir(net.tmpdir)
         assert net.netns in leftovers()["netns"]
         r = net.exec(["ip", "-o", "addr", "show", "dev", "lo"])
-        assert "203.0.113.10/32" in r.stdout
+        assert "198.51.100.138/32" in r.stdout
 
 
 def _assert_gone(netns: str, ifname: str, pids: list[int], tmpdir: str) -> None:
@@ -170,10 +170,10 @@ def _assert_gone(netns: str, ifname: str, pids: list[int], tmpdir: str) -> None:
 
 
 def test_extra_names_and_clean_exit():
-    with FakeInternet(extra_names={"x.test": "203.0.113.30", "*.wild.test": ["2001:db8:100::20"]}) as net:
-        assert dns("198.51.100.2", "x.test") == ("NOERROR", ["203.0.113.30"])
+    with FakeInternet(extra_names={"x.test": "198.51.100.158", "*.wild.test": ["2001:db8:100::20"]}) as net:
+        assert dns("198.51.100.2", "x.test") == ("NOERROR", ["198.51.100.158"])
         assert dns("198.51.100.2", "a.b.wild.test", "AAAA") == ("NOERROR", ["2001:db8:100::20"])
-        r = curl("--cacert", net.ca_path, "--resolve", "x.test:443:203.0.113.30", "https://x.test/")
+        r = curl("--cacert", net.ca_path, "--resolve", "x.test:443:198.51.100.158", "https://x.test/")
         assert r.stdout == "hello from x.test over https\n", r.stderr
         bg = subprocess.Popen([*in_netns(net.netns), "sleep", "60"])  # a stray process
         for _ in range(200):  # until it has entered the netns (teardown kills what is inside)
@@ -196,7 +196,7 @@ def test_clean_exit_on_exception(exc):
 
 
 @pytest.mark.kernel
-@pytest.mark.parametrize("addr", ["203.0.113.77/24", "198.51.100.9/32", "2001:db8:100:5::1/64"])
+@pytest.mark.parametrize("addr", ["198.51.100.205/24", "198.51.100.9/32", "2001:db8:100:5::1/64"])
 def test_an_address_of_the_host_in_its_ranges_is_named_in_one_line(addr):
     """A host network inside the fake internet's ranges: one line that names the address and
     its interface, and nothing of the fake internet is left behind."""

@@ -25,7 +25,7 @@ def test_curl_reaches_an_allowed_host_over_https_through_connect(gatewrap):
     assert r.stdout == "hello from allowed.test over https\n"
     (rec,) = r.records(event="connect")
     assert (rec["decision"], rec["dst_host"], rec["dst_port"]) == ("allowed", "allowed.test", 443)
-    assert rec["dst_ip"] in ("203.0.113.10", "2001:db8:100::10")
+    assert rec["dst_ip"] in ("198.51.100.138", "2001:db8:100::10")
 
 
 def test_requests_reaches_an_allowed_host_over_http_and_https(gatewrap):
@@ -61,7 +61,7 @@ def test_a_denied_https_host_gets_403_on_connect_and_is_never_resolved(gatewrap,
     # curl shows only "response 403": gatewrap says why on its stderr
     assert "gatewrap: denied CONNECT denied.test:443 (policy: default deny)" in r.stderr
     assert net.dns_queries(qname="denied.test") == []
-    assert net.access_entries(local="203.0.113.20") == []
+    assert net.access_entries(local="198.51.100.148") == []
 
 
 def test_subdomain_rules_stop_at_a_label_boundary(gatewrap):

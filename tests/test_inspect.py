@@ -101,7 +101,7 @@ def test_curl_trusts_the_gates_leaf_through_the_ca_variables_and_each_request_is
         ("GET", "https://allowed.test/echo?x=1", "allowed", 200),
     ]
     assert all(x["rule"].endswith("policy.toml:rule[1]") for x in inner), inner
-    assert inner[0]["dst_ip"] in ("203.0.113.10", "2001:db8:100::10")
+    assert inner[0]["dst_ip"] in ("198.51.100.138", "2001:db8:100::10")
     assert "replaced your" in r.stderr and "SSL_CERT_FILE" in r.stderr, r.stderr
 
 

@@ -167,10 +167,10 @@ FLAGS = [
     ("a flag's port limits it", ["--allow", "pypi.org:8443"], "https://pypi.org/", "deny", None),
     ("a flag matches canonically", ["--deny", "*.EXAMPLE.com."], "https://a.example.com/", "deny",
      "--deny *.EXAMPLE.com."),
-    ("an IPv4 address written as one decimal number is the dotted quad", ["--allow", "203.0.113.10"],
-     "http://3405803786/", "allow", "--allow 203.0.113.10"),
-    ("an IPv4 address in hex and octal parts is the dotted quad", ["--deny", "203.0.113.10"],
-     "https://0xcb.0.0161.0xa/", "deny", "--deny 203.0.113.10"),
+    ("an IPv4 address written as one decimal number is the dotted quad", ["--allow", "198.51.100.138"],
+     "http://3325256842/", "allow", "--allow 198.51.100.138"),
+    ("an IPv4 address in hex and octal parts is the dotted quad", ["--deny", "198.51.100.138"],
+     "https://0xc6.063.0x64.0x8a/", "deny", "--deny 198.51.100.138"),
     ("a short IPv4 form is the dotted quad", ["--allow", "127.0.0.1"], "http://127.1/", "allow", "--allow 127.0.0.1"),
 ]
 

@@ -27,7 +27,7 @@ SUGGEST_LOG = [
     {"event": "request", "method": "GET", "dst_host": "lan.test", "dst_port": 80, "decision": "denied",
      "reason": "ssrf: private address 10.0.0.1"},
     {"event": "request", "method": "GET", "decision": "denied", "reason": "protocol: absolute-form request without a host"},
-    {"event": "direct_egress", "comm": "python3", "proto": "tcp", "dst_ip": "203.0.113.20", "dst_port": 80,
+    {"event": "direct_egress", "comm": "python3", "proto": "tcp", "dst_ip": "198.51.100.148", "dst_port": 80,
      "hook": "connect4", "decision": "denied"},
     {"event": "dns", "dst_host": "leak.test", "decision": "denied"},
     {"event": "request", "method": "GET", "dst_host": "0.0.0.0", "dst_port": 80, "decision": "denied",
@@ -47,7 +47,7 @@ def test_suggest_drafts_one_sorted_rule_per_host_that_policy_check_accepts(capsy
     assert "# denied in that run: 1 request (policy: default deny)\n" in out
     assert 'host = "b.test"\nports = [80, 443, 8080]\naction = "allow"\n' in out
     assert "#   lan.test:80: ssrf: private address 10.0.0.1 (1 time)" in out
-    assert "#   python3 -> tcp 203.0.113.20:80 [connect4] (1 time)" in out
+    assert "#   python3 -> tcp 198.51.100.148:80 [connect4] (1 time)" in out
     assert "#   leak.test (1 time)" in out
     assert "#   0.0.0.0:80 (1 time)" in out, "an unspecified address is a comment: policy check refuses it as a rule"
     assert "other-run.test" not in out

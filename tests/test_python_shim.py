@@ -11,7 +11,7 @@ pytestmark = pytest.mark.kernel
 
 AGENT = """
     import errno, socket
-    for what, attempt in (("connect", lambda: socket.create_connection(("203.0.113.10", 7), timeout=2)),
+    for what, attempt in (("connect", lambda: socket.create_connection(("198.51.100.138", 7), timeout=2)),
                           ("sendto", lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b"x", ("198.51.100.2", 53)))):
         try:
             attempt()

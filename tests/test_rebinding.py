@@ -16,13 +16,13 @@ pytestmark = pytest.mark.kernel
 
 PRIVATE = "10.20.30.40"
 SEQUENCES = {
-    "rebind.test": ["203.0.113.10", PRIVATE],
-    "rebind-loop.test": ["203.0.113.10", "127.0.0.1"],
-    "rebind-tls.test": ["203.0.113.10", PRIVATE],
+    "rebind.test": ["198.51.100.138", PRIVATE],
+    "rebind-loop.test": ["198.51.100.138", "127.0.0.1"],
+    "rebind-tls.test": ["198.51.100.138", PRIVATE],
     "rebind-v6.test": ["2001:db8:100::10", "fd00::1020:3040"],
 }
 #: A name with a private and a public address at once: the private one is dropped.
-MIXED = {"mixed.test": [PRIVATE, "203.0.113.10"]}
+MIXED = {"mixed.test": [PRIVATE, "198.51.100.138"]}
 
 
 @pytest.fixture(scope="module")
@@ -99,5 +99,5 @@ def test_a_name_with_a_private_and_a_public_address_is_dialled_on_the_public_one
     seen = [tuple(line) for line in map(json.loads, r.stdout.splitlines())]
     assert [s[1:] for s in seen] == [(200, "hello from mixed.test over http\n")] * 2, r.stdout + r.stderr
     recs = r.records(event="request")
-    assert [(x["decision"], x["dst_ip"]) for x in recs] == [("allowed", "203.0.113.10")] * 2
+    assert [(x["decision"], x["dst_ip"]) for x in recs] == [("allowed", "198.51.100.138")] * 2
     assert net.access_entries(local=PRIVATE) == []

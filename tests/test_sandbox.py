@@ -173,7 +173,7 @@ def test_sigkill_of_gatewrap_fails_closed_and_gc_removes_the_sandbox(net, tmp_pa
         "import socket, time, errno\n"
         "print('ready', flush=True)\n"
         "time.sleep(1.5)\n"
-        "for addr in (('127.0.0.1', 3128), ('203.0.113.10', 7)):\n"
+        "for addr in (('127.0.0.1', 3128), ('198.51.100.138', 7)):\n"
         "    try:\n"
         "        socket.create_connection(addr, timeout=2); print('SENT', flush=True)\n"
         "    except OSError as e:\n"
@@ -200,7 +200,7 @@ def test_sigkill_of_gatewrap_fails_closed_and_gc_removes_the_sandbox(net, tmp_pa
     # The denial made after gatewrap died was still on the run's ring buffer: gc recorded it.
     recs = [json.loads(line) for line in audit.read_text().splitlines()]
     late = [r for r in recs if r["event"] == "direct_egress"]
-    assert [(r["dst_ip"], r["dst_port"], r["hook"]) for r in late] == [("203.0.113.10", 7, "connect4")]
+    assert [(r["dst_ip"], r["dst_port"], r["hook"]) for r in late] == [("198.51.100.138", 7, "connect4")]
     assert recs[-1]["event"] == "run_end" and "gatewrap died" in recs[-1]["reason"]
 
 

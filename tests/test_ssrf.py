@@ -55,7 +55,7 @@ def test_documentation_addresses_count_as_public_only_with_public_range(net, tmp
                        env=dict(os.environ, SUDO_UID="65534", SUDO_GID="65534"))
     assert p.stdout.startswith("HTTP/1.1 403"), p.stdout + p.stderr
     (rec,) = [r for r in map(json.loads, audit.read_text().splitlines()) if r["event"] == "request"]
-    assert rec["reason"] in ("ssrf: documentation address 203.0.113.10",
+    assert rec["reason"] in ("ssrf: documentation address 198.51.100.138",
                              "ssrf: documentation address 2001:db8:100::10")
 
 
@@ -94,8 +94,8 @@ GUARD_CASES = [
     ("the metadata address in decimal", get("http://2852039166/", "2852039166"), refused("metadata", "169.254.169.254")),
     ("a v4-mapped loopback address in hex", get("http://[::ffff:7f00:1]/", "[::ffff:7f00:1]"),
      refused("embedded-ipv4", "::ffff:127.0.0.1")),
-    ("a v4-mapped public address", get("http://[::ffff:203.0.113.10]/", "[::ffff:203.0.113.10]"),
-     refused("embedded-ipv4", "::ffff:203.0.113.10")),
+    ("a v4-mapped public address", get("http://[::ffff:198.51.100.138]/", "[::ffff:198.51.100.138]"),
+     refused("embedded-ipv4", "::ffff:198.51.100.138")),
     ("a v4-compatible loopback address", get("http://[::127.0.0.1]/", "[::127.0.0.1]"),
      refused("embedded-ipv4", "::7f00:1")),
     ("a NAT64 address embedding a private one", get("http://[64:ff9b::10.20.30.40]/", "[64:ff9b::10.20.30.40]"),

@@ -41,7 +41,7 @@ _entries: dict[str, dict] = {}
 def net():
     """The fake internet, with pypi.test, git.test, npm.test and api.openai.test on
     allowed.test's addresses, and their sites filled in."""
-    addrs = ["203.0.113.10", "2001:db8:100::10"]
+    addrs = ["198.51.100.138", "2001:db8:100::10"]
     with FakeInternet(extra_names={h: addrs for h in site_content.HOSTS}) as n:
         site_content.build_all(n.sites_dir)
         yield n

@@ -23,7 +23,7 @@ from . import site_content
 
 pytestmark = pytest.mark.kernel
 
-DIRECT_IP = "203.0.113.10"
+DIRECT_IP = "198.51.100.138"
 #: An unwrapped client must fail within this many seconds of the kernel's refusal (the
 #: issue's bound: no timeout, no retry loop) ...
 FAIL_FAST_S = 2.0

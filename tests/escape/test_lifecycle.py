@@ -19,7 +19,7 @@ from .helpers import (assert_audited, assert_bounded, assert_nothing_reached, at
 
 pytestmark = pytest.mark.kernel
 
-INET4, INET6, ECHO = "203.0.113.10", "2001:db8:100::10", 7
+INET4, INET6, ECHO = "198.51.100.138", "2001:db8:100::10", 7
 TCP4 = {"hook": "connect4", "dst_ip": INET4, "dst_port": ECHO, "proto": "tcp"}
 
 CONNECT = f"attempt('connect', sock(V4, TCP).connect, ('{INET4}', {ECHO}))"

@@ -18,7 +18,7 @@ from .helpers import (assert_audited, assert_bounded, assert_nothing_reached, at
 
 pytestmark = pytest.mark.kernel
 
-INET4, INET6 = "203.0.113.10", "2001:db8:100::10"
+INET4, INET6 = "198.51.100.138", "2001:db8:100::10"
 ECHO = 7
 GATE4, GATE6, GATE_PORT = "127.0.0.1", "::1", 3128
 
@@ -153,7 +153,7 @@ VECTORS = [
     # --- source routing aimed at the gate
     Vector("IP_OPTIONS loose source route (LSRR) on a socket to the gate",
            "s = sock(V4, UDP)\n"
-           "lsrr = bytes([1, 0x83, 7, 4]) + socket.inet_aton('203.0.113.10')\n"
+           "lsrr = bytes([1, 0x83, 7, 4]) + socket.inet_aton('198.51.100.138')\n"
            "attempt('setsockopt', s.setsockopt, socket.IPPROTO_IP, socket.IP_OPTIONS, lsrr)",
            "EPERM", {"hook": "setsockopt", "sockopt": "IPPROTO_IP/4"}),
     Vector("IPV6_RTHDR type 0 (RH0) on a socket to the gate",

@@ -149,7 +149,7 @@ def test_detaching_the_hooks_fails_and_they_still_enforce(gatewrap, quiet_net, o
             for t in {ATTACH_TYPES!r}:
                 attempt(f"detach {{t}} on {{os.path.basename(path)}}", bpf, {BPF_PROG_DETACH},
                         struct.pack("=IIII", fd, 0xFFFFFFFF, t, 0))
-        attempt("connect after the detach attempts", sock(V4, TCP).connect, ("203.0.113.10", 7))
+        attempt("connect after the detach attempts", sock(V4, TCP).connect, ("198.51.100.138", 7))
     """), extra=who, user_env=not who, timeout=30)
     lines = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
     targets = lines[0]["targets"]
@@ -170,7 +170,7 @@ def test_detaching_the_hooks_fails_and_they_still_enforce(gatewrap, quiet_net, o
     for a in got:
         assert_bounded(a)
     assert after["errno"] == "EPERM", after
-    assert_audited(r, {"hook": "connect4", "dst_ip": "203.0.113.10", "dst_port": 7, "proto": "tcp"})
+    assert_audited(r, {"hook": "connect4", "dst_ip": "198.51.100.138", "dst_port": 7, "proto": "tcp"})
     assert_nothing_reached(quiet_net)
 
 

@@ -2,7 +2,7 @@
 
 ``FakeInternet`` (context manager) builds a netns ``gwt-inet-<hex>`` behind a
 veth pair with DNS on 198.51.100.2:53 (UDP+TCP), HTTP :80 / HTTPS :443 / echo :7
-on 203.0.113.{10,20,30} and 2001:db8:100::{10,20,30}; see ``internet.py``.
+on 198.51.100.{138,148,158} and 2001:db8:100::{10,20,30}; see ``internet.py``.
 """
 
 from .ca import TestPKI, make_pki

@@ -2,11 +2,11 @@
 
 Usage: ``python3 dns_server.py CONFIG.json``. The config holds::
 
-    {"names": {"allowed.test": ["203.0.113.10", "2001:db8:100::10"], ...},
+    {"names": {"allowed.test": ["198.51.100.138", "2001:db8:100::10"], ...},
      "ttl": 0,                       # seconds, on every answer
      "log": "/tmp/.../dns.jsonl",    # every query received -> one JSON line
      "listen": [["198.51.100.2", 53], ["2001:db8:1::2", 53]],   # UDP and TCP each
-     "sequences": {"rebind.test": [["203.0.113.10"], ["10.20.30.40"]]}}   # optional
+     "sequences": {"rebind.test": [["198.51.100.138"], ["10.20.30.40"]]}}   # optional
 
 A name in ``sequences`` answers its n-th query of a type (A, AAAA) from the n-th list,
 the last list once they run out (DNS rebinding: public first, private afterwards; the

@@ -4,9 +4,9 @@ Topology (all addresses from documentation ranges, reachable only through the
 veth pair this module creates; nothing is routed anywhere else)::
 
     host netns                                   netns gwt-inet-XXXXXX
-    gwtiXXXXXX  198.51.100.1/24  <---- veth ---->  veth0 198.51.100.2/24
+    gwtiXXXXXX  198.51.100.1/25  <---- veth ---->  veth0 198.51.100.2/25
                 2001:db8:1::1/64                         2001:db8:1::2/64
-    routes: 203.0.113.0/24   via 198.51.100.2      lo: 203.0.113.10/.20/.30 (/32)
+    routes: 198.51.100.128/25   via 198.51.100.2      lo: 198.51.100.138/.148/.158 (/32)
             2001:db8:100::/48 via 2001:db8:1::2         2001:db8:100::10/::20/::30 (/128)
                                                    default via 198.51.100.1 / 2001:db8:1::1
                                                    (so replies reach any client the host forwards)
@@ -49,15 +49,15 @@ NETNS_PREFIX = "gwt-inet-"
 HOST_IF_PREFIX = "gwti"  # + 6 hex = 10 chars < IFNAMSIZ (16 incl. NUL)
 INET_IF = "veth0"  # name of the veth end inside the inet netns
 
-HOST_V4 = "198.51.100.1"  # host end of the veth (/24)
+HOST_V4 = "198.51.100.1"  # host end of the veth (/25)
 INET_V4 = "198.51.100.2"  # inet end; the DNS server's v4 address
 HOST_V6 = "2001:db8:1::1"  # host end (/64)
 INET_V6 = "2001:db8:1::2"  # inet end; the DNS server's v6 address
-LINK_V4_PREFIX = 24
+LINK_V4_PREFIX = 25
 LINK_V6_PREFIX = 64
-SERVER_NET_V4 = "203.0.113.0/24"  # routed to the inet netns
+SERVER_NET_V4 = "198.51.100.128/25"  # routed to the inet netns
 SERVER_NET_V6 = "2001:db8:100::/48"  # routed to the inet netns
-SERVER_V4 = ("203.0.113.10", "203.0.113.20", "203.0.113.30")
+SERVER_V4 = ("198.51.100.138", "198.51.100.148", "198.51.100.158")
 SERVER_V6 = ("2001:db8:100::10", "2001:db8:100::20", "2001:db8:100::30")
 
 DNS_PORT = 53
@@ -70,10 +70,10 @@ WSS_PORT = 8443
 #: Default name table: name -> addresses (v4 and/or v6). A key "*.x.test" answers
 #: every name under x.test that has no entry of its own.
 DEFAULT_NAMES: dict[str, list[str]] = {
-    "allowed.test": ["203.0.113.10", "2001:db8:100::10"],
-    "other.allowed.test": ["203.0.113.10", "2001:db8:100::10"],
-    "denied.test": ["203.0.113.20", "2001:db8:100::20"],
-    "evil.test": ["203.0.113.30"],
+    "allowed.test": ["198.51.100.138", "2001:db8:100::10"],
+    "other.allowed.test": ["198.51.100.138", "2001:db8:100::10"],
+    "denied.test": ["198.51.100.148", "2001:db8:100::20"],
+    "evil.test": ["198.51.100.158"],
 }
 
 STARTUP_TIMEOUT = 5.0  # seconds, for all servers to answer from the host netns
@@ -265,12 +265,12 @@ def _norm_names(extra: Mapping[str, str | Iterable[str]] | None) -> dict[str, li
 class FakeInternet:
     """Context manager running the fake internet; see the module docstring for the map.
 
-    ``extra_names``: more (or overriding) DNS names, ``{"x.test": "203.0.113.30"}`` or
-    ``{"x.test": ["203.0.113.30", "2001:db8:100::30"]}``. Only the addresses in
+    ``extra_names``: more (or overriding) DNS names, ``{"x.test": "198.51.100.158"}`` or
+    ``{"x.test": ["198.51.100.158", "2001:db8:100::30"]}``. Only the addresses in
     SERVER_V4/SERVER_V6 have servers behind them.
     ``ttl``: TTL in seconds of every DNS answer (default 0: clients must not cache).
     ``sequences``: names whose answers change from query to query (DNS rebinding),
-    ``{"rebind.test": ["203.0.113.10", "10.20.30.40"]}``: the n-th A (or AAAA) query gets
+    ``{"rebind.test": ["198.51.100.138", "10.20.30.40"]}``: the n-th A (or AAAA) query gets
     the n-th entry (a string or a list), the last one from then on (see ``dns_server.py``).
     ``private_addrs``: non-public addresses (e.g. ``"10.20.30.40"``) added to the inet
     netns's servers and routed there from the host (a /32 or /128 via the veth), so that a
@@ -377,7 +377,7 @@ class FakeInternet:
         return self._read_jsonl(self.dns_log, filters)
 
     def access_entries(self, **filters) -> list[dict]:
-        """Parsed access log lines matching ``filters``, e.g. ``access_entries(local="203.0.113.20")``."""
+        """Parsed access log lines matching ``filters``, e.g. ``access_entries(local="198.51.100.148")``."""
         return self._read_jsonl(self.access_log, filters)
 
     def clear_logs(self) -> None:

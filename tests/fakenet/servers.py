@@ -5,7 +5,7 @@ Usage: ``python3 servers.py CONFIG.json``; config keys::
     {"log": "/tmp/.../access.jsonl",
      "cert": "server.pem", "key": "server.key",
      "http_port": 80, "https_port": 443, "echo_port": 7,
-     "udp_addrs": ["203.0.113.10", "2001:db8:100::10", ...]}
+     "udp_addrs": ["198.51.100.138", "2001:db8:100::10", ...]}
 
 Listeners (threads in this one process):
 
