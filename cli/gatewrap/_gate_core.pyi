@@ -131,6 +131,13 @@ class Policy:
         (e.g. "10m" | None), ``budget`` ((count, per), e.g. (6, "10m") | None).
         """
 
+    def sandbox(self) -> dict[str, list[tuple[str, int]]]:
+        """The file's ``[sandbox]`` table: ``{"ro_bind": [(path, line)], "bind": [(path, line)]}``,
+        host paths the run shows in the jail read-only / writable (as ``--ro-bind``/``--bind``);
+        empty lists without one. Paths are absolute, without ``.``/``..`` components and not
+        ``/`` (:meth:`from_toml` raises :class:`PolicyError` naming the line otherwise).
+        """
+
 class AuditLog:
     """An append-only JSON-lines audit log shared by the gate and Python."""
 
