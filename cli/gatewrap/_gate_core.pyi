@@ -131,6 +131,13 @@ class Policy:
         (e.g. "10m" | None), ``budget`` ((count, per), e.g. (6, "10m") | None).
         """
 
+    def sandbox(self) -> dict[str, list[tuple[str, int]]]:
+        """The file's ``[sandbox]`` table: ``{"ro_bind": [(path, line)], "bind": [(path, line)]}``,
+        host paths the run shows in the jail read-only / writable (as ``--ro-bind``/``--bind``);
+        empty lists without one. Paths are absolute, without ``.``/``..`` components and not
+        ``/`` (:meth:`from_toml` raises :class:`PolicyError` naming the line otherwise).
+        """
+
 class AuditLog:
     """An append-only JSON-lines audit log shared by the gate and Python."""
 
@@ -218,7 +225,7 @@ class Gate:
         ``None`` reads the host's /etc/resolv.conf. ``listen_port`` 0 picks a free port.
         ``connect_timeout`` bounds each connection attempt (and a DNS lookup), in seconds.
         The IPv6 listener is skipped when the netns has no ``::1``.
-        ``public_ranges``: CIDRs (``["203.0.113.0/24", "2001:db8:100::/48"]``) whose
+        ``public_ranges``: CIDRs (``["198.51.100.128/25", "2001:db8:100::/48"]``) whose
         addresses the SSRF guard counts as public, e.g. a test network on documentation
         addresses. They never make a metadata, embedded-IPv4 or unspecified address public.
         A malformed CIDR (no ``/len``, bits set after the prefix, octal/short IPv4) or a

@@ -56,13 +56,15 @@ def cli() -> None:
 @click.option("--workdir", type=click.Path(file_okay=False, exists=True), metavar="DIR",
               help="Working directory of the agent. Default: the current one.")
 @click.option("--jail", type=click.Choice(["nsjail", "none"]), default="nsjail", show_default=True,
-              help="Run the agent under nsjail (private mount/pid/ipc/uts namespaces, read-only system, "
-                   "private /tmp and /run, seccomp). 'none' is weaker and says so.")
+              help="Run the agent under nsjail (private mount/pid/ipc/uts namespaces, the system read-only, "
+                   "private HOME, /tmp and /run, nothing else unless bound, seccomp). 'none' is weaker and says so.")
 @click.option("--ro-bind", "ro_binds", multiple=True, type=click.Path(exists=True), metavar="PATH",
-              help="Make host PATH visible read-only in the jail (e.g. a CA bundle under /tmp). Unix sockets "
-                   "in it stay connectable: never bind /run or /var/run. Repeatable.")
+              help="Show host PATH read-only in the jail, every mount below it too (otherwise the jail shows "
+                   "only the system's software, the workdir and private HOME, /tmp, /run, /dev/shm). Unix "
+                   "sockets in it stay connectable (gatewrap says so). Policy file: [sandbox] ro_bind. Repeatable.")
 @click.option("--bind", "rw_binds", multiple=True, type=click.Path(exists=True), metavar="PATH",
-              help="Make host PATH visible and writable in the jail. Repeatable.")
+              help="Show host PATH writable in the jail (its own file system; mounts below it stay read-only "
+                   "unless named too). Policy file: [sandbox] bind. Repeatable.")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
               help="Kill the agent and its children after SECONDS; exit code 124.")
 @click.option("--memory", metavar="SIZE", callback=lambda c, p, v: _size(v),

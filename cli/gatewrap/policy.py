@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from .errors import GatewrapError
@@ -42,3 +43,21 @@ def build_policy(policy_file: str | None, allow: list[str], deny: list[str]) -> 
                     f"e.g. {flag} example.com:443"
                 ) from e
     return policy
+
+
+def sandbox_binds(policy: Any, policy_file: str | None) -> tuple[list[str], list[str]]:
+    """The policy file's ``[sandbox]`` paths: (read-only, writable), as ``--ro-bind`` and
+    ``--bind`` would give them.
+
+    Raises:
+        GatewrapError: a path does not exist on this host (``FILE:LINE: ...``).
+    """
+    table = policy.sandbox()
+    out: tuple[list[str], list[str]] = ([], [])
+    for key, paths in (("ro_bind", out[0]), ("bind", out[1])):
+        for path, line in table[key]:
+            if not os.path.lexists(path):
+                raise GatewrapError(f"{policy_file}:{line}: [sandbox] {key}: {path} does not exist on this host; "
+                                    "create it or remove it from the policy")
+            paths.append(path)
+    return out

@@ -37,10 +37,13 @@ class CheckResult:
     mode: str | None = None
     rules: list[dict[str, Any]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    #: The ``[sandbox]`` table: {"ro_bind": [(path, line)], "bind": [(path, line)]}.
+    sandbox: dict[str, list] = field(default_factory=lambda: {"ro_bind": [], "bind": []})
 
     def as_record(self) -> dict[str, Any]:
+        sandbox = {k: [{"path": p, "line": n} for p, n in v] for k, v in self.sandbox.items()}
         return {"file": self.file, "valid": self.ok, "error": self.error, "default": self.default,
-                "mode": self.mode, "rules": self.rules, "warnings": self.warnings}
+                "mode": self.mode, "rules": self.rules, "warnings": self.warnings, "sandbox": sandbox}
 
 
 def check_file(path: str) -> CheckResult:
@@ -65,7 +68,7 @@ def check_file(path: str) -> CheckResult:
         return CheckResult(path, False, error=_one_line(str(e)))
     rules = policy.describe()
     return CheckResult(path, True, default=policy.default, mode=policy.mode, rules=rules,
-                       warnings=_warnings(policy.default, policy.mode, rules))
+                       warnings=_warnings(policy.default, policy.mode, rules), sandbox=policy.sandbox())
 
 
 def _warnings(default: str, mode: str, rules: list[dict[str, Any]]) -> list[str]:
@@ -121,6 +124,10 @@ def check_lines(res: CheckResult) -> list[str]:
         widths = [max(len(row[i]) for row in rows) for i in range(4)]
         for row in rows:
             lines.append(("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)) + f"  {row[4]}").rstrip())
+    shown = [(key, p, n) for key in ("ro_bind", "bind") for p, n in res.sandbox[key]]
+    if shown:
+        lines.append("sandbox: host paths shown in the jail, besides the system (read-only) and the workdir")
+        lines += [f"  {key} {p}  (line {n})" for key, p, n in shown]
     return lines
 
 

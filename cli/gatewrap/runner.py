@@ -25,8 +25,8 @@ from . import shims
 from .bpf import loader
 from .errors import EXIT_CANNOT_EXEC, EXIT_NOT_FOUND, EXIT_TIMEOUT, GatewrapError, NeedRoot
 from .kernel_denials import KernelDenials
-from .policy import build_policy
-from .sandbox import cgroup, gc, jail, limits, netns, registry, user
+from .policy import build_policy, sandbox_binds
+from .sandbox import cgroup, gc, jail, limits, netns, registry, user, view
 
 DEFAULT_AUDIT_LOG = "/var/log/gatewrap/audit.jsonl"
 #: The TLS inspection CA of this host install (``ca.crt``; the key in ``private/``, hidden
@@ -216,7 +216,7 @@ def _public_range_warnings(ranges: list[str]) -> list[str]:
     return out
 
 
-_DOC_NETS = [ipaddress.ip_network(n) for n in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24", "2001:db8::/32")]
+_DOC_NETS = [ipaddress.ip_network(n) for n in ("192.0.2.0/24", "198.51.100.0/24", "198.51.100.128/25", "2001:db8::/32")]
 
 
 def _hidden_paths(ca_dir: str) -> list[str]:
@@ -263,7 +263,9 @@ def run(opts: RunOptions, stderr: TextIO | None = None) -> RunResult:
     cwd = opts.cwd or os.getcwd()
     env["PWD"] = cwd
     argv = _resolve_command(opts.argv, env, target)
-    for path in (*opts.ro_binds, *opts.rw_binds):
+    file_ro, file_rw = sandbox_binds(policy, opts.policy_file)
+    ro_binds, rw_binds = [*opts.ro_binds, *file_ro], [*opts.rw_binds, *file_rw]
+    for path in (*ro_binds, *rw_binds):
         if not user.can_enter(path if os.path.isdir(path) else os.path.dirname(path), target):
             raise GatewrapError(f"the agent's user {target.name} cannot reach {path} (a folder on the "
                                 "way is closed to it), so it cannot be shown in the jail")
@@ -346,8 +348,10 @@ def run(opts: RunOptions, stderr: TextIO | None = None) -> RunResult:
             print(f"gatewrap: note: the agent's user {target.name} cannot write its working directory "
                   f"{cwd}; choose one with --workdir, or chown it", file=err)
         if opts.jail == "nsjail":
-            argv = jail.wrap(argv, target.uid, target.gid, cwd, opts.ro_binds, opts.rw_binds,
-                             mounts=mounts)
+            fs_view = view.build(cwd, target.home, target, ro_binds, rw_binds, extra=mounts)
+            for note in view.notes(fs_view, cwd, target.home):
+                print(note, file=err)
+            argv = jail.wrap(argv, target, cwd, fs_view)
         else:
             print(jail.WITHOUT_JAIL, file=err)
         try:

@@ -132,6 +132,16 @@ impl PyPolicy {
             .collect()
     }
 
+    /// The file's `[sandbox]` table: {"ro_bind": [(path, line)], "bind": [(path, line)]}.
+    fn sandbox<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let p = self.read();
+        let d = PyDict::new(py);
+        let pairs = |list: &[policy::SandboxPath]| list.iter().map(|s| (s.path.clone(), s.line)).collect::<Vec<_>>();
+        d.set_item("ro_bind", pairs(&p.sandbox.ro_bind))?;
+        d.set_item("bind", pairs(&p.sandbox.bind))?;
+        Ok(d)
+    }
+
     fn __repr__(&self) -> String {
         let p = self.read();
         format!("<Policy default={} mode={} rules={}>", p.default.as_str(), p.mode.as_str(), p.rules().count())

@@ -20,6 +20,7 @@ import pytest
 from conftest import ROOT
 
 from . import site_content
+from .conftest import AGENT_VENV
 
 pytestmark = pytest.mark.kernel
 
@@ -167,7 +168,7 @@ def ctx(progs, agent_python, net, java_truststore) -> Ctx:
 
 def _run(gatewrap, client: Client, ctx: Ctx, argv: list[str], allow: list[str]):
     return gatewrap(["sh", "-c", TIMED, "sh", *argv], allow=allow, env=client.env(ctx),
-                    extra=["--ro-bind", ctx.progs],
+                    extra=["--ro-bind", ctx.progs, "--ro-bind", AGENT_VENV],
                     timeout=120)
 
 

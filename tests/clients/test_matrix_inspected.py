@@ -19,6 +19,7 @@ import pytest
 
 from conftest import run_gatewrap
 
+from .conftest import AGENT_VENV
 from .test_matrix import CLIENTS, Client, Ctx
 
 pytestmark = pytest.mark.kernel
@@ -84,7 +85,7 @@ def inspected(net, progs, agent_python, tmp_path_factory):
             argv = ["sh", "-c", TWICE, "sh", shlex.join(client.argv(ctx, base)),
                     shlex.join(client.argv(ctx, base + FORBIDDEN))]
             r = run_gatewrap(net, d / f"audit-{slug}.jsonl", argv, env=client.env(ctx), timeout=180,
-                             extra=["--ro-bind", progs, "--policy", str(policy), "--upstream-ca", net.ca_path,
+                             extra=["--ro-bind", progs, "--ro-bind", AGENT_VENV, "--policy", str(policy), "--upstream-ca", net.ca_path,
                                     "--ca-dir", str(d / "ca")])
             outs = r.stdout.split("GWT_NEXT\n")
             times = [(int(rc), int(ms)) for rc, ms in re.findall(r"GWT_RC=(\d+) GWT_MS=(\d+)", r.stderr)]

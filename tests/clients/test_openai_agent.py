@@ -7,6 +7,8 @@ import pytest
 
 from conftest import ROOT
 
+from .conftest import AGENT_VENV
+
 pytestmark = pytest.mark.kernel
 
 TASK = "Fetch https://allowed.test/ and http://denied.test/ and say what they said."
@@ -15,7 +17,7 @@ TASK = "Fetch https://allowed.test/ and http://denied.test/ and say what they sa
 def test_the_openai_agents_model_call_and_tool_fetches_cross_the_gate(gatewrap, net, examples_dir, agent_python):
     net.clear_logs()
     r = gatewrap([agent_python, f"{examples_dir}/openai_agent.py", TASK],
-                 extra=["--policy", str(ROOT / "examples" / "agent-policy.toml"), "--ro-bind", examples_dir],
+                 extra=["--policy", str(ROOT / "examples" / "agent-policy.toml"), "--ro-bind", examples_dir, "--ro-bind", AGENT_VENV],
                  env={"OPENAI_BASE_URL": "https://api.openai.test/v1", "OPENAI_API_KEY": "sk-dummy"})
     assert r.returncode == 0, r.stderr
     out = r.stdout.splitlines()

@@ -13,11 +13,9 @@ import shutil
 from pathlib import Path
 
 from ..errors import GatewrapError
+from . import user, view
 
 PROFILE = Path(__file__).resolve().parent.parent / "_nsjail" / "agent.cfg"
-#: Folders the jail replaces with private ones (or must not be made writable): a working
-#: directory among them stays the jail's own, not the host's.
-PRIVATE = ("/", "/tmp", "/run", "/var/run", "/dev", "/dev/shm", "/proc", "/sys")
 #: What `--jail none` gives up, said on stderr when it is chosen.
 WITHOUT_JAIL = (
     "gatewrap: warning: --jail none: the agent sees the host's files (read-only only for cgroupfs and "
@@ -51,13 +49,9 @@ def tini_path() -> str | None:
     return shutil.which("tini") or (os.path.exists("/usr/bin/tini") and "/usr/bin/tini") or None
 
 
-def wrap(argv: list[str], uid: int, gid: int, cwd: str, ro_binds: list[str], rw_binds: list[str],
-         mounts: list[tuple[str, str]] = ()) -> list[str]:
-    """The command line that runs ``argv`` in the jail.
-
-    ``cwd`` becomes the agent's writable working directory (unless it is one of
-    :data:`PRIVATE`); ``ro_binds``/``rw_binds`` are extra host paths made visible;
-    ``mounts`` are (host path, path in the jail) pairs shown read-only (gatewrap's shims).
+def wrap(argv: list[str], target: user.Target, cwd: str, mounts: list[view.Mount]) -> list[str]:
+    """The command line that runs ``argv`` in the jail as ``target``, in ``cwd``, with the
+    file system view ``mounts`` (:func:`gatewrap.sandbox.view.build`) added to the profile's.
 
     Raises:
         GatewrapError: nsjail or tini is not installed (a root ``uid``: see :func:`refuse_root`).
@@ -69,15 +63,7 @@ def wrap(argv: list[str], uid: int, gid: int, cwd: str, ro_binds: list[str], rw_
             f"{missing} is not installed: run scripts/setup.sh install, "
             "or run without the jail with --jail none (weaker: see gatewrap run --help)"
         )
+    uid, gid = target.uid, target.gid
     cmd = [nsjail, "--config", str(PROFILE), "--really_quiet", "-u", f"{uid}:{uid}:1",
-           "-g", f"{gid}:{gid}:1", "--cwd", cwd]
-    writable = list(rw_binds)
-    if os.path.abspath(cwd) not in PRIVATE:
-        writable.append(cwd)
-    for path in ro_binds:
-        cmd += ["-R", path]
-    for src, dst in mounts:
-        cmd += ["-R", f"{src}:{dst}"]
-    for path in writable:
-        cmd += ["-B", path]
+           "-g", f"{gid}:{gid}:1", "--cwd", cwd, *view.nsjail_args(mounts)]
     return [*cmd, "--", tini, "--", *argv]

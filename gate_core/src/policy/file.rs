@@ -18,6 +18,10 @@
 //! schemes = ["http"]     # optional: "http" and/or "https" (a CONNECT tunnel is https)
 //! timeout = "10m"        # optional, "ask" rules only: how long an approval may wait
 //! budget = { count = 6, per = "10m" }  # optional, "allow" rules only
+//!
+//! [sandbox]              # optional: host paths shown in the agent's jail (`sandbox.rs`)
+//! ro_bind = ["/opt/tools"]   # read-only, as `gatewrap run --ro-bind`
+//! bind = ["/srv/scratch"]    # writable, as `gatewrap run --bind`
 //! ```
 //! `default` may also be `"ask"`. Durations are `duration.rs`'s grammar (`30s`, `10m`, `2h`).
 //! Any other key is refused with its line.
@@ -31,6 +35,7 @@ use super::decide::is_upper_method;
 use super::duration::parse_duration;
 use super::path::PathPattern;
 use super::rules::{Action, Mode, Origin, Policy, Ports, Rule, Scheme};
+use super::sandbox::{path_problem, Sandbox, SandboxPath};
 use super::PolicyError;
 
 type SpannedList<T> = Spanned<Vec<Spanned<T>>>;
@@ -43,6 +48,14 @@ struct FileSchema {
     mode: Option<Spanned<String>>,
     #[serde(default)]
     rule: Vec<Spanned<RuleSchema>>,
+    sandbox: Option<SandboxSchema>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SandboxSchema {
+    ro_bind: Option<SpannedList<String>>,
+    bind: Option<SpannedList<String>>,
 }
 
 #[derive(Deserialize)]
@@ -214,6 +227,22 @@ impl Reader<'_> {
         Ok(Budget { count, per })
     }
 
+    fn sandbox_paths(&self, list: Option<&SpannedList<String>>) -> Result<Vec<SandboxPath>, PolicyError> {
+        let Some(list) = list else { return Ok(Vec::new()) };
+        list.get_ref()
+            .iter()
+            .map(|p| match path_problem(p.get_ref()) {
+                Some(why) => Err(self.err(p.span().start, format!("invalid path {:?}: {why}", p.get_ref()))),
+                None => Ok(SandboxPath { path: p.get_ref().clone(), line: self.line(p.span().start) }),
+            })
+            .collect()
+    }
+
+    fn sandbox(&self, s: Option<&SandboxSchema>) -> Result<Sandbox, PolicyError> {
+        let Some(s) = s else { return Ok(Sandbox::default()) };
+        Ok(Sandbox { ro_bind: self.sandbox_paths(s.ro_bind.as_ref())?, bind: self.sandbox_paths(s.bind.as_ref())? })
+    }
+
     fn policy(&self) -> Result<Policy, PolicyError> {
         let file: FileSchema = toml::from_str(self.text).map_err(|e| self.toml_err(&e))?;
         if let Some(v) = &file.version {
@@ -240,7 +269,8 @@ impl Reader<'_> {
         };
         let file_rules =
             file.rule.iter().enumerate().map(|(i, r)| self.rule(i, r)).collect::<Result<_, _>>()?;
-        Ok(Policy { default, mode, cli_rules: Vec::new(), file_rules })
+        let sandbox = self.sandbox(file.sandbox.as_ref())?;
+        Ok(Policy { default, mode, cli_rules: Vec::new(), file_rules, sandbox })
     }
 }
 

@@ -7,6 +7,7 @@ pub mod duration;
 pub mod file;
 pub mod path;
 pub mod rules;
+pub mod sandbox;
 pub mod ssrf;
 #[cfg(test)]
 mod tests;
@@ -16,10 +17,13 @@ mod tests_match;
 mod tests_path;
 #[cfg(test)]
 mod tests_prop;
+#[cfg(test)]
+mod tests_sandbox;
 
 pub use canon::{canonical_host, canonical_pattern, Host, HostError, HostPattern};
 pub use budget::{Budget, Budgets, Spend};
 pub use path::{canonical_path, PathError, PathPattern};
+pub use sandbox::{Sandbox, SandboxPath};
 pub use rules::{Action, Decision, Mode, Origin, Policy, Ports, RequestFacts, Rule, Scheme, REASON_UNSPECIFIED};
 
 /// A policy that cannot be used: bad file or bad flag value.

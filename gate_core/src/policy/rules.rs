@@ -5,6 +5,7 @@ use std::time::Duration;
 use super::budget::Budget;
 use super::canon::{Host, HostPattern};
 use super::path::PathPattern;
+use super::sandbox::Sandbox;
 
 /// Ports a rule without `port`/`ports` applies to: plain HTTP and HTTPS.
 pub const WEB_PORTS: [u16; 2] = [80, 443];
@@ -208,11 +209,13 @@ pub struct Policy {
     pub cli_rules: Vec<Rule>,
     /// Rules from the policy file, in file order.
     pub file_rules: Vec<Rule>,
+    /// The file's `[sandbox]` paths (for the jail, not for decisions).
+    pub sandbox: Sandbox,
 }
 
 impl Policy {
     pub fn new(default: Action) -> Self {
-        Policy { default, mode: Mode::Enforce, cli_rules: Vec::new(), file_rules: Vec::new() }
+        Policy { default, mode: Mode::Enforce, cli_rules: Vec::new(), file_rules: Vec::new(), sandbox: Sandbox::default() }
     }
 
     /// All rules in evaluation order.

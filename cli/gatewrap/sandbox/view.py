@@ -1,0 +1,211 @@
+"""The agent's file system view in the jail: default-deny (DESIGN.md, contract 6).
+
+nsjail starts from an empty root (a tmpfs it remounts read-only once every mount is made;
+nsjail's ``mnt.cc``). The profile adds private ``/tmp``, ``/run``, ``/dev/shm``, ``/proc``, a
+minimal ``/dev`` and the symlinks ``/var/run -> /run``, ``/var/tmp -> /tmp``; this module adds,
+per run and in this order of depth (a parent before what is mounted inside it):
+
+- :data:`BASE`, the system's software, read-only (a symlink on the host, as ``/bin -> usr/bin``
+  with a merged ``/usr``, stays a symlink);
+- a private, empty, writable tmpfs at the agent's ``$HOME`` (unless the home is itself named);
+- the working directory, writable;
+- the paths the user names (``--ro-bind``/``--bind``, the policy's ``[sandbox]`` table) and
+  gatewrap's own shim mounts.
+
+Nothing else of the host is there: host sockets, the user's secrets and other file systems
+are absent, not merely read-only.
+
+Read-only means every mount below a bound path too: nsjail binds with ``MS_BIND | MS_REC``
+and remounts only the top of the tree read-only (``mnt_legacy.cc``), so a host mount below a
+bound path (a separate ``/usr/local``, a tmpfs under a bound folder) would stay writable. Each
+such mount is bound again over itself, read-only, right after its parent (a ``--bind`` path is
+writable on its own file system only). A mount whose mount point the agent's user cannot reach
+is left as it is: the agent cannot reach it in the jail either (the same folders lead to it).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass
+
+import psutil
+
+from ..errors import GatewrapError
+from . import user
+
+#: The system's software, shown read-only: what the dynamic loader, Python, Node, Java, Go
+#: programs, git, curl, wget, pip and npm read (their programs and libraries live under
+#: /usr; configuration, CA roots and the loader cache under /etc). A third-party tree
+#: elsewhere (/opt/..., a virtualenv, /nix) is named with --ro-bind.
+BASE = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+#: Folders the jail makes its own (or leaves out): a working directory or home that is one
+#: of them is the jail's, not the host's.
+PRIVATE = ("/", "/tmp", "/run", "/var/run", "/dev", "/dev/shm", "/proc", "/sys")
+#: The agent's home: an empty tmpfs, as large as the profile's /tmp (bytes).
+HOME_OPTIONS = "mode=0700,size=2147483648"
+#: At most this many folder entries are looked at for sockets under the bound paths.
+SOCKET_SCAN_LIMIT = 100_000
+
+
+@dataclass(frozen=True)
+class Mount:
+    """One mount of the view: ``kind`` "ro", "rw", "tmpfs" (``src`` unused) or "symlink"
+    (``src`` is the link's target); ``dst`` is the path in the jail."""
+
+    kind: str
+    src: str
+    dst: str
+
+    def nsjail_args(self) -> list[str]:
+        """nsjail's command-line flags for this mount (nsjail --help: -R, -B, -m, -s)."""
+        if self.kind == "symlink":
+            return ["-s", f"{self.src}:{self.dst}"]
+        if self.kind == "tmpfs":
+            return ["-m", f"none:{self.dst}:tmpfs:{HOME_OPTIONS}"]
+        spec = self.dst if self.src == self.dst else f"{self.src}:{self.dst}"
+        return ["-R" if self.kind == "ro" else "-B", spec]
+
+
+def _depth(path: str) -> int:
+    return len([p for p in path.split("/") if p])
+
+
+def _inside(path: str, folder: str) -> bool:
+    """``path`` is ``folder`` or below it (both absolute and normalised)."""
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+def host_mount_points() -> list[str]:
+    """Every mount point of gatewrap's mount namespace (``/proc/self/mounts``, read with
+    getmntent(3) by psutil, which decodes the octal escapes of proc_pid_mounts(5))."""
+    return sorted({p.mountpoint for p in psutil.disk_partitions(all=True)})
+
+
+def _checked(path: str) -> str:
+    """``path`` made absolute; refused if nsjail's ``src:dst`` flags cannot carry it."""
+    path = os.path.abspath(path)
+    if ":" in path:
+        raise GatewrapError(f"cannot show {path} in the jail: nsjail's mount flags cannot name a path "
+                            "with ':'; bind a folder above it, or rename it")
+    if path == "/":
+        raise GatewrapError("binding / would show the whole host in the jail (its sockets and secrets "
+                            "too); name the folders the agent needs")
+    return path
+
+
+def build(cwd: str, home: str, target: user.Target, ro_binds: list[str], rw_binds: list[str],
+          extra: list[tuple[str, str]] = (), mount_points: list[str] | None = None) -> list[Mount]:
+    """The run's mounts, in the order nsjail must make them (after the profile's).
+
+    ``cwd``: the working directory (writable unless it is one of :data:`PRIVATE`); ``home``:
+    the agent's home, an empty tmpfs unless it is one of :data:`PRIVATE`, the working
+    directory or a named path (or missing below a bound folder, where it cannot be made); ``ro_binds``/``rw_binds``: host paths shown read-only / writable; ``extra``:
+    (host path, path in the jail) pairs shown read-only (gatewrap's shims); ``mount_points``:
+    the host's (default :func:`host_mount_points`).
+
+    Raises:
+        GatewrapError: a path nsjail cannot name (a ``:`` in it), or ``/``.
+    """
+    points = host_mount_points() if mount_points is None else mount_points
+    named: dict[str, str] = {}
+    for path in ro_binds:
+        named[_checked(path)] = "ro"
+    for path in rw_binds:
+        named[_checked(path)] = "rw"
+    cwd = os.path.abspath(cwd)
+    if cwd not in PRIVATE:
+        named[_checked(cwd)] = "rw"
+    mounts: list[Mount] = []
+    trees: list[tuple[str, str]] = []   # (path in the jail, the host folder it shows)
+    for path in BASE:
+        if os.path.islink(path):
+            mounts.append(Mount("symlink", os.readlink(path), path))
+        elif os.path.isdir(path) and path not in named:
+            mounts.append(Mount("ro", path, path))
+            trees.append((path, path))
+    for path, kind in named.items():
+        mounts.append(Mount(kind, path, path))
+        trees.append((path, os.path.realpath(path)))
+    home = os.path.abspath(home) if home else ""
+    private_home = bool(home) and home not in PRIVATE and home not in named \
+        and (os.path.isdir(home) or not any(_inside(home, dst) for dst, _ in trees))
+    if private_home:
+        mounts.append(Mount("tmpfs", "", home))
+    for src, dst in extra:
+        mounts.append(Mount("ro", src, dst))
+    covered = {m.dst for m in mounts}
+    for dst, real in trees:
+        for point in points:
+            if point == real or not _inside(point, real):
+                continue
+            shown = dst + point[len(real.rstrip("/")):]
+            if shown in covered or (private_home and _inside(shown, home)) \
+                    or not user.can_enter(os.path.dirname(point), target):
+                continue
+            mounts.append(Mount("ro", point, shown))
+            covered.add(shown)
+    # A parent before the mounts inside it; sorted() is stable, so equal depths keep their order.
+    return sorted(mounts, key=lambda m: _depth(m.dst))
+
+
+def nsjail_args(mounts: list[Mount]) -> list[str]:
+    """The flags of every mount, in order."""
+    return [arg for m in mounts for arg in m.nsjail_args()]
+
+
+def sockets_under(paths: list[str], hidden: list[str] = (), limit: int = SOCKET_SCAN_LIMIT) -> list[str]:
+    """Unix sockets below ``paths`` (not following symlinks; folders in ``hidden`` skipped),
+    looking at no more than ``limit`` entries in all. A socket is connectable in the jail
+    even on a read-only mount (connect(2) needs write permission on the socket file, not a
+    writable file system; unix(7))."""
+    found: list[str] = []
+    seen = 0
+    for top in paths:
+        for root, dirs, files in os.walk(top, followlinks=False):
+            dirs[:] = [d for d in dirs if os.path.join(root, d) not in hidden]
+            for name in files:
+                seen += 1
+                if seen > limit:
+                    return found
+                try:
+                    if stat.S_ISSOCK(os.lstat(os.path.join(root, name)).st_mode):
+                        found.append(os.path.join(root, name))
+                except OSError:
+                    continue
+    return found
+
+
+def socket_notice(mounts: list[Mount], home: str) -> str | None:
+    """One stderr line when a path the user bound (or the working directory) holds a unix
+    socket, which the agent can connect to; None when none does."""
+    named = [m.dst for m in mounts if m.kind in ("ro", "rw") and m.src == m.dst and m.dst not in BASE
+             and not any(_inside(m.dst, b) for b in BASE)]
+    found = sockets_under([p for p in named if os.path.isdir(p)], hidden=[home]) + \
+        [p for p in named if not os.path.isdir(p) and _is_socket(p)]
+    if not found:
+        return None
+    more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+    return (f"gatewrap: note: a path shown in the jail holds a unix socket, which the agent can connect to "
+            f"(read-only does not stop connect): {found[0]}{more}; bind a folder without it to hide it")
+
+
+def notes(mounts: list[Mount], cwd: str, home: str) -> list[str]:
+    """What to tell the user about the view, one line each: a bound path that holds a unix
+    socket (:func:`socket_notice`), and a working directory that is the user's home (whose
+    secrets the agent then sees)."""
+    out = []
+    if home and os.path.abspath(cwd) == os.path.abspath(home):
+        out.append(f"gatewrap: note: the working directory is the agent's home {home}: the agent sees "
+                   "everything in it (~/.ssh, tokens); run from a project folder, or --workdir DIR")
+    notice = socket_notice(mounts, home)
+    if notice:
+        out.append(notice)
+    return out
+
+
+def _is_socket(path: str) -> bool:
+    try:
+        return stat.S_ISSOCK(os.lstat(path).st_mode)
+    except OSError:
+        return False

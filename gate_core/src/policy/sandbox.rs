@@ -1,0 +1,44 @@
+//! The policy file's `[sandbox]` table: host paths the run shows in the agent's jail, as
+//! `gatewrap run --ro-bind PATH` / `--bind PATH` would. The gate does not use them; they
+//! live in the policy so that a team shares one file for what the agent may reach.
+//!
+//! ```toml
+//! [sandbox]
+//! ro_bind = ["/opt/tools", "/srv/datasets"]   # shown read-only
+//! bind = ["/srv/scratch"]                     # shown writable
+//! ```
+
+/// One host path of `[sandbox]`, with the 1-based line it was written on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SandboxPath {
+    pub path: String,
+    pub line: usize,
+}
+
+/// The `[sandbox]` table (empty without one).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Sandbox {
+    /// `ro_bind = [..]`: shown read-only, submounts included.
+    pub ro_bind: Vec<SandboxPath>,
+    /// `bind = [..]`: shown writable (its own file system; submounts stay read-only).
+    pub bind: Vec<SandboxPath>,
+}
+
+/// Why a `[sandbox]` path is refused, or `None` if it is usable: it must be absolute,
+/// have no `.`/`..` component and no NUL, and must not be `/` (that would show the whole
+/// host, its sockets and secrets included).
+pub fn path_problem(path: &str) -> Option<&'static str> {
+    if !path.starts_with('/') {
+        return Some("expected an absolute path (starting with /)");
+    }
+    if path.contains('\0') {
+        return Some("a path cannot contain NUL");
+    }
+    if path.split('/').any(|c| c == "." || c == "..") {
+        return Some("a path cannot have . or .. components; write it out");
+    }
+    if path.split('/').all(str::is_empty) {
+        return Some("binding / would show the whole host (its sockets and secrets too); name the folders the agent needs");
+    }
+    None
+}
