@@ -216,7 +216,7 @@ def _public_range_warnings(ranges: list[str]) -> list[str]:
     return out
 
 
-_DOC_NETS = [ipaddress.ip_network(n) for n in ("192.0.2.0/24", "198.51.100.0/24", "198.51.100.128/25", "2001:db8::/32")]
+_DOC_NETS = [ipaddress.ip_network(n) for n in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24", "2001:db8::/32")]
 
 
 def _hidden_paths(ca_dir: str) -> list[str]:
