@@ -27,6 +27,9 @@ DENIED = frozenset({"denied", "rejected", "expired"})
 POLL = 0.2
 #: Read buffer (bytes).
 BUFFER = 1 << 20
+#: How a line of the gate's starts, and the length of its time stamp (:func:`stamp`).
+_GATE_PREFIX = b'{"v":1,"time":"'
+_STAMP_LEN = 27
 _AGO = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 #: Printable ASCII but ``"`` and ``\\``: JSON writers (serde_json, Python's json) write these
@@ -115,6 +118,8 @@ class Filters:
     _decisions: set[str] | None = field(init=False, repr=False, default=None)
     _groups: list[tuple[bytes, ...]] = field(init=False, repr=False, default_factory=list)
     _host_re: re.Pattern[bytes] | None = field(init=False, repr=False, default=None)
+    _since: bytes | None = field(init=False, repr=False, default=None)
+    _until: bytes | None = field(init=False, repr=False, default=None)
 
     def __post_init__(self) -> None:
         globs = tuple(h.lower()[1:-1] if h.startswith("[") and h.endswith("]") and ":" in h else h.lower()
@@ -133,16 +138,24 @@ class Filters:
             if all(n is not None for n in needles):
                 groups.append(tuple(n for n in needles if n is not None))
         if self.pid is not None:
-            groups.append((str(self.pid).encode(),))
+            groups.append((f'"pid":{self.pid}'.encode(), f'"pid": {self.pid}'.encode()))  # serde_json's, json.dumps's
         self._groups = groups
         literals = [_literal(g) for g in globs]
         host_re = None
         if globs and all(literals):
             host_re = re.compile(b"|".join(re.escape(x.encode()) for x in literals), re.IGNORECASE)
         self._host_re = host_re
+        self._since = self.since.encode() if self.since is not None and len(self.since) == _STAMP_LEN else None
+        self._until = self.until.encode() if self.until is not None and len(self.until) == _STAMP_LEN else None
 
     def quick(self, line: bytes) -> bool:
         """Whether ``line`` can hold a matching record (False means it cannot; True, maybe)."""
+        if self._since is not None or self._until is not None:
+            # The gate's lines start with v and time, compact (gate_core/src/audit/mod.rs, line()).
+            if line.startswith(_GATE_PREFIX) and line[len(_GATE_PREFIX) + _STAMP_LEN:len(_GATE_PREFIX) + _STAMP_LEN + 1] == b'"':
+                t = line[len(_GATE_PREFIX):len(_GATE_PREFIX) + _STAMP_LEN]
+                if (self._since is not None and t < self._since) or (self._until is not None and t > self._until):
+                    return False
         for group in self._groups:
             for needle in group:
                 if needle in line:

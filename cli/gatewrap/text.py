@@ -14,4 +14,6 @@ def printable(s: str) -> str:
     such as bidi overrides) as ``\\xNN``/``\\uNNNN``, so a hostile value (a process name, a
     host name) cannot move the cursor, recolour or clear the screen, or forge a line. A byte
     that was not UTF-8 (read with ``errors="surrogateescape"``) is shown as ``\\xNN``."""
+    if s.isprintable():  # the common case, checked in C (space counts as printable)
+        return s
     return "".join(c if (c.isprintable() or c == " ") else _escape(c) for c in s)
