@@ -327,3 +327,37 @@ def test_stats_counts_each_run_and_the_most_denied_destinations(log):
 def test_the_reader_streams_a_log_from_an_offset(log):
     offset = sum(len(line) for line in log.read_bytes().splitlines(keepends=True)[:6])
     assert [r["n"] for _, r in ar.entries(str(log), offset=offset)] == [6, 7, 8, 9]
+
+
+def test_options_of_audit_before_stats_are_refused_not_ignored(log):
+    p = _gw("audit", "--run", "gw-aaaaaaaaaa", "stats", "--log", str(log))
+    assert p.returncode == 125 and b"--run: options of `gatewrap audit stats` go after it" in p.stderr, p.stderr
+
+
+@pytest.mark.parametrize("glob,expected", [
+    ("[ae]vil.example", [2]),
+    ("*[.]github.com", [1]),
+    ("g?thub.com", [6, 7, 8]),
+], ids=["a character class", "a class next to a star", "a question mark"])
+def test_host_globs_with_classes_are_matched_not_prefiltered_away(log, glob, expected):
+    p = _gw("audit", "--host", glob, "--log", str(log))
+    assert [json.loads(line)["n"] for line in p.stdout.splitlines()] == expected
+
+
+def test_stats_count_denials_beyond_the_destination_bound_together(monkeypatch):
+    from gatewrap import audit_stats
+
+    monkeypatch.setattr(audit_stats, "MAX_DESTINATIONS", 2)
+    s = audit_stats.stats({"run": "gw-a", "event": "dns", "decision": "denied", "proto": "dns", "dst_host": h}
+                          for h in ("a.test", "b.test", "c.test", "a.test", "d.test"))
+    rec = s.as_record(10)
+    assert rec["top_denied"] == [{"destination": "dns a.test", "count": 2}, {"destination": "dns b.test", "count": 1}]
+    assert rec["other_denied"] == 2 and rec["runs"][0]["denied"] == 5
+
+
+def test_a_closed_pipe_ends_the_reader_quietly(log):
+    data = log.read_bytes()
+    log.write_bytes(data * 2000)
+    p = subprocess.run(" ".join(gatewrap_cmd("audit", "--json", "--log", str(log))) + " | head -n 1",
+                       shell=True, capture_output=True, timeout=60)
+    assert p.stdout.count(b"\n") == 1 and b"Traceback" not in p.stderr and b"BrokenPipe" not in p.stderr, p.stderr

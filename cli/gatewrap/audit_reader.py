@@ -92,8 +92,13 @@ def _needle(value: str) -> bytes | None:
 
 
 def _literal(glob: str) -> str:
-    """The longest run of plain characters in ``glob`` (what any match must contain)."""
-    return max(re.split(r"[*?\[\]]", glob), key=len)
+    """The longest run of plain characters in ``glob`` (what any match must contain, as
+    every JSON writer spells it); "" when there is none or it cannot be known (a ``[...]``
+    class, a character a writer might escape)."""
+    if "[" in glob:
+        return ""
+    best = max(re.split(r"[*?]", glob), key=len)
+    return best if _VERBATIM.fullmatch(best) else ""
 
 
 @dataclass

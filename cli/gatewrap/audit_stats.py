@@ -49,12 +49,20 @@ class RunCounts:
             self.failed += 1
 
 
+#: Most distinct denied destinations counted one by one; denials to further ones are counted
+#: together (``other_denied``), so a hostile log (a DNS tunnel's unique names) cannot make
+#: the count's memory grow without bound.
+MAX_DESTINATIONS = 100_000
+
+
 @dataclass
 class Stats:
-    """Per-run counts (in order of first record) and denied destinations with their counts."""
+    """Per-run counts (in order of first record), denied destinations with their counts (the
+    first :data:`MAX_DESTINATIONS` distinct ones) and the denials to destinations beyond them."""
 
     runs: dict[str, RunCounts] = field(default_factory=dict)
     denied_to: Counter[str] = field(default_factory=Counter)
+    other_denied: int = 0
 
     def add(self, rec: dict[str, Any]) -> None:
         """Count one record."""
@@ -64,12 +72,18 @@ class Stats:
             counts = self.runs[run] = RunCounts(run)
         counts.add(rec)
         if rec.get("decision") in DENIED:
-            self.denied_to[destination(rec)] += 1
+            dest = destination(rec)
+            if dest in self.denied_to or len(self.denied_to) < MAX_DESTINATIONS:
+                self.denied_to[dest] += 1
+            else:
+                self.other_denied += 1
 
     def as_record(self, top: int) -> dict[str, Any]:
-        """``{"runs": [RunCounts...], "top_denied": [{"destination", "count"}...]}`` (``top`` of them)."""
+        """``{"runs": [RunCounts...], "top_denied": [{"destination", "count"}...] (``top`` of them),
+        "other_denied": N}`` (denials to destinations beyond :data:`MAX_DESTINATIONS`)."""
         return {"runs": [asdict(c) for c in self.runs.values()],
-                "top_denied": [{"destination": d, "count": n} for d, n in self.denied_to.most_common(top)]}
+                "top_denied": [{"destination": d, "count": n} for d, n in self.denied_to.most_common(top)],
+                "other_denied": self.other_denied}
 
     def lines(self, top: int) -> list[str]:
         """The two tables, for a terminal (values escaped)."""
@@ -79,6 +93,8 @@ class Stats:
             out.append(f"{printable(c.run):<14} {c.allowed:>8} {c.denied:>8} {c.direct_egress:>8} {c.failed:>8}  {status}")
         out += ["", f"{'DENIED':>8}  DESTINATION (top {top})"]
         out += [f"{n:>8}  {printable(d)}" for d, n in self.denied_to.most_common(top)] or ["       0  -"]
+        if self.other_denied:
+            out.append(f"{self.other_denied:>8}  (to destinations beyond the first {MAX_DESTINATIONS} distinct ones)")
         return out
 
 

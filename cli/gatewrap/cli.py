@@ -165,6 +165,11 @@ def audit(ctx: click.Context, run_id: str | None, events: tuple[str, ...], decis
       gatewrap audit --follow
     """
     if ctx.invoked_subcommand is not None:
+        given = [p.opts[0] for p in ctx.command.params if p.name is not None
+                 and ctx.get_parameter_source(p.name) is not click.core.ParameterSource.DEFAULT]
+        if given:
+            raise click.UsageError(f"{', '.join(given)}: options of `gatewrap audit {ctx.invoked_subcommand}` go "
+                                   f"after it (gatewrap audit {ctx.invoked_subcommand} --help)")
         return 0
     from . import audit_format as af
     from . import audit_reader as ar

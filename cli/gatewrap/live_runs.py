@@ -94,7 +94,8 @@ def live_run(run_id: str, now: float | None = None) -> LiveRun | None:
             started = None
     now = time.time() if now is None else now
     uid = start.get("uid") if start else None
-    return LiveRun(run=run_id, pid=int(info.get("pid", 0)), argv=start.get("argv") if start else None,
+    pid = info.get("pid")
+    return LiveRun(run=run_id, pid=pid if isinstance(pid, int) else 0, argv=start.get("argv") if start else None,
                    user=_user(uid), uid=uid if isinstance(uid, int) else None, started=started,
                    uptime_s=None if started is None else max(0.0, now - started),
                    audit_log=info.get("audit_log"), counts=counts)
