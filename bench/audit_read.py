@@ -7,7 +7,7 @@ JSON; cli/gatewrap/kernel_denials.py), for 2000 runs of ~2 MB each, one after an
 ``run_start``, then a mix of allowed/denied/failed ``request`` and ``connect`` records, ``dns``
 queries and ``direct_egress`` kernel denials (pid, comm, cmdline), then a ``run_end``. Then
 runs each case as its own process (the real CLI, output to /dev/null) and reports its wall
-time, MB/s over the log's size and peak RSS (wait4's ru_maxrss); the log is in the page
+time, MB/s over the log's size and peak RSS (its VmHWM at exit); the log is in the page
 cache (read once first), so the figures are the reader's, not the disk's. The prefilter is
 measured in-process: the same filtered read with and without it.
 
@@ -21,7 +21,6 @@ import datetime as dt
 import json
 import os
 import random
-import resource
 import subprocess
 import sys
 import tempfile
@@ -107,18 +106,32 @@ def write_log(path: str, size_mb: int) -> tuple[int, list[str], str]:
     return n, runs, mid
 
 
-def timed(argv: list[str]) -> dict:
-    """Run argv with stdout to /dev/null: wall seconds and peak RSS (MiB)."""
-    t0 = time.monotonic()
-    with open(os.devnull, "w") as null:
-        p = subprocess.Popen(argv, stdout=null, stderr=subprocess.PIPE)
-        _, status, ru = os.wait4(p.pid, 0)
-        p.returncode = os.waitstatus_to_exitcode(status)
-        err = p.stderr.read().decode() if p.stderr else ""
-    wall = time.monotonic() - t0
-    if p.returncode != 0:
-        raise SystemExit(f"{argv}: exit {p.returncode}: {err}")
-    return {"seconds": round(wall, 2), "peak_rss_mib": round(ru.ru_maxrss / 1024, 1)}
+#: Runs gatewrap's main with its arguments and, at exit, writes the process's own peak RSS
+#: (VmHWM of /proc/self/status, proc(5): the high-water mark of this program's memory; wait4's
+#: ru_maxrss would also count the parent's RSS at fork) to the file $GW_BENCH_HWM.
+WRAPPER = """
+import atexit, os, sys
+def hwm():
+    with open("/proc/self/status") as f, open(os.environ["GW_BENCH_HWM"], "w") as out:
+        out.write(next(l for l in f if l.startswith("VmHWM:")).split()[1])
+atexit.register(hwm)
+sys.argv = ["gatewrap", *sys.argv[1:]]
+from gatewrap.cli import main
+main()
+"""
+
+
+def timed(args: list[str]) -> dict:
+    """Run ``gatewrap ARGS`` with stdout to /dev/null: wall seconds and peak RSS (MiB)."""
+    with tempfile.NamedTemporaryFile() as hwm:
+        t0 = time.monotonic()
+        p = subprocess.run([sys.executable, "-c", WRAPPER, *args], stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE, env=dict(os.environ, GW_BENCH_HWM=hwm.name))
+        wall = time.monotonic() - t0
+        if p.returncode != 0:
+            raise SystemExit(f"{args}: exit {p.returncode}: {p.stderr.decode()}")
+        kib = int(open(hwm.name).read())
+    return {"seconds": round(wall, 2), "peak_rss_mib": round(kib / 1024, 1)}
 
 
 def prefilter_effect(path: str, run: str) -> dict:
@@ -141,7 +154,7 @@ def main() -> None:
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     size_mb = int(args[0]) if args else 1024
     keep = "--keep" in sys.argv
-    gw = [sys.executable, "-m", "gatewrap", "audit"]
+    gw = ["audit"]
     with tempfile.TemporaryDirectory(prefix="gw-bench-audit-") as d:
         path = os.path.join(d, "audit.jsonl")
         t0 = time.monotonic()
