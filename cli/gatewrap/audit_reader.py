@@ -19,6 +19,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+import orjson
+
 from .errors import GatewrapError
 
 #: Decisions that count as a denial for ``--denied``.
@@ -30,6 +32,7 @@ BUFFER = 1 << 20
 #: How a line of the gate's starts, and the length of its time stamp (:func:`stamp`).
 _GATE_PREFIX = b'{"v":1,"time":"'
 _STAMP_LEN = 27
+_STAMP_AT = len(_GATE_PREFIX)
 _AGO = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 #: Printable ASCII but ``"`` and ``\\``: JSON writers (serde_json, Python's json) write these
@@ -157,8 +160,9 @@ class Filters:
         """Whether ``line`` can hold a matching record (False means it cannot; True, maybe)."""
         if self._since is not None or self._until is not None:
             # The gate's lines start with v and time, compact (gate_core/src/audit/mod.rs, line()).
-            if line.startswith(_GATE_PREFIX) and line[len(_GATE_PREFIX) + _STAMP_LEN:len(_GATE_PREFIX) + _STAMP_LEN + 1] == b'"':
-                t = line[len(_GATE_PREFIX):len(_GATE_PREFIX) + _STAMP_LEN]
+            t = line[_STAMP_AT:_STAMP_AT + _STAMP_LEN]
+            if line.startswith(_GATE_PREFIX) and line[_STAMP_AT + _STAMP_LEN:_STAMP_AT + _STAMP_LEN + 1] == b'"' \
+                    and b"\\" not in t:
                 if (self._since is not None and t < self._since) or (self._until is not None and t > self._until):
                     return False
         for group in self._groups:
@@ -258,14 +262,19 @@ def follow_lines(path: str, err: TextIO, poll: float = POLL) -> Iterator[tuple[i
 
 
 def parse(line: bytes) -> Any:
-    """The JSON value of one line; bytes that are not UTF-8 become surrogate escapes.
+    """The JSON value of one line, as Python's json reads it; bytes that are not UTF-8
+    become surrogate escapes.
+
+    orjson parses (about four times as fast, bench/audit_read.py); what it refuses (bytes
+    that are not UTF-8, a lone surrogate escape, an integer beyond 64 bits, NaN) goes to
+    Python's json, which decides.
 
     Raises:
         ValueError: not JSON (``json.JSONDecodeError``).
     """
     try:
-        return json.loads(line)
-    except UnicodeDecodeError:
+        return orjson.loads(line)
+    except orjson.JSONDecodeError:
         return json.loads(line.decode("utf-8", "surrogateescape"))
 
 
