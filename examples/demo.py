@@ -46,8 +46,8 @@ def main() -> int:
                "--ro-bind", shown, "--workdir", "/tmp", "--", "/usr/bin/python3", agent]
         print("$ " + " ".join(cmd), flush=True)
         rc = subprocess.run(cmd, env=env).returncode
-        print(f"\n$ gatewrap audit --log {audit}", flush=True)
-        subprocess.run(["gatewrap", "audit", "--log", audit])
+        print(f"\n$ gatewrap audit --format table --log {audit}", flush=True)
+        subprocess.run(["gatewrap", "audit", "--format", "table", "--log", audit])
         print(f"\n$ gatewrap audit --denied --json --log {audit}", flush=True)
         subprocess.run(["gatewrap", "audit", "--denied", "--json", "--log", audit])
     shutil.rmtree(shown, ignore_errors=True)

@@ -82,7 +82,7 @@ def test_audit_lists_denials_as_json_and_table(tmp_path):
     assert p.returncode == 0
     assert [json.loads(line) for line in p.stdout.splitlines()] == recs[1:]
     assert f"{log}:4: not a JSON record" in p.stderr
-    p = _gw("audit", "--run", "gw-a", "--log", str(log))
+    p = _gw("audit", "--run", "gw-a", "--format", "table", "--log", str(log))
     lines = p.stdout.splitlines()
     assert lines[0].startswith("TIME") and len(lines) == 3
     assert "\x1b" not in p.stdout and "evil\\x1b[2J.test" in p.stdout
@@ -102,7 +102,7 @@ def test_audit_lists_denials_as_json_and_table(tmp_path):
 def test_audit_table_rows_say_report_mode_and_inspection(tmp_path, rec, says, never):
     log = tmp_path / "audit.jsonl"
     log.write_text(json.dumps({"v": 1, "time": "2026-12-01T09:00:00.000000Z", "run": "gw-a", **rec}) + "\n")
-    p = _gw("audit", "--log", str(log))
+    p = _gw("audit", "--format", "table", "--log", str(log))
     assert p.returncode == 0 and says in p.stdout, p.stdout + p.stderr
     assert never is None or never not in p.stdout, p.stdout
 

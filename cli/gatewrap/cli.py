@@ -30,6 +30,7 @@ def cli() -> None:
       sudo gatewrap run --allow pypi.org --allow files.pythonhosted.org -- pip download requests
       sudo gatewrap run --policy policy.toml -- python agent.py
       gatewrap audit --denied
+      sudo gatewrap ps
       sudo gatewrap doctor
     """
 
@@ -114,38 +115,188 @@ def run(allow: tuple[str, ...], deny: tuple[str, ...], policy_file: str | None, 
     return result.exit_code
 
 
-@cli.command(context_settings=CONTEXT)
+DEFAULT_LOG = "/var/log/gatewrap/audit.jsonl"
+
+
+def _log_option(f):  # type: ignore[no-untyped-def]
+    return click.option("--log", "path", default=DEFAULT_LOG, show_default=True, metavar="PATH",
+                        help="The audit log to read.")(f)
+
+
+def _time_option(name: str, what: str):  # type: ignore[no-untyped-def]
+    return click.option(name, metavar="TIME", callback=lambda c, p, v: _time(c, p, v),
+                        help=f"Only records {what} TIME: ISO 8601 (2026-12-01T09:30; UTC with Z; no offset = "
+                             "local time) or a time ago (90s, 10m, 2h, 1d).")
+
+
+@cli.group("audit", context_settings=CONTEXT, invoke_without_command=True)
 @click.option("--run", "run_id", metavar="ID", help="Only records of run ID (gw-...).")
+@click.option("--event", "events", multiple=True, metavar="EVENT",
+              help="Only EVENT records: run_start, run_end, request, connect, dns, direct_egress. Repeatable.")
+@click.option("--decision", "decisions", multiple=True, metavar="DECISION",
+              help="Only records with this decision: allowed, denied, failed. Repeatable.")
 @click.option("--denied", is_flag=True, help="Only denials (by policy, at the kernel, rejected, expired).")
-@click.option("--json", "as_json", is_flag=True, help="JSON lines, one record each, as written.")
-@click.option("--follow", "-f", is_flag=True, help="Keep printing new records as they are written.")
-@click.option("--log", "path", default="/var/log/gatewrap/audit.jsonl", show_default=True, metavar="PATH",
-              help="The audit log to read.")
-def audit(run_id: str | None, denied: bool, as_json: bool, follow: bool, path: str) -> int:
-    """Show the audit log as a table (or JSON lines with --json).
+@click.option("--host", "hosts", multiple=True, metavar="GLOB",
+              help="Only records whose destination (the canonical host, else the IP) matches GLOB "
+                   "(fnmatch: *.example.com, 203.0.113.*), case-insensitively. Repeatable.")
+@_time_option("--since", "at or after")
+@_time_option("--until", "at or before")
+@click.option("--pid", type=int, metavar="PID", help="Only records of process PID (kernel denials name it).")
+@click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]),
+              help="table (the default on a terminal), json (JSON lines, the default otherwise) or csv.")
+@click.option("--json", "as_json", is_flag=True, help="Same as --format json.")
+@click.option("--follow", "-f", is_flag=True,
+              help="Keep printing new records as they are written (follows rotation and truncation; Ctrl-C ends).")
+@_log_option
+@click.pass_context
+def audit(ctx: click.Context, run_id: str | None, events: tuple[str, ...], decisions: tuple[str, ...],
+          denied: bool, hosts: tuple[str, ...], since: str | None, until: str | None, pid: int | None,
+          fmt: str | None, as_json: bool, follow: bool, path: str) -> int:
+    """Show the audit log: a table on a terminal, JSON lines otherwise, or CSV.
+
+    \b
+    Filters combine (a record must pass all); a repeated one is a choice (any).
+    Table and CSV escape control characters; JSON lines are printable ASCII.
+    Exit 1 when there is no log. `gatewrap audit stats` counts per run.
 
     \b
     Examples:
       gatewrap audit --denied
       gatewrap audit --run gw-0123456789 --json | jq .dst_host
+      gatewrap audit --host '*.github.com' --since 2h --format csv > github.csv
       gatewrap audit --follow
     """
+    if ctx.invoked_subcommand is not None:
+        given = [p.opts[0] for p in ctx.command.params if p.name is not None
+                 and ctx.get_parameter_source(p.name) is not click.core.ParameterSource.DEFAULT]
+        if given:
+            raise click.UsageError(f"{', '.join(given)}: options of `gatewrap audit {ctx.invoked_subcommand}` go "
+                                   f"after it (gatewrap audit {ctx.invoked_subcommand} --help)")
+        return 0
+    from . import audit_format as af
     from . import audit_reader as ar
 
+    fmt = "json" if as_json else fmt or ("table" if sys.stdout.isatty() else "json")
+    filters = ar.Filters(run=run_id, events=events, decisions=decisions, denied=denied, hosts=hosts,
+                         since=since, until=until, pid=pid)
+    out = sys.stdout
     shown = 0
     try:
-        for rec in ar.records(path, follow=follow):
-            if ar.matches(rec, run_id, denied):
-                if not shown and not as_json:
-                    click.echo(ar.header())
-                click.echo(json.dumps(rec) if as_json else ar.row(rec))
-                shown += 1
+        csv_out = None
+        for line, rec in ar.entries(path, filters, follow=follow):
+            if fmt == "json":
+                out.write(af.json_line(line, rec) + "\n")
+            elif fmt == "csv":
+                csv_out = csv_out or af.CsvOut(out)
+                csv_out.write(rec)
+            else:
+                if not shown:
+                    out.write(af.header() + "\n")
+                out.write(af.row(rec) + "\n")
+            shown += 1
+            if follow:
+                out.flush()
         if not shown:
             click.echo(f"gatewrap: no matching records in {path}", err=True)
+        out.flush()
     except FileNotFoundError:
         raise GatewrapError(f"no audit log at {path}: nothing has run yet, or pass --log PATH", exit_code=1)
     except KeyboardInterrupt:
         return 0
+    except BrokenPipeError:
+        _quiet_stdout()
+    return 0
+
+
+@audit.command("stats", context_settings=CONTEXT)
+@click.option("--run", "run_id", metavar="ID", help="Only run ID (gw-...).")
+@_time_option("--since", "at or after")
+@_time_option("--until", "at or before")
+@click.option("--top", default=10, show_default=True, type=click.IntRange(min=1),
+              help="How many of the most denied destinations to list.")
+@click.option("--json", "as_json", is_flag=True, help='Print {"runs": [...], "top_denied": [...]} as one JSON object.')
+@_log_option
+def audit_stats(run_id: str | None, since: str | None, until: str | None, top: int, as_json: bool, path: str) -> int:
+    """Count each run's records (allowed, denied, direct egress, failed) and list the most
+    denied destinations.
+
+    \b
+    Counts follow the run_end record's: allowed leaves out TLS-inspected tunnels (their
+    requests are counted), denied is the gate's, direct egress the kernel's.
+
+    \b
+    Examples:
+      gatewrap audit stats
+      gatewrap audit stats --since 1d --top 20 --json | jq '.top_denied'
+    """
+    from . import audit_reader as ar
+    from .audit_stats import stats
+
+    try:
+        s = stats(ar.records(path, filters=ar.Filters(run=run_id, since=since, until=until)))
+    except FileNotFoundError:
+        raise GatewrapError(f"no audit log at {path}: nothing has run yet, or pass --log PATH", exit_code=1)
+    for line in [json.dumps(s.as_record(top))] if as_json else s.lines(top):
+        click.echo(line)
+    return 0
+
+
+@cli.command(context_settings=CONTEXT)
+@click.option("--json", "as_json", is_flag=True, help="Print the runs as a JSON array.")
+def ps(as_json: bool) -> int:
+    """List the live runs: id, gatewrap's pid, the agent's user, uptime, counts so far, command.
+
+    \b
+    Counts are the run's own records in its audit log so far (read from where the log
+    ended when the run started). Pending approvals do not exist yet. Needs root (the run
+    registry, /run/gatewrap/runs, is root's).
+
+    \b
+    Example:
+      sudo gatewrap ps --json | jq -r '.[].run'
+    """
+    from .live_runs import live_runs, ps_lines
+    from .runner import require_root
+
+    require_root("ps")
+    runs = live_runs()
+    if as_json:
+        click.echo(json.dumps([r.as_record() for r in runs]))
+    elif runs:
+        for line in ps_lines(runs):
+            click.echo(line)
+    else:
+        click.echo("gatewrap: no live runs", err=True)
+    return 0
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("run_id", metavar="RUN")
+@click.option("--timeout", default=30.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
+              metavar="SECONDS", help="How long to wait for the run to end.")
+@click.option("--json", "as_json", is_flag=True, help="Print {run, stopped, signal, exit_code, run_end} as one JSON object.")
+def stop(run_id: str, timeout: float, as_json: bool) -> int:
+    """End run RUN as SIGTERM would, and wait for it to end.
+
+    \b
+    gatewrap forwards the signal to the agent, tears the sandbox down and writes the
+    run_end record. Exit 0 when the run has ended, 1 when RUN is not a live run
+    (gatewrap ps lists them), 125 when it is still running after --timeout.
+
+    \b
+    Example:
+      sudo gatewrap stop gw-0123456789
+    """
+    from .live_runs import stop as do_stop
+    from .runner import require_root
+
+    require_root("stop")
+    res = do_stop(run_id, timeout)
+    if as_json:
+        click.echo(json.dumps(res.as_record()))
+    else:
+        end = f"the agent exited {res.exit_code}" if res.exit_code is not None else "no run_end record in its log"
+        click.echo(f"gatewrap: stopped {run_id}: {end}")
     return 0
 
 
@@ -295,6 +446,24 @@ def policy_suggest(run_id: str, path: str, as_json: bool) -> int:
     else:
         click.echo(s.toml(), nl=False)
     return 0
+
+
+def _time(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    from .audit_reader import parse_time
+
+    if value is None:
+        return None
+    try:
+        return parse_time(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+
+
+def _quiet_stdout() -> None:
+    """The reader of our output went away (``| head``): stop writing, exit quietly (Python's
+    "Note on SIGPIPE", signal module docs)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
 
 
 def _size(value: str | None) -> int | None:

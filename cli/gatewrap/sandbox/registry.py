@@ -9,6 +9,8 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import time
+from typing import Any
 
 RUNS_DIR = "/run/gatewrap/runs"
 
@@ -19,10 +21,13 @@ def lock_path(run_id: str) -> str:
 
 
 def claim(run_id: str, audit_log: str) -> int:
-    """Create and lock the run's lock file, recording where its audit log is (for
-    :func:`audit_log_of` after a crash); returns the fd (close it to release).
+    """Create and lock the run's lock file; returns the fd (close it to release).
 
-    The fd is close-on-exec, so the agent never inherits it.
+    The file holds ``{"audit_log", "audit_offset", "pid", "started"}``: where the run's audit
+    log is (for :func:`audit_log_of` after a crash), its size in bytes now (the run's records
+    all come after it, so ``gatewrap ps`` reads from there), gatewrap's pid (``gatewrap stop``
+    signals it) and the time (Unix seconds). The fd is close-on-exec, so the agent never
+    inherits it.
     """
     os.makedirs(RUNS_DIR, mode=0o755, exist_ok=True)
     # Locked under a private name, then renamed into place: a lock file that gc can see is
@@ -30,18 +35,40 @@ def claim(run_id: str, audit_log: str) -> int:
     tmp = os.path.join(RUNS_DIR, f".{run_id}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    os.write(fd, json.dumps({"audit_log": os.path.abspath(audit_log), "pid": os.getpid()}).encode())
+    try:
+        offset = os.path.getsize(audit_log)
+    except OSError:
+        offset = 0
+    os.write(fd, json.dumps({"audit_log": os.path.abspath(audit_log), "audit_offset": offset,
+                             "pid": os.getpid(), "started": time.time()}).encode())
     os.rename(tmp, lock_path(run_id))
     return fd
 
 
-def audit_log_of(run_id: str) -> str | None:
-    """The audit log a (dead) run was writing to, from its lock file; None if unknown."""
+def info(run_id: str) -> dict[str, Any] | None:
+    """What :func:`claim` wrote in the run's lock file; None if there is none or it is unreadable."""
     try:
         with open(lock_path(run_id)) as f:
-            return json.load(f).get("audit_log")
-    except (OSError, ValueError, AttributeError):
+            got = json.load(f)
+    except (OSError, ValueError):
         return None
+    return got if isinstance(got, dict) else None
+
+
+def audit_log_of(run_id: str) -> str | None:
+    """The audit log a (dead) run was writing to, from its lock file; None if unknown."""
+    got = info(run_id)
+    return got.get("audit_log") if got else None
+
+
+def live() -> list[str]:
+    """Ids of the runs a gatewrap process owns now, sorted."""
+    try:
+        names = os.listdir(RUNS_DIR)
+    except FileNotFoundError:
+        return []
+    return sorted(i for i in (n[: -len(".lock")] for n in names if n.endswith(".lock") and not n.startswith("."))
+                  if alive(i))
 
 
 def release(run_id: str, fd: int) -> None:

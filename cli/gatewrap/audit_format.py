@@ -1,0 +1,111 @@
+"""How ``gatewrap audit`` prints records: a table (a terminal), JSON lines or CSV.
+
+Every format is safe to print to a terminal: the table and CSV escape control characters
+with :func:`gatewrap.text.printable`; JSON lines are printable ASCII (Python's json escapes
+everything else, DEL included; a line of the log that already is passes through as written).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+from typing import Any, TextIO
+
+from .text import printable
+
+FORMATS = ("table", "json", "csv")
+#: Columns of the table: (header, width).
+COLUMNS = (("TIME", 27), ("RUN", 13), ("EVENT", 13), ("DECISION", 8), ("DESTINATION", 34), ("WHO / WHY", 0))
+#: Columns of CSV, in order: the fields of gate and kernel records that say what, where, who and why.
+CSV_FIELDS = ("time", "run", "event", "decision", "proto", "dst_host", "dst_ip", "dst_port", "method",
+              "target", "status", "client", "pid", "uid", "comm", "cmdline", "hook", "rule", "reason", "error")
+#: A line that is printable ASCII through and through (JSON whitespace included).
+_PLAIN = re.compile(rb"[ -~]*\n?")
+#: Cell starts a spreadsheet reads as a formula (OWASP, "CSV Injection").
+_FORMULA = ("=", "+", "-", "@")
+
+
+def json_line(line: bytes, rec: dict[str, Any]) -> str:
+    """The record as one line of JSON: ``line`` itself when it is printable ASCII, else
+    ``rec`` re-encoded (non-ASCII and controls as ``\\uXXXX``)."""
+    if _PLAIN.fullmatch(line):
+        return line.rstrip(b"\n").decode("ascii")
+    return json.dumps(rec)
+
+
+class CsvOut:
+    """CSV (RFC 4180, a header row first) of :data:`CSV_FIELDS` on ``out``.
+
+    Cells are escaped with :func:`printable` and a cell that a spreadsheet would run as a
+    formula gets a leading ``'``; lists and objects are written as JSON.
+    """
+
+    def __init__(self, out: TextIO) -> None:
+        self._w = csv.writer(out, lineterminator="\n")
+        self._w.writerow(CSV_FIELDS)
+
+    def write(self, rec: dict[str, Any]) -> None:
+        """One row."""
+        self._w.writerow([_cell(rec.get(k)) for k in CSV_FIELDS])
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    text = printable(value if isinstance(value, str) else json.dumps(value))
+    return "'" + text if text.startswith(_FORMULA) else text
+
+
+def destination(rec: dict[str, Any]) -> str:
+    """``proto host:port`` or ``proto ip:port`` of a record, or ``-``."""
+    host = rec.get("dst_host") or rec.get("dst_ip")
+    if not host:
+        return "-"
+    host = f"[{host}]" if ":" in str(host) else str(host)
+    port = rec.get("dst_port")
+    proto = rec.get("proto", "")
+    return f"{proto} {host}{f':{port}' if port is not None else ''}".strip()
+
+
+def who_why(rec: dict[str, Any]) -> str:
+    """Process and reason columns, merged."""
+    parts = []
+    if rec.get("would"):
+        parts.append(f"report mode: enforce would {rec['would']}")
+    if rec.get("event") == "connect" and rec.get("inspected") is True:
+        parts.append("TLS-inspected tunnel")
+    if rec.get("pid") is not None:
+        parts.append(f"pid {rec['pid']} {rec.get('comm') or rec.get('cmdline') or ''}".strip())
+    for key in ("reason", "error", "rule"):
+        value = rec.get(key)
+        if value and not any(str(value) in p for p in parts):
+            parts.append(str(value))
+    if rec.get("event") == "run_end":
+        parts.append(
+            f"exit {rec.get('exit_code')}: {rec.get('allowed', 0)} allowed, {rec.get('denied', 0)} denied, "
+            f"{rec.get('failed', 0)} failed, {rec.get('direct_egress', 0)} direct egress blocked"
+            + (f", {rec['inspected']} tunnels TLS-inspected" if rec.get("inspected") else "")
+            + (f", {rec['would_deny']} would be denied in enforce mode" if rec.get("would_deny") else "")
+        )
+    if rec.get("event") == "run_start" and rec.get("argv"):
+        parts.append(" ".join(map(str, rec["argv"])))
+    return "; ".join(parts)
+
+
+def row(rec: dict[str, Any]) -> str:
+    """One table row, control characters escaped."""
+    cells = [
+        str(rec.get("time", "-")), str(rec.get("run", "-")), str(rec.get("event", "-")),
+        str(rec.get("decision", "-")), destination(rec), who_why(rec),
+    ]
+    out = []
+    for (_, width), cell in zip(COLUMNS, cells):
+        cell = printable(cell)
+        out.append(cell.ljust(width) if width else cell)
+    return " ".join(out).rstrip()
+
+
+def header() -> str:
+    """The table's header line."""
+    return " ".join(h.ljust(w) if w else h for h, w in COLUMNS)

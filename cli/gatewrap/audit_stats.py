@@ -1,0 +1,106 @@
+"""``gatewrap audit stats``: counts per run and the most denied destinations, in one pass."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .audit_format import destination
+from .audit_reader import DENIED
+from .text import printable
+
+
+@dataclass
+class RunCounts:
+    """One run's records, counted as its ``run_end`` counts them (runner.py, the gate's
+    ``counts()``): ``allowed`` leaves out TLS-inspected tunnels (their requests count);
+    ``denied`` is the gate's denials (policy, SSRF, DNS, budget; rejected and expired
+    approvals); ``direct_egress`` the kernel's; ``failed`` what upstream or the client broke."""
+
+    run: str
+    allowed: int = 0
+    denied: int = 0
+    direct_egress: int = 0
+    failed: int = 0
+    #: The time of its ``run_start`` record, if the log holds it.
+    started: str | None = None
+    #: ``exit_code`` of its ``run_end`` record; None while running (or when gatewrap died).
+    exit_code: int | None = None
+    ended: bool = False
+
+    def add(self, rec: dict[str, Any]) -> None:
+        """Count one record of this run."""
+        event, decision = rec.get("event"), rec.get("decision")
+        if event == "run_start":
+            self.started = rec.get("time")
+        elif event == "run_end":
+            self.ended = True
+            self.exit_code = rec.get("exit_code")
+        elif event == "direct_egress":
+            self.direct_egress += 1
+        elif decision == "allowed":
+            if not (event == "connect" and rec.get("inspected") is True):
+                self.allowed += 1
+        elif decision in DENIED:
+            self.denied += 1
+        elif decision == "failed":
+            self.failed += 1
+
+
+#: Most distinct denied destinations counted one by one; denials to further ones are counted
+#: together (``other_denied``), so a hostile log (a DNS tunnel's unique names) cannot make
+#: the count's memory grow without bound.
+MAX_DESTINATIONS = 100_000
+
+
+@dataclass
+class Stats:
+    """Per-run counts (in order of first record), denied destinations with their counts (the
+    first :data:`MAX_DESTINATIONS` distinct ones) and the denials to destinations beyond them."""
+
+    runs: dict[str, RunCounts] = field(default_factory=dict)
+    denied_to: Counter[str] = field(default_factory=Counter)
+    other_denied: int = 0
+
+    def add(self, rec: dict[str, Any]) -> None:
+        """Count one record."""
+        run = str(rec.get("run", "-"))
+        counts = self.runs.get(run)
+        if counts is None:
+            counts = self.runs[run] = RunCounts(run)
+        counts.add(rec)
+        if rec.get("decision") in DENIED:
+            dest = destination(rec)
+            if dest in self.denied_to or len(self.denied_to) < MAX_DESTINATIONS:
+                self.denied_to[dest] += 1
+            else:
+                self.other_denied += 1
+
+    def as_record(self, top: int) -> dict[str, Any]:
+        """``{"runs": [RunCounts...], "top_denied": [{"destination", "count"}...] (``top`` of them),
+        "other_denied": N}`` (denials to destinations beyond :data:`MAX_DESTINATIONS`)."""
+        return {"runs": [asdict(c) for c in self.runs.values()],
+                "top_denied": [{"destination": d, "count": n} for d, n in self.denied_to.most_common(top)],
+                "other_denied": self.other_denied}
+
+    def lines(self, top: int) -> list[str]:
+        """The two tables, for a terminal (values escaped)."""
+        out = [f"{'RUN':<14} {'ALLOWED':>8} {'DENIED':>8} {'DIRECT':>8} {'FAILED':>8}  STATUS"]
+        for c in self.runs.values():
+            status = f"exit {c.exit_code}" if c.exit_code is not None else ("ended" if c.ended else "running or died")
+            out.append(f"{printable(c.run):<14} {c.allowed:>8} {c.denied:>8} {c.direct_egress:>8} {c.failed:>8}  {status}")
+        out += ["", f"{'DENIED':>8}  DESTINATION (top {top})"]
+        out += [f"{n:>8}  {printable(d)}" for d, n in self.denied_to.most_common(top)] or ["       0  -"]
+        if self.other_denied:
+            out.append(f"{self.other_denied:>8}  (to destinations beyond the first {MAX_DESTINATIONS} distinct ones)")
+        return out
+
+
+def stats(records: Iterable[dict[str, Any]]) -> Stats:
+    """Count ``records`` (any iterable; read once)."""
+    s = Stats()
+    for rec in records:
+        s.add(rec)
+    return s

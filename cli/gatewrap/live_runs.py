@@ -1,0 +1,201 @@
+"""``gatewrap ps`` and ``gatewrap stop``: the runs alive now, from the run registry.
+
+A live run is one whose lock file a gatewrap process holds (sandbox/registry.py). What it
+runs and as whom come from its ``run_start`` record; its counts so far from its own
+records in its audit log, read from where the log ended when the run started (the lock
+file's ``audit_offset``): exact, and costs a read of what was written since then (every
+run's records in that log), never the whole log. Pending approvals do not exist yet, so
+they are not shown.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pwd
+import select
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from . import audit_reader as ar
+from .audit_stats import RunCounts
+from .errors import GatewrapError
+from .sandbox import registry
+from .text import printable
+
+
+@dataclass
+class LiveRun:
+    """One live run: its gatewrap's pid, the agent's argv and user (None until its
+    ``run_start`` record is written), its age in seconds and its counts so far."""
+
+    run: str
+    pid: int
+    argv: list[str] | None
+    user: str | None
+    uid: int | None
+    started: float | None
+    uptime_s: float | None
+    audit_log: str | None
+    counts: RunCounts = field(default_factory=lambda: RunCounts(""))
+
+    def as_record(self) -> dict[str, Any]:
+        """``{run, pid, argv, user, uid, started, uptime_s, audit_log, allowed, denied,
+        direct_egress, failed}`` (``started``: Unix seconds)."""
+        c = self.counts
+        rec = {k: v for k, v in asdict(self).items() if k != "counts"}
+        rec.update(allowed=c.allowed, denied=c.denied, direct_egress=c.direct_egress, failed=c.failed)
+        return rec
+
+
+def _user(uid: Any) -> str | None:
+    if not isinstance(uid, int):
+        return None
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def _own_records(run_id: str, info: dict[str, Any], **filters: Any) -> Iterator[dict[str, Any]]:
+    """The run's records passing ``filters``, from its audit log after its offset (from the
+    start when the file is now shorter than that: it was truncated or rotated); nothing
+    when the log is unknown or gone."""
+    path, offset = info.get("audit_log"), info.get("audit_offset", 0)
+    if not isinstance(path, str):
+        return
+    try:
+        if not isinstance(offset, int) or offset > os.path.getsize(path):
+            offset = 0
+        for _, rec in ar.entries(path, ar.Filters(run=run_id, **filters), offset=offset, err=io.StringIO()):
+            yield rec
+    except FileNotFoundError:
+        return
+
+
+def live_run(run_id: str, now: float | None = None) -> LiveRun | None:
+    """The live run ``run_id``, or None when no gatewrap process owns it."""
+    info = registry.info(run_id)
+    if info is None or not registry.alive(run_id):
+        return None
+    counts, start = RunCounts(run_id), None
+    for rec in _own_records(run_id, info):
+        counts.add(rec)
+        if rec.get("event") == "run_start":
+            start = rec
+    started = info.get("started")
+    if not isinstance(started, (int, float)):
+        try:
+            started = os.stat(registry.lock_path(run_id)).st_mtime
+        except OSError:
+            started = None
+    now = time.time() if now is None else now
+    uid = start.get("uid") if start else None
+    pid = info.get("pid")
+    return LiveRun(run=run_id, pid=pid if isinstance(pid, int) else 0, argv=start.get("argv") if start else None,
+                   user=_user(uid), uid=uid if isinstance(uid, int) else None, started=started,
+                   uptime_s=None if started is None else max(0.0, now - started),
+                   audit_log=info.get("audit_log"), counts=counts)
+
+
+def live_runs() -> list[LiveRun]:
+    """Every live run, by id."""
+    return [r for r in (live_run(i) for i in registry.live()) if r is not None]
+
+
+def uptime(seconds: float | None) -> str:
+    """``3s``, ``4m05s``, ``2h03m``, ``3d04h``; ``-`` when unknown."""
+    if seconds is None:
+        return "-"
+    s = int(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def ps_lines(runs: list[LiveRun]) -> list[str]:
+    """The table of ``gatewrap ps`` (the agent's command escaped)."""
+    out = [f"{'RUN':<14} {'PID':>7} {'USER':<10} {'UPTIME':>7} {'ALLOWED':>7} {'DENIED':>7} {'DIRECT':>7} {'FAILED':>7}  COMMAND"]
+    for r in runs:
+        c = r.counts
+        cmd = " ".join(r.argv) if r.argv else "(starting)"
+        out.append(f"{r.run:<14} {r.pid:>7} {printable(r.user or '-'):<10} {uptime(r.uptime_s):>7} {c.allowed:>7} "
+                   f"{c.denied:>7} {c.direct_egress:>7} {c.failed:>7}  {printable(cmd)}")
+    return out
+
+
+@dataclass
+class Stopped:
+    """How ``gatewrap stop`` ended a run: the agent's exit code and the run's ``run_end``
+    record (None when the log does not hold one: gatewrap died before writing it)."""
+
+    run: str
+    exit_code: int | None
+    run_end: dict[str, Any] | None
+
+    def as_record(self) -> dict[str, Any]:
+        """``{run, stopped: true, signal: "SIGTERM", exit_code, run_end}``."""
+        return {"run": self.run, "stopped": True, "signal": "SIGTERM", "exit_code": self.exit_code,
+                "run_end": self.run_end}
+
+
+class NoSuchRun(GatewrapError):
+    """No gatewrap process owns the run (exit 1)."""
+
+    exit_code = 1
+
+
+def stop(run_id: str, timeout: float) -> Stopped:
+    """End run ``run_id`` as SIGTERM would: signal its gatewrap process, which forwards the
+    signal to the agent and, once the agent has exited, tears the sandbox down and writes
+    the ``run_end`` record; wait up to ``timeout`` seconds for that process to exit.
+
+    The signal goes through a pidfd (pidfd_open(2), pidfd_send_signal(2)) taken while the
+    run's lock is held, so it cannot reach another process that reused the pid.
+
+    Raises:
+        NoSuchRun: no live run ``run_id``.
+        GatewrapError: the run is still alive after ``timeout`` (the agent may ignore SIGTERM).
+    """
+    info = registry.info(run_id)
+    if info is None or not registry.alive(run_id) or not isinstance(info.get("pid"), int):
+        raise NoSuchRun(f"no live run {run_id} (gatewrap ps lists them)")
+    try:
+        pidfd = os.pidfd_open(info["pid"])
+    except ProcessLookupError:
+        raise NoSuchRun(f"no live run {run_id}: it has just ended") from None
+    try:
+        if not registry.alive(run_id):  # the pid might be another process's by now
+            raise NoSuchRun(f"no live run {run_id}: it has just ended")
+        signal.pidfd_send_signal(pidfd, signal.SIGTERM)
+        poller = select.poll()
+        poller.register(pidfd, select.POLLIN)  # readable once the process has exited (pidfd_open(2))
+        if not poller.poll(timeout * 1000):
+            raise GatewrapError(
+                f"run {run_id} is still running {timeout:g} s after SIGTERM (its agent may catch or ignore "
+                f"SIGTERM): wait longer with --timeout, or kill the agent's processes with "
+                f"`echo 1 > {_leaf(run_id)}/cgroup.kill` (gatewrap then ends the run and records it)")
+    finally:
+        os.close(pidfd)
+    run_end = None
+    for rec in _own_records(run_id, info, events=("run_end",)):
+        run_end = rec
+    code = run_end.get("exit_code") if run_end else None
+    return Stopped(run_id, code if isinstance(code, int) else None, run_end)
+
+
+def _leaf(run_id: str) -> str:
+    """The run's cgroup directory, for a message."""
+    from .sandbox import cgroup
+
+    try:
+        return os.path.join(cgroup.parent_dir(), run_id)
+    except GatewrapError:
+        return f"/sys/fs/cgroup/gatewrap/{run_id}"

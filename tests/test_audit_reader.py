@@ -1,0 +1,363 @@
+"""``gatewrap audit`` on written logs: every filter alone and combined, the three formats,
+escaping of hostile bytes, --follow through appends, truncation and rotation, and stats."""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import io
+import json
+import os
+import pty
+import select
+import signal
+import subprocess
+import time
+
+import pytest
+
+from conftest import gatewrap_cmd
+from gatewrap import audit_reader as ar
+from gatewrap.audit_format import CSV_FIELDS
+
+
+def _gw(*args: str, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(gatewrap_cmd(*args), capture_output=True, timeout=60, **kw)
+
+
+def _rec(n: int, **fields) -> dict:
+    """A record with a marker ``n`` (which test expectations name)."""
+    return {"v": 1, "time": f"2026-12-01T09:00:{n:02d}.000000Z", "run": "gw-aaaaaaaaaa", "n": n, **fields}
+
+
+#: The log the filter cases read: gate records, kernel denials, run records of two runs.
+LOG = [
+    _rec(0, event="run_start", argv=["/usr/bin/python3", "agent.py"], uid=1000),
+    _rec(1, event="connect", decision="allowed", dst_host="api.github.com", dst_port=443, proto="connect"),
+    _rec(2, event="request", decision="denied", dst_host="evil.example", dst_port=80, proto="http",
+         reason="policy: default deny"),
+    _rec(3, event="dns", decision="denied", dst_host="Paste.Example.NET", proto="dns"),
+    _rec(4, event="direct_egress", decision="denied", pid=1234, comm="python3", dst_ip="203.0.113.20",
+         dst_port=80, proto="tcp", hook="connect4"),
+    _rec(5, run="gw-bbbbbbbbbb", event="direct_egress", decision="denied", pid=77, comm="curl",
+         dst_ip="2001:db8::5", dst_port=443, proto="tcp", hook="connect6"),
+    _rec(6, run="gw-bbbbbbbbbb", event="request", decision="failed", dst_host="github.com", dst_port=80,
+         proto="http", error="upstream: connection refused"),
+    _rec(7, event="connect", decision="allowed", dst_host="github.com", dst_port=443, proto="connect",
+         inspected=True),
+    _rec(8, event="request", decision="allowed", dst_host="github.com", dst_port=443, proto="https",
+         method="GET"),
+    _rec(9, event="run_end", exit_code=0, allowed=2, denied=2, failed=0, direct_egress=1),
+]
+
+FILTER_CASES = [
+    ("no filter shows every record", [], list(range(10))),
+    ("--run keeps that run's records", ["--run", "gw-bbbbbbbbbb"], [5, 6]),
+    ("--event keeps that event", ["--event", "direct_egress"], [4, 5]),
+    ("--event repeated is a choice", ["--event", "run_start", "--event", "run_end"], [0, 9]),
+    ("--decision keeps that decision", ["--decision", "failed"], [6]),
+    ("--denied keeps the denials of gate and kernel", ["--denied"], [2, 3, 4, 5]),
+    ("--host exact", ["--host", "github.com"], [6, 7, 8]),
+    ("--host glob of subdomains only", ["--host", "*.github.com"], [1]),
+    ("--host matches case-insensitively", ["--host", "paste.example.net"], [3]),
+    ("--host glob on a kernel denial's IP", ["--host", "203.0.113.*"], [4]),
+    ("--host with a bracketed IPv6 address", ["--host", "[2001:db8::5]"], [5]),
+    ("--since includes its own second", ["--since", "2026-12-01T09:00:07Z"], [7, 8, 9]),
+    ("--until includes its own second", ["--until", "2026-12-01T09:00:01Z"], [0, 1]),
+    ("--since with an offset is converted to UTC", ["--since", "2026-12-01T10:00:08+01:00"], [8, 9]),
+    ("--pid keeps that process's records", ["--pid", "1234"], [4]),
+    ("--pid of no record shows nothing", ["--pid", "12"], []),
+    ("--run and --denied combine", ["--run", "gw-aaaaaaaaaa", "--denied"], [2, 3, 4]),
+    ("--denied and --host combine", ["--denied", "--host", "*.example"], [2]),
+    ("--event, --decision and --host combine", ["--event", "request", "--decision", "allowed", "--host", "github.com"], [8]),
+    ("--since and --until make a window", ["--since", "2026-12-01T09:00:03Z", "--until", "2026-12-01T09:00:05Z"], [3, 4, 5]),
+    ("--decision outside --denied's set combines to nothing", ["--denied", "--decision", "allowed"], []),
+    ("every filter at once", ["--run", "gw-aaaaaaaaaa", "--event", "direct_egress", "--denied", "--host", "203.0.113.20",
+                              "--since", "2026-12-01T09:00:04Z", "--until", "2026-12-01T09:00:04Z", "--pid", "1234"], [4]),
+]
+
+
+@pytest.fixture
+def log(tmp_path):
+    path = tmp_path / "audit.jsonl"
+    # half compact as the gate writes, half as Python's json.dumps spaces it: the prefilter
+    # must find values in both
+    path.write_text("".join((json.dumps(r, separators=(",", ":")) if r["n"] % 2 else json.dumps(r)) + "\n"
+                            for r in LOG))
+    return path
+
+
+@pytest.mark.parametrize("args,expected", [c[1:] for c in FILTER_CASES], ids=[c[0] for c in FILTER_CASES])
+def test_filters_alone_and_combined(log, args, expected):
+    p = _gw("audit", *args, "--json", "--log", str(log))
+    assert p.returncode == 0, p.stderr
+    assert [json.loads(line)["n"] for line in p.stdout.splitlines()] == expected
+    if not expected:
+        assert b"no matching records" in p.stderr
+
+
+def test_relative_since_counts_back_from_now(tmp_path):
+    now = dt.datetime.now(dt.timezone.utc)
+    log = tmp_path / "audit.jsonl"
+    log.write_text("".join(json.dumps({"v": 1, "time": ar.stamp(now - dt.timedelta(minutes=m)), "run": "gw-a",
+                                       "event": "request", "decision": "denied", "n": m}) + "\n" for m in (150, 90, 20, 5)))
+    got = {a: [json.loads(x)["n"] for x in _gw("audit", "--since", a, "--log", str(log)).stdout.splitlines()]
+           for a in ("10m", "2h", "1.5h", "1d")}
+    assert got == {"10m": [5], "2h": [90, 20, 5], "1.5h": [20, 5], "1d": [150, 90, 20, 5]}
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("2026-12-01T09:30:00Z", "2026-12-01T09:30:00.000000Z"),
+    ("2026-12-01T09:30:00.5+02:00", "2026-12-01T07:30:00.500000Z"),
+    ("2026-12-01", None),  # local midnight: checked against the local zone below
+], ids=["UTC with Z", "an offset becomes UTC", "a date is local midnight"])
+def test_iso_times_become_log_stamps(text, expected):
+    got = ar.parse_time(text)
+    want = expected or ar.stamp(dt.datetime(2026, 12, 1).astimezone())
+    assert got == want
+
+
+def test_a_bad_time_exits_125_and_shows_both_forms(log):
+    p = _gw("audit", "--since", "yesterday", "--log", str(log))
+    assert p.returncode == 125
+    assert b"'yesterday' is not a time" in p.stderr and b"10m" in p.stderr and b"Traceback" not in p.stderr
+
+
+HOSTILE = (b'{"v":1,"time":"2026-12-01T09:00:00.000000Z","run":"gw-evil","event":"direct_egress",'
+           b'"decision":"denied","pid":9,"comm":"x\\u001b[2Jy del\x7f csi\xc2\x9b31m bad\xff\xfe end",'
+           b'"cmdline":"del\x7f csi\xc2\x9b31m bad\xff\xfe end",'
+           b'"dst_ip":"203.0.113.9","dst_port":80,"proto":"tcp","hook":"connect4"}\n')
+
+
+def _no_raw_controls(out: bytes) -> None:
+    text = out.decode("utf-8", "surrogateescape")
+    bad = [c for c in text if c != "\n" and (ord(c) < 0x20 or 0x7f <= ord(c) <= 0x9f or 0xdc80 <= ord(c) <= 0xdcff)]
+    assert not bad, bad
+
+
+def test_the_table_escapes_c0_del_c1_and_bytes_that_are_not_utf8(tmp_path):
+    log = tmp_path / "audit.jsonl"
+    log.write_bytes(HOSTILE)
+    p = _gw("audit", "--format", "table", "--log", str(log))
+    assert p.returncode == 0, p.stderr
+    _no_raw_controls(p.stdout)
+    for shown in (rb"x\x1b[2Jy", rb"del\x7f", rb"csi\x9b31m", rb"bad\xff\xfe end"):
+        assert shown in p.stdout, p.stdout
+
+
+def test_csv_has_a_header_and_escapes_cells_and_formulas(tmp_path, log):
+    p = _gw("audit", "--format", "csv", "--run", "gw-bbbbbbbbbb", "--log", str(log))
+    rows = list(csv.reader(io.StringIO(p.stdout.decode())))
+    assert rows[0] == list(CSV_FIELDS)
+    assert [dict(zip(rows[0], r))["dst_ip"] for r in rows[1:]] == ["2001:db8::5", ""]
+    assert dict(zip(rows[0], rows[2]))["error"] == "upstream: connection refused"
+    hostile = tmp_path / "hostile.jsonl"
+    hostile.write_bytes(HOSTILE + json.dumps({"v": 1, "run": "gw-f", "event": "direct_egress", "decision": "denied",
+                                              "cmdline": "=HYPERLINK(\"http://x\")"}).encode() + b"\n")
+    p = _gw("audit", "--format", "csv", "--log", str(hostile))
+    _no_raw_controls(p.stdout)
+    rows = [dict(zip(CSV_FIELDS, r)) for r in list(csv.reader(io.StringIO(p.stdout.decode())))[1:]]
+    assert rows[0]["cmdline"] == r"del\x7f csi\x9b31m bad\xff\xfe end" and rows[0]["pid"] == "9"
+    assert rows[1]["cmdline"] == "'=HYPERLINK(\"http://x\")"
+
+
+def test_json_lines_pass_ascii_lines_as_written_and_reencode_the_rest(tmp_path, log):
+    p = _gw("audit", "--json", "--log", str(log))
+    assert p.stdout == log.read_bytes()
+    hostile = tmp_path / "hostile.jsonl"
+    hostile.write_bytes(HOSTILE)
+    p = _gw("audit", "--format", "json", "--log", str(hostile))
+    assert p.stdout.isascii() and b"\x7f" not in p.stdout
+    rec = json.loads(p.stdout)
+    assert rec["cmdline"] == "del\x7f csi\x9b31m bad\udcff\udcfe end"
+    assert rec["comm"] == "x\x1b[2Jy del\x7f csi\x9b31m bad\udcff\udcfe end"
+
+
+def test_the_default_format_is_a_table_on_a_terminal_and_json_lines_otherwise(log):
+    piped = _gw("audit", "--run", "gw-bbbbbbbbbb", "--log", str(log))
+    assert [json.loads(line)["n"] for line in piped.stdout.splitlines()] == [5, 6]
+    main, child = pty.openpty()
+    p = subprocess.Popen(gatewrap_cmd("audit", "--run", "gw-bbbbbbbbbb", "--log", str(log)), stdout=child,
+                         stderr=subprocess.PIPE)
+    os.close(child)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(main, 4096)
+        except OSError:  # EIO: the writer closed the terminal
+            break
+        if not chunk:
+            break
+        out += chunk
+    os.close(main)
+    assert p.wait(timeout=60) == 0
+    lines = out.decode().splitlines()
+    assert lines[0].startswith("TIME") and len(lines) == 3 and "[2001:db8::5]:443" in lines[1]
+
+
+def test_a_torn_line_is_reported_even_when_filters_rule_it_out(tmp_path, log):
+    log.write_bytes(log.read_bytes() + b'{"v":1,"run":"gw-zz","eve\n' + b'{"v":1,"run":"gw-zz"}\n')
+    p = _gw("audit", "--run", "gw-bbbbbbbbbb", "--log", str(log))
+    assert [json.loads(line)["n"] for line in p.stdout.splitlines()] == [5, 6]
+    assert f"{log}:11: not a JSON record".encode() in p.stderr and b":12:" not in p.stderr
+
+
+class Follower:
+    """``gatewrap audit --follow --json`` on a log, read line by line; its stderr goes to a file."""
+
+    def __init__(self, log, *args: str) -> None:
+        self.err_path = f"{log}.follow-err"
+        with open(self.err_path, "wb") as err:
+            self.p = subprocess.Popen(gatewrap_cmd("audit", "--follow", "--json", *args, "--log", str(log)),
+                                      stdout=subprocess.PIPE, stderr=err)
+        self._buf = b""
+
+    def next_n(self, wait: float = 30.0) -> int:
+        """The marker of the next record printed (fails after ``wait`` seconds without one)."""
+        deadline = time.monotonic() + wait
+        while b"\n" not in self._buf:
+            left = deadline - time.monotonic()
+            assert left > 0, f"no record within {wait} s; stderr: {self.stderr()}"
+            if select.select([self.p.stdout], [], [], left)[0]:
+                chunk = os.read(self.p.stdout.fileno(), 65536)
+                assert chunk, f"--follow ended: {self.stderr()}"
+                self._buf += chunk
+        line, self._buf = self._buf.split(b"\n", 1)
+        return json.loads(line)["n"]
+
+    def stderr(self) -> bytes:
+        with open(self.err_path, "rb") as f:
+            return f.read()
+
+    def wait_stderr(self, needle: bytes, wait: float = 30.0) -> None:
+        """Wait until stderr says ``needle`` (fails after ``wait`` seconds)."""
+        deadline = time.monotonic() + wait
+        while needle not in self.stderr():
+            assert time.monotonic() < deadline, f"stderr never said {needle!r}: {self.stderr()!r}"
+            time.sleep(0.05)
+
+    def interrupt(self) -> tuple[int, bytes]:
+        self.p.send_signal(signal.SIGINT)
+        code = self.p.wait(timeout=30)
+        return code, self.stderr()
+
+    def close(self) -> None:
+        if self.p.poll() is None:
+            self.p.kill()
+            self.p.wait()
+        self.p.stdout.close()
+
+
+def _append(path, *recs: dict) -> None:
+    with open(path, "a") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in recs))
+
+
+@pytest.fixture
+def follower(log):
+    started = []
+
+    def start(*args: str) -> Follower:
+        started.append(Follower(log, *args))
+        return started[-1]
+
+    yield start
+    for f in started:
+        f.close()
+
+
+def test_follow_prints_appended_lines_and_a_line_written_in_two_parts(log, follower):
+    f = follower("--denied")
+    assert [f.next_n() for _ in range(4)] == [2, 3, 4, 5]
+    _append(log, _rec(20, event="request", decision="allowed"), _rec(21, event="request", decision="denied"))
+    assert f.next_n() == 21
+    line = json.dumps(_rec(22, event="dns", decision="denied")).encode() + b"\n"
+    with open(log, "ab") as out:
+        out.write(line[:30])
+        out.flush()
+        time.sleep(ar.POLL * 3)  # the reader meets the half line at its end first
+        out.write(line[30:])
+    assert f.next_n() == 22
+
+
+def test_follow_survives_truncation_and_rotation(log, follower):
+    f = follower("--run", "gw-aaaaaaaaaa")
+    assert [f.next_n() for _ in range(8)] == [0, 1, 2, 3, 4, 7, 8, 9]
+    with open(log, "w"):
+        pass  # truncated, as logrotate's copytruncate does
+    f.wait_stderr(b"was truncated")
+    _append(log, _rec(30, event="run_start"))
+    assert f.next_n() == 30
+    os.rename(log, f"{log}.1")  # rotated: what the old file still gets is read, then the new file
+    _append(f"{log}.1", _rec(31, event="run_end"))
+    _append(log, _rec(32, event="run_start"))
+    assert [f.next_n(), f.next_n()] == [31, 32]
+    code, err = f.interrupt()
+    assert code == 0 and b"Traceback" not in err, err
+    assert f"{log} was truncated".encode() in err and f"{log} was rotated".encode() in err, err
+
+
+def test_follow_ends_cleanly_on_ctrl_c(log, follower):
+    f = follower()
+    assert f.next_n() == 0
+    code, err = f.interrupt()
+    assert code == 0 and b"Traceback" not in err, err
+
+
+def test_stats_counts_each_run_and_the_most_denied_destinations(log):
+    _append(log, _rec(40, event="request", decision="denied", dst_host="evil.example", dst_port=80, proto="http"))
+    p = _gw("audit", "stats", "--json", "--log", str(log))
+    assert p.returncode == 0, p.stderr
+    s = json.loads(p.stdout)
+    runs = {r["run"]: r for r in s["runs"]}
+    assert {k: runs["gw-aaaaaaaaaa"][k] for k in ("allowed", "denied", "direct_egress", "failed", "exit_code")} == {
+        "allowed": 2, "denied": 3, "direct_egress": 1, "failed": 0, "exit_code": 0}
+    assert {k: runs["gw-bbbbbbbbbb"][k] for k in ("allowed", "denied", "direct_egress", "failed", "exit_code")} == {
+        "allowed": 0, "denied": 0, "direct_egress": 1, "failed": 1, "exit_code": None}
+    assert s["top_denied"][0] == {"destination": "http evil.example:80", "count": 2}
+    assert {d["destination"]: d["count"] for d in s["top_denied"][1:]} == {
+        "dns Paste.Example.NET": 1, "tcp 203.0.113.20:80": 1, "tcp [2001:db8::5]:443": 1}
+    p = _gw("audit", "stats", "--run", "gw-bbbbbbbbbb", "--top", "1", "--log", str(log))
+    lines = p.stdout.decode().splitlines()
+    assert lines[0].split()[:5] == ["RUN", "ALLOWED", "DENIED", "DIRECT", "FAILED"]
+    assert lines[1].split() == ["gw-bbbbbbbbbb", "0", "0", "1", "1", "running", "or", "died"]
+    assert lines[-1].split() == ["1", "tcp", "[2001:db8::5]:443"]
+
+
+def test_the_reader_streams_a_log_from_an_offset(log):
+    offset = sum(len(line) for line in log.read_bytes().splitlines(keepends=True)[:6])
+    assert [r["n"] for _, r in ar.entries(str(log), offset=offset)] == [6, 7, 8, 9]
+
+
+def test_options_of_audit_before_stats_are_refused_not_ignored(log):
+    p = _gw("audit", "--run", "gw-aaaaaaaaaa", "stats", "--log", str(log))
+    assert p.returncode == 125 and b"--run: options of `gatewrap audit stats` go after it" in p.stderr, p.stderr
+
+
+@pytest.mark.parametrize("glob,expected", [
+    ("[ae]vil.example", [2]),
+    ("*[.]github.com", [1]),
+    ("g?thub.com", [6, 7, 8]),
+], ids=["a character class", "a class next to a star", "a question mark"])
+def test_host_globs_with_classes_are_matched_not_prefiltered_away(log, glob, expected):
+    p = _gw("audit", "--host", glob, "--log", str(log))
+    assert [json.loads(line)["n"] for line in p.stdout.splitlines()] == expected
+
+
+def test_stats_count_denials_beyond_the_destination_bound_together(monkeypatch):
+    from gatewrap import audit_stats
+
+    monkeypatch.setattr(audit_stats, "MAX_DESTINATIONS", 2)
+    s = audit_stats.stats({"run": "gw-a", "event": "dns", "decision": "denied", "proto": "dns", "dst_host": h}
+                          for h in ("a.test", "b.test", "c.test", "a.test", "d.test"))
+    rec = s.as_record(10)
+    assert rec["top_denied"] == [{"destination": "dns a.test", "count": 2}, {"destination": "dns b.test", "count": 1}]
+    assert rec["other_denied"] == 2 and rec["runs"][0]["denied"] == 5
+
+
+def test_a_closed_pipe_ends_the_reader_quietly(log):
+    data = log.read_bytes()
+    log.write_bytes(data * 2000)
+    p = subprocess.run(" ".join(gatewrap_cmd("audit", "--json", "--log", str(log))) + " | head -n 1",
+                       shell=True, capture_output=True, timeout=60)
+    assert p.stdout.count(b"\n") == 1 and b"Traceback" not in p.stderr and b"BrokenPipe" not in p.stderr, p.stderr

@@ -1,0 +1,117 @@
+"""``gatewrap ps`` and ``gatewrap stop`` on real runs: a sandboxed sleep and an agent that
+tries a direct connection, both live at once."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from conftest import AGENT_PYTHON, AGENT_UID, ROOT, gatewrap_cmd
+
+pytestmark = pytest.mark.kernel
+
+#: Tries one direct connection (refused by connect4: EPERM, an audit record; nothing leaves
+#: the sandbox, whose netns has only lo), then waits to be stopped.
+CONNECTS_THEN_WAITS = textwrap.dedent("""
+    import socket, time
+    try:
+        socket.create_connection(("203.0.113.9", 80), timeout=5)
+    except OSError:
+        pass
+    time.sleep(300)
+""")
+
+
+def _gw(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(gatewrap_cmd(*args), capture_output=True, text=True, timeout=120, cwd=ROOT)
+
+
+def _start(audit, *argv: str) -> subprocess.Popen:
+    env = dict(os.environ, SUDO_UID=str(AGENT_UID), SUDO_GID=str(AGENT_UID))
+    return subprocess.Popen(gatewrap_cmd("run", "--audit-log", str(audit), "--workdir", "/tmp", "--", *argv),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+
+
+def _live(pid: int, until, wait: float = 60.0) -> dict:
+    """The ``ps --json`` entry of the run whose gatewrap is ``pid``, once ``until(entry)``."""
+    deadline = time.monotonic() + wait
+    while True:
+        p = _gw("ps", "--json")
+        assert p.returncode == 0, p.stderr
+        got = [r for r in json.loads(p.stdout) if r["pid"] == pid]
+        if got and until(got[0]):
+            return got[0]
+        assert time.monotonic() < deadline, f"run of gatewrap {pid} not as expected in ps: {got}"
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    d = tmp_path_factory.mktemp("ps")
+    sleeper = _start(d / "sleep.jsonl", "/bin/sleep", "300")
+    connector = _start(d / "connect.jsonl", AGENT_PYTHON, "-c", CONNECTS_THEN_WAITS)
+    yield {"sleep": (sleeper, d / "sleep.jsonl"), "connect": (connector, d / "connect.jsonl")}
+    for p in (sleeper, connector):
+        if p.poll() is None:
+            p.terminate()
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def test_ps_shows_a_live_run_with_its_command_user_and_uptime(runs):
+    p, audit = runs["sleep"]
+    r = _live(p.pid, lambda r: r["argv"] is not None)
+    assert r["argv"] == ["/bin/sleep", "300"] and r["user"] == "nobody" and r["uid"] == AGENT_UID
+    assert r["run"].startswith("gw-") and r["audit_log"] == str(audit) and r["uptime_s"] >= 0
+    assert (r["allowed"], r["denied"], r["direct_egress"], r["failed"]) == (0, 0, 0, 0)
+    table = _gw("ps").stdout.splitlines()
+    assert table[0].split() == ["RUN", "PID", "USER", "UPTIME", "ALLOWED", "DENIED", "DIRECT", "FAILED", "COMMAND"]
+    row = next(line for line in table if line.startswith(r["run"]))
+    assert row.split()[1:3] == [str(p.pid), "nobody"] and row.endswith("/bin/sleep 300")
+
+
+def test_ps_counts_what_the_run_did_so_far(runs):
+    p, _ = runs["connect"]
+    r = _live(p.pid, lambda r: r["direct_egress"] >= 1)
+    assert r["argv"][0] == AGENT_PYTHON
+    assert (r["allowed"], r["denied"], r["direct_egress"], r["failed"]) == (0, 0, 1, 0)
+
+
+def test_stop_ends_the_run_as_sigterm_would_and_it_records_run_end(runs):
+    p, audit = runs["sleep"]
+    run = _live(p.pid, lambda r: r["argv"] is not None)["run"]
+    s = _gw("stop", run, "--json")
+    assert s.returncode == 0, s.stderr
+    got = json.loads(s.stdout)
+    # sleep dies of SIGTERM (forwarded by gatewrap to the jail's init): 128 + 15
+    assert got["run"] == run and got["stopped"] is True and got["exit_code"] == 143, got
+    assert p.wait(timeout=30) == 143
+    ends = [json.loads(line) for line in audit.read_text().splitlines() if '"run_end"' in line]
+    assert [(e["run"], e["exit_code"]) for e in ends] == [(run, 143)] and got["run_end"] == ends[0]
+    assert run not in _gw("ps", "--json").stdout
+    again = _gw("stop", run)
+    assert again.returncode == 1 and f"no live run {run}" in again.stderr
+
+
+def test_stop_of_an_unknown_run_exits_1():
+    p = _gw("stop", "gw-0000000000")
+    assert p.returncode == 1 and "no live run gw-0000000000 (gatewrap ps lists them)" in p.stderr, p.stderr
+    p = _gw("stop", "gw-0000000000", "--json")
+    assert p.returncode == 1 and p.stdout == ""
+
+
+@pytest.mark.parametrize("cmd", [["ps"], ["stop", "gw-0000000000"]], ids=["ps", "stop"])
+def test_without_root_ps_and_stop_exit_125_and_say_to_use_sudo(cmd):
+    code = ("import os; from gatewrap.cli import main; import gatewrap.runner, gatewrap.live_runs; "
+            f"os.setresuid(65534, 65534, 0); main({cmd!r})")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 125 and f"sudo gatewrap {cmd[0]}" in p.stderr, p.stderr
