@@ -37,7 +37,7 @@ LOG = [
     _rec(2, event="request", decision="denied", dst_host="evil.example", dst_port=80, proto="http",
          reason="policy: default deny"),
     _rec(3, event="dns", decision="denied", dst_host="Paste.Example.NET", proto="dns"),
-    _rec(4, event="direct_egress", decision="denied", pid=1234, comm="python3", dst_ip="203.0.113.20",
+    _rec(4, event="direct_egress", decision="denied", pid=1234, comm="python3", dst_ip="198.51.100.148",
          dst_port=80, proto="tcp", hook="connect4"),
     _rec(5, run="gw-bbbbbbbbbb", event="direct_egress", decision="denied", pid=77, comm="curl",
          dst_ip="2001:db8::5", dst_port=443, proto="tcp", hook="connect6"),
@@ -72,7 +72,7 @@ FILTER_CASES = [
     ("--event, --decision and --host combine", ["--event", "request", "--decision", "allowed", "--host", "github.com"], [8]),
     ("--since and --until make a window", ["--since", "2026-12-01T09:00:03Z", "--until", "2026-12-01T09:00:05Z"], [3, 4, 5]),
     ("--decision outside --denied's set combines to nothing", ["--denied", "--decision", "allowed"], []),
-    ("every filter at once", ["--run", "gw-aaaaaaaaaa", "--event", "direct_egress", "--denied", "--host", "203.0.113.20",
+    ("every filter at once", ["--run", "gw-aaaaaaaaaa", "--event", "direct_egress", "--denied", "--host", "198.51.100.148",
                               "--since", "2026-12-01T09:00:04Z", "--until", "2026-12-01T09:00:04Z", "--pid", "1234"], [4]),
 ]
 
@@ -126,7 +126,7 @@ def test_a_bad_time_exits_125_and_shows_both_forms(log):
 HOSTILE = (b'{"v":1,"time":"2026-12-01T09:00:00.000000Z","run":"gw-evil","event":"direct_egress",'
            b'"decision":"denied","pid":9,"comm":"x\\u001b[2Jy del\x7f csi\xc2\x9b31m bad\xff\xfe end",'
            b'"cmdline":"del\x7f csi\xc2\x9b31m bad\xff\xfe end",'
-           b'"dst_ip":"203.0.113.9","dst_port":80,"proto":"tcp","hook":"connect4"}\n')
+           b'"dst_ip":"198.51.100.137","dst_port":80,"proto":"tcp","hook":"connect4"}\n')
 
 
 def _no_raw_controls(out: bytes) -> None:
@@ -316,7 +316,7 @@ def test_stats_counts_each_run_and_the_most_denied_destinations(log):
         "allowed": 0, "denied": 0, "direct_egress": 1, "failed": 1, "exit_code": None}
     assert s["top_denied"][0] == {"destination": "http evil.example:80", "count": 2}
     assert {d["destination"]: d["count"] for d in s["top_denied"][1:]} == {
-        "dns Paste.Example.NET": 1, "tcp 203.0.113.20:80": 1, "tcp [2001:db8::5]:443": 1}
+        "dns Paste.Example.NET": 1, "tcp 198.51.100.148:80": 1, "tcp [2001:db8::5]:443": 1}
     p = _gw("audit", "stats", "--run", "gw-bbbbbbbbbb", "--top", "1", "--log", str(log))
     lines = p.stdout.decode().splitlines()
     assert lines[0].split()[:5] == ["RUN", "ALLOWED", "DENIED", "DIRECT", "FAILED"]

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.kernel
 CONNECTS_THEN_WAITS = textwrap.dedent("""
     import socket, time
     try:
-        socket.create_connection(("203.0.113.9", 80), timeout=5)
+        socket.create_connection(("198.51.100.137", 80), timeout=5)
     except OSError:
         pass
     time.sleep(300)
