@@ -88,6 +88,8 @@ def who_why(rec: dict[str, Any]) -> str:
         parts.append(f"report mode: enforce would {rec['would']}")
     if rec.get("event") == "connect" and rec.get("inspected") is True:
         parts.append("TLS-inspected tunnel")
+    if rec.get("event") == "direct_egress" and rec.get("count", 1) != 1:
+        parts.append(f"×{rec['count']} attempts")
     if rec.get("pid") is not None:
         parts.append(f"pid {rec['pid']} {rec.get('comm') or rec.get('cmdline') or ''}".strip())
     for key in ("reason", "error", "rule"):

@@ -10,9 +10,11 @@ bpf-socket-bind.c):
    attached and only verify it (``BPF_PROG_QUERY``). Attachments outlive gatewrap: if it
    dies, its sandboxes keep the hooks and, without configuration, have no egress.
 2. :meth:`Hooks.configure` gives one run its own ring buffer (an inner map of the
-   ``gw_events`` hash-of-maps) and its gate address, keyed by the run's cgroup id.
-3. :meth:`RunHooks.poll` delivers that run's denial events; :meth:`RunHooks.release`
-   removes its entries.
+   ``gw_events`` hash-of-maps), its fold quota and overflow entry (``gw_fold_keys``,
+   ``gw_folds``) and its gate address, keyed by the run's cgroup id.
+3. :meth:`RunHooks.poll` delivers that run's denial events (identical ones folded, with
+   counts); :meth:`RunHooks.flush` delivers the counts still folded once the run's cgroup
+   is empty; :meth:`RunHooks.release` removes its entries.
 
 Kernel facts used here are measured in shared/KERNEL-NOTES.md.
 """
@@ -47,15 +49,23 @@ SOURCES = ("gate.h", *PROGRAMS)
 #: Per-run ring buffer size in bytes (power of two, page multiple): ~2900 events.
 RINGBUF_BYTES = 256 * 1024
 #: Maps pinned by the C source (BPF_TABLE_PINNED) in the pin directory.
-PINNED_MAPS = ("gw_runs", "gw_events", "gw_lost")
-#: Maps whose leaf struct Python needs: gw_runs (struct gw_run_config), gw_event_layout (struct gw_event).
-LAYOUT_MAPS = ("gw_runs", "gw_event_layout")
+PINNED_MAPS = ("gw_runs", "gw_events", "gw_lost", "gw_fold_keys", "gw_folds")
+#: The pinned maps keyed by a run's cgroup id (u64); gw_folds is keyed by struct gw_fold_key.
+PER_RUN_MAPS = ("gw_runs", "gw_events", "gw_lost", "gw_fold_keys")
+#: Maps whose leaf struct Python needs: gw_runs (struct gw_run_config), gw_event_layout (struct
+#: gw_event), gw_folds (struct gw_fold; its key struct gw_fold_key too).
+LAYOUT_MAPS = ("gw_runs", "gw_event_layout", "gw_folds")
+#: Repeats of one denial within this interval of its last event are folded into the next
+#: event (GW_FOLD_INTERVAL_NS in bpf/gate.h; part of the pin directory's hash).
+FOLD_INTERVAL_NS = 1_000_000_000
 #: bcc's struct descriptions, cached per source hash (tmpfs: gone at reboot, like bpffs).
 LAYOUT_DIR = "/run/gatewrap/bpf"
 #: Attach types probed when cleaning the parent (enum bpf_attach_type has fewer).
 MAX_ATTACH_TYPE = 64
 #: Must equal GW_MAX_PORTS in bpf/gate.h; the loader refuses more.
 MAX_PORTS = 4
+#: GW_MAX_FOLDS_PER_RUN of bpf/gate.h: distinct denials a run folds one by one.
+MAX_FOLDS_PER_RUN = 4096
 
 #: (program name in C, bcc BPFProgType member, bcc BPFAttachType member)
 HOOKS = (
@@ -88,6 +98,7 @@ def sources_hash() -> str:
     h = hashlib.sha256()
     for name in SOURCES:
         h.update(name.encode() + b"\0" + (sources_dir() / name).read_bytes())
+    h.update(f"GW_FOLD_INTERVAL_NS={FOLD_INTERVAL_NS}".encode())
     return h.hexdigest()[:16]
 
 
@@ -120,6 +131,13 @@ class _Event:
     hook: str
     verdict: str
     comm: str
+    #: Attempts this event stands for (identical denials folded into it), >= 1.
+    count: int = 1
+    #: CLOCK_MONOTONIC ns (bpf_ktime_get_ns) of the denial's first and latest attempt.
+    first_ns: int = 0
+    last_ns: int = 0
+    #: The count covers any denials of the run beyond the distinct ones it may fold.
+    overflow: bool = False
 
 
 class Hooks:
@@ -135,6 +153,8 @@ class Hooks:
         decode = bcc.BPF._decode_table_type
         self._config_type = decode(layouts["gw_runs"])
         self._event_type = decode(layouts["gw_event_layout"])
+        self._fold_type = decode(layouts["gw_folds"])
+        self._fold_key_type = decode(layouts["gw_folds.key"])
         self._fds = {name: libbpf.obj_get(f"{pin_dir}/{name}") for name in PINNED_MAPS}
 
     def close(self) -> None:
@@ -152,7 +172,8 @@ class Hooks:
         the run is ever without a buffer.
 
         Raises:
-            BpfError: too many ports, or a map update failed.
+            BpfError: too many ports, or a map update failed (``gw_folds`` full: too many
+                runs at once, or a run folding more distinct denials than it may).
         """
         if not 1 <= len(tcp_ports) <= MAX_PORTS or len(udp_ports) > MAX_PORTS:
             raise BpfError(f"the gate may have 1 to {MAX_PORTS} TCP and 0 to {MAX_PORTS} UDP ports")
@@ -160,6 +181,10 @@ class Hooks:
         try:
             rb_fd = libbpf.ringbuf_create("gw_run_events", RINGBUF_BYTES)
             libbpf.map_update(self._fds["gw_events"], key, ct.c_int(rb_fd))
+            libbpf.map_update(self._fds["gw_fold_keys"], key, ct.c_uint64(0))
+            overflow = self._fold_key_type()
+            overflow.cgroup_id, overflow.overflow = cgroup_id, 1
+            libbpf.map_update(self._fds["gw_folds"], overflow, self._fold_type())
             cfg = self._config_type()
             cfg.gate_ip4 = int.from_bytes(socket.inet_pton(socket.AF_INET, gate_ip4), "little")
             v6 = socket.inet_pton(socket.AF_INET6, gate_ip6)
@@ -182,14 +207,28 @@ class Hooks:
             return None
         return RunHooks(self, cgroup_id, libbpf.map_fd_by_id(inner_id.value))
 
+    def folds(self, cgroup_id: int) -> list[tuple[Any, Any]]:
+        """The ``gw_folds`` entries of ``cgroup_id``: (struct gw_fold_key, struct gw_fold) pairs."""
+        out = []
+        for k in libbpf.map_keys(self._fds["gw_folds"], self._fold_key_type):
+            if k.cgroup_id != cgroup_id:
+                continue
+            v = self._fold_type()
+            if libbpf.map_lookup(self._fds["gw_folds"], k, v):
+                out.append((k, v))
+        return out
+
     def forget(self, cgroup_id: int) -> None:
-        """Drop every map entry of ``cgroup_id`` (config, ring buffer, lost counter)."""
+        """Drop every map entry of ``cgroup_id`` (config, ring buffer, lost counter, folds)."""
         key = ct.c_uint64(cgroup_id)
-        for name in PINNED_MAPS:
+        for name in PER_RUN_MAPS:
             libbpf.map_delete(self._fds[name], key)
+        for k, _ in self.folds(cgroup_id):
+            libbpf.map_delete(self._fds["gw_folds"], k)
 
     def decode(self, data: int) -> _Event:
-        """Decode one ring-buffer record with the struct bcc parsed from bpf/gate.h."""
+        """Decode one ring-buffer record (the address of a ``struct gw_event``) with the
+        struct bcc parsed from bpf/gate.h."""
         e = ct.cast(data, ct.POINTER(self._event_type)).contents
         if e.family == socket.AF_INET:
             ip = str(ipaddress.IPv4Address(int(e.dst.v4).to_bytes(4, "little")))
@@ -202,6 +241,7 @@ class Hooks:
             hook=HOOK_NAMES.get(e.hook, str(e.hook)),
             verdict=VERDICT_NAMES.get(e.verdict, str(e.verdict)),
             comm=bytes(e.comm).split(b"\0", 1)[0].decode("utf-8", "backslashreplace"),
+            count=e.count, first_ns=e.first_ns, last_ns=e.last_ns, overflow=bool(e.overflow),
         )
 
 
@@ -245,6 +285,25 @@ class RunHooks:
         with self._lock:
             if self._mgr:
                 self._hooks._bcc.libbcc.lib.bpf_consume_ringbuf(self._mgr)
+
+    def flush(self, on_event: Callable[[_Event], None]) -> int:
+        """Deliver the attempts still folded in the kernel as events (one per denial with a
+        pending count: its first attempt's task, ``count`` = the pending attempts; the
+        overflow entry's has no task nor destination) and drop the run's ``gw_folds``
+        entries; returns the attempts delivered.
+
+        Call it once the run's cgroup is empty (after :meth:`drain`): a program still
+        running for the run could add to an entry being deleted, and that count would be lost.
+        """
+        total = 0
+        for k, v in self._hooks.folds(self.cgroup_id):
+            if v.pending:
+                v.first.count, v.first.first_ns, v.first.last_ns = v.pending, v.first_ns, v.last_ns
+                v.first.cgroup_id, v.first.overflow = self.cgroup_id, k.overflow
+                on_event(self._hooks.decode(ct.addressof(v.first)))
+                total += v.pending
+            libbpf.map_delete(self._hooks._fds["gw_folds"], k)
+        return total
 
     def lost(self) -> int:
         """Events the kernel could not put on this run's buffer (full or missing)."""
@@ -312,8 +371,10 @@ def _detach_foreign(parent_fd: int, keep_ids: set[int]) -> None:
 def _layout_descs(bpf: Any, bcc: Any) -> dict[str, Any]:
     """bcc's JSON description of the structs Python needs (map leaf types)."""
     lib = bcc.libbcc.lib
-    return {name: json.loads(lib.bpf_table_leaf_desc(bpf.module, name.encode()).decode())
-            for name in LAYOUT_MAPS}
+    descs = {name: json.loads(lib.bpf_table_leaf_desc(bpf.module, name.encode()).decode())
+             for name in LAYOUT_MAPS}
+    descs["gw_folds.key"] = json.loads(lib.bpf_table_key_desc(bpf.module, b"gw_folds").decode())
+    return descs
 
 
 def _complete(pin_dir: str, layout_path: str) -> bool:
@@ -374,7 +435,8 @@ def load_or_reuse(parent_cgroup: str) -> Hooks:
 def _compile(bcc: Any, pin_dir: str) -> Any:
     try:
         text = "".join((sources_dir() / name).read_text() for name in PROGRAMS)
-        return bcc.BPF(text=text, cflags=[f"-I{sources_dir()}", f'-DGW_PIN_DIR="{pin_dir}"'])
+        return bcc.BPF(text=text, cflags=[f"-I{sources_dir()}", f'-DGW_PIN_DIR="{pin_dir}"',
+                                          f"-DGW_FOLD_INTERVAL_NS={FOLD_INTERVAL_NS}ULL"])
     except Exception as e:
         raise BpfError(
             f"compiling the BPF hooks failed ({e}; the compiler's or verifier's output is above); "
