@@ -85,7 +85,8 @@ def test_a_huge_argv_makes_bounded_records(gatewrap, quiet_net, outcome):
     r = gatewrap(argv, timeout=120)
     a = last_attempt(r)
     recs = kernel_records(r)
-    lines = [line for line in r.audit_path.read_text().splitlines() if '"direct_egress"' in line]
+    lines = [line for line in r.audit_path.read_text().splitlines()
+             if json.loads(line)["event"] == "direct_egress"]
     longest = max(len(line.encode()) for line in lines)
     outcome("connect4 (records bounded)",
             f"{a['result'][1]} attempts, {'/'.join(a['result'][0])}; {len(recs)} records, counts sum to {sum(x['count'] for x in recs)}; "
