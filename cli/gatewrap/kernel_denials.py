@@ -19,6 +19,8 @@ MAX_NOTICES = 20
 
 #: IPPROTO_* numbers (include/uapi/linux/in.h) and the names the audit log uses.
 PROTOCOLS = {1: "icmp", 6: "tcp", 17: "udp", 58: "icmpv6", 132: "sctp", 136: "udplite", 262: "mptcp"}
+#: SOCK_* numbers (include/linux/net.h), for unix socket records.
+SOCK_TYPES = {1: "stream", 2: "dgram", 5: "seqpacket"}
 
 
 #: Bytes of /proc/PID/cmdline a record carries (and characters, once decoded); beyond it
@@ -63,14 +65,15 @@ def record_of(ev: _Event, run_id: str) -> dict[str, Any]:
     """
     rec: dict[str, Any] = {
         "run": run_id,
-        "event": "direct_egress",
-        "decision": "denied",
+        "event": "unix_socket" if ev.allowed else "direct_egress",
+        "decision": "allowed" if ev.allowed else "denied",
         "reason": f"kernel: {ev.verdict}",
         "count": ev.count,
     }
     if ev.overflow:
-        rec.update(reason=f"kernel: denials beyond the {MAX_FOLDS_PER_RUN} distinct ones a run folds, "
-                          "folded together (any hook and destination)", overflow=True)
+        what = "unix socket addresses" if ev.allowed else "denials"
+        rec.update(reason=f"kernel: {what} beyond the {MAX_FOLDS_PER_RUN} distinct ones a run folds, "
+                          "folded together (any hook and address)", overflow=True)
     if ev.count > 1:
         rec.update(first_seen=_wall_time(ev.first_ns), last_seen=_wall_time(ev.last_ns))
     if ev.tgid:  # 0 from the packet hook, which runs without a reliable task
@@ -82,6 +85,10 @@ def record_of(ev: _Event, run_id: str) -> dict[str, Any]:
                 rec["truncated"] = True
     if ev.overflow:
         rec["cgroup_id"] = ev.cgroup_id
+        return rec
+    if ev.allowed:
+        rec.update(path=ev.path, sock_type=SOCK_TYPES.get(ev.sock_type, str(ev.sock_type)), hook=ev.hook,
+                   cgroup_id=ev.cgroup_id)
         return rec
     if ev.hook == "setsockopt":
         rec.update(family="ipv4" if ev.family == socket.AF_INET else "ipv6",
@@ -123,7 +130,9 @@ class KernelDenials:
     Each event becomes one audit record (``event = "direct_egress"``, with the number of
     attempts it stands for) and one line on ``stderr``. :meth:`stop` drains what is left,
     then flushes the counts still folded in the kernel. :attr:`count` is the number of
-    attempts recorded (the sum of the records' counts); :attr:`records` the records.
+    attempts recorded (the sum of the records' counts); :attr:`records` the records;
+    :attr:`unix` the unix socket connects and sends recorded (``event = "unix_socket"``,
+    allowed: no notice).
     """
 
     def __init__(self, hooks: RunHooks, audit: Any, run_id: str, gate_url: str,
@@ -137,10 +146,14 @@ class KernelDenials:
         self._thread = threading.Thread(target=self._loop, name="gatewrap-kernel-denials", daemon=True)
         self.count = 0
         self.records = 0
+        self.unix = 0
 
     def _on_event(self, ev: _Event) -> None:
         rec = record_of(ev, self._run_id)
         self._audit.write(rec)
+        if ev.allowed:  # a unix socket address: recorded, no notice
+            self.unix += ev.count
+            return
         self.count += ev.count
         self.records += 1
         if self.records <= MAX_NOTICES:
@@ -188,7 +201,8 @@ def salvage(hooks: Any, audit_factory: Callable[[str], Any], run_id: str, cgroup
         for rec in records:
             audit.write(rec)
         audit.write({"run": run_id, "event": "run_end", "reason": "gatewrap died; collected by gatewrap gc",
-                     "direct_egress": sum(r["count"] for r in records), "lost_events": rb.lost()})
+                     "direct_egress": sum(r["count"] for r in records if r["event"] == "direct_egress"),
+                     "lost_events": rb.lost()})
         audit.sync()
         written = len(records) + 1
     if rb is not None:

@@ -141,7 +141,58 @@ def test_more_distinct_denials_than_a_run_folds_are_counted_in_its_overflow(gate
             "held" if res == {"EPERM": 2 * ports} else "OPEN")
     assert res == {"EPERM": 2 * ports}, (a, r.stderr)
     assert total == 2 * ports and end["direct_egress"] == 2 * ports and end["lost_events"] == 0, end
-    assert len(own) == MAX_FOLDS_PER_RUN
+    # The run's other folded keys: unix socket connects (nsjail looking for nscd, say).
+    others = {(x["hook"], x.get("path"), x["pid"]) for x in r.records(event="unix_socket") if not x.get("overflow")}
+    assert len(own) == MAX_FOLDS_PER_RUN - len(others), others
     assert over and all("dst_ip" not in x and x["count"] >= 1 for x in over), over[:3]
     assert len(over) <= 2 + math.ceil(took * 1e9 / FOLD_INTERVAL_NS), len(over)
     assert_nothing_reached(quiet_net)
+
+
+def test_unix_socket_connects_are_allowed_and_recorded_folded(gatewrap, quiet_net, outcome):
+    """Unix socket connects and sends (cgroup connect_unix/sendmsg_unix, Linux 6.7+)."""
+    body = """
+        import tempfile
+        d = tempfile.mkdtemp()
+        srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        srv.bind(d + "/srv.sock")
+        srv.listen(64)
+        dg = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        dg.bind("\\0gw-test-dgram")
+        res = {}
+        t0 = time.monotonic()
+        def note(what, fn):
+            try:
+                fn()
+                res[what] = res.get(what, 0) + 1
+            except OSError as e:
+                res[what + " " + errno.errorcode[e.errno]] = 1
+        for _ in range(500):
+            c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            note("connect", lambda: c.connect(d + "/srv.sock"))
+            srv.accept()[0].close()
+            c.close()
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        for _ in range(300):
+            note("sendto", lambda: s.sendto(b"x", "\\0gw-test-dgram"))
+            dg.recv(1)
+        took = time.monotonic() - t0
+        attempt("unix", lambda: [res, d, took])
+    """
+    r = gatewrap(python_argv(body), timeout=60)
+    a = last_attempt(r)
+    res, d, took = a["result"]
+    # The agent's own (nsjail looks for nscd's socket too, say).
+    recs = [x for x in r.records(event="unix_socket") if x.get("comm") == "python3"]
+    by = {}
+    for x in recs:
+        by[(x["hook"], x.get("path"))] = by.get((x["hook"], x.get("path")), 0) + x["count"]
+    outcome("connect_unix/sendmsg_unix (records only)",
+            f"{res}; {len(recs)} unix_socket records: {by}")
+    assert res == {"connect": 500, "sendto": 300}, (a, r.stderr)
+    assert by == {("connect_unix", f"{d}/srv.sock"): 500, ("sendmsg_unix", "@gw-test-dgram"): 300}, recs
+    assert all(x["decision"] == "allowed" and x["pid"] for x in recs)
+    # Per address: the first, one per fold interval, the flush.
+    assert len(recs) <= 2 * (2 + math.ceil(took * 1e9 / FOLD_INTERVAL_NS)), len(recs)
+    assert kernel_records(r) == [] and _run_end(r)["direct_egress"] == 0
+    assert "blocked direct egress" not in r.stderr

@@ -26,6 +26,9 @@ BPF_TABLE_PINNED("lru_hash", u64, u64, gw_lost, GW_MAX_RUNS, GW_PIN_DIR "/gw_los
  * The loader reports what is left in it at the run's end (RunHooks.flush). */
 BPF_TABLE_PINNED("hash", struct gw_fold_key, struct gw_fold, gw_folds, GW_MAX_FOLDS,
 		 GW_PIN_DIR "/gw_folds", 1);
+/* A new gw_folds value is built here: with the key and the event it is too big for the
+ * 512-byte BPF stack. */
+BPF_PERCPU_ARRAY(gw_scratch, struct gw_fold, 1);
 /* gw_folds entries per run; the loader creates a run's counter (0) with its config. */
 BPF_TABLE_PINNED("hash", u64, u64, gw_fold_keys, GW_MAX_RUNS, GW_PIN_DIR "/gw_fold_keys");
 
@@ -98,10 +101,8 @@ static __always_inline void fold_key_of(struct gw_fold_key *k, const struct gw_e
 	k->protocol = ev->protocol;
 	k->hook = ev->hook;
 	k->verdict = ev->verdict;
-	k->dst[0] = ev->dst.v6[0];
-	k->dst[1] = ev->dst.v6[1];
-	k->dst[2] = ev->dst.v6[2];
-	k->dst[3] = ev->dst.v6[3];
+	k->path_len = ev->path_len;
+	__builtin_memcpy(k->dst, &ev->dst, sizeof(k->dst));
 }
 
 /* A repeat: count it; if the interval since the denial's last event has passed, the one
@@ -130,16 +131,17 @@ static __always_inline void fold_repeat(void *rb, struct gw_fold *f, struct gw_e
 		__sync_fetch_and_add(&f->pending, n);
 }
 
-/* A denial the run has no room to fold on its own: into the run's overflow entry. */
-static __always_inline void fold_overflow(void *rb, struct gw_event *ev, __u64 now)
+/* A denial the run has no room to fold on its own: into the run's overflow entry (``k`` is
+ * overwritten with that entry's key). */
+static __always_inline void fold_overflow(void *rb, struct gw_fold_key *k, struct gw_event *ev, __u64 now)
 {
-	struct gw_fold_key k;
 	struct gw_fold *f;
 
-	__builtin_memset(&k, 0, sizeof(k));
-	k.cgroup_id = ev->cgroup_id;
-	k.overflow = 1;
-	f = gw_folds.lookup(&k);
+	__builtin_memset(k, 0, sizeof(*k));
+	k->cgroup_id = ev->cgroup_id;
+	k->overflow = 1;
+	k->verdict = ev->verdict == GW_ALLOW_UNIX ? GW_ALLOW_UNIX : 0;
+	f = gw_folds.lookup(k);
 	ev->overflow = 1;
 	if (f) {
 		fold_repeat(rb, f, ev, now);
@@ -157,27 +159,29 @@ static __always_inline void fold_overflow(void *rb, struct gw_event *ev, __u64 n
  * as a repeat (another CPU inserted the same key first). */
 static __always_inline int fold_first(void *rb, struct gw_fold_key *k, struct gw_event *ev, __u64 now)
 {
-	struct gw_fold f = {};
 	__u64 *keys = gw_fold_keys.lookup(&ev->cgroup_id);
+	int zero = 0;
+	struct gw_fold *f = gw_scratch.lookup(&zero);
 	struct gw_fold *got;
 	int err;
 
-	if (!keys || *keys >= GW_MAX_FOLDS_PER_RUN) {
-		fold_overflow(rb, ev, now);
+	if (!f || !keys || *keys >= GW_MAX_FOLDS_PER_RUN) {
+		fold_overflow(rb, k, ev, now);
 		return 0;
 	}
 	ev->count = 1;
 	ev->first_ns = now;
 	ev->last_ns = now;
-	f.emitted_ns = now;
-	f.first_ns = now;
-	f.last_ns = now;
-	f.first = *ev;
-	err = gw_folds.insert(k, &f);
+	f->pending = 0;
+	f->emitted_ns = now;
+	f->first_ns = now;
+	f->last_ns = now;
+	f->first = *ev;
+	err = gw_folds.insert(k, f);
 	if (err == -EEXIST)
 		return -1;
 	if (err != 0) {  /* gw_folds is full */
-		fold_overflow(rb, ev, now);
+		fold_overflow(rb, k, ev, now);
 		return 0;
 	}
 	__sync_fetch_and_add(keys, 1);
@@ -191,10 +195,9 @@ static __always_inline int fold_first(void *rb, struct gw_fold_key *k, struct gw
 	return 0;
 }
 
-/* Record the denial (folded with its identical repeats) and refuse: the syscall gets EPERM,
- * every time, whatever happens to the record. Without a ring buffer (no run) the denial is
- * only counted lost. */
-static __always_inline int deny(struct gw_event *ev)
+/* Record the event, folded with its identical repeats. Without a ring buffer (no run) it
+ * is only counted lost. */
+static __always_inline void record(struct gw_event *ev)
 {
 	__u64 cgid = ev->cgroup_id, now = bpf_ktime_get_ns();
 	void *rb = gw_events.lookup(&cgid);
@@ -203,17 +206,24 @@ static __always_inline int deny(struct gw_event *ev)
 
 	if (!rb) {
 		count_lost(cgid);
-		return 0;
+		return;
 	}
 	fold_key_of(&k, ev);
 	f = gw_folds.lookup(&k);
 	if (!f && fold_first(rb, &k, ev, now) == 0)
-		return 0;
+		return;
 	if (!f)
 		f = gw_folds.lookup(&k);
 	if (f)
 		fold_repeat(rb, f, ev, now);
 	else
 		count_lost(cgid);
+}
+
+/* Record the denial and refuse: the syscall gets EPERM, every time, whatever happens to
+ * the record. */
+static __always_inline int deny(struct gw_event *ev)
+{
+	record(ev);
 	return 0;
 }

@@ -44,7 +44,8 @@ PIN_ROOT = f"{BPFFS}/gatewrap"
 LOCK_PATH = "/run/gatewrap/bpf.lock"
 #: The programs, grouped by hook family; bcc sees BPF programs only in the main text,
 #: so they are compiled as one text, in this order.
-PROGRAMS = ("common.bpf.c", "sock_addr.bpf.c", "sock_create.bpf.c", "skb_egress.bpf.c", "sockopt.bpf.c")
+PROGRAMS = ("common.bpf.c", "sock_addr.bpf.c", "sock_create.bpf.c", "skb_egress.bpf.c", "sockopt.bpf.c",
+            "unix.bpf.c")
 SOURCES = ("gate.h", *PROGRAMS)
 #: Per-run ring buffer size in bytes (power of two, page multiple): ~2900 events.
 RINGBUF_BYTES = 256 * 1024
@@ -67,7 +68,8 @@ MAX_PORTS = 4
 #: GW_MAX_FOLDS_PER_RUN of bpf/gate.h: distinct denials a run folds one by one.
 MAX_FOLDS_PER_RUN = 4096
 
-#: (program name in C, bcc BPFProgType member, bcc BPFAttachType member)
+#: (program name in C, bcc BPFProgType member, bcc BPFAttachType member or the number of
+#: a type bcc 0.26 has no name for: include/uapi/linux/bpf.h, enum bpf_attach_type)
 HOOKS = (
     ("gw_connect4", "CGROUP_SOCK_ADDR", "CGROUP_INET4_CONNECT"),
     ("gw_connect6", "CGROUP_SOCK_ADDR", "CGROUP_INET6_CONNECT"),
@@ -76,14 +78,21 @@ HOOKS = (
     ("gw_sock_create", "CGROUP_SOCK", "CGROUP_INET_SOCK_CREATE"),
     ("gw_skb_egress", "CGROUP_SKB", "CGROUP_INET_EGRESS"),
     ("gw_setsockopt", "CGROUP_SOCKOPT", "CGROUP_SETSOCKOPT"),
+    ("gw_connect_unix", "CGROUP_SOCK_ADDR", 49),  # BPF_CGROUP_UNIX_CONNECT
+    ("gw_sendmsg_unix", "CGROUP_SOCK_ADDR", 50),  # BPF_CGROUP_UNIX_SENDMSG
 )
+#: Hooks a kernel may lack (unix socket hooks: Linux 6.7+). They only record (they allow
+#: every address), so without them runs go on, unaudited for unix sockets.
+OPTIONAL_HOOKS = ("gw_connect_unix", "gw_sendmsg_unix")
 #: enum gw_hook and enum gw_verdict of bpf/gate.h, as the audit log names them.
 HOOK_NAMES = {1: "connect4", 2: "connect6", 3: "sendmsg4", 4: "sendmsg6", 5: "sock_create", 6: "skb_egress",
-              7: "setsockopt"}
+              7: "setsockopt", 8: "connect_unix", 9: "sendmsg_unix"}
+#: GW_ALLOW_UNIX of enum gw_verdict: the unix socket hooks' (which allow).
+VERDICT_ALLOW_UNIX = 7
 VERDICT_NAMES = {
     1: "not the gate", 2: "no run configured for this cgroup", 3: "no destination address",
     4: "socket kind not allowed (only TCP and UDP)", 5: "IP options or IPv6 extension headers",
-    6: "unexpected address family",
+    6: "unexpected address family", 7: "unix socket (allowed: the jail's view decides which exist)",
 }
 
 
@@ -138,6 +147,10 @@ class _Event:
     last_ns: int = 0
     #: The count covers any denials of the run beyond the distinct ones it may fold.
     overflow: bool = False
+    #: A unix socket hook's event: allowed, recorded (not a denial).
+    allowed: bool = False
+    #: The unix socket address (``@name`` for an abstract one); None if it had none.
+    path: str | None = None
 
 
 class Hooks:
@@ -182,9 +195,10 @@ class Hooks:
             rb_fd = libbpf.ringbuf_create("gw_run_events", RINGBUF_BYTES)
             libbpf.map_update(self._fds["gw_events"], key, ct.c_int(rb_fd))
             libbpf.map_update(self._fds["gw_fold_keys"], key, ct.c_uint64(0))
-            overflow = self._fold_key_type()
-            overflow.cgroup_id, overflow.overflow = cgroup_id, 1
-            libbpf.map_update(self._fds["gw_folds"], overflow, self._fold_type())
+            for verdict in (0, VERDICT_ALLOW_UNIX):  # denials, and unix sockets (allowed)
+                overflow = self._fold_key_type()
+                overflow.cgroup_id, overflow.overflow, overflow.verdict = cgroup_id, 1, verdict
+                libbpf.map_update(self._fds["gw_folds"], overflow, self._fold_type())
             cfg = self._config_type()
             cfg.gate_ip4 = int.from_bytes(socket.inet_pton(socket.AF_INET, gate_ip4), "little")
             v6 = socket.inet_pton(socket.AF_INET6, gate_ip6)
@@ -230,7 +244,16 @@ class Hooks:
         """Decode one ring-buffer record (the address of a ``struct gw_event``) with the
         struct bcc parsed from bpf/gate.h."""
         e = ct.cast(data, ct.POINTER(self._event_type)).contents
-        if e.family == socket.AF_INET:
+        path = None
+        if e.family == socket.AF_UNIX:
+            ip = ""
+            raw = ct.string_at(ct.addressof(e.dst), min(e.path_len, 108))
+            if raw:
+                # An abstract name starts with a NUL: written @name, as ss(8) does.
+                text = "@" + raw[1:].decode("utf-8", "backslashreplace") if raw[0] == 0 else \
+                    raw.split(b"\0", 1)[0].decode("utf-8", "backslashreplace")
+                path = text
+        elif e.family == socket.AF_INET:
             ip = str(ipaddress.IPv4Address(int(e.dst.v4).to_bytes(4, "little")))
         else:
             v6 = ipaddress.IPv6Address(b"".join(int(w).to_bytes(4, "little") for w in e.dst.v6))
@@ -242,6 +265,7 @@ class Hooks:
             verdict=VERDICT_NAMES.get(e.verdict, str(e.verdict)),
             comm=bytes(e.comm).split(b"\0", 1)[0].decode("utf-8", "backslashreplace"),
             count=e.count, first_ns=e.first_ns, last_ns=e.last_ns, overflow=bool(e.overflow),
+            allowed=e.verdict == VERDICT_ALLOW_UNIX, path=path,
         )
 
 
@@ -300,6 +324,8 @@ class RunHooks:
             if v.pending:
                 v.first.count, v.first.first_ns, v.first.last_ns = v.pending, v.first_ns, v.last_ns
                 v.first.cgroup_id, v.first.overflow = self.cgroup_id, k.overflow
+                if k.overflow:
+                    v.first.verdict = k.verdict
                 on_event(self._hooks.decode(ct.addressof(v.first)))
                 total += v.pending
             libbpf.map_delete(self._hooks._fds["gw_folds"], k)
@@ -324,7 +350,7 @@ class RunHooks:
 
 
 def _attach_types(bcc: Any) -> list[tuple[str, int]]:
-    return [(name, int(getattr(bcc.BPFAttachType, t))) for name, _, t in HOOKS]
+    return [(name, t if isinstance(t, int) else int(getattr(bcc.BPFAttachType, t))) for name, _, t in HOOKS]
 
 
 def _remove_stale(keep: str | None) -> None:
@@ -378,7 +404,7 @@ def _layout_descs(bpf: Any, bcc: Any) -> dict[str, Any]:
 
 
 def _complete(pin_dir: str, layout_path: str) -> bool:
-    names = [*PINNED_MAPS, *(f"prog_{name}" for name, _, _ in HOOKS)]
+    names = [*PINNED_MAPS, *(f"prog_{name}" for name, _, _ in HOOKS if name not in OPTIONAL_HOOKS)]
     return os.path.exists(layout_path) and all(os.path.exists(f"{pin_dir}/{n}") for n in names)
 
 
@@ -422,7 +448,7 @@ def load_or_reuse(parent_cgroup: str) -> Hooks:
                     json.dump(_layout_descs(bpf, bcc), f)
                 os.replace(layout_path + ".tmp", layout_path)
             keep = {_attach_one(bpf, bcc, name, at, pin_dir, parent_fd) for name, at in _attach_types(bcc)}
-            _detach_foreign(parent_fd, keep)
+            _detach_foreign(parent_fd, keep - {None})
         except OSError as e:
             raise BpfError(f"attaching the hooks to {parent_cgroup} failed: {e}") from e
         finally:
@@ -444,16 +470,22 @@ def _compile(bcc: Any, pin_dir: str) -> Any:
         ) from e
 
 
-def _attach_one(bpf: Any, bcc: Any, name: str, at: int, pin_dir: str, parent_fd: int) -> int:
-    """Attach one hook (from its pin, or freshly loaded and pinned) unless it is; returns its id."""
+def _attach_one(bpf: Any, bcc: Any, name: str, at: int, pin_dir: str, parent_fd: int) -> int | None:
+    """Attach one hook (from its pin, or freshly loaded and pinned) unless it is; returns its
+    id, or None for an optional hook this kernel does not have (never loaded, so no pin)."""
     pin = f"{pin_dir}/prog_{name}"
+    optional = name in OPTIONAL_HOOKS
     if bpf is None:
+        if optional and not os.path.exists(pin):
+            return None
         fd = libbpf.obj_get(pin)
     else:
         prog_type = next(getattr(bcc.BPFProgType, t) for n, t, _ in HOOKS if n == name)
         try:
             fn = bpf.load_func(name, prog_type, attach_type=at)
         except Exception as e:  # bcc raises a bare Exception; the verifier log went to stderr
+            if optional:  # e.g. unix socket hooks before Linux 6.7: EINVAL
+                return None
             raise BpfError(f"the kernel refused BPF program {name}: {e}") from e
         fd = os.dup(fn.fd)
         libbpf.obj_pin(fd, pin)
@@ -478,6 +510,8 @@ def verify_attached(parent_cgroup: str, pin_dir: str) -> None:
     parent_fd = os.open(parent_cgroup, os.O_RDONLY | os.O_DIRECTORY)
     try:
         for name, at in _attach_types(bcc):
+            if name in OPTIONAL_HOOKS and not os.path.exists(f"{pin_dir}/prog_{name}"):
+                continue  # this kernel has no such hook (see _attach_one)
             try:
                 fd = libbpf.obj_get(f"{pin_dir}/prog_{name}")
             except OSError as e:
