@@ -58,7 +58,9 @@ def _cell(value: Any) -> str:
 
 
 def destination(rec: dict[str, Any]) -> str:
-    """``proto host:port`` or ``proto ip:port`` of a record, or ``-``."""
+    """``proto host:port`` or ``proto ip:port`` of a record (``unix PATH`` for a unix socket), or ``-``."""
+    if rec.get("event") == "unix_socket" and rec.get("path"):
+        return f"unix {rec['path']}"
     host = rec.get("dst_host") or rec.get("dst_ip")
     if not host:
         return "-"
@@ -75,6 +77,8 @@ def who_why(rec: dict[str, Any]) -> str:
         parts.append(f"report mode: enforce would {rec['would']}")
     if rec.get("event") == "connect" and rec.get("inspected") is True:
         parts.append("TLS-inspected tunnel")
+    if rec.get("event") in ("direct_egress", "unix_socket") and rec.get("count", 1) != 1:
+        parts.append(f"×{rec['count']} attempts")
     if rec.get("pid") is not None:
         parts.append(f"pid {rec['pid']} {rec.get('comm') or rec.get('cmdline') or ''}".strip())
     for key in ("reason", "error", "rule"):

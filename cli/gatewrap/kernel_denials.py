@@ -5,10 +5,12 @@ from __future__ import annotations
 import socket
 import sys
 import threading
+import time
+from datetime import datetime, timezone
 from collections.abc import Callable
 from typing import Any, TextIO
 
-from .bpf.loader import RunHooks, _Event
+from .bpf.loader import MAX_FOLDS_PER_RUN, RunHooks, _Event
 from .text import printable
 
 #: Live notices per run on stderr; beyond it one line says they are suppressed (the audit
@@ -17,16 +19,35 @@ MAX_NOTICES = 20
 
 #: IPPROTO_* numbers (include/uapi/linux/in.h) and the names the audit log uses.
 PROTOCOLS = {1: "icmp", 6: "tcp", 17: "udp", 58: "icmpv6", 132: "sctp", 136: "udplite", 262: "mptcp"}
+#: SOCK_* numbers (include/linux/net.h), for unix socket records.
+SOCK_TYPES = {1: "stream", 2: "dgram", 5: "seqpacket"}
 
 
-def _cmdline(pid: int) -> str | None:
-    """The process's command line from /proc, or None if it is gone."""
+#: Bytes of /proc/PID/cmdline a record carries (and characters, once decoded); beyond it
+#: the record says ``truncated: true``. An agent chooses its argv: unbounded, every record
+#: would carry all of it.
+MAX_CMDLINE = 4096
+
+
+def _cmdline(pid: int) -> tuple[str, bool] | None:
+    """The process's command line from /proc (at most :data:`MAX_CMDLINE` bytes and
+    characters, arguments joined by spaces) and whether it was cut; None if it is gone."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            raw = f.read()
+            raw = f.read(MAX_CMDLINE + 1)
     except OSError:
         return None
-    return raw.rstrip(b"\0").replace(b"\0", b" ").decode("utf-8", "backslashreplace") or None
+    cut = len(raw) > MAX_CMDLINE
+    text = raw[:MAX_CMDLINE].rstrip(b"\0").replace(b"\0", b" ").decode("utf-8", "backslashreplace")
+    if len(text) > MAX_CMDLINE:  # undecodable bytes became \xNN
+        text, cut = text[:MAX_CMDLINE], True
+    return (text, cut) if text else None
+
+
+def _wall_time(monotonic_ns: int) -> str:
+    """A CLOCK_MONOTONIC time (bpf_ktime_get_ns) as the audit log's UTC time text."""
+    ns = time.time_ns() - time.clock_gettime_ns(time.CLOCK_MONOTONIC) + monotonic_ns
+    return datetime.fromtimestamp(ns / 1e9, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def _dest(ip: str, port: int) -> str:
@@ -34,18 +55,41 @@ def _dest(ip: str, port: int) -> str:
 
 
 def record_of(ev: _Event, run_id: str) -> dict[str, Any]:
-    """The audit record of one kernel denial (field names as in the gate's records)."""
+    """The audit record of one kernel event (field names as in the gate's records).
+
+    ``count`` is the number of identical attempts the event stands for (folded in the
+    kernel: same process, hook, verdict and destination); with more than one,
+    ``first_seen``/``last_seen`` give the span of that denial in the run, and tid/comm are
+    those of one of the attempts. An ``overflow`` record counts any denials of the run beyond
+    the distinct ones it may fold, and has no destination.
+    """
     rec: dict[str, Any] = {
         "run": run_id,
-        "event": "direct_egress",
-        "decision": "denied",
+        "event": "unix_socket" if ev.allowed else "direct_egress",
+        "decision": "allowed" if ev.allowed else "denied",
         "reason": f"kernel: {ev.verdict}",
+        "count": ev.count,
     }
+    if ev.overflow:
+        what = "unix socket addresses" if ev.allowed else "denials"
+        rec.update(reason=f"kernel: {what} beyond the {MAX_FOLDS_PER_RUN} distinct ones a run folds, "
+                          "folded together (any hook and address)", overflow=True)
+    if ev.count > 1:
+        rec.update(first_seen=_wall_time(ev.first_ns), last_seen=_wall_time(ev.last_ns))
     if ev.tgid:  # 0 from the packet hook, which runs without a reliable task
         rec.update(pid=ev.tgid, tid=ev.pid, uid=ev.uid, comm=ev.comm)
         cmd = _cmdline(ev.tgid)
         if cmd is not None:
-            rec["cmdline"] = cmd
+            rec["cmdline"] = cmd[0]
+            if cmd[1]:
+                rec["truncated"] = True
+    if ev.overflow:
+        rec["cgroup_id"] = ev.cgroup_id
+        return rec
+    if ev.allowed:
+        rec.update(path=ev.path, sock_type=SOCK_TYPES.get(ev.sock_type, str(ev.sock_type)), hook=ev.hook,
+                   cgroup_id=ev.cgroup_id)
+        return rec
     if ev.hook == "setsockopt":
         rec.update(family="ipv4" if ev.family == socket.AF_INET else "ipv6",
                    sockopt=f"{'IPPROTO_IP' if ev.family == socket.AF_INET else 'IPPROTO_IPV6'}/{ev.protocol}",
@@ -64,21 +108,31 @@ def record_of(ev: _Event, run_id: str) -> dict[str, Any]:
 
 def notice_of(rec: dict[str, Any], gate_url: str) -> str:
     """The one-line stderr notice for a kernel denial (the process name is escaped)."""
-    who = f"{printable(rec['comm'])} (pid {rec['pid']})" if "pid" in rec else "a packet"
+    who = f"{printable(rec['comm'])} (pid {rec['pid']})" if "pid" in rec else (
+        "the agent" if rec.get("overflow") else "a packet")
     if "sockopt" in rec:
         what = f"setsockopt {rec['sockopt']} (IP options / IPv6 extension headers)"
     elif rec.get("dst_port"):
         what = f"{rec['proto']} {_dest(rec['dst_ip'], rec['dst_port'])}"
     else:
         what = f"a {rec['proto']} socket"
-    return f"gatewrap: blocked direct egress: {who} -> {what} [{rec['hook']}]: only the gate ({gate_url}) is reachable"
+    times = f" (×{rec['count']})" if rec.get("count", 1) > 1 else ""
+    if rec.get("overflow"):
+        return (f"gatewrap: blocked direct egress{times}: {who} -> more destinations than are folded one by "
+                f"one: only the gate ({gate_url}) is reachable")
+    return (f"gatewrap: blocked direct egress{times}: {who} -> {what} [{rec['hook']}]: only the gate "
+            f"({gate_url}) is reachable")
 
 
 class KernelDenials:
     """A thread that polls the run's ring buffer and records every denial.
 
-    Each event becomes one audit record (``event = "direct_egress"``) and one line on
-    ``stderr``. :meth:`stop` drains what is left before returning.
+    Each event becomes one audit record (``event = "direct_egress"``, with the number of
+    attempts it stands for) and one line on ``stderr``. :meth:`stop` drains what is left,
+    then flushes the counts still folded in the kernel. :attr:`count` is the number of
+    attempts recorded (the sum of the records' counts); :attr:`records` the records;
+    :attr:`unix` the unix socket connects and sends recorded (``event = "unix_socket"``,
+    allowed: no notice).
     """
 
     def __init__(self, hooks: RunHooks, audit: Any, run_id: str, gate_url: str,
@@ -91,14 +145,20 @@ class KernelDenials:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="gatewrap-kernel-denials", daemon=True)
         self.count = 0
+        self.records = 0
+        self.unix = 0
 
     def _on_event(self, ev: _Event) -> None:
         rec = record_of(ev, self._run_id)
         self._audit.write(rec)
-        self.count += 1
-        if self.count <= MAX_NOTICES:
+        if ev.allowed:  # a unix socket address: recorded, no notice
+            self.unix += ev.count
+            return
+        self.count += ev.count
+        self.records += 1
+        if self.records <= MAX_NOTICES:
             print(notice_of(rec, self._gate_url), file=self._stderr, flush=True)
-        elif self.count == MAX_NOTICES + 1:
+        elif self.records == MAX_NOTICES + 1:
             print(f"gatewrap: more direct egress blocked; further notices suppressed "
                   f"(all are in the audit log, gatewrap audit --run {self._run_id} --denied)",
                   file=self._stderr, flush=True)
@@ -113,11 +173,13 @@ class KernelDenials:
             self._hooks.poll(100)
 
     def stop(self) -> None:
-        """Stop polling and deliver what the buffer still holds. Idempotent."""
+        """Stop polling, deliver what the buffer still holds, then the attempts still
+        folded in the kernel. Call it once the run's cgroup is empty. Idempotent."""
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join()
         self._hooks.drain()
+        self._hooks.flush(self._on_event)
 
 
 def salvage(hooks: Any, audit_factory: Callable[[str], Any], run_id: str, cgroup_id: int,
@@ -135,10 +197,12 @@ def salvage(hooks: Any, audit_factory: Callable[[str], Any], run_id: str, cgroup
         records: list[dict[str, Any]] = []
         rb.open(lambda ev: records.append(record_of(ev, run_id)))
         rb.drain()
+        rb.flush(lambda ev: records.append(record_of(ev, run_id)))
         for rec in records:
             audit.write(rec)
         audit.write({"run": run_id, "event": "run_end", "reason": "gatewrap died; collected by gatewrap gc",
-                     "direct_egress": len(records), "lost_events": rb.lost()})
+                     "direct_egress": sum(r["count"] for r in records if r["event"] == "direct_egress"),
+                     "lost_events": rb.lost()})
         audit.sync()
         written = len(records) + 1
     if rb is not None:

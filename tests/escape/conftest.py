@@ -26,7 +26,7 @@ HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results.json"
 
 #: The table's order: the network vectors, then tampering, then processes and lifetime.
-MODULE_ORDER = ["test_network.py", "test_tamper.py", "test_lifecycle.py"]
+MODULE_ORDER = ["test_network.py", "test_tamper.py", "test_lifecycle.py", "test_audit_flood.py"]
 
 _entries: dict[str, dict] = {}
 

@@ -7,6 +7,10 @@
  *   escape_probe uring-socket     IP PORT                  IORING_OP_SOCKET, then IORING_OP_CONNECT
  *   escape_probe uring-sendmsg    IP PORT                  IORING_OP_SENDMSG, unconnected UDP
  *   escape_probe sendmmsg IP PORT IP PORT                  one sendmmsg(2) of two UDP datagrams
+ *   escape_probe flood IP PORT N [IP PORT]... [-- ARG...]  N TCP connect(2)s, round robin over the
+ *       destinations (one socket each; ARGs after "--" only lengthen the command line); prints
+ *       {"step", "res": N, "eperm": how many got EPERM, "errno": the first other errno or
+ *       "EPERM", "elapsed", "cpu": the probe's user+system seconds}; the alarm is 60 s
  *
  * An alarm bounds every attempt (3 s): a hang prints errno "TIMEOUT". */
 #define _GNU_SOURCE
@@ -20,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -248,6 +253,40 @@ int main(int argc, char **argv)
 		clock_gettime(CLOCK_MONOTONIC, &t0);
 		int n = sendmmsg(fd, m, 2, 0);
 		report(n, n < 0 ? errno : 0);
+		return 0;
+	}
+	if (!strcmp(argv[1], "flood")) {
+		enum { MAX_DST = 16 };
+		struct sockaddr_storage dst[MAX_DST];
+		socklen_t dlen[MAX_DST];
+		int fds[MAX_DST], nd = 0, other = 0;
+		long n = argc > 4 ? atol(argv[4]) : 0, eperm = 0;
+		dst[0] = ss;
+		dlen[0] = len;
+		nd = 1;
+		for (int i = 5; i + 1 < argc && strcmp(argv[i], "--") && nd < MAX_DST; i += 2, nd++)
+			dlen[nd] = addr_of(argv[i], argv[i + 1], &dst[nd]);
+		for (int i = 0; i < nd; i++)
+			fds[i] = socket(dst[i].ss_family, SOCK_STREAM, 0);
+		alarm(60);
+		clock_gettime(CLOCK_MONOTONIC, &t0);
+		for (long i = 0; i < n; i++) {
+			int d = i % nd;
+			if (connect(fds[d], (struct sockaddr *)&dst[d], dlen[d]) == 0)
+				other = other ? other : -1;
+			else if (errno == EPERM)
+				eperm++;
+			else if (!other)
+				other = errno;
+		}
+		const char *name = other > 0 ? strerrorname_np(other) : other ? "connected" : "EPERM";
+		struct rusage ru;
+		getrusage(RUSAGE_SELF, &ru);
+		double cpu = ru.ru_utime.tv_sec + ru.ru_stime.tv_sec +
+			     (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+		printf("{\"step\": \"flood\", \"res\": %ld, \"eperm\": %ld, \"errno\": \"%s\", "
+		       "\"elapsed\": %.6f, \"cpu\": %.6f}\n", n, eperm, name ? name : "?", elapsed(), cpu);
+		fflush(stdout);
 		return 0;
 	}
 	return 2;

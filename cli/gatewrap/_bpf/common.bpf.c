@@ -6,6 +6,7 @@
 #include <uapi/linux/in6.h>
 #include <linux/socket.h>
 #include <linux/net.h>
+#include <uapi/asm-generic/errno-base.h>
 #include "gate.h"
 
 BPF_TABLE_PINNED("hash", u64, struct gw_run_config, gw_runs, GW_MAX_RUNS,
@@ -19,6 +20,17 @@ BPF_TABLE_PINNED("hash_of_maps$gw_events_tmpl", u64, int, gw_events, GW_MAX_RUNS
 		 GW_PIN_DIR "/gw_events");
 /* Events that found no ring buffer or a full one, per run cgroup. */
 BPF_TABLE_PINNED("lru_hash", u64, u64, gw_lost, GW_MAX_RUNS, GW_PIN_DIR "/gw_lost");
+/* Identical denials of a run, folded. A plain hash, not an LRU one: an LRU map would evict
+ * an entry (and its pending count) without telling the program; a full hash refuses the
+ * insert, and the denial goes out unfolded. Allocated on demand (BPF_F_NO_PREALLOC = 1).
+ * The loader reports what is left in it at the run's end (RunHooks.flush). */
+BPF_TABLE_PINNED("hash", struct gw_fold_key, struct gw_fold, gw_folds, GW_MAX_FOLDS,
+		 GW_PIN_DIR "/gw_folds", 1);
+/* A new gw_folds value is built here: with the key and the event it is too big for the
+ * 512-byte BPF stack. */
+BPF_PERCPU_ARRAY(gw_scratch, struct gw_fold, 1);
+/* gw_folds entries per run; the loader creates a run's counter (0) with its config. */
+BPF_TABLE_PINNED("hash", u64, u64, gw_fold_keys, GW_MAX_RUNS, GW_PIN_DIR "/gw_fold_keys");
 
 static __always_inline int port_in(const __u16 *ports, __u16 port)
 {
@@ -73,13 +85,145 @@ static __always_inline void fill_task(struct gw_event *ev, __u64 cgid)
 	bpf_get_current_comm(&ev->comm, sizeof(ev->comm));
 }
 
-/* Put the event on the run's ring buffer (or count it lost) and refuse: the syscall gets EPERM. */
+static __always_inline int emit(void *rb, struct gw_event *ev)
+{
+	return bpf_ringbuf_output(rb, ev, sizeof(*ev), 0);
+}
+
+static __always_inline void fold_key_of(struct gw_fold_key *k, const struct gw_event *ev)
+{
+	__builtin_memset(k, 0, sizeof(*k));
+	k->cgroup_id = ev->cgroup_id;
+	k->tgid = ev->tgid;
+	k->family = ev->family;
+	k->dst_port = ev->dst_port;
+	k->sock_type = ev->sock_type;
+	k->protocol = ev->protocol;
+	k->hook = ev->hook;
+	k->verdict = ev->verdict;
+	k->path_len = ev->path_len;
+	__builtin_memcpy(k->dst, &ev->dst, sizeof(k->dst));
+}
+
+/* A repeat: count it; if the interval since the denial's last event has passed, the one
+ * CPU that wins the compare-and-swap on emitted_ns takes every pending attempt (xchg) into
+ * one event. A failed send puts them back: they go into a later event or the final flush. */
+static __always_inline void fold_repeat(void *rb, struct gw_fold *f, struct gw_event *ev, __u64 now)
+{
+	__u64 since, n;
+
+	__sync_fetch_and_add(&f->pending, 1);
+	f->last_ns = now;
+	if (!f->first_ns)
+		f->first_ns = now;  /* the overflow entry, created empty by the loader */
+	since = f->emitted_ns;
+	if (now - since < GW_FOLD_INTERVAL_NS)
+		return;
+	if (__sync_val_compare_and_swap(&f->emitted_ns, since, now) != since)
+		return;
+	n = __sync_lock_test_and_set(&f->pending, 0);
+	if (n == 0)
+		return;
+	ev->count = n;
+	ev->first_ns = f->first_ns;
+	ev->last_ns = now;
+	if (emit(rb, ev) != 0)
+		__sync_fetch_and_add(&f->pending, n);
+}
+
+/* A denial the run has no room to fold on its own: into the run's overflow entry (``k`` is
+ * overwritten with that entry's key). */
+static __always_inline void fold_overflow(void *rb, struct gw_fold_key *k, struct gw_event *ev, __u64 now)
+{
+	struct gw_fold *f;
+
+	__builtin_memset(k, 0, sizeof(*k));
+	k->cgroup_id = ev->cgroup_id;
+	k->overflow = 1;
+	k->verdict = ev->verdict == GW_ALLOW_UNIX ? GW_ALLOW_UNIX : 0;
+	f = gw_folds.lookup(k);
+	ev->overflow = 1;
+	if (f) {
+		fold_repeat(rb, f, ev, now);
+		return;
+	}
+	ev->count = 1;  /* no overflow entry (the loader always makes one): unfolded */
+	ev->first_ns = now;
+	ev->last_ns = now;
+	if (emit(rb, ev) != 0)
+		count_lost(ev->cgroup_id);
+}
+
+/* A first attempt: remember it (within the run's quota of keys) and send it at once, so the
+ * live notice is immediate. Returns 0 when it is handled, -1 when the caller must fold it
+ * as a repeat (another CPU inserted the same key first). */
+static __always_inline int fold_first(void *rb, struct gw_fold_key *k, struct gw_event *ev, __u64 now)
+{
+	__u64 *keys = gw_fold_keys.lookup(&ev->cgroup_id);
+	int zero = 0;
+	struct gw_fold *f = gw_scratch.lookup(&zero);
+	struct gw_fold *got;
+	int err;
+
+	if (!f || !keys || *keys >= GW_MAX_FOLDS_PER_RUN) {
+		fold_overflow(rb, k, ev, now);
+		return 0;
+	}
+	ev->count = 1;
+	ev->first_ns = now;
+	ev->last_ns = now;
+	f->pending = 0;
+	f->emitted_ns = now;
+	f->first_ns = now;
+	f->last_ns = now;
+	f->first = *ev;
+	err = gw_folds.insert(k, f);
+	if (err == -EEXIST)
+		return -1;
+	if (err != 0) {  /* gw_folds is full */
+		fold_overflow(rb, k, ev, now);
+		return 0;
+	}
+	__sync_fetch_and_add(keys, 1);
+	if (emit(rb, ev) == 0)
+		return 0;
+	got = gw_folds.lookup(k);
+	if (got)
+		__sync_fetch_and_add(&got->pending, 1);
+	else
+		count_lost(ev->cgroup_id);
+	return 0;
+}
+
+/* Record the event, folded with its identical repeats. Without a ring buffer (no run) it
+ * is only counted lost. */
+static __always_inline void record(struct gw_event *ev)
+{
+	__u64 cgid = ev->cgroup_id, now = bpf_ktime_get_ns();
+	void *rb = gw_events.lookup(&cgid);
+	struct gw_fold_key k;
+	struct gw_fold *f;
+
+	if (!rb) {
+		count_lost(cgid);
+		return;
+	}
+	fold_key_of(&k, ev);
+	f = gw_folds.lookup(&k);
+	if (!f && fold_first(rb, &k, ev, now) == 0)
+		return;
+	if (!f)
+		f = gw_folds.lookup(&k);
+	if (f)
+		fold_repeat(rb, f, ev, now);
+	else
+		count_lost(cgid);
+}
+
+/* Record the denial and refuse: the syscall gets EPERM, every time, whatever happens to
+ * the record. */
 static __always_inline int deny(struct gw_event *ev)
 {
-	__u64 cgid = ev->cgroup_id;
-	void *rb = gw_events.lookup(&cgid);
-
-	if (!rb || bpf_ringbuf_output(rb, ev, sizeof(*ev), 0) != 0)
-		count_lost(cgid);
+	record(ev);
 	return 0;
 }

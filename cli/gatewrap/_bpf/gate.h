@@ -7,6 +7,18 @@
 #define GW_MAX_PORTS 4
 /* Concurrent runs (entries in the per-cgroup maps). */
 #define GW_MAX_RUNS 1024
+/* Distinct denials being folded (gw_folds entries), over all runs and per run. A run's
+ * denials beyond them are folded together in the run's overflow entry (created with its
+ * config): counted exactly, without their destination. */
+#define GW_MAX_FOLDS 65536
+#define GW_MAX_FOLDS_PER_RUN 4096
+/* Repeats of a denial within this many nanoseconds of its last event are folded into
+ * the next one (the loader sets it with -DGW_FOLD_INTERVAL_NS=...). */
+/* sun_path of struct sockaddr_un (include/uapi/linux/un.h). */
+#define GW_UNIX_PATH 108
+#ifndef GW_FOLD_INTERVAL_NS
+#define GW_FOLD_INTERVAL_NS 1000000000ULL
+#endif
 
 #ifndef GW_PIN_DIR
 #error "GW_PIN_DIR must be set by the loader (cflags -DGW_PIN_DIR=\"...\")"
@@ -20,6 +32,8 @@ enum gw_hook {
 	GW_HOOK_SOCK_CREATE = 5,
 	GW_HOOK_SKB_EGRESS = 6,
 	GW_HOOK_SETSOCKOPT = 7,         /* event.protocol holds the option name */
+	GW_HOOK_CONNECT_UNIX = 8,       /* event.dst.path holds the address (Linux 6.7+) */
+	GW_HOOK_SENDMSG_UNIX = 9,
 };
 
 enum gw_verdict {
@@ -29,6 +43,8 @@ enum gw_verdict {
 	GW_DENY_SOCK_KIND = 4,  /* socket type/protocol other than TCP or UDP (raw, ping, SCTP, ...) */
 	GW_DENY_IP_OPTIONS = 5, /* IPv4 options or IPv6 extension headers (source routing) */
 	GW_DENY_FAMILY = 6,     /* a destination of another address family than the hook's */
+	GW_ALLOW_UNIX = 7,      /* a unix socket address: allowed (the jail's mount namespace
+				 * decides which exist), recorded */
 };
 
 /* Per-run configuration, keyed by the run's cgroup id (cgroup directory inode). */
@@ -51,12 +67,49 @@ struct gw_event {
 	__u32 protocol;                 /* IPPROTO_* */
 	__u8 hook;                      /* enum gw_hook */
 	__u8 verdict;                   /* enum gw_verdict */
-	__u8 pad[6];
+	__u8 overflow;                  /* 1: count covers any denial of the run beyond GW_MAX_FOLDS_PER_RUN */
+	__u8 pad;
+	__u16 path_len;                 /* unix hooks: bytes of dst.path in use */
+	__u16 pad2;
 	union {
 		__u32 v4;               /* network byte order */
 		__u32 v6[4];            /* network byte order */
+		char path[GW_UNIX_PATH]; /* sun_path; abstract names start with a NUL */
 	} dst;
 	char comm[16];
+	__u64 count;                    /* attempts this event stands for (>= 1) */
+	__u64 first_ns;                 /* bpf_ktime_get_ns() of the denial's first attempt in the run */
+	__u64 last_ns;                  /* ... and of its latest one */
+};
+
+/* What makes two denials "the same" (folded together): the same process (tgid) and the
+ * event's fields but its thread, uid, comm and counts. A run has two overflow entries,
+ * with overflow = 1, verdict 0 (denials) or GW_ALLOW_UNIX, and every other field but
+ * cgroup_id 0. */
+struct gw_fold_key {
+	__u64 cgroup_id;
+	__u32 tgid;
+	__u32 sock_type;
+	__u32 protocol;
+	__u16 family;
+	__u16 dst_port;
+	__u8 hook;
+	__u8 verdict;
+	__u8 overflow;
+	__u8 pad;
+	__u16 path_len;
+	__u16 pad2;
+	char dst[GW_UNIX_PATH];         /* the event's dst union */
+};
+
+/* A denial being folded: attempts not yet reported, and the first attempt's event (its
+ * task is what the run's last record of the denial names). */
+struct gw_fold {
+	__u64 pending;                  /* attempts since the last event, not in any event yet */
+	__u64 emitted_ns;               /* when the last event of this denial was sent */
+	__u64 first_ns;
+	__u64 last_ns;
+	struct gw_event first;
 };
 
 #endif

@@ -26,6 +26,7 @@ _lib.bpf_map_create.argtypes = [ct.c_int, ct.c_char_p, ct.c_uint, ct.c_uint, ct.
 _lib.bpf_map_update_elem.argtypes = [ct.c_int, ct.c_void_p, ct.c_void_p, ct.c_ulonglong]
 _lib.bpf_map_lookup_elem.argtypes = [ct.c_int, ct.c_void_p, ct.c_void_p]
 _lib.bpf_map_delete_elem.argtypes = [ct.c_int, ct.c_void_p]
+_lib.bpf_map_get_next_key.argtypes = [ct.c_int, ct.c_void_p, ct.c_void_p]
 
 #: include/uapi/linux/bpf.h
 BPF_MAP_TYPE_RINGBUF = 27
@@ -114,3 +115,19 @@ def map_delete(map_fd: int, key: ct._SimpleCData | ct.Structure) -> None:
     ret = _lib.bpf_map_delete_elem(map_fd, ct.byref(key))
     if ret < 0 and (ct.get_errno() or -ret) != 2:
         _check(ret, "bpf_map_delete_elem")
+
+
+def map_keys(map_fd: int, key_type: type) -> list:
+    """Every key of a hash map (``BPF_MAP_GET_NEXT_KEY`` from no key to ENOENT), as
+    ``key_type`` instances. Keys inserted or deleted meanwhile may be missed or repeated
+    (bpf(2)); callers read maps no program is writing to the keys they want."""
+    keys = []
+    prev: ct.Structure | None = None
+    while True:
+        nxt = key_type()
+        ret = _lib.bpf_map_get_next_key(map_fd, None if prev is None else ct.byref(prev), ct.byref(nxt))
+        if ret < 0 and (ct.get_errno() or -ret) == 2:
+            return keys
+        _check(ret, "bpf_map_get_next_key")
+        keys.append(nxt)
+        prev = nxt

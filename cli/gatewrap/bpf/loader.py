@@ -10,9 +10,11 @@ bpf-socket-bind.c):
    attached and only verify it (``BPF_PROG_QUERY``). Attachments outlive gatewrap: if it
    dies, its sandboxes keep the hooks and, without configuration, have no egress.
 2. :meth:`Hooks.configure` gives one run its own ring buffer (an inner map of the
-   ``gw_events`` hash-of-maps) and its gate address, keyed by the run's cgroup id.
-3. :meth:`RunHooks.poll` delivers that run's denial events; :meth:`RunHooks.release`
-   removes its entries.
+   ``gw_events`` hash-of-maps), its fold quota and overflow entry (``gw_fold_keys``,
+   ``gw_folds``) and its gate address, keyed by the run's cgroup id.
+3. :meth:`RunHooks.poll` delivers that run's denial events (identical ones folded, with
+   counts); :meth:`RunHooks.flush` delivers the counts still folded once the run's cgroup
+   is empty; :meth:`RunHooks.release` removes its entries.
 
 Kernel facts used here are measured in shared/KERNEL-NOTES.md.
 """
@@ -42,22 +44,32 @@ PIN_ROOT = f"{BPFFS}/gatewrap"
 LOCK_PATH = "/run/gatewrap/bpf.lock"
 #: The programs, grouped by hook family; bcc sees BPF programs only in the main text,
 #: so they are compiled as one text, in this order.
-PROGRAMS = ("common.bpf.c", "sock_addr.bpf.c", "sock_create.bpf.c", "skb_egress.bpf.c", "sockopt.bpf.c")
+PROGRAMS = ("common.bpf.c", "sock_addr.bpf.c", "sock_create.bpf.c", "skb_egress.bpf.c", "sockopt.bpf.c",
+            "unix.bpf.c")
 SOURCES = ("gate.h", *PROGRAMS)
 #: Per-run ring buffer size in bytes (power of two, page multiple): ~2900 events.
 RINGBUF_BYTES = 256 * 1024
 #: Maps pinned by the C source (BPF_TABLE_PINNED) in the pin directory.
-PINNED_MAPS = ("gw_runs", "gw_events", "gw_lost")
-#: Maps whose leaf struct Python needs: gw_runs (struct gw_run_config), gw_event_layout (struct gw_event).
-LAYOUT_MAPS = ("gw_runs", "gw_event_layout")
+PINNED_MAPS = ("gw_runs", "gw_events", "gw_lost", "gw_fold_keys", "gw_folds")
+#: The pinned maps keyed by a run's cgroup id (u64); gw_folds is keyed by struct gw_fold_key.
+PER_RUN_MAPS = ("gw_runs", "gw_events", "gw_lost", "gw_fold_keys")
+#: Maps whose leaf struct Python needs: gw_runs (struct gw_run_config), gw_event_layout (struct
+#: gw_event), gw_folds (struct gw_fold; its key struct gw_fold_key too).
+LAYOUT_MAPS = ("gw_runs", "gw_event_layout", "gw_folds")
+#: Repeats of one denial within this interval of its last event are folded into the next
+#: event (GW_FOLD_INTERVAL_NS in bpf/gate.h; part of the pin directory's hash).
+FOLD_INTERVAL_NS = 1_000_000_000
 #: bcc's struct descriptions, cached per source hash (tmpfs: gone at reboot, like bpffs).
 LAYOUT_DIR = "/run/gatewrap/bpf"
 #: Attach types probed when cleaning the parent (enum bpf_attach_type has fewer).
 MAX_ATTACH_TYPE = 64
 #: Must equal GW_MAX_PORTS in bpf/gate.h; the loader refuses more.
 MAX_PORTS = 4
+#: GW_MAX_FOLDS_PER_RUN of bpf/gate.h: distinct denials a run folds one by one.
+MAX_FOLDS_PER_RUN = 4096
 
-#: (program name in C, bcc BPFProgType member, bcc BPFAttachType member)
+#: (program name in C, bcc BPFProgType member, bcc BPFAttachType member or the number of
+#: a type bcc 0.26 has no name for: include/uapi/linux/bpf.h, enum bpf_attach_type)
 HOOKS = (
     ("gw_connect4", "CGROUP_SOCK_ADDR", "CGROUP_INET4_CONNECT"),
     ("gw_connect6", "CGROUP_SOCK_ADDR", "CGROUP_INET6_CONNECT"),
@@ -66,14 +78,21 @@ HOOKS = (
     ("gw_sock_create", "CGROUP_SOCK", "CGROUP_INET_SOCK_CREATE"),
     ("gw_skb_egress", "CGROUP_SKB", "CGROUP_INET_EGRESS"),
     ("gw_setsockopt", "CGROUP_SOCKOPT", "CGROUP_SETSOCKOPT"),
+    ("gw_connect_unix", "CGROUP_SOCK_ADDR", 49),  # BPF_CGROUP_UNIX_CONNECT
+    ("gw_sendmsg_unix", "CGROUP_SOCK_ADDR", 50),  # BPF_CGROUP_UNIX_SENDMSG
 )
+#: Hooks a kernel may lack (unix socket hooks: Linux 6.7+). They only record (they allow
+#: every address), so without them runs go on, unaudited for unix sockets.
+OPTIONAL_HOOKS = ("gw_connect_unix", "gw_sendmsg_unix")
 #: enum gw_hook and enum gw_verdict of bpf/gate.h, as the audit log names them.
 HOOK_NAMES = {1: "connect4", 2: "connect6", 3: "sendmsg4", 4: "sendmsg6", 5: "sock_create", 6: "skb_egress",
-              7: "setsockopt"}
+              7: "setsockopt", 8: "connect_unix", 9: "sendmsg_unix"}
+#: GW_ALLOW_UNIX of enum gw_verdict: the unix socket hooks' (which allow).
+VERDICT_ALLOW_UNIX = 7
 VERDICT_NAMES = {
     1: "not the gate", 2: "no run configured for this cgroup", 3: "no destination address",
     4: "socket kind not allowed (only TCP and UDP)", 5: "IP options or IPv6 extension headers",
-    6: "unexpected address family",
+    6: "unexpected address family", 7: "unix socket (allowed: the jail's view decides which exist)",
 }
 
 
@@ -88,6 +107,7 @@ def sources_hash() -> str:
     h = hashlib.sha256()
     for name in SOURCES:
         h.update(name.encode() + b"\0" + (sources_dir() / name).read_bytes())
+    h.update(f"GW_FOLD_INTERVAL_NS={FOLD_INTERVAL_NS}".encode())
     return h.hexdigest()[:16]
 
 
@@ -120,6 +140,17 @@ class _Event:
     hook: str
     verdict: str
     comm: str
+    #: Attempts this event stands for (identical denials folded into it), >= 1.
+    count: int = 1
+    #: CLOCK_MONOTONIC ns (bpf_ktime_get_ns) of the denial's first and latest attempt.
+    first_ns: int = 0
+    last_ns: int = 0
+    #: The count covers any denials of the run beyond the distinct ones it may fold.
+    overflow: bool = False
+    #: A unix socket hook's event: allowed, recorded (not a denial).
+    allowed: bool = False
+    #: The unix socket address (``@name`` for an abstract one); None if it had none.
+    path: str | None = None
 
 
 class Hooks:
@@ -135,6 +166,8 @@ class Hooks:
         decode = bcc.BPF._decode_table_type
         self._config_type = decode(layouts["gw_runs"])
         self._event_type = decode(layouts["gw_event_layout"])
+        self._fold_type = decode(layouts["gw_folds"])
+        self._fold_key_type = decode(layouts["gw_folds.key"])
         self._fds = {name: libbpf.obj_get(f"{pin_dir}/{name}") for name in PINNED_MAPS}
 
     def close(self) -> None:
@@ -152,7 +185,8 @@ class Hooks:
         the run is ever without a buffer.
 
         Raises:
-            BpfError: too many ports, or a map update failed.
+            BpfError: too many ports, or a map update failed (``gw_folds`` full: too many
+                runs at once, or a run folding more distinct denials than it may).
         """
         if not 1 <= len(tcp_ports) <= MAX_PORTS or len(udp_ports) > MAX_PORTS:
             raise BpfError(f"the gate may have 1 to {MAX_PORTS} TCP and 0 to {MAX_PORTS} UDP ports")
@@ -160,6 +194,11 @@ class Hooks:
         try:
             rb_fd = libbpf.ringbuf_create("gw_run_events", RINGBUF_BYTES)
             libbpf.map_update(self._fds["gw_events"], key, ct.c_int(rb_fd))
+            libbpf.map_update(self._fds["gw_fold_keys"], key, ct.c_uint64(0))
+            for verdict in (0, VERDICT_ALLOW_UNIX):  # denials, and unix sockets (allowed)
+                overflow = self._fold_key_type()
+                overflow.cgroup_id, overflow.overflow, overflow.verdict = cgroup_id, 1, verdict
+                libbpf.map_update(self._fds["gw_folds"], overflow, self._fold_type())
             cfg = self._config_type()
             cfg.gate_ip4 = int.from_bytes(socket.inet_pton(socket.AF_INET, gate_ip4), "little")
             v6 = socket.inet_pton(socket.AF_INET6, gate_ip6)
@@ -182,16 +221,39 @@ class Hooks:
             return None
         return RunHooks(self, cgroup_id, libbpf.map_fd_by_id(inner_id.value))
 
+    def folds(self, cgroup_id: int) -> list[tuple[Any, Any]]:
+        """The ``gw_folds`` entries of ``cgroup_id``: (struct gw_fold_key, struct gw_fold) pairs."""
+        out = []
+        for k in libbpf.map_keys(self._fds["gw_folds"], self._fold_key_type):
+            if k.cgroup_id != cgroup_id:
+                continue
+            v = self._fold_type()
+            if libbpf.map_lookup(self._fds["gw_folds"], k, v):
+                out.append((k, v))
+        return out
+
     def forget(self, cgroup_id: int) -> None:
-        """Drop every map entry of ``cgroup_id`` (config, ring buffer, lost counter)."""
+        """Drop every map entry of ``cgroup_id`` (config, ring buffer, lost counter, folds)."""
         key = ct.c_uint64(cgroup_id)
-        for name in PINNED_MAPS:
+        for name in PER_RUN_MAPS:
             libbpf.map_delete(self._fds[name], key)
+        for k, _ in self.folds(cgroup_id):
+            libbpf.map_delete(self._fds["gw_folds"], k)
 
     def decode(self, data: int) -> _Event:
-        """Decode one ring-buffer record with the struct bcc parsed from bpf/gate.h."""
+        """Decode one ring-buffer record (the address of a ``struct gw_event``) with the
+        struct bcc parsed from bpf/gate.h."""
         e = ct.cast(data, ct.POINTER(self._event_type)).contents
-        if e.family == socket.AF_INET:
+        path = None
+        if e.family == socket.AF_UNIX:
+            ip = ""
+            raw = ct.string_at(ct.addressof(e.dst), min(e.path_len, 108))
+            if raw:
+                # An abstract name starts with a NUL: written @name, as ss(8) does.
+                text = "@" + raw[1:].decode("utf-8", "backslashreplace") if raw[0] == 0 else \
+                    raw.split(b"\0", 1)[0].decode("utf-8", "backslashreplace")
+                path = text
+        elif e.family == socket.AF_INET:
             ip = str(ipaddress.IPv4Address(int(e.dst.v4).to_bytes(4, "little")))
         else:
             v6 = ipaddress.IPv6Address(b"".join(int(w).to_bytes(4, "little") for w in e.dst.v6))
@@ -202,6 +264,8 @@ class Hooks:
             hook=HOOK_NAMES.get(e.hook, str(e.hook)),
             verdict=VERDICT_NAMES.get(e.verdict, str(e.verdict)),
             comm=bytes(e.comm).split(b"\0", 1)[0].decode("utf-8", "backslashreplace"),
+            count=e.count, first_ns=e.first_ns, last_ns=e.last_ns, overflow=bool(e.overflow),
+            allowed=e.verdict == VERDICT_ALLOW_UNIX, path=path,
         )
 
 
@@ -246,6 +310,27 @@ class RunHooks:
             if self._mgr:
                 self._hooks._bcc.libbcc.lib.bpf_consume_ringbuf(self._mgr)
 
+    def flush(self, on_event: Callable[[_Event], None]) -> int:
+        """Deliver the attempts still folded in the kernel as events (one per denial with a
+        pending count: its first attempt's task, ``count`` = the pending attempts; the
+        overflow entry's has no task nor destination) and drop the run's ``gw_folds``
+        entries; returns the attempts delivered.
+
+        Call it once the run's cgroup is empty (after :meth:`drain`): a program still
+        running for the run could add to an entry being deleted, and that count would be lost.
+        """
+        total = 0
+        for k, v in self._hooks.folds(self.cgroup_id):
+            if v.pending:
+                v.first.count, v.first.first_ns, v.first.last_ns = v.pending, v.first_ns, v.last_ns
+                v.first.cgroup_id, v.first.overflow = self.cgroup_id, k.overflow
+                if k.overflow:
+                    v.first.verdict = k.verdict
+                on_event(self._hooks.decode(ct.addressof(v.first)))
+                total += v.pending
+            libbpf.map_delete(self._hooks._fds["gw_folds"], k)
+        return total
+
     def lost(self) -> int:
         """Events the kernel could not put on this run's buffer (full or missing)."""
         n = ct.c_uint64(0)
@@ -265,7 +350,7 @@ class RunHooks:
 
 
 def _attach_types(bcc: Any) -> list[tuple[str, int]]:
-    return [(name, int(getattr(bcc.BPFAttachType, t))) for name, _, t in HOOKS]
+    return [(name, t if isinstance(t, int) else int(getattr(bcc.BPFAttachType, t))) for name, _, t in HOOKS]
 
 
 def _remove_stale(keep: str | None) -> None:
@@ -312,12 +397,14 @@ def _detach_foreign(parent_fd: int, keep_ids: set[int]) -> None:
 def _layout_descs(bpf: Any, bcc: Any) -> dict[str, Any]:
     """bcc's JSON description of the structs Python needs (map leaf types)."""
     lib = bcc.libbcc.lib
-    return {name: json.loads(lib.bpf_table_leaf_desc(bpf.module, name.encode()).decode())
-            for name in LAYOUT_MAPS}
+    descs = {name: json.loads(lib.bpf_table_leaf_desc(bpf.module, name.encode()).decode())
+             for name in LAYOUT_MAPS}
+    descs["gw_folds.key"] = json.loads(lib.bpf_table_key_desc(bpf.module, b"gw_folds").decode())
+    return descs
 
 
 def _complete(pin_dir: str, layout_path: str) -> bool:
-    names = [*PINNED_MAPS, *(f"prog_{name}" for name, _, _ in HOOKS)]
+    names = [*PINNED_MAPS, *(f"prog_{name}" for name, _, _ in HOOKS if name not in OPTIONAL_HOOKS)]
     return os.path.exists(layout_path) and all(os.path.exists(f"{pin_dir}/{n}") for n in names)
 
 
@@ -361,7 +448,7 @@ def load_or_reuse(parent_cgroup: str) -> Hooks:
                     json.dump(_layout_descs(bpf, bcc), f)
                 os.replace(layout_path + ".tmp", layout_path)
             keep = {_attach_one(bpf, bcc, name, at, pin_dir, parent_fd) for name, at in _attach_types(bcc)}
-            _detach_foreign(parent_fd, keep)
+            _detach_foreign(parent_fd, keep - {None})
         except OSError as e:
             raise BpfError(f"attaching the hooks to {parent_cgroup} failed: {e}") from e
         finally:
@@ -374,7 +461,8 @@ def load_or_reuse(parent_cgroup: str) -> Hooks:
 def _compile(bcc: Any, pin_dir: str) -> Any:
     try:
         text = "".join((sources_dir() / name).read_text() for name in PROGRAMS)
-        return bcc.BPF(text=text, cflags=[f"-I{sources_dir()}", f'-DGW_PIN_DIR="{pin_dir}"'])
+        return bcc.BPF(text=text, cflags=[f"-I{sources_dir()}", f'-DGW_PIN_DIR="{pin_dir}"',
+                                          f"-DGW_FOLD_INTERVAL_NS={FOLD_INTERVAL_NS}ULL"])
     except Exception as e:
         raise BpfError(
             f"compiling the BPF hooks failed ({e}; the compiler's or verifier's output is above); "
@@ -382,16 +470,22 @@ def _compile(bcc: Any, pin_dir: str) -> Any:
         ) from e
 
 
-def _attach_one(bpf: Any, bcc: Any, name: str, at: int, pin_dir: str, parent_fd: int) -> int:
-    """Attach one hook (from its pin, or freshly loaded and pinned) unless it is; returns its id."""
+def _attach_one(bpf: Any, bcc: Any, name: str, at: int, pin_dir: str, parent_fd: int) -> int | None:
+    """Attach one hook (from its pin, or freshly loaded and pinned) unless it is; returns its
+    id, or None for an optional hook this kernel does not have (never loaded, so no pin)."""
     pin = f"{pin_dir}/prog_{name}"
+    optional = name in OPTIONAL_HOOKS
     if bpf is None:
+        if optional and not os.path.exists(pin):
+            return None
         fd = libbpf.obj_get(pin)
     else:
         prog_type = next(getattr(bcc.BPFProgType, t) for n, t, _ in HOOKS if n == name)
         try:
             fn = bpf.load_func(name, prog_type, attach_type=at)
         except Exception as e:  # bcc raises a bare Exception; the verifier log went to stderr
+            if optional:  # e.g. unix socket hooks before Linux 6.7: EINVAL
+                return None
             raise BpfError(f"the kernel refused BPF program {name}: {e}") from e
         fd = os.dup(fn.fd)
         libbpf.obj_pin(fd, pin)
@@ -416,6 +510,8 @@ def verify_attached(parent_cgroup: str, pin_dir: str) -> None:
     parent_fd = os.open(parent_cgroup, os.O_RDONLY | os.O_DIRECTORY)
     try:
         for name, at in _attach_types(bcc):
+            if name in OPTIONAL_HOOKS and not os.path.exists(f"{pin_dir}/prog_{name}"):
+                continue  # this kernel has no such hook (see _attach_one)
             try:
                 fd = libbpf.obj_get(f"{pin_dir}/prog_{name}")
             except OSError as e:
