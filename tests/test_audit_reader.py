@@ -361,3 +361,14 @@ def test_a_closed_pipe_ends_the_reader_quietly(log):
     p = subprocess.run(" ".join(gatewrap_cmd("audit", "--json", "--log", str(log))) + " | head -n 1",
                        shell=True, capture_output=True, timeout=60)
     assert p.stdout.count(b"\n") == 1 and b"Traceback" not in p.stderr and b"BrokenPipe" not in p.stderr, p.stderr
+
+
+def test_stats_count_a_folded_kernel_denial_as_its_attempts():
+    from gatewrap import audit_stats
+
+    folded = {"run": "gw-a", "event": "direct_egress", "decision": "denied", "proto": "tcp",
+              "dst_ip": "198.51.100.148", "dst_port": 80, "count": 50000}
+    s = audit_stats.stats([folded, {**folded, "count": 1}, {**folded, "count": "junk"}])
+    rec = s.as_record(10)
+    assert rec["runs"][0]["direct_egress"] == 50002
+    assert rec["top_denied"] == [{"destination": "tcp 198.51.100.148:80", "count": 50002}]

@@ -39,7 +39,7 @@ class RunCounts:
             self.ended = True
             self.exit_code = rec.get("exit_code")
         elif event == "direct_egress":
-            self.direct_egress += 1
+            self.direct_egress += attempts(rec)
         elif decision == "allowed":
             if not (event == "connect" and rec.get("inspected") is True):
                 self.allowed += 1
@@ -47,6 +47,13 @@ class RunCounts:
             self.denied += 1
         elif decision == "failed":
             self.failed += 1
+
+
+def attempts(rec: dict[str, Any]) -> int:
+    """How many attempts a record stands for: a folded kernel denial's ``count`` (the kernel
+    folds identical ones, _bpf/common.bpf.c), else 1."""
+    n = rec.get("count", 1)
+    return n if isinstance(n, int) and n > 0 else 1
 
 
 #: Most distinct denied destinations counted one by one; denials to further ones are counted
@@ -74,9 +81,9 @@ class Stats:
         if rec.get("decision") in DENIED:
             dest = destination(rec)
             if dest in self.denied_to or len(self.denied_to) < MAX_DESTINATIONS:
-                self.denied_to[dest] += 1
+                self.denied_to[dest] += attempts(rec)
             else:
-                self.other_denied += 1
+                self.other_denied += attempts(rec)
 
     def as_record(self, top: int) -> dict[str, Any]:
         """``{"runs": [RunCounts...], "top_denied": [{"destination", "count"}...] (``top`` of them),
