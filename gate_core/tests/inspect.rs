@@ -15,7 +15,7 @@ use _gate_core::gate::inspect::InspectSettings;
 use _gate_core::gate::{Gate, GateConfig, DEFAULT_IDLE_TIMEOUT};
 use _gate_core::policy::ssrf::PublicRanges;
 use _gate_core::policy::{canonical_host, file::from_toml, Policy};
-use common::client::{audit_lines, exchange, in_netns};
+use common::client::{decision_lines, exchange, in_netns};
 use common::tls::{ask, open, pki, upstream};
 use common::{require_root, Netns, TempDir};
 use rustls::client::danger::ServerCertVerifier;
@@ -141,8 +141,9 @@ fn setup_idle(tag: &str, idle_timeout: Duration) -> Setup {
     Setup { ns, _dir: dir, gate, policy, audit, gate_ca: ca_dir.join("ca.crt"), good, untrusted, silent }
 }
 
+/// The decision records of `proto` (the `admit` records left out).
 fn records(path: &PathBuf, proto: &str) -> Vec<Value> {
-    audit_lines(path).into_iter().filter(|v| v["proto"] == proto).collect()
+    decision_lines(path).into_iter().filter(|v| v["proto"] == proto).collect()
 }
 
 #[test]
