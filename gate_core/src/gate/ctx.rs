@@ -112,6 +112,10 @@ impl Ctx {
     pub(super) fn admit(&self, rec: &GateRecord) -> Result<(), Response<respond::Body>> {
         let mut line = rec.clone().into_map();
         line.insert(f::EVENT.into(), f::EVENT_ADMIT.into());
+        // The decision only: what is known of the outcome goes in the record that follows.
+        for outcome in [f::STATUS, f::DST_IP, f::ERROR] {
+            line.remove(outcome);
+        }
         match self.write(line) {
             Ok(()) => Ok(()),
             Err(e) => Err(self.unrecorded(rec.clone(), &e)),
