@@ -143,20 +143,33 @@ class AuditLog:
 
     def __init__(self, path: str) -> None:
         """Open ``path`` for appending (created with mode 0o640; missing parent directories
-        with 0o750). Raises OSError on failure."""
+        with 0o750).
+
+        The directory must be root's and not writable by group or others, and so must every
+        directory above it unless it is sticky (``/tmp`` itself is refused: anyone could
+        plant the file there; a root-owned directory under it is fine). The file is opened
+        without following a link and without blocking (a FIFO would block open(2)), and must
+        be a regular file. Raises ValueError (an unsafe directory, or a link, FIFO, device or
+        directory at ``path``: the message names the path and what to do), OSError when the
+        open itself fails.
+        """
 
     @property
     def path(self) -> str:
         """The log's path."""
 
     def write(self, record: dict[str, Any]) -> None:
-        """Append one record as one line, in one write(2).
+        """Append one record as one line, in one write(2), whole or not at all.
 
         The line starts with ``"v": 1`` and ``"time"`` (RFC 3339 UTC, microseconds), then the
         record's keys in order. Values may be str, int, float, bool, None, list, tuple, dict
-        (str keys). Raises ValueError if the record sets ``v`` or ``time`` or holds a
-        non-finite float, TypeError for other value types, OSError if the write fails.
-        Thread-safe.
+        (str keys). A line is at most 16 KiB: longer strings are cut (ending in "…"), then
+        the largest values set to null, and ``"truncated"`` lists the keys cut. Writers
+        (this process or another) take an exclusive flock(2) on the file; a write that
+        stops short (a full disk) is undone with ftruncate(2), so the log never holds a cut
+        line. Raises ValueError if the record sets ``v`` or ``time`` or holds a non-finite
+        float, TypeError for other value types, OSError (errno of the cause, e.g. ENOSPC)
+        if the write fails. Thread-safe.
         """
 
     def sync(self) -> None:
@@ -167,7 +180,12 @@ class Gate:
 
     Listens on 127.0.0.1 and [::1] inside the sandbox netns; dials upstream from the host
     netns. Every decision is one audit record (event "request" | "connect", decision
-    "allowed" | "denied" | "failed"). A denied destination gets 403 naming the rule and how
+    "allowed" | "denied" | "failed"); an allowed request or tunnel has, before it, an
+    ``"admit"`` record (the decision, no outcome), written before the gate dials. If a
+    record cannot be written (a full disk), the gate admits nothing: the request gets 503
+    with a body naming the log and the cause, and nothing is dialled; requests pass again
+    once a record can be written. At most 1024 connections at once over the proxy port and
+    the DNS stub's TCP side (DNS over TCP at most 64, closed after 10 s without a query). A denied destination gets 403 naming the rule and how
     to allow it; names are resolved only after the policy allowed them; upstream failures get
     502 (504 on timeout).
 

@@ -45,7 +45,9 @@ def cli() -> None:
                    "no --allow names.")
 @click.option("--user", metavar="USER", help="Run the agent as USER (name or uid). Default: the user who ran sudo.")
 @click.option("--audit-log", default="/var/log/gatewrap/audit.jsonl", show_default=True, metavar="PATH",
-              help="Append audit records (JSON lines) here.")
+              help="Append audit records (JSON lines) here: a regular file (a link, FIFO or device is "
+                   "refused) in a directory only root can write. While a record cannot be written "
+                   "(a full disk), the gate answers every request 503.")
 @click.option("--resolver", "nameservers", multiple=True, metavar="IP[:PORT]", callback=lambda c, p, v: [_with_port(x, 53) for x in v],
               help="DNS server the gate resolves through (port 53 by default; IPv6 as [ADDR]:PORT). "
                    "Default: the host's /etc/resolv.conf. Repeatable.")
@@ -93,6 +95,12 @@ def run(allow: tuple[str, ...], deny: tuple[str, ...], policy_file: str | None, 
     read-only view of the system, a writable working directory, private /tmp and /run.
     The exit code is the agent's; gatewrap's own failures exit 125 (126/127: COMMAND
     not executable / not found; 124: --timeout).
+
+    \b
+    The gate's listeners are bounded: at most 1024 open connections per run over the
+    proxy port and the DNS stub's TCP side (of which DNS over TCP at most 64, each
+    closed after 10 s without a query); a request head must arrive within 30 s; a tunnel
+    or WebSocket idle for 300 s is closed.
 
     \b
     Example:

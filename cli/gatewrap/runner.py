@@ -275,7 +275,9 @@ def run(opts: RunOptions, stderr: TextIO | None = None) -> RunResult:
     try:
         audit = core.AuditLog(opts.audit_log)
     except OSError as e:
-        raise GatewrapError(f"cannot open the audit log {opts.audit_log}: {e}; choose another with --audit-log") from e
+        raise GatewrapError(f"{e.strerror}; choose another with --audit-log") from e
+    except ValueError as e:  # not a regular file, or an unsafe directory: the message says what to do
+        raise GatewrapError(str(e)) from e
     # Block the signals we wait for before any thread exists, so every thread
     # (bcc's, the gate's) inherits the mask and they reach sigtimedwait.
     old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, set(FORWARDED) | {signal.SIGCHLD})
@@ -336,8 +338,12 @@ def run(opts: RunOptions, stderr: TextIO | None = None) -> RunResult:
         elif opts.user is None and "SUDO_UID" not in os.environ and os.getuid() == 0:
             print(f"gatewrap: the agent runs as {target.name} (gatewrap was started by root, not "
                   "through sudo; --user USER to choose)", file=err)
-        audit.write({"run": run_id, "event": "run_start", "argv": opts.argv, "uid": target.uid,
-                     "cgroup_id": cgroup_id, "gate": gate_url})
+        try:
+            audit.write({"run": run_id, "event": "run_start", "argv": opts.argv, "uid": target.uid,
+                         "cgroup_id": cgroup_id, "gate": gate_url})
+        except OSError as e:
+            raise GatewrapError(f"{e.strerror}: a run starts only once its run_start record is written; "
+                                "free space there, or choose another --audit-log") from e
         if opts.jail == "nsjail":
             shims.add_python_shim(env, shims.PYTHON_SHIM_IN_JAIL, gate_url, run_id)
             shims.add_node_shim(env, shims.NODE_SHIM_IN_JAIL)
@@ -377,9 +383,18 @@ def run(opts: RunOptions, stderr: TextIO | None = None) -> RunResult:
                            inspected=counts.get("inspected", 0), would_deny=counts.get("would_deny", 0))
         end = result.as_record()
         del end["audit_log"]
-        audit.write({"run": run_id, "event": "run_end", **end})
-        audit.sync()
+        _write_run_end(audit, {"run": run_id, "event": "run_end", **end}, err)
     return result
+
+
+def _write_run_end(audit: Any, record: dict[str, Any], err: TextIO) -> None:
+    """Write and fsync the run's ``run_end`` record; if the log cannot take it (a full disk),
+    say so in one line on ``err`` and go on: the run still ends with the agent's exit code."""
+    try:
+        audit.write(record)
+        audit.sync()
+    except OSError as e:
+        print(f"gatewrap: the run_end record could not be written: {e.strerror}", file=err, flush=True)
 
 
 def collect_stale() -> gc.Collected:

@@ -6,3 +6,4 @@ pub mod gate;
 pub mod launcher;
 pub mod policy;
 mod py;
+pub mod root_dir;

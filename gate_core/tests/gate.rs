@@ -12,7 +12,7 @@ use _gate_core::audit::AuditLog;
 use _gate_core::gate::{Gate, GateConfig};
 use _gate_core::policy::ssrf::PublicRanges;
 use _gate_core::policy::{file::from_toml, Mode, Policy};
-use common::client::{audit_lines, connect, exchange, find, in_netns, read_head, tunnel, upstream};
+use common::client::{audit_lines, connect, decision_lines, exchange, find, in_netns, read_head, tunnel, upstream};
 use common::{require_root, Netns, TempDir};
 use serde_json::Value;
 
@@ -153,6 +153,12 @@ fn gate_forwards_tunnels_denies_and_audits() {
     assert!(fwd["client"].as_str().is_some_and(|c| c.starts_with("127.0.0.1:")), "{fwd}");
     let keys: Vec<&String> = fwd.as_object().map(|o| o.keys().collect()).unwrap_or_default();
     assert_eq!(&keys[..2], &["v", "time"]);
+    // Before the dial, its `admit` record: the decision, nothing of the outcome yet.
+    let at = |event: &str| lines.iter().position(|v| v["event"] == event && v["target"] == target.as_str());
+    let admit = &lines[at("admit").expect("an admit record for the allowed request")];
+    assert!(at("admit") < at("request"), "admit is written before the outcome");
+    assert_eq!((&admit["decision"], &admit["rule"], &admit["dst_port"]), (&fwd["decision"], &fwd["rule"], &fwd["dst_port"]));
+    assert!(admit.get("status").is_none() && admit.get("dst_ip").is_none(), "{admit}");
 
     let denied = find(&lines, "connect", "denied.test:443");
     assert_eq!(denied["decision"], "denied");
@@ -220,11 +226,12 @@ fn gate_forwards_tunnels_denies_and_audits() {
 
 #[test]
 fn gate_start_failures_say_what_to_do() {
+    let dir = TempDir::new("start-failures");
     let err = Gate::start(GateConfig {
         run_id: "gw-x".into(),
         netns_path: PathBuf::from("/run/netns/gw-does-not-exist"),
         policy: Arc::new(RwLock::new(Policy::new(_gate_core::policy::Action::Deny))),
-        audit: Arc::new(AuditLog::open(std::env::temp_dir().join("gw-unused-audit.jsonl")).expect("audit")),
+        audit: Arc::new(AuditLog::open(dir.path.join("audit.jsonl")).expect("audit")),
         listen_port: 0,
         nameservers: Some(vec![]),
         connect_timeout: Duration::from_secs(1),
@@ -239,7 +246,6 @@ fn gate_start_failures_say_what_to_do() {
     .unwrap_or_default();
     assert!(err.starts_with("cannot open netns /run/netns/gw-does-not-exist"), "{err}");
     assert!(err.contains("does the sandbox exist?"), "{err}");
-    let _ = std::fs::remove_file(std::env::temp_dir().join("gw-unused-audit.jsonl"));
 }
 
 /// Start a gate in `ns` with `policy_text`, auditing to `audit`, answering DNS from nowhere.
@@ -268,7 +274,7 @@ fn start_gate(ns: &Netns, policy_text: &str, audit: &PathBuf) -> (Gate, Arc<RwLo
 fn wait_for_lines(path: &PathBuf, n: usize) -> Vec<Value> {
     let t0 = Instant::now();
     loop {
-        let lines = audit_lines(path);
+        let lines = decision_lines(path);
         if lines.len() >= n || t0.elapsed() > Duration::from_secs(5) {
             return lines;
         }

@@ -15,7 +15,7 @@ use _gate_core::gate::inspect::InspectSettings;
 use _gate_core::gate::{Gate, GateConfig, DEFAULT_IDLE_TIMEOUT};
 use _gate_core::policy::ssrf::PublicRanges;
 use _gate_core::policy::{canonical_host, file::from_toml, Policy};
-use common::client::{audit_lines, exchange, in_netns};
+use common::client::{decision_lines, exchange, in_netns};
 use common::tls::{ask, open, pki, upstream};
 use common::{require_root, Netns, TempDir};
 use rustls::client::danger::ServerCertVerifier;
@@ -141,8 +141,9 @@ fn setup_idle(tag: &str, idle_timeout: Duration) -> Setup {
     Setup { ns, _dir: dir, gate, policy, audit, gate_ca: ca_dir.join("ca.crt"), good, untrusted, silent }
 }
 
+/// The decision records of `proto` (the `admit` records left out).
 fn records(path: &PathBuf, proto: &str) -> Vec<Value> {
-    audit_lines(path).into_iter().filter(|v| v["proto"] == proto).collect()
+    decision_lines(path).into_iter().filter(|v| v["proto"] == proto).collect()
 }
 
 #[test]
@@ -190,6 +191,19 @@ fn inner_requests_are_decided_forwarded_and_audited_one_by_one() {
     let connects: Vec<Value> = records(&s.audit, "connect");
     assert_eq!(connects.len(), 1, "one CONNECT record for the tunnel");
     assert_eq!(connects[0]["status"], 200);
+    // Each admitted thing has its `admit` record first: the tunnel, then each allowed
+    // request (the denied one none), without an outcome.
+    let lines = common::client::audit_lines(&s.audit);
+    let admits: Vec<(&str, &str)> = lines
+        .iter()
+        .filter(|v| v["event"] == "admit")
+        .map(|v| (v["proto"].as_str().unwrap_or(""), v["target"].as_str().unwrap_or("")))
+        .collect();
+    let tunnel_target = format!("127.0.0.1:{}", s.good);
+    assert_eq!(admits, vec![("connect", tunnel_target.as_str()), ("https", t("/ok?x=1").as_str()), ("https", t("/ok").as_str())]);
+    assert!(lines.iter().filter(|v| v["event"] == "admit").all(|v| v.get("status").is_none() && v.get("dst_ip").is_none()), "{lines:#?}");
+    let at = |event: &str, target: &str| lines.iter().position(|v| v["event"] == event && v["target"] == target);
+    assert!(at("admit", &t("/ok")) < at("request", &t("/ok")), "admit before the request's record");
 }
 
 #[test]

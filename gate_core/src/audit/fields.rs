@@ -35,11 +35,18 @@ pub const WOULD: &str = "would";
 /// On a `connect` record: the tunnel was TLS-inspected (its requests have records of their own).
 pub const INSPECTED: &str = "inspected";
 
+/// The fields whose values were cut (strings shortened, or a value dropped) so that the
+/// record fits [`super::MAX_RECORD`]; absent when nothing was cut.
+pub const TRUNCATED: &str = "truncated";
+
 /// Record schema version.
 pub const VERSION: u64 = 1;
 
 pub const EVENT_REQUEST: &str = "request";
 pub const EVENT_CONNECT: &str = "connect";
+/// Written before the gate dials for an allowed request or tunnel (nothing leaves without
+/// it); the `request`/`connect` record that follows says how it went.
+pub const EVENT_ADMIT: &str = "admit";
 pub const PROTO_HTTP: &str = "http";
 pub const PROTO_CONNECT: &str = "connect";
 /// A request inside a TLS-inspected CONNECT tunnel.

@@ -1,40 +1,69 @@
-//! The audit log: JSON lines appended with one `write(2)` each.
+//! The audit log: JSON lines appended with one `write(2)` each, at most [`MAX_RECORD`]
+//! bytes a line, never a cut one.
 
+mod cap;
 pub mod fields;
 mod record;
 #[cfg(test)]
 mod tests;
 
-use std::fs::{DirBuilder, File, OpenOptions};
+use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use serde_json::{Map, Value};
 
+use crate::root_dir::{self, UnsafeDir};
+
+pub use cap::MAX_RECORD;
 pub use record::GateRecord;
 
 #[derive(Debug, thiserror::Error)]
 pub enum AuditError {
-    #[error("cannot create audit log directory {path}: {source}")]
-    Dir { path: PathBuf, source: io::Error },
+    #[error("cannot use the audit log's directory: {0}; choose an --audit-log in a directory only root can write (the default /var/log/gatewrap is made 0750 root)")]
+    Dir(UnsafeDir),
     #[error("cannot open audit log {path}: {source}")]
     Open { path: PathBuf, source: io::Error },
+    #[error("audit log {path} is {what}, not a regular file: remove it, or choose another --audit-log")]
+    NotAFile { path: PathBuf, what: &'static str },
     #[error("cannot write audit log {path}: {source}")]
     Write { path: PathBuf, source: io::Error },
+    #[error("cannot write audit log {path}: {source}; and the partly written record could not be removed: {undo}")]
+    Undo { path: PathBuf, source: io::Error, undo: io::Error },
     #[error("audit record must not set the reserved key {0:?}")]
     Reserved(String),
 }
 
 impl AuditError {
+    /// The OS error behind it, if one is (`Dir` with an I/O cause, `Open`, `Write`, `Undo`).
     pub fn io(&self) -> Option<&io::Error> {
         match self {
-            AuditError::Dir { source, .. }
+            AuditError::Dir(UnsafeDir::Io { source, .. })
             | AuditError::Open { source, .. }
-            | AuditError::Write { source, .. } => Some(source),
-            AuditError::Reserved(_) => None,
+            | AuditError::Write { source, .. }
+            | AuditError::Undo { source, .. } => Some(source),
+            AuditError::Dir(UnsafeDir::Unsafe { .. }) | AuditError::NotAFile { .. } | AuditError::Reserved(_) => None,
         }
+    }
+}
+
+/// What a file that is not a regular one is, for [`AuditError::NotAFile`].
+fn kind_of(t: fs::FileType) -> &'static str {
+    if t.is_symlink() {
+        "a symbolic link (never followed)"
+    } else if t.is_dir() {
+        "a directory"
+    } else if t.is_fifo() {
+        "a FIFO"
+    } else if t.is_socket() {
+        "a socket"
+    } else if t.is_block_device() || t.is_char_device() {
+        "a device"
+    } else {
+        "not a regular file"
     }
 }
 
@@ -46,26 +75,46 @@ pub struct AuditLog {
 }
 
 impl AuditLog {
-    /// Open (create) `path` with mode 0640, creating missing parents with mode 0750. A
-    /// symbolic link at `path` is refused (`ELOOP`), never followed.
+    /// Open (create) `path` with mode 0640.
+    ///
+    /// Its directory is made if missing (mode 0750, its missing parents too) and must be
+    /// root's and not writable by others, nor any directory above it unless sticky
+    /// ([`root_dir::check`]): else [`AuditError::Dir`]. The file is opened without following
+    /// a symbolic link (`O_NOFOLLOW`) and without blocking (`O_NONBLOCK`: a FIFO planted
+    /// there would block `open(2)` until a reader came, see fifo(7)); then it must be a
+    /// regular file ([`AuditError::NotAFile`]), and `O_NONBLOCK` is cleared.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, AuditError> {
         let path = path.as_ref().to_path_buf();
-        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            DirBuilder::new()
-                .recursive(true)
-                .mode(0o750)
-                .create(parent)
-                .map_err(|source| AuditError::Dir { path: parent.to_path_buf(), source })?;
-        }
+        let dir = match path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        root_dir::ensure(dir, 0o750, 0o022).map_err(AuditError::Dir)?;
+        let not_a_file = |path: &Path| {
+            fs::symlink_metadata(path)
+                .ok()
+                .filter(|m| !m.is_file())
+                .map(|m| AuditError::NotAFile { path: path.to_path_buf(), what: kind_of(m.file_type()) })
+        };
         let file = OpenOptions::new()
             .append(true)
             .create(true)
             .mode(0o640)
-            // O_NOFOLLOW: a symlink planted where the log goes (by an agent, in a folder it
-            // can write) must not make root append to the file it points to (open(2)).
-            .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
+            .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW | libc::O_NONBLOCK)
             .open(&path)
-            .map_err(|source| AuditError::Open { path: path.clone(), source })?;
+            .map_err(|source| not_a_file(&path).unwrap_or(AuditError::Open { path: path.clone(), source }))?;
+        let meta = file.metadata().map_err(|source| AuditError::Open { path: path.clone(), source })?;
+        if !meta.is_file() {
+            return Err(AuditError::NotAFile { path, what: kind_of(meta.file_type()) });
+        }
+        // SAFETY: fcntl on a descriptor we own; F_GETFL/F_SETFL take and return flags only.
+        let cleared = unsafe {
+            let flags = libc::fcntl(file.as_raw_fd(), libc::F_GETFL);
+            flags >= 0 && libc::fcntl(file.as_raw_fd(), libc::F_SETFL, flags & !libc::O_NONBLOCK) == 0
+        };
+        if !cleared {
+            return Err(AuditError::Open { path, source: io::Error::last_os_error() });
+        }
         Ok(AuditLog { path, file: Mutex::new(file) })
     }
 
@@ -73,13 +122,28 @@ impl AuditLog {
         &self.path
     }
 
-    /// Append one record: `v` and `time` first, then `record`'s keys in order.
+    /// Append one record: `v` and `time` first, then `record`'s keys in order, capped at
+    /// [`MAX_RECORD`] bytes (see [`line`]).
+    ///
+    /// The whole line or nothing: the file is locked (`flock(2)`, which every writer of the
+    /// log takes, in this process or another) and its end noted; if the write stops short
+    /// (`ENOSPC` mid-line), the file is cut back to that end (`ftruncate(2)`). Errors:
+    /// [`AuditError::Write`] (nothing was added), [`AuditError::Undo`] (a cut record may
+    /// remain), [`AuditError::Reserved`].
     pub fn write(&self, record: Map<String, Value>) -> Result<(), AuditError> {
         let line = line(&now_rfc3339(), record)?;
-        let mut file = self.file.lock().unwrap_or_else(|p| p.into_inner());
-        // One write(2) for the whole line: O_APPEND makes it land after every other append.
-        file.write_all(line.as_bytes())
-            .map_err(|source| AuditError::Write { path: self.path.clone(), source })
+        let file = self.file.lock().unwrap_or_else(|p| p.into_inner());
+        let werr = |source| AuditError::Write { path: self.path.clone(), source };
+        let _lock = Flock::exclusive(&file).map_err(werr)?;
+        let end = file.metadata().map_err(werr)?.len();
+        // O_APPEND: the write lands at the end, after every other writer's.
+        match (&*file).write_all(line.as_bytes()) {
+            Ok(()) => Ok(()),
+            Err(source) => match file.set_len(end) {
+                Ok(()) => Err(AuditError::Write { path: self.path.clone(), source }),
+                Err(undo) => Err(AuditError::Undo { path: self.path.clone(), source, undo }),
+            },
+        }
     }
 
     /// fsync the log.
@@ -89,7 +153,33 @@ impl AuditLog {
     }
 }
 
-/// The serialized line (ending in `\n`) for `record` stamped with `time`.
+/// An exclusive `flock(2)` on a file, released on drop.
+struct Flock<'a>(&'a File);
+
+impl<'a> Flock<'a> {
+    fn exclusive(file: &'a File) -> io::Result<Flock<'a>> {
+        loop {
+            // SAFETY: flock on a descriptor we own.
+            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } == 0 {
+                return Ok(Flock(file));
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        }
+    }
+}
+
+impl Drop for Flock<'_> {
+    fn drop(&mut self) {
+        // SAFETY: flock on a descriptor we own; unlocking cannot fail in a way we could act on.
+        unsafe { libc::flock(self.0.as_raw_fd(), libc::LOCK_UN) };
+    }
+}
+
+/// The serialized line (ending in `\n`) for `record` stamped with `time`, at most
+/// [`MAX_RECORD`] bytes ([`cap::capped_line`] says what is cut when it is longer).
 pub fn line(time: &str, record: Map<String, Value>) -> Result<String, AuditError> {
     let mut out = Map::with_capacity(record.len() + 2);
     out.insert(fields::V.into(), Value::from(fields::VERSION));
@@ -100,10 +190,7 @@ pub fn line(time: &str, record: Map<String, Value>) -> Result<String, AuditError
         }
         out.insert(k, v);
     }
-    // Serializing a Map of plain JSON values cannot fail; fall back to an empty object anyway.
-    let mut s = serde_json::to_string(&Value::Object(out)).unwrap_or_else(|_| "{}".into());
-    s.push('\n');
-    Ok(s)
+    Ok(cap::capped_line(out))
 }
 
 /// Now, as `2026-11-29T09:16:42.123456Z`.

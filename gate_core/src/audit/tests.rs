@@ -111,3 +111,150 @@ fn umask() -> u32 {
         old as u32
     }
 }
+
+/// A fresh directory under /tmp (sticky, root's), removed by the caller.
+fn scratch(name: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("gw-audit-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir(&d).expect("mkdir");
+    d
+}
+
+#[test]
+fn a_long_record_is_cut_to_the_cap_and_names_what_was_cut() {
+    use super::MAX_RECORD;
+    let table: &[(&str, Value, &[&str])] = &[
+        ("one long string is cut", json!({"run": "gw-1", "event": "request", "target": "x".repeat(40_000), "method": "GET"}), &["target"]),
+        ("long strings in a list are cut", json!({"run": "gw-1", "event": "run_start", "argv": vec!["y".repeat(9000); 4]}), &["argv"]),
+        ("a list of many short strings is dropped", json!({"run": "gw-1", "event": "run_start", "argv": vec!["z"; 8000], "uid": 0}), &["argv"]),
+    ];
+    for (case, rec, want) in table {
+        let l = line("T", obj(rec.clone())).expect("line");
+        assert!(l.len() <= MAX_RECORD, "{case}: {} bytes", l.len());
+        assert!(l.ends_with('\n') && l.matches('\n').count() == 1, "{case}");
+        let v: Value = serde_json::from_str(&l).unwrap_or_else(|e| panic!("{case}: {e}"));
+        assert_eq!(v["truncated"], json!(want), "{case}");
+        assert_eq!((&v["run"], &v["event"]), (&rec["run"], &rec["event"]), "{case}: the identity fields stay");
+    }
+    let l = line("T", obj(json!({"run": "gw-1", "method": "GET", "target": "é".repeat(10_000)}))).expect("line");
+    let v: Value = serde_json::from_str(&l).expect("json");
+    let target = v["target"].as_str().expect("a string still");
+    assert!(target.ends_with('…') && target.len() < 10_000, "cut on a character boundary, marked");
+    assert_eq!(v["method"], "GET");
+    let short = line("T", obj(json!({"run": "gw-1", "target": "a".repeat(1000)}))).expect("line");
+    assert!(!short.contains("truncated"), "a record under the cap is left whole");
+    let keys: Map<String, Value> = (0..2000).map(|i| (format!("key-{i:04}-{}", "k".repeat(20)), Value::from(1))).collect();
+    let mut many = obj(json!({"run": "gw-1", "event": "x"}));
+    many.extend(keys);
+    let l = line("T", many).expect("line");
+    let v: Value = serde_json::from_str(&l).expect("json");
+    assert!(l.len() <= MAX_RECORD);
+    assert_eq!((v["truncated"].clone(), v["run"].clone()), (json!(["*"]), json!("gw-1")), "keys alone too long: the identity is kept");
+}
+
+/// Mounts a tmpfs of `size` bytes at `dir` (mode 0755) for the test; unmounted on drop.
+struct Tmpfs(std::path::PathBuf);
+
+impl Tmpfs {
+    fn mount(dir: &std::path::Path, size: usize) -> Tmpfs {
+        use std::ffi::CString;
+        let target = CString::new(dir.as_os_str().as_encoded_bytes()).expect("path");
+        let opts = CString::new(format!("size={size},mode=0755")).expect("opts");
+        // SAFETY: plain mount(2) with NUL-terminated strings that outlive the call.
+        let rc = unsafe { libc::mount(c"tmpfs".as_ptr(), target.as_ptr(), c"tmpfs".as_ptr(), 0, opts.as_ptr().cast()) };
+        assert_eq!(rc, 0, "mount tmpfs (the writer tests run as root): {}", std::io::Error::last_os_error());
+        Tmpfs(dir.to_path_buf())
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        use std::ffi::CString;
+        if let Ok(t) = CString::new(self.0.as_os_str().as_encoded_bytes()) {
+            // SAFETY: umount2 of the mount this value made.
+            unsafe { libc::umount2(t.as_ptr(), libc::MNT_DETACH) };
+        }
+    }
+}
+
+#[test]
+fn a_write_the_disk_cannot_take_leaves_no_cut_record_and_the_log_recovers() {
+    let dir = scratch("full");
+    let fs = Tmpfs::mount(&dir, 64 * 1024);
+    let path = dir.join("audit.jsonl");
+    let log = AuditLog::open(&path).expect("open");
+    // Fill the file system, then free two pages (8192 bytes) for the log: two records of
+    // ~3 KB fit, the third is cut by the kernel (a short write, then ENOSPC).
+    let filler = dir.join("filler");
+    {
+        use std::io::Write;
+        let mut f = std::fs::File::create(&filler).expect("filler");
+        let block = vec![b'f'; 4096];
+        while f.write_all(&block).is_ok() {}
+        let len = f.metadata().expect("stat").len();
+        f.set_len(len - 8192).expect("free two pages");
+    }
+    let pad = "p".repeat(3000);
+    let mut written = 0;
+    let err = loop {
+        match log.write(obj(json!({"run": "gw-1", "i": written, "pad": pad}))) {
+            Ok(()) => written += 1,
+            Err(e) => break e,
+        }
+        assert!(written < 100, "the disk never filled");
+    };
+    assert_eq!(err.io().and_then(|e| e.raw_os_error()), Some(libc::ENOSPC), "{err}");
+    assert!(matches!(err, AuditError::Write { .. }), "undone, not left cut: {err}");
+    let text = std::fs::read_to_string(&path).expect("read");
+    assert!(text.is_empty() || text.ends_with('\n'), "no cut record at the end");
+    assert_eq!(written, 2, "two records fit in two pages");
+    assert_eq!(text.lines().count(), written, "every record written whole, no part of the failed one");
+    for l in text.lines() {
+        serde_json::from_str::<Value>(l).expect("each line is a whole record");
+    }
+    std::fs::remove_file(&filler).expect("free space");
+    log.write(obj(json!({"run": "gw-1", "after": true}))).expect("writes pass again once there is space");
+    let text = std::fs::read_to_string(&path).expect("read");
+    assert_eq!(text.lines().count(), written + 1);
+    drop(log);
+    drop(fs);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn what_is_not_a_regular_file_in_a_root_directory_is_refused_at_once() {
+    let dir = scratch("kinds");
+    let fifo = dir.join("fifo.jsonl");
+    let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).expect("path");
+    // SAFETY: mkfifo with a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let link = dir.join("link.jsonl");
+    std::os::unix::fs::symlink(dir.join("real.jsonl"), &link).expect("symlink");
+    let sub = dir.join("subdir.jsonl");
+    std::fs::create_dir(&sub).expect("mkdir");
+    for (path, what) in [(&fifo, "a FIFO"), (&link, "a symbolic link"), (&sub, "a directory")] {
+        let e = AuditLog::open(path).expect_err("refused");
+        assert!(matches!(e, AuditError::NotAFile { .. }), "{e}");
+        let msg = e.to_string();
+        assert!(msg.contains(&path.display().to_string()) && msg.contains(what) && msg.contains("--audit-log"), "{msg}");
+    }
+    assert!(!dir.join("real.jsonl").exists(), "the link was not followed");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_directory_others_can_write_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = scratch("open");
+    let shared = dir.join("shared");
+    std::fs::create_dir(&shared).expect("mkdir");
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    let e = AuditLog::open(shared.join("audit.jsonl")).expect_err("refused");
+    assert!(matches!(e, AuditError::Dir(_)), "{e}");
+    assert!(e.to_string().contains("writable by others") && e.to_string().contains("--audit-log"), "{e}");
+    let below = shared.join("below");
+    std::fs::create_dir(&below).expect("mkdir");
+    let e = AuditLog::open(below.join("audit.jsonl")).expect_err("refused");
+    assert!(e.to_string().contains("(above it)"), "a directory above that others can write: {e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -37,10 +37,15 @@ impl Admission {
         rec.decision = if self.proceed { f::ALLOWED } else { f::DENIED };
     }
 
-    /// Record a denial (status 403) and return the 403 that says why and what to do.
+    /// Record a denial (status 403) and return the 403 that says why and what to do (the
+    /// 503 of [`Ctx::answer_recorded`] if the record cannot be written).
     pub fn forbid(&self, ctx: &Ctx, mut rec: GateRecord) -> Response<Body> {
         rec.status = Some(StatusCode::FORBIDDEN.as_u16());
-        ctx.record(rec);
+        ctx.answer_recorded(rec, self.forbidden())
+    }
+
+    /// The 403 that says why the destination was denied and what to do.
+    fn forbidden(&self) -> Response<Body> {
         let hp = self.host.with_port(self.port);
         let d = &self.decision;
         let rule = d.rule.as_deref().unwrap_or("default");

@@ -1,5 +1,6 @@
-//! CONNECT tunnels: decide, dial, answer 200, then copy bytes both ways; or, when the
-//! rule says `inspect = true`, answer 200 and inspect the tunnel (`inspect`).
+//! CONNECT tunnels: decide, write the `admit` record, dial, answer 200, then copy bytes
+//! both ways; or, when the rule says `inspect = true`, answer 200 and inspect the tunnel
+//! (`inspect`).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -53,6 +54,9 @@ async fn open(ctx: Arc<Ctx>, peer: SocketAddr, mut req: Request<Incoming>) -> Re
     if adm.decision.inspect {
         return inspect_tunnel(ctx, peer, req, rec, adm);
     }
+    if let Err(unrecorded) = ctx.admit(&rec) {
+        return unrecorded;
+    }
     let mut pending = Pending::new(ctx.clone(), rec);
     match guard::dial(&ctx, &adm).await {
         Err(e) => pending.fail(&adm, &e),
@@ -68,9 +72,10 @@ async fn open(ctx: Arc<Ctx>, peer: SocketAddr, mut req: Request<Incoming>) -> Re
     }
 }
 
-/// An `inspect` rule allowed the CONNECT: answer 200 without dialing (the leaf is made from
-/// the CONNECT target) and serve the tunnel's requests (see [`inspect`]). Without a CA the
-/// gate cannot inspect, and says so (502).
+/// An `inspect` rule allowed the CONNECT: write its `admit` record (503 if it cannot be
+/// written), answer 200 without dialing (the leaf is made from the CONNECT target) and
+/// serve the tunnel's requests (see [`inspect`]), each admitted on its own. Without a CA
+/// the gate cannot inspect, and says so (502).
 fn inspect_tunnel(ctx: Arc<Ctx>, peer: SocketAddr, mut req: Request<Incoming>, mut rec: GateRecord, adm: Admission) -> Response<Body> {
     let Some(inspector) = ctx.inspector.clone() else {
         let cause = "tls: inspection is off (the gate has no CA); gatewrap run sets one up when the policy has an inspect rule";
@@ -78,12 +83,14 @@ fn inspect_tunnel(ctx: Arc<Ctx>, peer: SocketAddr, mut req: Request<Incoming>, m
         rec.decision = f::FAILED;
         rec.error = Some(cause.into());
         rec.status = Some(resp.status().as_u16());
-        ctx.record(rec);
-        return resp;
+        return ctx.answer_recorded(rec, resp);
     };
     rec.status = Some(StatusCode::OK.as_u16());
     rec.inspected = true;
-    ctx.record(rec);
+    if let Err(unrecorded) = ctx.admit(&rec) {
+        return unrecorded;
+    }
+    let _ = ctx.record(rec);
     let slot = req.extensions().get::<Slot>().cloned();
     let tunnel = inspect::Tunnel {
         host: adm.host,

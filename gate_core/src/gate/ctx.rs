@@ -1,14 +1,14 @@
 //! What every connection task shares, and the audit record of a decision in progress.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use hickory_resolver::TokioAsyncResolver;
 use hyper::{Request, Response, StatusCode, Uri};
 
-use crate::audit::{fields as f, AuditLog, GateRecord};
+use crate::audit::{fields as f, AuditError, AuditLog, GateRecord};
 use crate::policy::ssrf::PublicRanges;
 use crate::policy::Policy;
 
@@ -45,6 +45,8 @@ pub struct Ctx {
     /// TLS inspection; `None` when the gate has no CA.
     pub(super) inspector: Option<Arc<super::inspect::Inspector>>,
     pub(super) idle_timeout: Duration,
+    /// The last audit write failed (see [`Ctx::record`]).
+    pub(super) audit_failing: AtomicBool,
 }
 
 impl Ctx {
@@ -61,8 +63,10 @@ impl Ctx {
         }
     }
 
-    /// Count and log one decision; a failing audit write is reported, never fatal to traffic.
-    pub(super) fn record(&self, rec: GateRecord) {
+    /// Count and log one decision. The caller decides what a failed write means for the
+    /// client (see [`Ctx::admit`], [`Ctx::refuse_with`]); the first failure after a success
+    /// (and the first success after failures) is told on stderr.
+    pub(super) fn record(&self, rec: GateRecord) -> Result<(), AuditError> {
         if rec.would.is_some() {
             self.counts.would_deny.fetch_add(1, Ordering::Relaxed);
         }
@@ -81,9 +85,53 @@ impl Ctx {
             "gate decision"
         );
         self.notices.show(&rec);
-        if let Err(e) = self.audit.write(rec.into_map()) {
-            tracing::error!(error = %e, "audit write failed");
+        self.write(rec.into_map())
+    }
+
+    /// Write one record to the audit log, noting whether the log is failing.
+    fn write(&self, record: serde_json::Map<String, serde_json::Value>) -> Result<(), AuditError> {
+        let result = self.audit.write(record);
+        let failing = result.is_err();
+        if self.audit_failing.swap(failing, Ordering::Relaxed) != failing {
+            match &result {
+                Err(e) => {
+                    tracing::error!(error = %e, "audit write failed");
+                    self.notices.say(&format!("gatewrap: {e}: the gate refuses every request until it can record it (503)"));
+                }
+                Ok(()) => self.notices.say(&format!("gatewrap: the audit log {} can be written again; the gate admits requests again", self.audit.path().display())),
+            }
         }
+        result
+    }
+
+    /// Write the [`f::EVENT_ADMIT`] record of an allowed request or tunnel (`rec` as decided,
+    /// before the dial), so that nothing leaves unrecorded. If it cannot be written, the
+    /// decision is recorded as failed (counted; its write is tried too) and the 503 that
+    /// says the audit log cannot be written is returned: the caller must not dial.
+    #[allow(clippy::result_large_err)] // the Err is the answer itself, returned at once
+    pub(super) fn admit(&self, rec: &GateRecord) -> Result<(), Response<respond::Body>> {
+        let mut line = rec.clone().into_map();
+        line.insert(f::EVENT.into(), f::EVENT_ADMIT.into());
+        // The decision only: what is known of the outcome goes in the record that follows.
+        for outcome in [f::STATUS, f::DST_IP, f::ERROR] {
+            line.remove(outcome);
+        }
+        match self.write(line) {
+            Ok(()) => Ok(()),
+            Err(e) => Err(self.unrecorded(rec.clone(), &e)),
+        }
+    }
+
+    /// The answer to a request whose record could not be written (`err`): 503 naming the log
+    /// and the cause. `rec` is recorded as failed (counted; its write is tried, and fails
+    /// quietly if the log still cannot be written).
+    pub(super) fn unrecorded(&self, mut rec: GateRecord, err: &AuditError) -> Response<respond::Body> {
+        let resp = respond::audit_unwritable(err);
+        rec.decision = f::FAILED;
+        rec.error = Some(format!("internal: {err}"));
+        rec.status = Some(resp.status().as_u16());
+        let _ = self.record(rec);
+        resp
     }
 
     /// Answer 400 for a request that is not a proxy request, recording it as denied.
@@ -91,13 +139,22 @@ impl Ctx {
         self.refuse_with(rec, StatusCode::BAD_REQUEST, reason.to_string(), format!("{msg}\n"))
     }
 
-    /// Record a refusal (decision denied, `reason`) and answer `status` with `body`.
+    /// Record a refusal (decision denied, `reason`) and answer `status` with `body`; or, if
+    /// its record cannot be written, the 503 of [`Ctx::unrecorded`].
     pub(super) fn refuse_with(&self, mut rec: GateRecord, status: StatusCode, reason: String, body: String) -> Response<respond::Body> {
         rec.decision = f::DENIED;
         rec.reason = Some(reason);
         rec.status = Some(status.as_u16());
-        self.record(rec);
-        respond::text(status, "denied", body)
+        self.answer_recorded(rec, respond::text(status, "denied", body))
+    }
+
+    /// `resp` once `rec` (a refusal) is written; if it cannot be, the 503 that says the
+    /// audit log cannot be written ([`respond::audit_unwritable`]).
+    pub(super) fn answer_recorded(&self, rec: GateRecord, resp: Response<respond::Body>) -> Response<respond::Body> {
+        match self.record(rec) {
+            Ok(()) => resp,
+            Err(e) => respond::audit_unwritable(&e),
+        }
     }
 }
 
@@ -171,10 +228,11 @@ impl Pending {
         resp
     }
 
-    /// Write the record as it stands.
+    /// Write the record as it stands (the outcome of an admitted request: its `admit`
+    /// record is written already, so a failure here is only noted, see [`Ctx::record`]).
     pub fn finish(mut self) {
         if let Some(rec) = self.rec.take() {
-            self.ctx.record(rec);
+            let _ = self.ctx.record(rec);
         }
     }
 }
@@ -189,7 +247,7 @@ impl Drop for Pending {
                 rec.decision = f::FAILED;
                 rec.error = Some("downstream: client disconnected".into());
             }
-            self.ctx.record(rec);
+            let _ = self.ctx.record(rec);
         }
     }
 }

@@ -4,21 +4,31 @@
 //! itself resolves nothing. Every query is answered REFUSED at once (RFC 1035 §4.1.1,
 //! RCODE 5), so a client that resolves locally fails fast, and DNS cannot carry data out;
 //! each query is one audit record (event `dns`, decision `denied`, `dst_host` = the name).
+//! TCP connections are bounded: at most [`MAX_TCP_CONNECTIONS`] at once, within the run's
+//! connection cap, each closed after [`TCP_IDLE_TIMEOUT`] without a query.
 //! Messages are parsed and built with hickory-proto.
 
 use std::net::{SocketAddr, UdpSocket};
 use std::sync::Arc;
+use std::time::Duration;
 
 use hickory_proto::op::{Message, MessageType, ResponseCode};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 
 use crate::audit::fields as f;
 
-use super::Ctx;
+use super::{server, Ctx};
 
 /// Largest query read over UDP, in bytes (EDNS payloads stay below it).
 const MAX_UDP: usize = 4096;
+/// Most DNS-over-TCP connections at once (they count in the run's connection cap too, of
+/// which this keeps the rest for the proxy).
+pub const MAX_TCP_CONNECTIONS: usize = 64;
+/// How long a DNS-over-TCP connection may go without sending a complete query (or taking
+/// its answer) before the stub closes it (RFC 7766 §6.2.3: servers should close idle
+/// connections; a few seconds).
+pub const TCP_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
 /// The reason every query is refused with.
 pub const REASON: &str = "dns: the sandbox resolves nothing (the gate resolves names of proxied requests)";
 
@@ -51,7 +61,9 @@ fn record(ctx: &Ctx, peer: SocketAddr, name: Option<&str>) {
         }
         None => rec.reason = Some("dns: malformed query".into()),
     }
-    ctx.record(rec);
+    // Recorded before the answer; the answer is REFUSED whether or not the record could be
+    // written (the stub lets nothing through either way).
+    let _ = ctx.record(rec);
 }
 
 pub async fn serve_udp(sock: UdpSocket, ctx: Arc<Ctx>) {
@@ -69,27 +81,44 @@ pub async fn serve_udp(sock: UdpSocket, ctx: Arc<Ctx>) {
     }
 }
 
-pub async fn serve_tcp(listener: TcpListener, ctx: Arc<Ctx>) {
+/// Serve DNS over TCP on `listener`: each connection counted in `caps` (the run's
+/// [`super::server::MAX_CONNECTIONS`] and [`MAX_TCP_CONNECTIONS`]), and closed after
+/// [`TCP_IDLE_TIMEOUT`] without a complete query.
+pub async fn serve_tcp(listener: TcpListener, ctx: Arc<Ctx>, caps: Vec<Arc<server::Cap>>) {
+    let c = ctx.clone();
+    server::accept_capped(listener, ctx, caps, f::EVENT_DNS, f::PROTO_DNS, move |stream, peer, slot| {
+        tcp_connection(stream, peer, c.clone(), slot)
+    })
+    .await
+}
+
+/// Answer the queries of one TCP connection until it closes, sends garbage, or is idle.
+async fn tcp_connection(mut stream: TcpStream, peer: SocketAddr, ctx: Arc<Ctx>, _slot: server::Slot) {
     loop {
-        let Ok((mut stream, peer)) = listener.accept().await else { continue };
-        let ctx = ctx.clone();
-        tokio::spawn(async move {
-            // RFC 1035 §4.2.2: each message is prefixed by its two-byte length.
-            while let Ok(len) = stream.read_u16().await {
-                let mut msg = vec![0u8; len as usize];
-                if stream.read_exact(&mut msg).await.is_err() {
-                    return;
-                }
-                let Some((answer, name)) = refuse(&msg) else {
-                    record(&ctx, peer, None);
-                    return;
-                };
-                record(&ctx, peer, Some(&name));
-                if stream.write_u16(answer.len() as u16).await.is_err() || stream.write_all(&answer).await.is_err() {
-                    return;
-                }
-            }
-        });
+        // RFC 1035 §4.2.2: each message is prefixed by its two-byte length.
+        let query = async {
+            let len = stream.read_u16().await?;
+            let mut msg = vec![0u8; len as usize];
+            stream.read_exact(&mut msg).await?;
+            Ok::<_, std::io::Error>(msg)
+        };
+        let msg = match tokio::time::timeout(TCP_IDLE_TIMEOUT, query).await {
+            Ok(Ok(msg)) => msg,
+            Ok(Err(_)) => return,
+            Err(_) => return tracing::debug!(client = %peer, "dns: tcp connection closed: idle"),
+        };
+        let Some((answer, name)) = refuse(&msg) else {
+            record(&ctx, peer, None);
+            return;
+        };
+        record(&ctx, peer, Some(&name));
+        let send = async {
+            stream.write_u16(answer.len() as u16).await?;
+            stream.write_all(&answer).await
+        };
+        if !matches!(tokio::time::timeout(TCP_IDLE_TIMEOUT, send).await, Ok(Ok(()))) {
+            return;
+        }
     }
 }
 

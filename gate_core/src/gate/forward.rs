@@ -110,7 +110,8 @@ fn host_header(host: &Host, port: u16) -> Option<HeaderValue> {
 }
 
 /// Refuse (400) a target without a host, with an invalid port, an invalid host or a Host
-/// header that disagrees; decide (403 when denied); else dial and forward.
+/// header that disagrees; decide (403 when denied); else write the `admit` record (503 if
+/// it cannot be written), dial and forward.
 pub async fn handle(ctx: Arc<Ctx>, peer: SocketAddr, mut req: Request<Incoming>) -> Response<Body> {
     let mut rec = ctx.record_for(f::EVENT_REQUEST, f::PROTO_HTTP, peer, &req);
     let Some(authority) = req.uri().authority().cloned() else {
@@ -145,6 +146,9 @@ pub async fn handle(ctx: Arc<Ctx>, peer: SocketAddr, mut req: Request<Incoming>)
     adm.fill(&mut rec);
     if !adm.proceed {
         return adm.forbid(&ctx, rec);
+    }
+    if let Err(unrecorded) = ctx.admit(&rec) {
+        return unrecorded;
     }
     let target = adm.host.with_port(port);
     let mut pending = Pending::new(ctx.clone(), rec);

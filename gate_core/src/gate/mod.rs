@@ -155,9 +155,10 @@ impl Gate {
                 budgets: crate::policy::Budgets::default(),
                 inspector,
                 idle_timeout: config.idle_timeout,
+                audit_failing: Default::default(),
             })
         };
-        let open = Arc::new(AtomicUsize::new(0));
+        let open = server::Cap::new(server::MAX_CONNECTIONS, "open connections");
         for l in listeners {
             let _guard = runtime.enter();
             let l = tokio::net::TcpListener::from_std(l).map_err(GateError::Runtime)?;
@@ -168,9 +169,12 @@ impl Gate {
             for s in udp {
                 runtime.spawn(dns_stub::serve_udp(s, ctx.clone()));
             }
+            // DNS over TCP counts in the run's cap and has a smaller one of its own, so it
+            // can never take the proxy's connections.
+            let dns_open = server::Cap::new(dns_stub::MAX_TCP_CONNECTIONS, "open DNS-over-TCP connections");
             for l in tcp {
                 let l = tokio::net::TcpListener::from_std(l).map_err(GateError::Runtime)?;
-                runtime.spawn(dns_stub::serve_tcp(l, ctx.clone()));
+                runtime.spawn(dns_stub::serve_tcp(l, ctx.clone(), vec![open.clone(), dns_open.clone()]));
             }
         }
         Ok(Gate { runtime: Mutex::new(Some(runtime)), listen_addrs, counts })

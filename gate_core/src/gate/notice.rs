@@ -79,7 +79,12 @@ pub fn line(rec: &GateRecord) -> String {
     };
     let method = rec.method.as_deref().unwrap_or("");
     let why = rec.error.as_deref().or(rec.reason.as_deref()).unwrap_or("");
-    let verb = if rec.decision == f::DENIED { "denied" } else { "could not reach" };
+    let verb = match rec.decision {
+        f::DENIED => "denied",
+        // The gate's own fault (the audit log cannot be written): nothing was dialled.
+        _ if why.starts_with("internal:") => "did not send",
+        _ => "could not reach",
+    };
     printable(&format!("gatewrap: {verb} {method} {what} ({why})").replace("  ", " "))
 }
 
@@ -129,5 +134,7 @@ mod tests {
             ..GateRecord::default()
         };
         assert_eq!(line(&rec), "gatewrap: could not reach GET x.test:80 (dns: no address for x.test)");
+        let unrecorded = GateRecord { error: Some("internal: cannot write audit log /l: No space left on device".into()), ..rec };
+        assert_eq!(line(&unrecorded), "gatewrap: did not send GET x.test:80 (internal: cannot write audit log /l: No space left on device)");
     }
 }

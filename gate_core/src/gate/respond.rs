@@ -1,4 +1,5 @@
-//! The gate's own responses: 403 (policy, SSRF guard), 400 (not a proxy request), 502/504 (upstream).
+//! The gate's own responses: 403 (policy, SSRF guard), 400 (not a proxy request), 502/504
+//! (upstream), 503 (the audit log cannot be written).
 
 use bytes::Bytes;
 use http_body_util::combinators::BoxBody;
@@ -8,6 +9,7 @@ use hyper::{Response, StatusCode};
 
 use std::net::IpAddr;
 
+use crate::audit::AuditError;
 use crate::policy::ssrf::Class;
 use crate::policy::{Decision, Host};
 
@@ -134,6 +136,20 @@ pub fn upstream_failure(target: &str, err: &DialError) -> Response<Body> {
 
 pub fn bad_gateway(target: &str, cause: &str) -> Response<Body> {
     text(StatusCode::BAD_GATEWAY, "failed", format!("gatewrap: could not reach {target}: {cause}\n"))
+}
+
+/// The 503 of a request whose record the audit log cannot take (`err` names the log and
+/// the cause): the gate admits nothing it cannot record (DESIGN contract 5).
+pub fn audit_unwritable(err: &AuditError) -> Response<Body> {
+    text(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "failed",
+        format!(
+            "gatewrap: the request was not sent: {err}.\n\
+             The gate admits nothing it cannot record; requests pass again once the audit log \
+             can be written (free space on its file system, or fix the cause).\n"
+        ),
+    )
 }
 
 /// Messages for requests the gate does not forward.

@@ -25,44 +25,81 @@ pub const MAX_HEAD_BYTES: usize = 64 * 1024;
 /// connection without answering; no decision, no audit record).
 pub const HEAD_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Most connections (tunnels included) one run's agent may hold open at once. Beyond it
-/// a new connection is closed at once, so a runaway agent cannot use up the gate's file
-/// descriptors; the first refusal of each burst is audited.
+/// Most connections (tunnels and DNS-over-TCP included) one run's agent may hold open at
+/// once, over all the gate's listeners. Beyond it a new connection is closed at once, so a
+/// runaway agent cannot use up the gate's file descriptors; the first refusal of each burst
+/// is audited.
 pub const MAX_CONNECTIONS: usize = 1024;
 
-/// One open client connection; shared with its tunnel after CONNECT, and counted in the
-/// gate's open connections until the last holder drops it.
-pub(super) struct SlotGuard(Arc<AtomicUsize>);
+/// A count of open connections and its cap; `what` names them in the audit record of a
+/// refusal (`limit: more than 1024 open connections`).
+pub(super) struct Cap {
+    open: AtomicUsize,
+    max: usize,
+    what: &'static str,
+}
+
+impl Cap {
+    pub(super) fn new(max: usize, what: &'static str) -> Arc<Cap> {
+        Arc::new(Cap { open: AtomicUsize::new(0), max, what })
+    }
+}
+
+/// One open client connection, counted in each of its caps until the last holder drops it
+/// (a CONNECT's tunnel holds it after the request that opened it).
+pub(super) struct SlotGuard(Vec<Arc<Cap>>);
 
 impl Drop for SlotGuard {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
+        for cap in &self.0 {
+            cap.open.fetch_sub(1, Ordering::Relaxed);
+        }
     }
 }
 
 pub(super) type Slot = Arc<SlotGuard>;
 
-pub async fn serve(listener: TcpListener, ctx: Arc<Ctx>, open: Arc<AtomicUsize>) {
+/// A slot in every one of `caps`, or the first cap that is full (nothing is taken then).
+fn take(caps: &[Arc<Cap>]) -> Result<Slot, &Cap> {
+    let mut taken = Vec::with_capacity(caps.len());
+    for cap in caps {
+        if cap.open.fetch_add(1, Ordering::Relaxed) >= cap.max {
+            cap.open.fetch_sub(1, Ordering::Relaxed);
+            drop(SlotGuard(taken));
+            return Err(cap);
+        }
+        taken.push(cap.clone());
+    }
+    Ok(Arc::new(SlotGuard(taken)))
+}
+
+/// Accept connections on `listener` and hand each, with its slot in `caps`, to `serve` on
+/// a task of its own. A connection that would exceed a cap is closed at once; the first of
+/// each burst is recorded as denied (`event`, `proto`, reason `limit: more than N ...`).
+pub(super) async fn accept_capped<F, Fut>(listener: TcpListener, ctx: Arc<Ctx>, caps: Vec<Arc<Cap>>, event: &'static str, proto: &'static str, serve: F)
+where
+    F: Fn(TcpStream, SocketAddr, Slot) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
     let mut over = false;
     loop {
         match listener.accept().await {
-            Ok((stream, peer)) => {
-                if open.load(Ordering::Relaxed) >= MAX_CONNECTIONS {
+            Ok((stream, peer)) => match take(&caps) {
+                Ok(slot) => {
+                    over = false;
+                    tokio::spawn(serve(stream, peer, slot));
+                }
+                Err(full) => {
                     drop(stream);
                     if !over {
-                        let mut rec = ctx.bare_record(f::EVENT_REQUEST, f::PROTO_HTTP, peer);
+                        let mut rec = ctx.bare_record(event, proto, peer);
                         rec.decision = f::DENIED;
-                        rec.reason = Some(format!("limit: more than {MAX_CONNECTIONS} open connections"));
-                        ctx.record(rec);
+                        rec.reason = Some(format!("limit: more than {} {}", full.max, full.what));
+                        let _ = ctx.record(rec);
                     }
                     over = true;
-                    continue;
                 }
-                over = false;
-                open.fetch_add(1, Ordering::Relaxed);
-                let slot = Arc::new(SlotGuard(open.clone()));
-                tokio::spawn(connection(stream, peer, ctx.clone(), slot));
-            }
+            },
             Err(e) => {
                 // EMFILE/ENFILE and friends: back off instead of spinning.
                 tracing::warn!(error = %e, "accept failed");
@@ -70,6 +107,15 @@ pub async fn serve(listener: TcpListener, ctx: Arc<Ctx>, open: Arc<AtomicUsize>)
             }
         }
     }
+}
+
+/// Serve the proxy port: HTTP/1 connections, counted in `open` (the run's cap).
+pub async fn serve(listener: TcpListener, ctx: Arc<Ctx>, open: Arc<Cap>) {
+    let c = ctx.clone();
+    accept_capped(listener, ctx, vec![open], f::EVENT_REQUEST, f::PROTO_HTTP, move |stream, peer, slot| {
+        connection(stream, peer, c.clone(), slot)
+    })
+    .await
 }
 
 /// The gate's HTTP/1 server settings: head limit [`MAX_HEAD_BYTES`], head timeout
@@ -99,7 +145,7 @@ async fn connection(stream: TcpStream, peer: SocketAddr, ctx: Arc<Ctx>, slot: Sl
             rec.decision = f::DENIED;
             rec.reason = Some(m.reason());
             rec.status = m.status;
-            ctx_for_record.record(rec);
+            let _ = ctx_for_record.record(rec);
         }
     }
 }

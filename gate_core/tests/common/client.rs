@@ -110,6 +110,12 @@ pub fn audit_lines(path: &PathBuf) -> Vec<Value> {
         .collect()
 }
 
+/// The decision records of the log: every line but the `admit` ones (each allowed request
+/// or tunnel has one, written before the gate dials).
+pub fn decision_lines(path: &PathBuf) -> Vec<Value> {
+    audit_lines(path).into_iter().filter(|v| v["event"] != "admit").collect()
+}
+
 pub fn find<'a>(lines: &'a [Value], event: &str, target: &str) -> &'a Value {
     lines
         .iter()

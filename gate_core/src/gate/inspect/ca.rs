@@ -9,9 +9,8 @@
 //! The certificate is a CA with path length 0 (it signs leaves only; RFC 5280 §4.2.1.9),
 //! key usages keyCertSign and cRLSign, valid ten years.
 
-use std::fs::{self, DirBuilder, File, OpenOptions};
+use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
-use std::os::unix::fs::DirBuilderExt;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
@@ -19,6 +18,8 @@ use std::path::{Path, PathBuf};
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose};
 use rustls_pki_types::CertificateDer;
 use time::{Duration, OffsetDateTime};
+
+use crate::root_dir::{self, UnsafeDir};
 
 /// Where a host install keeps its CA unless told otherwise.
 pub const DEFAULT_CA_DIR: &str = "/var/lib/gatewrap/ca";
@@ -56,47 +57,13 @@ fn io_err<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> C
     move |source| CaError::Io { what, path: path.to_path_buf(), source }
 }
 
-/// `mkdir -p path`, the directories it makes with `mode`; an existing directory is never
-/// chmodded (a `--ca-dir` such as `/tmp` keeps its mode). Then the directory must be safe
-/// to keep a key under ([`check_dir`], `deny` = the mode bits others must not have).
+/// `mkdir -p path` (new directories get `mode`) and check it is safe to keep a key under
+/// ([`root_dir::check`], `deny` = the mode bits others must not have).
 fn ensure_dir(path: &Path, mode: u32, deny: u32) -> Result<(), CaError> {
-    match fs::symlink_metadata(path) {
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            DirBuilder::new().recursive(true).mode(mode).create(path).map_err(io_err("create", path))?
-        }
-        Err(e) => return Err(io_err("stat", path)(e)),
-        Ok(_) => {}
-    }
-    check_dir(path, deny)
-}
-
-/// `path` is a real directory (not a symbolic link) owned by the gate's user (root) without
-/// the mode bits `deny`, and so is every directory above it, unless that one is sticky (as
-/// `/tmp`: others cannot rename what they do not own there). Otherwise a local user could
-/// swap the key or the certificate the gate reads, or learn the key.
-fn check_dir(path: &Path, deny: u32) -> Result<(), CaError> {
-    // SAFETY: geteuid has no preconditions.
-    let me = unsafe { libc::geteuid() };
-    let unsafe_dir = |why| Err(CaError::Unsafe { path: path.to_path_buf(), why });
-    let meta = fs::symlink_metadata(path).map_err(io_err("stat", path))?;
-    if meta.file_type().is_symlink() || !meta.is_dir() {
-        return unsafe_dir("is a symbolic link or not a directory");
-    }
-    if meta.uid() != me {
-        return unsafe_dir("is not owned by root");
-    }
-    if meta.mode() & deny != 0 {
-        return unsafe_dir("is readable or writable by others");
-    }
-    let real = fs::canonicalize(path).map_err(io_err("resolve", path))?;
-    for dir in real.ancestors().skip(1) {
-        let m = fs::metadata(dir).map_err(io_err("stat", dir))?;
-        let sticky = m.mode() & 0o1000 != 0;
-        if (m.uid() != me && m.uid() != 0) || (m.mode() & 0o022 != 0 && !sticky) {
-            return Err(CaError::Unsafe { path: dir.to_path_buf(), why: "(above the CA directory) is not root's, or is writable by others" });
-        }
-    }
-    Ok(())
+    root_dir::ensure(path, mode, deny).map_err(|e| match e {
+        UnsafeDir::Io { what, path, source } => CaError::Io { what, path, source },
+        UnsafeDir::Unsafe { path, why } => CaError::Unsafe { path, why },
+    })
 }
 
 /// Write `data` to `path` through a temporary file and a rename (never a half-written file).

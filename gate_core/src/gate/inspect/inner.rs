@@ -1,5 +1,6 @@
 //! One request inside an inspected tunnel: check that it names the tunnel's host, decide
-//! it ([`admit_request`], scheme https), and forward it over verified TLS, or answer 4xx.
+//! it ([`admit_request`], scheme https), write its `admit` record (503 if it cannot be
+//! written), and forward it over verified TLS; or answer 4xx.
 //!
 //! Refusals, each audited: another host in `Host` or the target (421 Misdirected
 //! Request, RFC 9110 §15.5.20), a CONNECT (400), `Upgrade: h2c` (400), a declared body
@@ -121,6 +122,9 @@ pub(super) async fn handle(ctx: Arc<Ctx>, tunnel: Arc<Tunnel>, mut req: Request<
     adm.fill(&mut rec);
     if !adm.proceed {
         return adm.forbid(&ctx, rec);
+    }
+    if let Err(unrecorded) = ctx.admit(&rec) {
+        return unrecorded;
     }
     let mut pending = Pending::new(ctx.clone(), rec);
     let mut slot = tunnel.upstream.lock().await;

@@ -118,7 +118,7 @@ pub(super) async fn serve(ctx: Arc<Ctx>, upgrade: OnUpgrade, tunnel: Tunnel, _sl
             rec.decision = f::DENIED;
             rec.reason = Some(m.reason());
             rec.status = m.status;
-            ctx.record(rec);
+            let _ = ctx.record(rec);
         }
     }
 }
@@ -140,5 +140,5 @@ fn refused_handshake(ctx: &Ctx, tunnel: &Tunnel, e: &accept::AcceptError) {
             rec.error = Some(e.to_string());
         }
     }
-    ctx.record(rec);
+    let _ = ctx.record(rec);
 }
