@@ -147,10 +147,21 @@ class KernelDenials:
         self.count = 0
         self.records = 0
         self.unix = 0
+        #: Attempts whose record the audit log could not take (a full disk): denied all the
+        #: same, counted in run_end's lost_events, said once on stderr.
+        self.unrecorded = 0
 
     def _on_event(self, ev: _Event) -> None:
         rec = record_of(ev, self._run_id)
-        self._audit.write(rec)
+        try:
+            self._audit.write(rec)
+        except OSError as e:
+            # Inside bcc's ring-buffer callback: an exception would end the poll loop. The
+            # attempt was refused already; what is lost is its record, which is counted.
+            if not self.unrecorded:
+                print(f"gatewrap: kernel denials cannot be written to the audit log ({e}); they are "
+                      "still refused, and counted in run_end as lost_events", file=self._stderr, flush=True)
+            self.unrecorded += ev.count
         if ev.allowed:  # a unix socket address: recorded, no notice
             self.unix += ev.count
             return

@@ -377,7 +377,7 @@ def run(opts: RunOptions, stderr: TextIO | None = None) -> RunResult:
         denials.stop()
         gate.stop()
         counts = gate.counts()
-        lost = run_hooks.lost()
+        lost = run_hooks.lost() + denials.unrecorded
         result = RunResult(run_id, exit_code, counts.get("allowed", 0), counts.get("denied", 0),
                            counts.get("failed", 0), denials.count, lost, opts.audit_log,
                            inspected=counts.get("inspected", 0), would_deny=counts.get("would_deny", 0))
