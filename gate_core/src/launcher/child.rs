@@ -7,6 +7,10 @@ use std::ptr;
 
 const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
 const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+// open_tree(2) and move_mount(2) flags (linux/mount.h; AT_RECURSIVE from linux/fcntl.h).
+const OPEN_TREE_CLONE: libc::c_uint = 1;
+const AT_RECURSIVE: libc::c_uint = 0x8000;
+const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
 
 /// The steps, in the order they run; a failing one is reported to the parent by its code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -18,6 +22,7 @@ pub enum Step {
     Cgroup,
     Unshare,
     MountPrivate,
+    RootMount,
     Hide,
     ReadOnly,
     Setgroups,
@@ -31,13 +36,14 @@ pub enum Step {
 }
 
 impl Step {
-    const ALL: [Step; 16] = [
+    const ALL: [Step; 17] = [
         Step::Signals,
         Step::Setsid,
         Step::Setns,
         Step::Cgroup,
         Step::Unshare,
         Step::MountPrivate,
+        Step::RootMount,
         Step::Hide,
         Step::ReadOnly,
         Step::Setgroups,
@@ -64,6 +70,7 @@ impl fmt::Display for Step {
             Step::Cgroup => "joining the sandbox cgroup",
             Step::Unshare => "unshare(CLONE_NEWNS | CLONE_NEWCGROUP)",
             Step::MountPrivate => "making the mount namespace private",
+            Step::RootMount => "making the root directory a mount point (open_tree, move_mount, chroot)",
             Step::Hide => "hiding a host path under an empty tmpfs",
             Step::ReadOnly => "making a host path read-only",
             Step::Setgroups => "setgroups",
@@ -91,6 +98,8 @@ pub struct Plan {
     pub hide: Vec<CString>,
     /// Paths bind-mounted read-only onto themselves in the agent's mount namespace.
     pub readonly: Vec<CString>,
+    /// The agent's working directory, entered again after [`Plan::root_as_mount`].
+    pub cwd: CString,
 }
 
 #[repr(C)]
@@ -134,7 +143,11 @@ impl Plan {
     unsafe fn isolate_mounts(&self) -> io::Result<()> {
         let none: *const libc::c_char = ptr::null();
         self.check(Step::Unshare, libc::unshare(libc::CLONE_NEWNS | libc::CLONE_NEWCGROUP).into())?;
-        let rc = libc::mount(none, c"/".as_ptr(), none, libc::MS_REC | libc::MS_PRIVATE, ptr::null());
+        let mut rc = libc::mount(none, c"/".as_ptr(), none, libc::MS_REC | libc::MS_PRIVATE, ptr::null());
+        if rc != 0 && io::Error::last_os_error().raw_os_error() == Some(libc::EINVAL) {
+            self.root_as_mount()?;
+            rc = libc::mount(none, c"/".as_ptr(), none, libc::MS_REC | libc::MS_PRIVATE, ptr::null());
+        }
         self.check(Step::MountPrivate, rc.into())?;
         for path in &self.hide {
             let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC | libc::MS_RDONLY;
@@ -150,6 +163,27 @@ impl Plan {
             self.check(Step::ReadOnly, rc.into())?;
         }
         Ok(())
+    }
+
+    /// In a chroot the root directory is not a mount point: its propagation cannot be
+    /// changed (mount(2): EINVAL) and nsjail refuses to start. Put a recursive clone of the
+    /// tree at `/` on top of it (open_tree(2) `OPEN_TREE_CLONE | AT_RECURSIVE`, then
+    /// move_mount(2), in this namespace only) and enter it (fchdir, `chroot(".")`, then the
+    /// working directory again), so that `/` is a mount point here, as on a booted system.
+    ///
+    /// SAFETY: plain system calls on strings prepared before fork.
+    unsafe fn root_as_mount(&self) -> io::Result<()> {
+        let flags = OPEN_TREE_CLONE | AT_RECURSIVE | libc::O_CLOEXEC as libc::c_uint;
+        let fd = libc::syscall(libc::SYS_open_tree, libc::AT_FDCWD, c"/".as_ptr(), flags);
+        self.check(Step::RootMount, fd)?;
+        let fd = fd as libc::c_int;
+        let rc = libc::syscall(libc::SYS_move_mount, fd, c"".as_ptr(), libc::AT_FDCWD, c"/".as_ptr(),
+                               MOVE_MOUNT_F_EMPTY_PATH);
+        self.check(Step::RootMount, rc)?;
+        self.check(Step::RootMount, libc::fchdir(fd).into())?;
+        self.check(Step::RootMount, libc::chroot(c".".as_ptr()).into())?;
+        libc::close(fd);
+        self.check(Step::RootMount, libc::chdir(self.cwd.as_ptr()).into())
     }
 
     /// Enter the sandbox and drop privileges, in this order: signals, netns, cgroup,

@@ -136,6 +136,7 @@ pub fn spawn(req: &SpawnRequest) -> Result<u32, SpawnError> {
         last_cap: cap_last_cap()?,
         hide: c_paths(&req.hide)?,
         readonly: c_paths(&req.readonly)?,
+        cwd: c_paths(std::slice::from_ref(&req.cwd))?.remove(0),
     };
 
     let mut cmd = Command::new(program);
