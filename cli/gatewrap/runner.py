@@ -347,13 +347,14 @@ def run(opts: RunOptions, stderr: TextIO | None = None) -> RunResult:
                   f"{cwd}; choose one with --workdir, or chown it", file=err)
         if opts.jail == "nsjail":
             argv = jail.wrap(argv, target.uid, target.gid, cwd, opts.ro_binds, opts.rw_binds,
-                             mounts=mounts)
+                             mounts=mounts, groups=list(target.groups))
         else:
             print(jail.WITHOUT_JAIL, file=err)
         try:
             pid = core.spawn_agent(argv, env, cwd, ns_path, leaf, target.uid, target.gid,
                                    list(target.groups), hide=_hidden_paths(opts.ca_dir),
-                                   readonly=_readonly_paths(opts.audit_log))
+                                   readonly=_readonly_paths(opts.audit_log),
+                                   jail_drops_privileges=opts.jail == "nsjail")
         except core.SpawnError as e:
             if e.stage != "exec":
                 raise GatewrapError(f"starting the agent failed: {e.strerror}") from e
