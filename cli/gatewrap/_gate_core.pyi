@@ -313,6 +313,7 @@ def spawn_agent(
     groups: list[int],
     hide: list[str] = ...,
     readonly: list[str] = ...,
+    jail_drops_privileges: bool = False,
 ) -> int:
     """Start ``argv`` inside the sandbox and return its pid (reap it with ``os.waitpid``).
 
@@ -322,5 +323,10 @@ def spawn_agent(
     mount namespaces (mounts private), covers each ``hide`` path with an empty read-only tmpfs
     and bind-mounts each ``readonly`` path read-only onto itself; sets ``groups``, then gid; empties the capability
     bounding and ambient sets; sets uid; clears every capability (even for uid 0); sets
-    no_new_privs; marks every fd above 2 close-on-exec. Raises :class:`SpawnError`.
+    no_new_privs; marks every fd above 2 close-on-exec. With ``jail_drops_privileges``
+    (``argv`` is nsjail, which drops to uid/gid/groups itself, as root needing no user
+    namespace) the groups-to-capabilities steps are left to it: the child stays uid 0 with
+    its capabilities, and still sets no_new_privs. Where ``/`` is not a mount point (a
+    chroot), a recursive clone of the tree is mounted on it and entered first, so that the
+    mounts can be made private. Raises :class:`SpawnError`.
     """

@@ -363,7 +363,8 @@ def run(opts: RunOptions, stderr: TextIO | None = None) -> RunResult:
         try:
             pid = core.spawn_agent(argv, env, cwd, ns_path, leaf, target.uid, target.gid,
                                    list(target.groups), hide=_hidden_paths(opts.ca_dir),
-                                   readonly=_readonly_paths(opts.audit_log))
+                                   readonly=_readonly_paths(opts.audit_log),
+                                   jail_drops_privileges=opts.jail == "nsjail")
         except core.SpawnError as e:
             if e.stage != "exec":
                 raise GatewrapError(f"starting the agent failed: {e.strerror}") from e

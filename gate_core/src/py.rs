@@ -319,7 +319,7 @@ fn ensure_ca(py: Python<'_>, ca_dir: PathBuf) -> PyResult<String> {
 }
 
 #[pyfunction]
-#[pyo3(signature = (argv, env, cwd, netns_path, cgroup_dir, uid, gid, groups, hide=Vec::new(), readonly=Vec::new()))]
+#[pyo3(signature = (argv, env, cwd, netns_path, cgroup_dir, uid, gid, groups, hide=Vec::new(), readonly=Vec::new(), jail_drops_privileges=false))]
 #[allow(clippy::too_many_arguments)]
 fn spawn_agent(
     py: Python<'_>,
@@ -333,6 +333,7 @@ fn spawn_agent(
     groups: Vec<u32>,
     hide: Vec<PathBuf>,
     readonly: Vec<PathBuf>,
+    jail_drops_privileges: bool,
 ) -> PyResult<u32> {
     let req = SpawnRequest {
         argv,
@@ -345,6 +346,7 @@ fn spawn_agent(
         groups,
         hide,
         readonly,
+        jail_drops_privileges,
     };
     py.allow_threads(|| launcher::spawn(&req)).map_err(|e| spawn_err(py, e))
 }

@@ -23,6 +23,7 @@ fn request(argv: &[&str], ns: &Netns, cg: &Cgroup, uid: u32, cwd: &Path) -> Spaw
         groups: vec![],
         hide: vec![],
         readonly: vec![],
+        jail_drops_privileges: false,
     }
 }
 

@@ -1,9 +1,10 @@
 """The agent's jail: nsjail, with the profile in ``nsjail/agent.cfg`` and per-run flags.
 
-gatewrap's launcher (Rust) has already put the process in the run's netns and cgroup and
-dropped it to the agent's uid with no capabilities; it then execs nsjail, which runs
-unprivileged in a user namespace that maps that uid and gid to themselves (nsjail(1),
-config.proto).
+gatewrap's launcher (Rust) has already put the process in the run's netns, cgroup and a
+mount namespace of its own, with no_new_privs; it then execs nsjail as root, which adds its
+namespaces (no user namespace: the kernel refuses those in a chroot, and some distributions
+restrict them), becomes the agent's uid, gid and groups, drops every capability and execs
+the agent (nsjail(1), config.proto).
 """
 
 from __future__ import annotations
@@ -64,6 +65,11 @@ def wrap(argv: list[str], target: user.Target, cwd: str, mounts: list[view.Mount
             "or run without the jail with --jail none (weaker: see gatewrap run --help)"
         )
     uid, gid = target.uid, target.gid
-    cmd = [nsjail, "--config", str(PROFILE), "--really_quiet", "-u", f"{uid}:{uid}:1",
-           "-g", f"{gid}:{gid}:1", "--cwd", cwd, *view.nsjail_args(mounts)]
+    # nsjail starts as root (no user namespace: see the profile) and becomes uid, gid and the
+    # supplementary groups (every -g after the first) before it execs the agent.
+    cmd = [nsjail, "--config", str(PROFILE), "--really_quiet", "-u", str(uid), "-g", str(gid)]
+    for g in target.groups:
+        if g != gid:
+            cmd += ["-g", str(g)]
+    cmd += ["--cwd", cwd, *view.nsjail_args(mounts)]
     return [*cmd, "--", tini, "--", *argv]

@@ -100,6 +100,8 @@ pub struct Plan {
     pub readonly: Vec<CString>,
     /// The agent's working directory, entered again after [`Plan::root_as_mount`].
     pub cwd: CString,
+    /// Drop to `uid`/`gid`/`groups` with no capabilities (false: the exec'd jail does it).
+    pub drop_privileges: bool,
 }
 
 #[repr(C)]
@@ -187,9 +189,9 @@ impl Plan {
     }
 
     /// Enter the sandbox and drop privileges, in this order: signals, netns, cgroup,
-    /// cgroup + mount namespaces (hidden and read-only paths), groups,
-    /// gid, capability bounding set + ambient set, uid, capset(0), no_new_privs, and
-    /// close-on-exec for every fd above 2.
+    /// cgroup + mount namespaces (hidden and read-only paths), the agent's user without
+    /// capabilities ([`Plan::drop_to_agent`], unless the exec'd jail does it), no_new_privs,
+    /// and close-on-exec for every fd above 2.
     pub fn enter(&self) -> io::Result<()> {
         // SAFETY (whole block): plain system calls on prepared values, no allocation.
         unsafe {
@@ -213,6 +215,24 @@ impl Plan {
             let n = libc::write(self.procs_fd, b"0".as_ptr().cast(), 1);
             self.check(Step::Cgroup, n as libc::c_long)?;
             self.isolate_mounts()?;
+            if self.drop_privileges {
+                self.drop_to_agent()?;
+            }
+            let rc = libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1 as libc::c_ulong, 0, 0, 0);
+            self.check(Step::NoNewPrivs, rc.into())?;
+            // Mark, don't close: std's exec-error pipe must stay open until exec.
+            let rc = libc::syscall(libc::SYS_close_range, 3 as libc::c_uint, libc::c_uint::MAX, CLOSE_RANGE_CLOEXEC);
+            self.check(Step::CloseRange, rc)?;
+        }
+        Ok(())
+    }
+
+    /// Become the agent's user with no capabilities: groups, gid, capability bounding set +
+    /// ambient set, uid, capset(0).
+    ///
+    /// SAFETY: plain system calls on prepared values, no allocation.
+    unsafe fn drop_to_agent(&self) -> io::Result<()> {
+        {
             self.check(Step::Setgroups, libc::setgroups(self.groups.len(), self.groups.as_ptr()).into())?;
             self.check(Step::Setresgid, libc::setresgid(self.gid, self.gid, self.gid).into())?;
             // Done for every uid (not only root): with the bounding set empty, nothing the
@@ -227,13 +247,7 @@ impl Plan {
             let header = CapHeader { version: LINUX_CAPABILITY_VERSION_3, pid: 0 };
             let data = [CapData { effective: 0, permitted: 0, inheritable: 0 }; 2];
             let rc = libc::syscall(libc::SYS_capset, &header as *const CapHeader, data.as_ptr());
-            self.check(Step::Capset, rc)?;
-            let rc = libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1 as libc::c_ulong, 0, 0, 0);
-            self.check(Step::NoNewPrivs, rc.into())?;
-            // Mark, don't close: std's exec-error pipe must stay open until exec.
-            let rc = libc::syscall(libc::SYS_close_range, 3 as libc::c_uint, libc::c_uint::MAX, CLOSE_RANGE_CLOEXEC);
-            self.check(Step::CloseRange, rc)?;
+            self.check(Step::Capset, rc)
         }
-        Ok(())
     }
 }

@@ -34,6 +34,11 @@ pub struct SpawnRequest {
     pub hide: Vec<PathBuf>,
     /// Host paths the agent sees read-only, e.g. the cgroup v2 mount and the audit log's folder.
     pub readonly: Vec<PathBuf>,
+    /// The program exec'd is a jail that drops privileges itself (nsjail, run as root so that
+    /// it needs no user namespace: those are refused in a chroot, and restricted on some
+    /// distributions): the launcher then keeps uid 0 and its capabilities for it, and sets
+    /// only no_new_privs. `uid`, `gid` and `groups` are then the jail's to apply.
+    pub jail_drops_privileges: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -137,6 +142,7 @@ pub fn spawn(req: &SpawnRequest) -> Result<u32, SpawnError> {
         hide: c_paths(&req.hide)?,
         readonly: c_paths(&req.readonly)?,
         cwd: c_paths(std::slice::from_ref(&req.cwd))?.remove(0),
+        drop_privileges: !req.jail_drops_privileges,
     };
 
     let mut cmd = Command::new(program);
