@@ -127,11 +127,14 @@ def test_a_signal_death_exits_128_plus_the_signal(gatewrap):
     assert r.returncode == 128 + 15, r.stderr
 
 
-def test_a_root_agent_is_not_jailed_and_root_without_sudo_runs_the_agent_as_nobody(gatewrap):
-    r = gatewrap(["/bin/true"], user_env=False, extra=["--user", "root"])
-    assert r.returncode == 125
-    assert "cannot be jailed" in r.stderr and "--jail none" in r.stderr
-    assert "warning" not in r.stderr  # refused before anything is set up
+def test_a_root_agent_is_jailed_without_capabilities_and_root_without_sudo_runs_the_agent_as_nobody(gatewrap):
+    # nsjail runs as root and drops to the agent's user itself, so uid 0 can be jailed too
+    r = gatewrap(["/bin/sh", "-c", "id -u; grep -E '^Cap(Eff|Prm|Bnd)' /proc/self/status; ls /root"],
+                 user_env=False, extra=["--user", "root"])
+    assert r.returncode == 2, r.stderr  # /root is absent from the jail's view
+    lines = r.stdout.splitlines()
+    assert lines[0] == "0" and all(line.endswith("0000000000000000") for line in lines[1:4]), r.stdout
+    assert "the agent runs as root in the jail" in r.stderr
     r = gatewrap(python="import os; print(os.getuid())", user_env=False)
     assert r.stdout == "65534\n", r.stderr
     assert "the agent runs as nobody" in r.stderr

@@ -31,20 +31,6 @@ def nsjail_path() -> str | None:
     return os.environ.get("GATEWRAP_NSJAIL") or shutil.which("nsjail")
 
 
-def refuse_root(uid: int) -> None:
-    """An agent running as root cannot be jailed: nsjail runs as the agent's user, in a user
-    namespace, and a uid 0 without capabilities may not map its gid there.
-
-    Raises:
-        GatewrapError: ``uid`` is 0.
-    """
-    if uid == 0:
-        raise GatewrapError(
-            "an agent running as root cannot be jailed (nsjail runs unprivileged, in a user namespace): "
-            "run it as a user (sudo from that user, or --user USER), or add --jail none (weaker)"
-        )
-
-
 def tini_path() -> str | None:
     """tini, the init the agent runs under in the jail's pid namespace (Debian's ``tini``)."""
     return shutil.which("tini") or (os.path.exists("/usr/bin/tini") and "/usr/bin/tini") or None
@@ -55,7 +41,7 @@ def wrap(argv: list[str], target: user.Target, cwd: str, mounts: list[view.Mount
     file system view ``mounts`` (:func:`gatewrap.sandbox.view.build`) added to the profile's.
 
     Raises:
-        GatewrapError: nsjail or tini is not installed (a root ``uid``: see :func:`refuse_root`).
+        GatewrapError: nsjail or tini is not installed.
     """
     nsjail, tini = nsjail_path(), tini_path()
     if nsjail is None or tini is None:
