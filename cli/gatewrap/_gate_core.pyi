@@ -288,6 +288,7 @@ def spawn_agent(
     groups: list[int],
     hide: list[str] = ...,
     readonly: list[str] = ...,
+    jail: str = "none",
 ) -> int:
     """Start ``argv`` inside the sandbox and return its pid (reap it with ``os.waitpid``).
 
@@ -297,5 +298,8 @@ def spawn_agent(
     mount namespaces (mounts private), covers each ``hide`` path with an empty read-only tmpfs
     and bind-mounts each ``readonly`` path read-only onto itself; sets ``groups``, then gid; empties the capability
     bounding and ambient sets; sets uid; clears every capability (even for uid 0); sets
-    no_new_privs; marks every fd above 2 close-on-exec. Raises :class:`SpawnError`.
+    no_new_privs; installs the baseline seccomp filter for ``jail`` (``"nsjail"``: argv is
+    nsjail, left its user/mount/pid/ipc/uts namespaces and mounts; ``"none"``: argv is the
+    agent, no namespace or mount system call); marks every fd above 2 close-on-exec. Raises
+    :class:`SpawnError`; ``ValueError`` for another ``jail``.
     """

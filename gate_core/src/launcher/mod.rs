@@ -5,6 +5,7 @@
 //! makes async-signal-safe system calls on memory prepared in advance.
 
 mod child;
+pub mod seccomp;
 #[cfg(test)]
 mod tests;
 
@@ -18,6 +19,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 pub use child::Step;
+pub use seccomp::Mode;
 
 /// What to run and where.
 #[derive(Debug, Clone)]
@@ -34,6 +36,9 @@ pub struct SpawnRequest {
     pub hide: Vec<PathBuf>,
     /// Host paths the agent sees read-only, e.g. the cgroup v2 mount and the audit log's folder.
     pub readonly: Vec<PathBuf>,
+    /// What `argv` is: nsjail (which still makes namespaces and mounts) or the agent itself;
+    /// chooses the baseline seccomp filter ([`seccomp`]).
+    pub mode: Mode,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -56,6 +61,8 @@ pub enum SpawnError {
     PermissionDenied(String),
     #[error("cannot execute {cmd}: {source}")]
     Exec { cmd: String, source: io::Error },
+    #[error(transparent)]
+    Seccomp(#[from] seccomp::BuildError),
     #[error("launcher: {step} failed in the child before exec: {source}")]
     Child { step: Step, source: io::Error },
 }
@@ -70,7 +77,7 @@ impl SpawnError {
     /// The errno to report (`EINVAL` for errors without one).
     pub fn errno(&self) -> i32 {
         match self {
-            SpawnError::EmptyArgv | SpawnError::NulInPath(_) => libc::EINVAL,
+            SpawnError::EmptyArgv | SpawnError::NulInPath(_) | SpawnError::Seccomp(_) => libc::EINVAL,
             SpawnError::NotFound(_) => libc::ENOENT,
             SpawnError::PermissionDenied(_) => libc::EACCES,
             SpawnError::Netns { source, .. }
@@ -136,6 +143,7 @@ pub fn spawn(req: &SpawnRequest) -> Result<u32, SpawnError> {
         last_cap: cap_last_cap()?,
         hide: c_paths(&req.hide)?,
         readonly: c_paths(&req.readonly)?,
+        filters: seccomp::build(req.mode)?,
     };
 
     let mut cmd = Command::new(program);
