@@ -262,3 +262,38 @@ attempt('rename the folder', os.rename, folder, folder + '.old')
         assert r.records(event="run_end"), p.stderr
     finally:
         shutil.rmtree(top, ignore_errors=True)
+
+
+@pytest.mark.parametrize("mode", [
+    pytest.param("none", marks=pytest.mark.xfail(strict=True, reason=(
+        "--jail none: one pid namespace with the host, and /proc/PID/mem is open(2) and pread(2), "
+        "which no seccomp rule can tell from other files; said in the --jail none warning"))),
+    "jail"], ids=[
+    "/proc/PID/mem of another process of the same user, without the jail",
+    "/proc/PID/mem of another process of the same user, in the jail"])
+def test_proc_pid_mem_of_a_same_user_process(gatewrap, quiet_net, outcome, mode):
+    """/proc/PID/mem of a process of the agent's user started outside the run."""
+    def as_agent_user():
+        os.setgroups([])
+        os.setgid(AGENT_UID)
+        os.setuid(AGENT_UID)
+
+    victim = subprocess.Popen(["/bin/sleep", "60"], preexec_fn=as_agent_user)
+    try:
+        r = gatewrap(python_argv(f"""
+            def peek():
+                start = int(open('/proc/{victim.pid}/maps').readline().split('-')[0], 16)
+                fd = os.open('/proc/{victim.pid}/mem', os.O_RDWR)
+                return os.pread(fd, 4, start).hex()
+            attempt('open /proc/{victim.pid}/mem O_RDWR and read', peek)
+        """), extra=MODES[mode], timeout=30)
+    finally:
+        victim.kill()
+        victim.wait()
+    got = attempts(r.stdout)
+    assert got, r.stderr
+    a = got[-1]
+    outcome("jail: pid namespace" if mode == "jail" else "none (same pid namespace, same user)",
+            f"{a['errno'] or 'read ' + str(a['result'])} (open+pread)", "OPEN" if a["errno"] is None else "held")
+    assert a["errno"] == "ENOENT", a
+    assert_bounded(a)
