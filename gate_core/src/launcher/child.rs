@@ -37,7 +37,7 @@ pub enum Step {
 }
 
 impl Step {
-    const ALL: [Step; 17] = [
+    const ALL: [Step; 18] = [
         Step::Signals,
         Step::Setsid,
         Step::Setns,
