@@ -25,7 +25,7 @@ die() { printf 'setup: %s\n' "$*" >&2; exit 1; }
 apt_packages() {
 	say "Debian packages"
 	export DEBIAN_FRONTEND=noninteractive
-	local pkgs=(python3-bpfcc libbpf1 libnl-route-3-200 tini iproute2 curl dnsutils python3-venv
+	local pkgs=(python3-bpfcc libbpf1 libnl-route-3-200 tini iproute2 procps curl dnsutils python3-venv
 		python3-requests build-essential pkg-config hyperfine ca-certificates)
 	local kh="linux-headers-$(uname -r)"
 	if apt-cache show "$kh" >/dev/null 2>&1; then pkgs+=("$kh"); else pkgs+=(linux-headers-amd64); fi
