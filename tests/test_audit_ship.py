@@ -171,6 +171,34 @@ def test_a_rotated_log_is_finished_before_the_new_one(tmp_path, rsyslog):
 
 
 @needs_rsyslog
+def test_a_truncated_log_is_shipped_from_its_start(tmp_path, rsyslog):
+    r = rsyslog()
+    log, state = tmp_path / "audit.jsonl", tmp_path / "ship.state"
+    _synthetic(log, 10)
+    assert _ship(log, state, f"tcp://127.0.0.1:{r.port}").returncode == 0
+    os.truncate(log, 0)
+    _synthetic(log, 3, start=10)
+    p = _ship(log, state, f"tcp://127.0.0.1:{r.port}")
+    assert "shipped 3 lines" in p.stderr and "was truncated" in p.stderr, p.stderr
+    assert len(r.wait_for(set(_local(log)))) == 13
+
+
+@needs_rsyslog
+def test_a_log_rewritten_in_place_past_the_position_is_shipped_from_its_start(tmp_path, rsyslog):
+    r = rsyslog()
+    log, state = tmp_path / "audit.jsonl", tmp_path / "ship.state"
+    _synthetic(log, 10)
+    assert _ship(log, state, f"tcp://127.0.0.1:{r.port}").returncode == 0
+    ino = os.stat(log).st_ino
+    os.truncate(log, 0)
+    _synthetic(log, 20, start=100)  # the same file, longer than where shipping stopped
+    assert os.stat(log).st_ino == ino
+    p = _ship(log, state, f"tcp://127.0.0.1:{r.port}")
+    assert "shipped 20 lines" in p.stderr and "no longer holds the line shipped last" in p.stderr, p.stderr
+    assert len(r.wait_for(set(_local(log)))) == 30
+
+
+@needs_rsyslog
 def test_tls_to_rsyslog_with_a_trusted_ca(tmp_path, rsyslog):
     pki = make_pki(str(tmp_path), ["localhost"], ["127.0.0.1"])
     r = rsyslog(tls=(pki.ca_cert, pki.server_cert, pki.server_key))

@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime as dt
 import errno
 import fcntl
+import hashlib
 import json
 import os
 import socket
@@ -198,7 +199,7 @@ class Connection:
 
 class State:
     """The shipper's persisted :class:`~gatewrap.audit_reader.Position`: a JSON file
-    ``{"log", "to", "dev", "ino", "offset"}``, replaced atomically (write, fsync, rename), and
+    ``{"log", "to", "dev", "ino", "offset", "last_sha256"}``, replaced atomically (write, fsync, rename), and
     held with an exclusive ``flock(2)`` on ``PATH.lock`` so that two shippers never share it."""
 
     def __init__(self, path: str) -> None:
@@ -218,25 +219,26 @@ class State:
             raise GatewrapError(f"another `gatewrap audit ship` uses the state file {path}: stop it, or give this "
                                 "one its own --state PATH") from None
 
-    def load(self) -> ar.Position | None:
-        """The saved position, or None when there is none yet.
-        Raises GatewrapError: the file is not a state file."""
+    def load(self) -> tuple[ar.Position, bytes] | None:
+        """The saved position and the SHA-256 of the line that ends there, or None when
+        there is none yet. Raises GatewrapError: the file is not a state file."""
         try:
             with open(self.path, "rb") as f:
                 d = json.load(f)
-            return ar.Position(int(d["dev"]), int(d["ino"]), int(d["offset"]))
+            return ar.Position(int(d["dev"]), int(d["ino"]), int(d["offset"])), bytes.fromhex(d["last_sha256"])
         except FileNotFoundError:
             return None
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise GatewrapError(f"{self.path} is not a state file of `gatewrap audit ship` ({e}): remove it to "
                                 "ship the log from its start, or pass another --state") from e
 
-    def save(self, pos: ar.Position, log: str, dest: Destination) -> None:
-        """Replace the saved position with ``pos``. Raises OSError (the disk)."""
+    def save(self, pos: ar.Position, last_line: bytes, log: str, dest: Destination) -> None:
+        """Replace the saved position with ``pos``, where ``last_line`` ends. Raises OSError (the disk)."""
         tmp = self.path + ".tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         with os.fdopen(fd, "w") as f:
-            json.dump({"log": log, "to": str(dest), "dev": pos.dev, "ino": pos.ino, "offset": pos.offset}, f)
+            json.dump({"log": log, "to": str(dest), "dev": pos.dev, "ino": pos.ino, "offset": pos.offset,
+                       "last_sha256": hashlib.sha256(last_line).hexdigest()}, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.path)
@@ -311,17 +313,41 @@ class Shipper:
             self.conn = None
 
 
-def _deliver(shipper: Shipper, state: State, batch: list[bytes], last: ar.Position, log: str,
-             dest: Destination) -> None:
+def _deliver(shipper: Shipper, state: State, batch: list[bytes], last: ar.Position, last_line: bytes,
+             log: str, dest: Destination) -> None:
     """Deliver one batch, then save the position after its last line.
     Raises GatewrapError: the position cannot be saved."""
     shipper.deliver(b"".join(batch), len(batch))
     try:
-        state.save(last, log, dest)
+        state.save(last, last_line, log, dest)
     except OSError as e:
         raise GatewrapError(f"cannot save the shipper's position to {state.path} ({e.strerror}): free space "
                             "there or pass another --state; a shipper started again resends what it could not "
                             "save") from e
+
+
+def _resume(log: str, saved: tuple[ar.Position, bytes] | None, err: TextIO) -> ar.Position | None:
+    """Where to start: the saved position, unless the log is still the same file (device and
+    inode) but the line before that position is not the line shipped last (the file was
+    rewritten in place, or truncated and written past the position): then its start."""
+    if saved is None:
+        return None
+    pos, digest = saved
+    try:
+        with open(log, "rb") as f:
+            st = os.fstat(f.fileno())
+            if (st.st_dev, st.st_ino) != (pos.dev, pos.ino) or st.st_size < pos.offset or pos.offset == 0:
+                return pos  # rotated or shorter: tail() says and handles it
+            f.seek(max(0, pos.offset - BATCH_BYTES))
+            before = f.read(pos.offset - f.tell())
+    except OSError:
+        return pos  # no log (yet), or unreadable: tail() waits or says so
+    start = before.rfind(b"\n", 0, len(before) - 1) + 1
+    if hashlib.sha256(before[start:]).digest() == digest:
+        return pos
+    print(f"gatewrap: {log} no longer holds the line shipped last before byte {pos.offset} (rewritten in place?); "
+          "shipping it from its start", file=err, flush=True)
+    return None
 
 
 def ship(log: str, dest: Destination, state_path: str, *, ca: str | None = None, follow: bool = False,
@@ -344,7 +370,8 @@ def ship(log: str, dest: Destination, state_path: str, *, ca: str | None = None,
     try:
         batch: list[bytes] = []
         size, last = 0, None
-        for item in ar.tail(log, err, start=state.load(), follow=follow, idle=True):
+        line = b""
+        for item in ar.tail(log, err, start=_resume(log, state.load(), err), follow=follow, idle=True):
             if item is not None:
                 _, last, line = item
                 try:
@@ -357,13 +384,13 @@ def ship(log: str, dest: Destination, state_path: str, *, ca: str | None = None,
                     continue
             if batch:
                 assert last is not None
-                _deliver(shipper, state, batch, last, log, dest)
+                _deliver(shipper, state, batch, last, line, log, dest)
                 batch, size = [], 0
             else:
                 shipper.idle()
         if batch:
             assert last is not None
-            _deliver(shipper, state, batch, last, log, dest)
+            _deliver(shipper, state, batch, last, line, log, dest)
         return shipper.stats
     except KeyboardInterrupt:
         return shipper.stats  # what was not acknowledged is sent by the next shipper
