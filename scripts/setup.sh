@@ -163,6 +163,7 @@ test_clients() {
 	command -v npm >/dev/null || pkgs+=(npm)
 	command -v go >/dev/null || [ -x /usr/local/go/bin/go ] || pkgs+=(golang)
 	{ command -v java && command -v javac && command -v keytool; } >/dev/null || pkgs+=(default-jdk-headless)
+	dpkg -s rsyslog rsyslog-gnutls >/dev/null 2>&1 || pkgs+=(rsyslog rsyslog-gnutls)  # the collector of tests/test_audit_ship.py
 	if [ ${#pkgs[@]} -gt 0 ]; then
 		say "clients of the matrix: ${pkgs[*]}"
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null

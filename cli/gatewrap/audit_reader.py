@@ -218,33 +218,102 @@ def lines(path: str, offset: int = 0) -> Iterator[tuple[int, bytes]]:
         yield from enumerate(f, 1)
 
 
-def follow_lines(path: str, err: TextIO, poll: float = POLL) -> Iterator[tuple[int, bytes]]:
-    """(line number, line) of ``path``, then of every line appended, like ``tail -F``.
+@dataclass(frozen=True)
+class Position:
+    """Where a reader of the log stands: the file, by device and inode (``stat(2)``: a file
+    renamed by rotation keeps both; its successor at the path has another inode), and
+    ``offset``, the byte after the last complete line read."""
+
+    dev: int
+    ino: int
+    offset: int
+
+
+def _rotated_to(path: str, start: Position) -> str | None:
+    """The sibling of ``path`` that is the file ``start`` names (``audit.jsonl.1``, as
+    logrotate names it, or any other name beginning with the log's), or None when it is gone."""
+    folder, base = os.path.split(os.path.abspath(path))
+    try:
+        with os.scandir(folder) as it:
+            for e in it:
+                if e.name.startswith(base) and e.name != base and e.is_file(follow_symlinks=False):
+                    st = e.stat(follow_symlinks=False)
+                    if (st.st_dev, st.st_ino) == (start.dev, start.ino):
+                        return e.path
+    except OSError:
+        return None
+    return None
+
+
+def tail(path: str, err: TextIO, start: Position | None = None, follow: bool = True,
+         poll: float = POLL, idle: bool = False) -> Iterator[tuple[int, Position, bytes] | None]:
+    """(line number, position after the line, line) of ``path``; with ``follow``, then of
+    every line appended, like ``tail -F``.
 
     A line is yielded once complete (a writer may be mid-line). When the path names a new
     file (rotated), what the old one still holds is read first, then the new one from its
     start; when the file shrinks (truncated), reading restarts at its start. Both are said on
-    ``err``. Waits for the path to exist. Ends only when the consumer stops (Ctrl-C).
+    ``err``; line numbers count from where reading of each file began.
+
+    ``start``: resume there (a :class:`Position` an earlier reader yielded). When the path
+    is still that file, at its offset (from the start if the file is now shorter: truncated);
+    when it was rotated, the rest of the old file first if a sibling of the path is still that
+    file (:func:`_rotated_to`), then the new one from its start; what cannot be found is said.
+
+    Without ``follow``: ends at the end of the file (and raises FileNotFoundError when there is
+    none). With it: waits for the path to exist, ends only when the consumer stops; ``idle``:
+    yields None each time it has read all there is, before it waits ``poll`` seconds.
+    Raises as :func:`_open`.
     """
-    while not os.path.exists(path):
+    while follow and not os.path.exists(path):
+        if idle:
+            yield None
         time.sleep(poll)
     f = _open(path)
+    rotated = False
     try:
-        n, partial, rotated = 0, b"", False
+        mine = os.fstat(f.fileno())
+        offset = 0
+        if start is not None and (start.dev, start.ino) == (mine.st_dev, mine.st_ino):
+            if mine.st_size >= start.offset:
+                offset = start.offset
+            else:
+                print(f"gatewrap: {path} was truncated (it is shorter than byte {start.offset}, where reading "
+                      "stopped); reading it from its start", file=err, flush=True)
+        elif start is not None:
+            old = _rotated_to(path, start)
+            if old is not None:
+                print(f"gatewrap: {path} was rotated; reading the rest of {old} first", file=err, flush=True)
+                f.close()
+                f = _open(old)
+                mine = os.fstat(f.fileno())
+                offset, rotated = min(start.offset, mine.st_size), True
+            else:
+                print(f"gatewrap: {path} is no longer the file that was being read (device {start.dev}, inode "
+                      f"{start.ino}) and no file beside it is: lines it held after byte {start.offset} were not read; "
+                      "reading the current file from its start", file=err, flush=True)
+        f.seek(offset)
+        n, partial = 0, b""
         while True:
             for line in f:
                 if not line.endswith(b"\n"):
                     partial += line
                     continue
                 n += 1
-                yield n, partial + line
-                partial = b""
+                line, partial = partial + line, b""
+                offset += len(line)
+                yield n, Position(mine.st_dev, mine.st_ino, offset), line
             if rotated:
                 print(f"gatewrap: {path} was rotated; following the new file", file=err, flush=True)
                 f.close()
                 f = _open(path)
-                n, partial, rotated = 0, b"", False
+                mine = os.fstat(f.fileno())
+                n, partial, offset, rotated = 0, b"", 0, False
                 continue
+            if not follow:
+                return
+            if idle:
+                yield None
             time.sleep(poll)
             try:
                 now = os.stat(path)
@@ -256,9 +325,16 @@ def follow_lines(path: str, err: TextIO, poll: float = POLL) -> Iterator[tuple[i
             elif mine.st_size < f.tell():
                 print(f"gatewrap: {path} was truncated; reading it from its start", file=err, flush=True)
                 f.seek(0)
-                n, partial = 0, b""
+                n, partial, offset = 0, b"", 0
     finally:
         f.close()
+
+
+def follow_lines(path: str, err: TextIO, poll: float = POLL) -> Iterator[tuple[int, bytes]]:
+    """(line number, line) of ``path``, then of every line appended: :func:`tail` followed."""
+    for item in tail(path, err, poll=poll):
+        if item is not None:
+            yield item[0], item[2]
 
 
 def parse(line: bytes) -> Any:

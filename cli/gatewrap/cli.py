@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from dataclasses import asdict
 
 import click
 
 from . import __version__
+from .audit_ship import FACILITIES
 from .errors import EXIT_GATEWRAP, GatewrapError
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -246,6 +248,60 @@ def audit_stats(run_id: str | None, since: str | None, until: str | None, top: i
         raise GatewrapError(f"no audit log at {path}: nothing has run yet, or pass --log PATH", exit_code=1)
     for line in [json.dumps(s.as_record(top))] if as_json else s.lines(top):
         click.echo(line)
+    return 0
+
+
+@audit.command("ship", context_settings=CONTEXT)
+@click.option("--to", "to", required=True, metavar="URL",
+              help="The collector: tcp://HOST:PORT (RFC 6587 octet counting) or tls://HOST:PORT (RFC 5425).")
+@click.option("--ca", metavar="FILE", type=click.Path(exists=True, dir_okay=False),
+              help="With tls://: trust the collector's certificate if this CA (PEM) signed it (default: the "
+                   "system's trust store). Its name must match HOST.")
+@click.option("--state", "state", default="/var/lib/gatewrap/ship/state", show_default=True, metavar="FILE",
+              help="Where the position reached is kept (one per collector: two shippers cannot share one).")
+@click.option("--follow", "-f", is_flag=True,
+              help="Keep shipping what is appended (follows rotation and truncation; Ctrl-C or SIGTERM ends). "
+                   "Without it: ship up to the end of the log, then exit.")
+@click.option("--facility", type=click.Choice(list(FACILITIES)), default="authpriv", show_default=True,
+              help="The syslog facility (RFC 5424 6.2.1).")
+@click.option("--hostname", metavar="NAME", help="HOSTNAME of the messages (default: this host's name).")
+@click.option("--retry-max", default=30.0, show_default=True, type=click.FloatRange(min=0.01), metavar="SECONDS",
+              help="Longest wait between reconnection attempts (the waits double from 0.5 s).")
+@_log_option
+def audit_ship(to: str, ca: str | None, state: str, follow: bool, facility: str, hostname: str | None,
+               retry_max: float, path: str) -> int:
+    """Ship the audit log to a syslog collector, one RFC 5424 message per line.
+
+    \b
+    The shipper reads the log and never blocks the gate: while the collector is
+    gone it reconnects (waits doubling up to --retry-max) and the log keeps every
+    record. The position is saved after the collector's TCP acknowledged each
+    batch; a batch cut by a failure is sent again (at least once: the collector
+    may hold a line twice; the ino and off parameters tell them apart).
+
+    \b
+    Examples:
+      gatewrap audit ship --to tcp://logs.example.net:514 --follow
+      gatewrap audit ship --to tls://logs.example.net:6514 --ca /etc/ssl/fleet-ca.pem --follow
+    """
+    from .audit_ship import parse_destination, ship
+
+    try:
+        dest = parse_destination(to)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--to") from None
+    if ca is not None and dest.scheme != "tls":
+        raise click.BadParameter("--ca is for tls:// collectors", param_hint="--ca")
+    def _interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _interrupt)  # systemd's stop ends it as Ctrl-C does
+    try:
+        done = ship(path, dest, state, ca=ca, follow=follow, hostname=hostname, facility=FACILITIES[facility],
+                    retry_max=retry_max)
+    except FileNotFoundError:
+        raise GatewrapError(f"no audit log at {path}: nothing has run yet, or pass --log PATH", exit_code=1)
+    click.echo(f"gatewrap: shipped {done.lines} lines to {dest} ({done.resent} sent again after a failure)", err=True)
     return 0
 
 
