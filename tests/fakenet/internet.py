@@ -153,8 +153,8 @@ def _run(argv: Sequence[str], check: bool = True, timeout: float = 10) -> subpro
 
 def in_netns(ns: str) -> list[str]:
     """The argv prefix that runs a command in the named netns ``ns`` (``/run/netns/NS``):
-    ``nsenter --net`` enters the network namespace only. (``ip netns exec`` also remounts
-    /sys, which fails with EINVAL where / is not a mount point, as in a chroot.)"""
+    ``nsenter --net`` enters the network namespace only. (``ip netns exec`` and ``ip -n`` also
+    remount /sys, which fails with EINVAL where / is not a mount point, as in a chroot.)"""
     return ["nsenter", f"--net=/run/netns/{ns}", "--"]
 
 
@@ -459,10 +459,10 @@ class FakeInternet:
             f"route add default via {HOST_V4} dev {INET_IF}",
             f"route add ::/0 via {HOST_V6} dev {INET_IF}",
         ]
-        p = subprocess.run(["ip", "-n", ns, "-batch", "-"], input="\n".join(batch) + "\n",
+        p = subprocess.run([*in_netns(ns), "ip", "-batch", "-"], input="\n".join(batch) + "\n",
                            capture_output=True, text=True, timeout=10)
         if p.returncode != 0:
-            raise FakeInternetError(f"ip -n {ns} -batch failed: {p.stderr.strip()}")
+            raise FakeInternetError(f"ip -batch in netns {ns} failed: {p.stderr.strip()}")
         host_batch = [
             f"addr add {HOST_V4}/{LINK_V4_PREFIX} dev {hif}",
             f"addr add {HOST_V6}/{LINK_V6_PREFIX} dev {hif} nodad",
