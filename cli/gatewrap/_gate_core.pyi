@@ -302,6 +302,11 @@ def ensure_ca(ca_dir: str) -> str:
     directory). Returns the certificate's path. Raises :class:`GateError` when the key is
     readable by others or not owned by the caller, or the files do not match."""
 
+def landlock_abi() -> int | None:
+    """The kernel's Landlock ABI version (landlock_create_ruleset(2) with
+    ``LANDLOCK_CREATE_RULESET_VERSION``; 6 and later have the signal and abstract unix socket
+    scopes), or None when Landlock is not built or not enabled at boot."""
+
 def spawn_agent(
     argv: list[str],
     env: dict[str, str],

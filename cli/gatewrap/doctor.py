@@ -40,6 +40,24 @@ def _headers() -> Check:
                  f"apt-get install linux-headers-{rel} (or linux-headers-amd64 for the nearest version)")
 
 
+def _landlock() -> Check:
+    """The launcher's Landlock domain (launcher/landlock.rs): ABI 6 (Linux 6.12) scopes
+    signals and abstract unix sockets; any ABI stops /proc/PID/mem of processes outside it."""
+    from ._gate_core import landlock_abi
+
+    abi = landlock_abi()
+    if abi is None:
+        return Check("landlock", "warn",
+                     "absent: --jail none cannot stop /proc/PID/mem of the user's other processes",
+                     "boot a kernel with CONFIG_SECURITY_LANDLOCK=y and landlock in lsm= (Linux 6.12+ for scopes)")
+    if abi < 6:
+        return Check("landlock", "warn",
+                     f"ABI {abi}: no signal or abstract unix socket scopes (ABI 6, Linux 6.12); "
+                     "--jail none then leaves signals to the user's other processes",
+                     "boot Linux 6.12 or later")
+    return Check("landlock", "ok", f"ABI {abi}")
+
+
 def checks() -> list[Check]:
     """Run every check; cheap and side-effect free (nothing is compiled or mounted)."""
     out = []
@@ -82,4 +100,5 @@ def checks() -> list[Check]:
     out.append(Check("nsjail", "ok" if nsjail else "fail",
                      nsjail or "not found: gatewrap run needs it unless given --jail none",
                      "" if nsjail else "apt-get install libnl-route-3-200 && python3 scripts/install_nsjail.py /usr/local/bin/nsjail"))
+    out.append(_landlock())
     return out

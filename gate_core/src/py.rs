@@ -318,6 +318,13 @@ fn ensure_ca(py: Python<'_>, ca_dir: PathBuf) -> PyResult<String> {
     Ok(ca.cert_path.to_string_lossy().into_owned())
 }
 
+/// The kernel's Landlock ABI version, or `None` without Landlock; see
+/// `launcher::landlock::abi` (for `gatewrap doctor`).
+#[pyfunction]
+fn landlock_abi() -> Option<u32> {
+    launcher::landlock::abi()
+}
+
 #[pyfunction]
 #[pyo3(signature = (argv, env, cwd, netns_path, cgroup_dir, uid, gid, groups, hide=Vec::new(), readonly=Vec::new(), jail="none"))]
 #[allow(clippy::too_many_arguments)]
@@ -369,5 +376,6 @@ fn _gate_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyGate>()?;
     m.add_function(wrap_pyfunction!(spawn_agent, m)?)?;
     m.add_function(wrap_pyfunction!(ensure_ca, m)?)?;
+    m.add_function(wrap_pyfunction!(landlock_abi, m)?)?;
     Ok(())
 }

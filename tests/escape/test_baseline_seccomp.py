@@ -34,6 +34,7 @@ MODES = {"jail": [], "none": NOJAIL, "none-root": NOJAIL_ROOT}
 SYSCALLS = """
 NR_IOCTL, NR_CLONE, NR_UNSHARE, NR_SOCKET = 16, 56, 272, 41
 NR_PROCESS_VM_READV, NR_IO_URING_SETUP, NR_PIDFD_OPEN, NR_CLONE3, NR_PIDFD_GETFD = 310, 425, 434, 435, 438
+NR_PIDFD_SEND_SIGNAL = 424
 CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x20000, 0x2000000, 0x10000000, 0x20000000, 0x40000000
 CLONE_INTO_CGROUP, SIGCHLD = 0x200000000, 17
 def sys(nr, *args):
@@ -271,21 +272,25 @@ attempt('rename the folder', os.rename, folder, folder + '.old')
         shutil.rmtree(top, ignore_errors=True)
 
 
-@pytest.mark.parametrize("mode", [
-    pytest.param("none", marks=pytest.mark.xfail(strict=True, reason=(
-        "--jail none: one pid namespace with the host, and /proc/PID/mem is open(2) and pread(2), "
-        "which no seccomp rule can tell from other files; said in the --jail none warning"))),
-    "jail"], ids=[
+def _as_agent_user():
+    os.setgroups([])
+    os.setgid(AGENT_UID)
+    os.setuid(AGENT_UID)
+
+
+#: What stops each vector on a process of the agent's user outside the run, by mode.
+LANDLOCK = "Landlock (launcher): the agent's domain"
+OUTSIDE = {"none": LANDLOCK, "jail": "jail: pid namespace"}
+
+
+@pytest.mark.parametrize("mode", ["none", "jail"], ids=[
     "/proc/PID/mem of another process of the same user, without the jail",
     "/proc/PID/mem of another process of the same user, in the jail"])
 def test_proc_pid_mem_of_a_same_user_process(gatewrap, quiet_net, outcome, mode):
-    """/proc/PID/mem of a process of the agent's user started outside the run."""
-    def as_agent_user():
-        os.setgroups([])
-        os.setgid(AGENT_UID)
-        os.setuid(AGENT_UID)
-
-    victim = subprocess.Popen(["/bin/sleep", "60"], preexec_fn=as_agent_user)
+    """/proc/PID/mem of a process of the agent's user started outside the run: Landlock's
+    ptrace restriction without the jail (landlock.rst, "Ptrace restrictions"), which open(2)
+    of /proc/PID/mem checks (ptrace_may_access); absent from the jail's pid namespace."""
+    victim = subprocess.Popen(["/bin/sleep", "60"], preexec_fn=_as_agent_user)
     try:
         r = gatewrap(python_argv(f"""
             def peek():
@@ -300,7 +305,102 @@ def test_proc_pid_mem_of_a_same_user_process(gatewrap, quiet_net, outcome, mode)
     got = attempts(r.stdout)
     assert got, r.stderr
     a = got[-1]
-    outcome("jail: pid namespace" if mode == "jail" else "none (same pid namespace, same user)",
-            f"{a['errno'] or 'read ' + str(a['result'])} (open+pread)", "OPEN" if a["errno"] is None else "held")
-    assert a["errno"] == "ENOENT", a
+    outcome(OUTSIDE[mode], f"{a['errno'] or 'read ' + str(a['result'])} (open+pread)",
+            "OPEN" if a["errno"] is None else "held")
+    assert a["errno"] == ("ENOENT" if mode == "jail" else "EACCES"), a
     assert_bounded(a)
+
+
+@pytest.mark.parametrize("mode", ["none", "jail"], ids=[
+    "SIGTERM to another process of the same user, without the jail",
+    "SIGTERM to another process of the same user, in the jail"])
+def test_a_signal_to_a_same_user_process(gatewrap, quiet_net, outcome, mode):
+    """kill(2) and pidfd_send_signal(2) of SIGTERM to a process of the agent's user started
+    outside the run: Landlock's LANDLOCK_SCOPE_SIGNAL (ABI 6) without the jail (EPERM); the
+    jail's pid namespace does not show it (ESRCH). The victim must be alive afterwards."""
+    victim = subprocess.Popen(["/bin/sleep", "60"], preexec_fn=_as_agent_user)
+    try:
+        r = gatewrap(python_argv(SYSCALLS + f"""
+attempt('kill({victim.pid}, SIGTERM)', os.kill, {victim.pid}, 15)
+pidfd = attempt('pidfd_open', sys, NR_PIDFD_OPEN, {victim.pid}, 0)
+if pidfd['errno'] is None:
+    attempt('pidfd_send_signal(SIGTERM)', sys, NR_PIDFD_SEND_SIGNAL, pidfd['result'], 15, 0, 0)
+"""), extra=MODES[mode], timeout=30)
+        alive = victim.poll() is None
+    finally:
+        victim.kill()
+        victim.wait()
+    got = [a for a in attempts(r.stdout) if a["step"] != "pidfd_open"]
+    assert got, r.stderr
+    outcome(OUTSIDE[mode], ", ".join(f"{a['errno'] or 'sent'} ({a['step'].split('(')[0]})" for a in got),
+            "held" if alive and all(a["errno"] for a in got) else "OPEN")
+    assert alive, "the victim was killed"
+    expect = ["ESRCH"] if mode == "jail" else ["EPERM", "EPERM"]
+    assert [a["errno"] for a in got] == expect, (got, r.stderr)
+
+
+LISTENER = r"""
+import socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.bind(b"\0" + sys.argv[1].encode())
+s.listen(4)
+print("ready", flush=True)
+for line in sys.stdin:  # one line per client that tried: report what reached the listener
+    s.settimeout(0.5)
+    try:
+        s.accept()[0].close()
+        print("accepted", flush=True)
+    except TimeoutError:
+        print("nothing", flush=True)
+"""
+#: The control: a process of the agent's user outside the run, in the run's netns.
+CONTROL = "import socket, sys; socket.socket(socket.AF_UNIX).connect(b'\\0' + sys.argv[1].encode())"
+
+
+def test_an_abstract_unix_socket_outside_the_run(tmp_path, quiet_net, outcome):
+    """connect(2) to an abstract unix socket that a process of the agent's user, outside the
+    run but in the run's network namespace (abstract names are per netns), listens on:
+    Landlock's LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET (ABI 6) refuses it with EPERM, while the
+    same connect from outside the run (the control) reaches the listener."""
+    name = f"gw-landlock-{os.getpid()}"
+    body = f"""
+print(json.dumps({{"pid": os.getpid()}}), flush=True)
+sys.stdin.readline()
+def dial():
+    s = sock(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(b"\\0{name}")
+attempt('connect to @{name}', dial)
+"""
+    p, audit = spawn(tmp_path, quiet_net, python_argv(body), extra=NOJAIL, stdin=subprocess.PIPE)
+    listener = None
+    try:
+        pid = json.loads(p.stdout.readline())["pid"]
+        def in_netns_of(pid):
+            return ["nsenter", f"--net=/proc/{pid}/ns/net", f"--setuid={AGENT_UID}", f"--setgid={AGENT_UID}",
+                    "--", AGENT_PYTHON, "-c"]
+        listener = subprocess.Popen([*in_netns_of(pid), LISTENER, name], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    text=True)
+        assert listener.stdout.readline().strip() == "ready"
+        p.stdin.write("go\n")
+        p.stdin.flush()
+        out, err = p.communicate(timeout=30)
+        listener.stdin.write("agent\n")
+        listener.stdin.flush()
+        from_agent = listener.stdout.readline().strip()
+        subprocess.run([*in_netns_of(listener.pid), CONTROL, name], check=True, timeout=30)
+        listener.stdin.write("control\n")
+        listener.stdin.flush()
+        from_control = listener.stdout.readline().strip()
+    finally:
+        p.kill()
+        p.wait()
+        if listener:
+            listener.kill()
+            listener.wait()
+    got = attempts(out)
+    assert got, err
+    a = got[-1]
+    outcome("Landlock (launcher): abstract unix socket scope", f"{a['errno'] or 'connected'} (connect)",
+            "held" if a["errno"] and from_agent == "nothing" else "OPEN")
+    assert a["errno"] == "EPERM", (a, err)
+    assert (from_agent, from_control) == ("nothing", "accepted")

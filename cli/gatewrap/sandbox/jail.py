@@ -24,11 +24,13 @@ PROFILE = Path(__file__).resolve().parent.parent / "_nsjail" / "agent.cfg"
 WITHOUT_JAIL = (
     "gatewrap: warning: --jail none: the agent sees the host's files with its user's rights (only "
     "cgroupfs, bpffs, /run/gatewrap and the CA key are hidden, /proc/sys and the audit log's folder "
-    "read-only), the host's /tmp and /run (host daemons' sockets included), its processes (it can "
-    "signal its user's ones and, through /proc/PID/mem, write their memory: act as them outside the "
-    "sandbox) and SysV IPC, with no rlimits. The network hooks and the launcher's seccomp filter (no "
-    "ptrace, pidfd_getfd, bpf, io_uring, new namespaces or mounts; only unix, inet, inet6 and netlink "
-    "sockets) still hold."
+    "read-only), the host's /tmp and /run (host daemons' sockets included), its processes and SysV "
+    "IPC, with no rlimits. The network hooks, the launcher's seccomp filter (no ptrace, pidfd_getfd, "
+    "bpf, io_uring, new namespaces or mounts; only unix, inet, inet6 and netlink sockets) and its "
+    "Landlock domain still hold: no /proc/PID/mem of a process outside the run and, with Landlock ABI "
+    "6 (Linux 6.12), no signal to one and no connect to an abstract unix socket bound outside the run "
+    "(`gatewrap doctor` shows the ABI; without Landlock the agent can write its user's processes' "
+    "memory through /proc/PID/mem and act as them outside the sandbox)."
 )
 
 

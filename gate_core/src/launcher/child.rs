@@ -32,12 +32,13 @@ pub enum Step {
     Setresuid,
     Capset,
     NoNewPrivs,
+    Landlock,
     Seccomp,
     CloseRange,
 }
 
 impl Step {
-    const ALL: [Step; 18] = [
+    const ALL: [Step; 19] = [
         Step::Signals,
         Step::Setsid,
         Step::Setns,
@@ -54,6 +55,7 @@ impl Step {
         Step::Setresuid,
         Step::Capset,
         Step::NoNewPrivs,
+        Step::Landlock,
         Step::Seccomp,
         Step::CloseRange,
     ];
@@ -82,6 +84,7 @@ impl fmt::Display for Step {
             Step::Setresuid => "setresuid",
             Step::Capset => "capset (clearing capabilities)",
             Step::NoNewPrivs => "prctl(PR_SET_NO_NEW_PRIVS)",
+            Step::Landlock => "landlock_restrict_self (the launcher's Landlock domain)",
             Step::Seccomp => "installing the baseline seccomp filter",
             Step::CloseRange => "close_range(CLOSE_RANGE_CLOEXEC)",
         })
@@ -105,6 +108,9 @@ pub struct Plan {
     pub cwd: CString,
     /// Drop to `uid`/`gid`/`groups` with no capabilities (false: the exec'd jail does it).
     pub drop_privileges: bool,
+    /// The Landlock ruleset to enforce ([`super::landlock::ruleset_for`], created before fork;
+    /// the parent keeps it open until the child has exec'd), or `None` without Landlock.
+    pub landlock_fd: Option<libc::c_int>,
     /// The baseline seccomp filters ([`super::seccomp::build`]), installed in this order.
     pub filters: Vec<seccompiler::BpfProgram>,
 }
@@ -198,6 +204,7 @@ impl Plan {
     /// Enter the sandbox and drop privileges, in this order: signals, netns, cgroup,
     /// cgroup + mount namespaces (hidden and read-only paths), the agent's user without
     /// capabilities ([`Plan::drop_to_agent`], unless the exec'd jail does it), no_new_privs,
+    /// the Landlock domain (before the filters, which then need not allow its system calls),
     /// the baseline seccomp filters, and close-on-exec for every fd above 2.
     pub fn enter(&self) -> io::Result<()> {
         // SAFETY (whole block): plain system calls on prepared values, no allocation.
@@ -227,6 +234,9 @@ impl Plan {
             }
             let rc = libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1 as libc::c_ulong, 0, 0, 0);
             self.check(Step::NoNewPrivs, rc.into())?;
+            if let Some(fd) = self.landlock_fd {
+                self.check(Step::Landlock, super::landlock::restrict_self(fd))?;
+            }
             // Last but close_range and exec, which the filters allow; seccompiler's
             // apply_filter makes two system calls on the prepared program and no allocation.
             for filter in &self.filters {

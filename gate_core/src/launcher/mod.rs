@@ -5,6 +5,7 @@
 //! makes async-signal-safe system calls on memory prepared in advance.
 
 mod child;
+pub mod landlock;
 pub mod seccomp;
 #[cfg(test)]
 mod tests;
@@ -66,6 +67,8 @@ pub enum SpawnError {
     Exec { cmd: String, source: io::Error },
     #[error(transparent)]
     Seccomp(#[from] seccomp::BuildError),
+    #[error("cannot create the launcher's Landlock ruleset (ABI {abi}): {source}")]
+    Landlock { abi: u32, source: io::Error },
     #[error("launcher: {step} failed in the child before exec: {source}")]
     Child { step: Step, source: io::Error },
 }
@@ -88,6 +91,7 @@ impl SpawnError {
             | SpawnError::CapLastCap(source)
             | SpawnError::Pipe(source)
             | SpawnError::Exec { source, .. }
+            | SpawnError::Landlock { source, .. }
             | SpawnError::Child { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
         }
     }
@@ -136,6 +140,11 @@ pub fn spawn(req: &SpawnRequest) -> Result<u32, SpawnError> {
         .open(&procs_path)
         .map_err(|source| SpawnError::Cgroup { path: procs_path.clone(), source })?;
     let (status_r, status_w) = status_pipe()?;
+    let abi = landlock::abi();
+    let ruleset = landlock::ruleset_for(abi, req.mode)
+        .map(|attr| landlock::create(&attr))
+        .transpose()
+        .map_err(|source| SpawnError::Landlock { abi: abi.unwrap_or(0), source })?;
     let plan = child::Plan {
         netns_fd: netns.as_raw_fd(),
         procs_fd: procs.as_raw_fd(),
@@ -148,6 +157,7 @@ pub fn spawn(req: &SpawnRequest) -> Result<u32, SpawnError> {
         readonly: c_paths(&req.readonly)?,
         cwd: c_paths(std::slice::from_ref(&req.cwd))?.remove(0),
         drop_privileges: req.mode == Mode::Direct,
+        landlock_fd: ruleset.as_ref().map(|fd| fd.as_raw_fd()),
         filters: seccomp::build(req.mode)?,
     };
 
@@ -162,6 +172,7 @@ pub fn spawn(req: &SpawnRequest) -> Result<u32, SpawnError> {
     drop(status_w);
     drop(netns);
     drop(procs);
+    drop(ruleset);
     match result {
         Ok(child) => Ok(child.id()),
         Err(source) => Err(match read_step(&status_r) {
