@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import best_match
 
 from fakenet import AddressConflict, FakeInternet, cleanup_leftovers
 
@@ -38,10 +40,59 @@ def pytest_addoption(parser):
              "without it a test run leaves the work tree as it was")
 
 
+#: The audit record's schema, the source of truth for its fields (compiled once).
+AUDIT_SCHEMA = Draft202012Validator(json.loads((ROOT / "schema" / "audit.schema.json").read_text()),
+                                    format_checker=Draft202012Validator.FORMAT_CHECKER)
+#: Every audit log a gatewrap command of this session was given (``--audit-log``), and how
+#: many of its bytes were checked against :data:`AUDIT_SCHEMA` already.
+_AUDIT_LOGS: dict[Path, int] = {}
+
+
+def invalid_audit_records(path: Path, start: int = 0) -> tuple[list[str], int]:
+    """The records of ``path`` from byte ``start`` on that break the schema, as
+    ``file:line: error`` lines, and the offset of the end of its last complete line."""
+    errors: list[str] = []
+    try:
+        with open(path, "rb") as f:
+            if os.fstat(f.fileno()).st_size < start:  # cut back or replaced: read it again
+                start = 0
+            before = f.read(start).count(b"\n")
+            data = f.read()
+    except FileNotFoundError:
+        return errors, start
+    end = data.rfind(b"\n") + 1
+    for n, raw in enumerate(data[:end].splitlines(), start=before + 1):
+        try:
+            rec = json.loads(raw)
+        except ValueError as e:
+            errors.append(f"{path}:{n}: not JSON ({e}): {raw[:200]!r}")
+            continue
+        err = best_match(AUDIT_SCHEMA.iter_errors(rec))
+        if err is not None:
+            where = "/".join(map(str, err.absolute_path)) or "(record)"
+            errors.append(f"{path}:{n}: {where}: {err.message} (schema {'/'.join(map(str, err.schema_path))})")
+    return errors, start + end
+
+
+def _check_audit_logs() -> list[str]:
+    """Check the lines added to the session's audit logs since the last check."""
+    errors: list[str] = []
+    for path, done in list(_AUDIT_LOGS.items()):
+        bad, _AUDIT_LOGS[path] = invalid_audit_records(path, done)
+        errors += bad
+    return errors
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
     rep = outcome.get_result()
+    # every record the test's gatewrap runs wrote must match the schema
+    if call.when in ("call", "teardown"):
+        bad = _check_audit_logs()
+        if bad and not rep.failed:
+            rep.outcome = "failed"
+            rep.longrepr = "audit records that break schema/audit.schema.json:\n" + "\n".join(bad[:20])
     # an expected failure (xfail, a known bug a test documents) is reported as skipped too
     if rep.skipped and not hasattr(rep, "wasxfail") and item.get_closest_marker("kernel") is not None:
         rep.outcome = "failed"
@@ -109,7 +160,12 @@ class Run:
 
 
 def gatewrap_cmd(*args: str) -> list[str]:
-    """The gatewrap command line, with this interpreter (the project's venv)."""
+    """The gatewrap command line, with this interpreter (the project's venv). An
+    ``--audit-log PATH`` among ``args`` is noted: its records are checked against the
+    schema when the test ends (see :func:`pytest_runtest_makereport`)."""
+    for flag, value in zip(args, args[1:]):
+        if flag == "--audit-log":
+            _AUDIT_LOGS.setdefault(Path(value), 0)
     return [sys.executable, "-m", "gatewrap", *args]
 
 
