@@ -228,6 +228,23 @@ impl Pending {
         resp
     }
 
+    /// Record how the exchange with upstream ended without a response: an upstream failure
+    /// as [`Pending::fail_after_dial`] (502); a client's broken or malformed body as
+    /// `allowed` with that error (its head reached upstream), answered 400.
+    pub fn send_failed(mut self, target: &str, failure: super::forward::SendFailure) -> Response<respond::Body> {
+        match failure {
+            super::forward::SendFailure::Upstream(cause) => self.fail_after_dial(target, cause, StatusCode::BAD_GATEWAY),
+            super::forward::SendFailure::Downstream(cause) => {
+                let resp = respond::text(StatusCode::BAD_REQUEST, "allowed", format!("gatewrap gate: {cause}\n"));
+                let rec = self.rec();
+                rec.error = Some(cause);
+                rec.status = Some(StatusCode::BAD_REQUEST.as_u16());
+                self.finish();
+                resp
+            }
+        }
+    }
+
     /// Write the record as it stands (the outcome of an admitted request: its `admit`
     /// record is written already, so a failure here is only noted, see [`Ctx::record`]).
     pub fn finish(mut self) {
