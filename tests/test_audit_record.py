@@ -106,3 +106,39 @@ def test_a_request_whose_body_breaks_after_it_left_is_allowed_and_says_the_body_
     assert rec["error"].startswith("downstream: malformed request body ("), rec
     assert "disconnected" not in rec["error"], rec
     assert rec["status"] == 400, rec
+
+
+TWO_CLIENTS = READ_ANSWER + r'''
+import json, os, socket, subprocess, sys
+def ask():
+    s = socket.create_connection(("127.0.0.1", 3128), timeout=10)
+    s.sendall(b"GET http://allowed.test/ HTTP/1.1\r\nHost: allowed.test\r\nConnection: close\r\n\r\n")
+    answer(s)
+    try:  # a direct attempt too: its kernel record names this process by its host pid
+        socket.create_connection(("198.51.100.138", 7), timeout=2)
+    except OSError:
+        pass
+    return {"pid": os.getpid(), "client": "%s:%d" % s.getsockname()[:2]}
+if len(sys.argv) > 1:
+    print(json.dumps(ask()), flush=True)
+else:
+    print(json.dumps(ask()), flush=True)
+    subprocess.run([sys.executable, "-c", open("/proc/self/cmdline").read().split("\0")[2], "child"])
+'''
+
+
+@pytest.mark.kernel
+def test_two_clients_in_one_sandbox_each_get_their_own_pid_in_their_records(gatewrap):
+    r = gatewrap(["/usr/bin/python3", "-c", TWO_CLIENTS], allow=["allowed.test"])
+    clients = [json.loads(line) for line in r.stdout.splitlines()]
+    assert len(clients) == 2 and clients[0]["pid"] != clients[1]["pid"], (r.stdout, r.stderr)
+    # the agent sees its jail's pid namespace; records name host pids, as the kernel's do
+    pids = []
+    for c in clients:
+        recs = [x for x in r.audit() if x.get("client") == c["client"]]
+        assert [x["event"] for x in recs] == ["admit", "request"], recs
+        assert recs[0]["client_pid"] == recs[1]["client_pid"] and isinstance(recs[0]["client_pid"], int), recs
+        assert all(x["client_comm"] == "python3" for x in recs), recs
+        pids.append(recs[0]["client_pid"])
+    assert pids[0] != pids[1], pids
+    assert sorted(x["pid"] for x in r.records(event="direct_egress")) == sorted(pids)

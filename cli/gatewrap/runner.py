@@ -313,7 +313,7 @@ def run(opts: RunOptions, stderr: TextIO | None = None) -> RunResult:
                              listen_port=opts.port, nameservers=opts.nameservers,
                              public_ranges=opts.public_ranges, notices=True, dns_stub=True,
                              ca_dir=opts.ca_dir if inspecting else None,
-                             upstream_ca=opts.upstream_ca or None)
+                             upstream_ca=opts.upstream_ca or None, run_cgroup=leaf)
         except core.GateError as e:
             raise GatewrapError(f"the gate could not start: {e}") from e
         except ValueError as e:

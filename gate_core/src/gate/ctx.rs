@@ -47,12 +47,23 @@ pub struct Ctx {
     pub(super) idle_timeout: Duration,
     /// The last audit write failed (see [`Ctx::record`]).
     pub(super) audit_failing: AtomicBool,
+    /// The processes behind the open connections (see `client`).
+    pub(super) clients: Arc<super::client::Clients>,
 }
 
 impl Ctx {
     /// A record naming the run, event, protocol and client only (no request was parsed).
     pub(super) fn bare_record(&self, event: &'static str, proto: &'static str, peer: SocketAddr) -> GateRecord {
-        GateRecord { run: self.run_id.clone(), event, proto, client: Some(peer.to_string()), ..GateRecord::default() }
+        let who = self.clients.of(peer);
+        GateRecord {
+            run: self.run_id.clone(),
+            event,
+            proto,
+            client: Some(peer.to_string()),
+            client_pid: who.as_ref().map(|c| c.pid),
+            client_comm: who.and_then(|c| c.comm),
+            ..GateRecord::default()
+        }
     }
 
     pub(super) fn record_for<B>(&self, event: &'static str, proto: &'static str, peer: SocketAddr, req: &Request<B>) -> GateRecord {
