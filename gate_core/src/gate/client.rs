@@ -147,7 +147,7 @@ impl Clients {
 #[cfg(test)]
 mod tests {
     use std::io::Write;
-    use std::net::{TcpListener, TcpStream};
+    use std::net::TcpListener;
     use std::process::{Command, Stdio};
     use std::time::Instant;
 
@@ -164,7 +164,7 @@ mod tests {
         let gate = listener.local_addr().unwrap();
         let mut kids: Vec<_> = (0..10).map(|_| Command::new("sleep").arg("30").spawn().unwrap()).collect();
         let script = format!("import socket,time\ns=socket.create_connection(('127.0.0.1',{}))\nprint(s.getsockname()[1],flush=True)\ntime.sleep(30)", gate.port());
-        let mut holder = Command::new("python3").args(["-c", &script]).stdout(Stdio::piped()).spawn().unwrap();
+        let holder = Command::new("python3").args(["-c", &script]).stdout(Stdio::piped()).spawn().unwrap();
         let (_conn, client) = listener.accept().unwrap();
         kids.push(holder);
         for k in &kids {
@@ -180,8 +180,6 @@ mod tests {
             let _ = k.kill();
             let _ = k.wait();
         }
-        holder = kids.pop().unwrap();
-        drop(holder);
         let _ = std::fs::remove_dir(&cg);
         println!("lookup: {each:?} per connection (11 processes in the cgroup)");
     }
