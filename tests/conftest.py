@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -53,13 +54,18 @@ def invalid_audit_records(path: Path, start: int = 0) -> tuple[list[str], int]:
     ``file:line: error`` lines, and the offset of the end of its last complete line."""
     errors: list[str] = []
     try:
-        with open(path, "rb") as f:
-            if os.fstat(f.fileno()).st_size < start:  # cut back or replaced: read it again
-                start = 0
-            before = f.read(start).count(b"\n")
-            data = f.read()
-    except FileNotFoundError:
+        # never blocking, never followed: tests plant FIFOs and links where a log should be
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
         return errors, start
+    with open(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return errors, start
+        if st.st_size < start:  # cut back or replaced: read it again
+            start = 0
+        before = f.read(start).count(b"\n")
+        data = f.read()
     end = data.rfind(b"\n") + 1
     for n, raw in enumerate(data[:end].splitlines(), start=before + 1):
         try:
