@@ -47,6 +47,9 @@ AUDIT_SCHEMA = Draft202012Validator(json.loads((ROOT / "schema" / "audit.schema.
 #: Every audit log a gatewrap command of this session was given (``--audit-log``), and how
 #: many of its bytes were checked against :data:`AUDIT_SCHEMA` already.
 _AUDIT_LOGS: dict[Path, int] = {}
+#: The event of records a test writes itself into a gatewrap run's log (to fill a disk):
+#: not gatewrap's, so not checked.
+TEST_FILLER = "test_filler"
 
 
 def invalid_audit_records(path: Path, start: int = 0) -> tuple[list[str], int]:
@@ -72,6 +75,8 @@ def invalid_audit_records(path: Path, start: int = 0) -> tuple[list[str], int]:
             rec = json.loads(raw)
         except ValueError as e:
             errors.append(f"{path}:{n}: not JSON ({e}): {raw[:200]!r}")
+            continue
+        if isinstance(rec, dict) and rec.get("event") == TEST_FILLER:
             continue
         err = best_match(AUDIT_SCHEMA.iter_errors(rec))
         if err is not None:

@@ -41,6 +41,7 @@ SCHEMA_CASES = [
     ("a chained record with a short hash", {"event": "run_end", "direct_egress": 0, "lost_events": 0, "prev": "abc"}, False),
     ("a checkpoint", {"event": "checkpoint", "note": "gatewrap audit\n3\nabc=\n\n— key sig\n"}, True),
     ("an approval (reserved, not defined yet)", {"event": "approval_asked", "decision": "ask"}, False),
+    ("a run_start whose argv was cut to fit", {"event": "run_start", "argv": None, "uid": 0, "truncated": ["argv"]}, True),
     ("a record cut to fit", {"event": "request", "decision": "allowed", "target": None, "truncated": ["target"]}, True),
     ("a kernel record whose cmdline was cut keeps its types", {"event": "direct_egress", "decision": "denied", "reason": "k",
                                                                "count": 0, "truncated": ["cmdline"]}, False),
