@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -17,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import best_match
 
 from fakenet import AddressConflict, FakeInternet, cleanup_leftovers
 
@@ -38,10 +41,69 @@ def pytest_addoption(parser):
              "without it a test run leaves the work tree as it was")
 
 
+#: The audit record's schema, the source of truth for its fields (compiled once).
+AUDIT_SCHEMA = Draft202012Validator(json.loads((ROOT / "schema" / "audit.schema.json").read_text()),
+                                    format_checker=Draft202012Validator.FORMAT_CHECKER)
+#: Every audit log a gatewrap command of this session was given (``--audit-log``), and how
+#: many of its bytes were checked against :data:`AUDIT_SCHEMA` already.
+_AUDIT_LOGS: dict[Path, int] = {}
+#: The event of records a test writes itself into a gatewrap run's log (to fill a disk):
+#: not gatewrap's, so not checked.
+TEST_FILLER = "test_filler"
+
+
+def invalid_audit_records(path: Path, start: int = 0) -> tuple[list[str], int]:
+    """The records of ``path`` from byte ``start`` on that break the schema, as
+    ``file:line: error`` lines, and the offset of the end of its last complete line."""
+    errors: list[str] = []
+    try:
+        # never blocking, never followed: tests plant FIFOs and links where a log should be
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return errors, start
+    with open(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return errors, start
+        if st.st_size < start:  # cut back or replaced: read it again
+            start = 0
+        before = f.read(start).count(b"\n")
+        data = f.read()
+    end = data.rfind(b"\n") + 1
+    for n, raw in enumerate(data[:end].splitlines(), start=before + 1):
+        try:
+            rec = json.loads(raw)
+        except ValueError as e:
+            errors.append(f"{path}:{n}: not JSON ({e}): {raw[:200]!r}")
+            continue
+        if isinstance(rec, dict) and rec.get("event") == TEST_FILLER:
+            continue
+        err = best_match(AUDIT_SCHEMA.iter_errors(rec))
+        if err is not None:
+            where = "/".join(map(str, err.absolute_path)) or "(record)"
+            errors.append(f"{path}:{n}: {where}: {err.message} (schema {'/'.join(map(str, err.schema_path))})")
+    return errors, start + end
+
+
+def _check_audit_logs() -> list[str]:
+    """Check the lines added to the session's audit logs since the last check."""
+    errors: list[str] = []
+    for path, done in list(_AUDIT_LOGS.items()):
+        bad, _AUDIT_LOGS[path] = invalid_audit_records(path, done)
+        errors += bad
+    return errors
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
     rep = outcome.get_result()
+    # every record the test's gatewrap runs wrote must match the schema
+    if call.when in ("call", "teardown"):
+        bad = _check_audit_logs()
+        if bad and not rep.failed:
+            rep.outcome = "failed"
+            rep.longrepr = "audit records that break schema/audit.schema.json:\n" + "\n".join(bad[:20])
     # an expected failure (xfail, a known bug a test documents) is reported as skipped too
     if rep.skipped and not hasattr(rep, "wasxfail") and item.get_closest_marker("kernel") is not None:
         rep.outcome = "failed"
@@ -109,7 +171,12 @@ class Run:
 
 
 def gatewrap_cmd(*args: str) -> list[str]:
-    """The gatewrap command line, with this interpreter (the project's venv)."""
+    """The gatewrap command line, with this interpreter (the project's venv). An
+    ``--audit-log PATH`` among ``args`` is noted: its records are checked against the
+    schema when the test ends (see :func:`pytest_runtest_makereport`)."""
+    for flag, value in zip(args, args[1:]):
+        if flag == "--audit-log":
+            _AUDIT_LOGS.setdefault(Path(value), 0)
     return [sys.executable, "-m", "gatewrap", *args]
 
 

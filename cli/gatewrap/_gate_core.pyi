@@ -236,8 +236,15 @@ class Gate:
         upstream_ca: list[str] | None = None,
         body_limit: int = 16 * 1024 * 1024,
         idle_timeout: float = 300.0,
+        run_cgroup: str | None = None,
     ) -> None:
         """Bind the listeners inside ``netns_path`` and start serving; returns once listening.
+
+        ``run_cgroup``: the run's cgroup directory. With it, each TCP connection's records
+        carry ``client_pid`` and ``client_comm``: the process of that cgroup (or one below
+        it) holding the client's socket, found once per connection from the socket's inode
+        (the sandbox's /proc/PID/net/tcp{,6} and its processes' /proc/PID/fd), at most
+        500 ms; ``client_pid: null`` when none was found. DNS over UDP is not attributed.
 
         ``nameservers``: ``["198.51.100.2:53", "[2001:db8::2]:53"]`` (UDP and TCP each);
         ``None`` reads the host's /etc/resolv.conf. ``listen_port`` 0 picks a free port.

@@ -10,6 +10,7 @@ from datetime import datetime, timezone
 from collections.abc import Callable
 from typing import Any, TextIO
 
+from .attribution import Attributor
 from .bpf.loader import MAX_FOLDS_PER_RUN, RunHooks, _Event
 from .text import printable
 
@@ -24,7 +25,7 @@ SOCK_TYPES = {1: "stream", 2: "dgram", 5: "seqpacket"}
 
 
 #: Bytes of /proc/PID/cmdline a record carries (and characters, once decoded); beyond it
-#: the record says ``truncated: true``. An agent chooses its argv: unbounded, every record
+#: the record says ``truncated: ["cmdline"]``. An agent chooses its argv: unbounded, every record
 #: would carry all of it.
 MAX_CMDLINE = 4096
 
@@ -54,7 +55,7 @@ def _dest(ip: str, port: int) -> str:
     return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
 
 
-def record_of(ev: _Event, run_id: str) -> dict[str, Any]:
+def record_of(ev: _Event, run_id: str, attribute: Attributor | None = None) -> dict[str, Any]:
     """The audit record of one kernel event (field names as in the gate's records).
 
     ``count`` is the number of identical attempts the event stands for (folded in the
@@ -62,6 +63,11 @@ def record_of(ev: _Event, run_id: str) -> dict[str, Any]:
     ``first_seen``/``last_seen`` give the span of that denial in the run, and tid/comm are
     those of one of the attempts. An ``overflow`` record counts any denials of the run beyond
     the distinct ones it may fold, and has no destination.
+
+    With ``attribute``, a record with a process also gets its ``exe`` and ``parents`` (see
+    :meth:`Attributor.of`), read now, once per record (a folded record's attempts are one
+    process's); without it (gc, when the process is long gone and its pid may be another's),
+    ``attribution: "partial"``.
     """
     rec: dict[str, Any] = {
         "run": run_id,
@@ -82,12 +88,15 @@ def record_of(ev: _Event, run_id: str) -> dict[str, Any]:
         if cmd is not None:
             rec["cmdline"] = cmd[0]
             if cmd[1]:
-                rec["truncated"] = True
+                rec["truncated"] = ["cmdline"]
+        rec.update(attribute.of(ev.tgid) if attribute is not None else {"attribution": "partial"})
     if ev.overflow:
         rec["cgroup_id"] = ev.cgroup_id
         return rec
     if ev.allowed:
-        rec.update(path=ev.path, sock_type=SOCK_TYPES.get(ev.sock_type, str(ev.sock_type)), hook=ev.hook,
+        if ev.path is not None:
+            rec["path"] = ev.path
+        rec.update(sock_type=SOCK_TYPES.get(ev.sock_type, str(ev.sock_type)), hook=ev.hook,
                    cgroup_id=ev.cgroup_id)
         return rec
     if ev.hook == "setsockopt":
@@ -136,12 +145,15 @@ class KernelDenials:
     """
 
     def __init__(self, hooks: RunHooks, audit: Any, run_id: str, gate_url: str,
-                 stderr: TextIO | None = None) -> None:
+                 stderr: TextIO | None = None, run_cgroup: str | None = None) -> None:
         self._hooks = hooks
         self._audit = audit
         self._run_id = run_id
         self._gate_url = gate_url
         self._stderr = stderr or sys.stderr
+        #: Reads exe and parents of the run's processes (``run_cgroup``: its cgroup path as
+        #: /proc/PID/cgroup shows it); None: records say ``attribution: "partial"``.
+        self._attribute = Attributor(run_cgroup) if run_cgroup is not None else None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="gatewrap-kernel-denials", daemon=True)
         self.count = 0
@@ -152,7 +164,7 @@ class KernelDenials:
         self.unrecorded = 0
 
     def _on_event(self, ev: _Event) -> None:
-        rec = record_of(ev, self._run_id)
+        rec = record_of(ev, self._run_id, self._attribute)
         try:
             self._audit.write(rec)
         except OSError as e:

@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from . import shims
+from . import attribution, shims
 from .bpf import loader
 from .errors import EXIT_CANNOT_EXEC, EXIT_NOT_FOUND, EXIT_TIMEOUT, GatewrapError, NeedRoot
 from .kernel_denials import KernelDenials
@@ -337,7 +337,8 @@ def run(opts: RunOptions, stderr: TextIO | None = None) -> RunResult:
         limits.apply(leaf, opts.limits)
         run_hooks = hooks.configure(cgroup_id, GATE_IP4, GATE_IP6, [opts.port, DNS_PORT], [DNS_PORT])
         undo.callback(run_hooks.release)
-        denials = KernelDenials(run_hooks, audit, run_id, gate_url, err)
+        denials = KernelDenials(run_hooks, audit, run_id, gate_url, err,
+                                run_cgroup=attribution.cgroup_path(leaf, cgroup.cgroup2_mount() or "/"))
         denials.start()
         undo.callback(denials.stop)
         inspecting = any(r.get("inspect") for r in policy.describe())
@@ -352,7 +353,7 @@ def run(opts: RunOptions, stderr: TextIO | None = None) -> RunResult:
                              listen_port=opts.port, nameservers=opts.nameservers,
                              public_ranges=opts.public_ranges, notices=True, dns_stub=True,
                              ca_dir=opts.ca_dir if inspecting else None,
-                             upstream_ca=opts.upstream_ca or None)
+                             upstream_ca=opts.upstream_ca or None, run_cgroup=leaf)
         except core.GateError as e:
             raise GatewrapError(f"the gate could not start: {e}") from e
         except ValueError as e:

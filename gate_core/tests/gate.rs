@@ -59,6 +59,7 @@ fn gate_forwards_tunnels_denies_and_audits() {
         dns_stub: false,
         inspect: Default::default(),
         idle_timeout: _gate_core::gate::DEFAULT_IDLE_TIMEOUT,
+        run_cgroup: None,
     })
     .expect("gate starts");
     let addrs = gate.listen_addrs().to_vec();
@@ -240,6 +241,7 @@ fn gate_start_failures_say_what_to_do() {
         dns_stub: false,
         inspect: Default::default(),
         idle_timeout: _gate_core::gate::DEFAULT_IDLE_TIMEOUT,
+        run_cgroup: None,
     })
     .err()
     .map(|e| e.to_string())
@@ -264,6 +266,7 @@ fn start_gate(ns: &Netns, policy_text: &str, audit: &PathBuf) -> (Gate, Arc<RwLo
         dns_stub: false,
         inspect: Default::default(),
         idle_timeout: _gate_core::gate::DEFAULT_IDLE_TIMEOUT,
+        run_cgroup: None,
     })
     .expect("gate starts");
     (gate, policy)

@@ -93,6 +93,7 @@ fn setup() -> Setup {
         dns_stub: false,
         inspect: Default::default(),
         idle_timeout: _gate_core::gate::DEFAULT_IDLE_TIMEOUT,
+        run_cgroup: None,
     };
     // Started on a thread inside the "internet": its runtime resolves and dials from there.
     let gate = in_netns(inet.path(), move || Gate::start(config).expect("gate starts"));

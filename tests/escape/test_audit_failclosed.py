@@ -20,7 +20,7 @@ import pytest
 
 from gatewrap import _gate_core as core
 
-from conftest import AGENT_PYTHON, AGENT_UID, PUBLIC_RANGES, gatewrap_cmd, run_gatewrap
+from conftest import AGENT_PYTHON, AGENT_UID, PUBLIC_RANGES, TEST_FILLER, gatewrap_cmd, run_gatewrap
 
 pytestmark = pytest.mark.kernel
 
@@ -97,7 +97,7 @@ def _fill(filler: Path, audit: Path) -> None:
     for size in (4096, 2048, 1024, 512, 256, 128, 64, 32, 16, 8, 4, 2, 1, 0):
         try:
             while True:
-                log.write({"run": "test", "event": "test_filler", "pad": "x" * size})
+                log.write({"run": "test", "event": TEST_FILLER, "pad": "x" * size})
         except OSError as e:
             assert e.errno == errno.ENOSPC, e
 

@@ -15,6 +15,11 @@ pub const PID: &str = "pid";
 pub const CMDLINE: &str = "cmdline";
 /// Peer `ip:port` of the agent's connection to the gate.
 pub const CLIENT: &str = "client";
+/// The pid of the sandbox process that holds the client's socket (found once per
+/// connection); `null` when it could not be found, absent when it was not looked up.
+pub const CLIENT_PID: &str = "client_pid";
+/// That process's command name (`/proc/PID/comm`).
+pub const CLIENT_COMM: &str = "client_comm";
 pub const METHOD: &str = "method";
 pub const TARGET: &str = "target";
 pub const DST_HOST: &str = "dst_host";

@@ -16,6 +16,9 @@ pub struct GateRecord {
     pub rule: Option<String>,
     pub would: Option<&'static str>,
     pub client: Option<String>,
+    /// `Some(None)`: looked up, not found (written `null`); `None`: not looked up (absent).
+    pub client_pid: Option<Option<u32>>,
+    pub client_comm: Option<String>,
     pub method: Option<String>,
     pub target: Option<String>,
     pub dst_host: Option<String>,
@@ -43,6 +46,8 @@ impl GateRecord {
         put(f::RULE, self.rule.map(Value::from));
         put(f::WOULD, self.would.map(Value::from));
         put(f::CLIENT, self.client.map(Value::from));
+        put(f::CLIENT_PID, self.client_pid.map(|p| p.map_or(Value::Null, Value::from)));
+        put(f::CLIENT_COMM, self.client_comm.map(Value::from));
         put(f::METHOD, self.method.map(Value::from));
         put(f::TARGET, self.target.map(Value::from));
         put(f::DST_HOST, self.dst_host.map(Value::from));

@@ -47,12 +47,23 @@ pub struct Ctx {
     pub(super) idle_timeout: Duration,
     /// The last audit write failed (see [`Ctx::record`]).
     pub(super) audit_failing: AtomicBool,
+    /// The processes behind the open connections (see `client`).
+    pub(super) clients: Arc<super::client::Clients>,
 }
 
 impl Ctx {
     /// A record naming the run, event, protocol and client only (no request was parsed).
     pub(super) fn bare_record(&self, event: &'static str, proto: &'static str, peer: SocketAddr) -> GateRecord {
-        GateRecord { run: self.run_id.clone(), event, proto, client: Some(peer.to_string()), ..GateRecord::default() }
+        let who = self.clients.of(peer);
+        GateRecord {
+            run: self.run_id.clone(),
+            event,
+            proto,
+            client: Some(peer.to_string()),
+            client_pid: who.as_ref().map(|c| c.pid),
+            client_comm: who.and_then(|c| c.comm),
+            ..GateRecord::default()
+        }
     }
 
     pub(super) fn record_for<B>(&self, event: &'static str, proto: &'static str, peer: SocketAddr, req: &Request<B>) -> GateRecord {
@@ -226,6 +237,23 @@ impl Pending {
         rec.status = Some(status.as_u16());
         self.finish();
         resp
+    }
+
+    /// Record how the exchange with upstream ended without a response: an upstream failure
+    /// as [`Pending::fail_after_dial`] (502); a client's broken or malformed body as
+    /// `allowed` with that error (its head reached upstream), answered 400.
+    pub fn send_failed(mut self, target: &str, failure: super::forward::SendFailure) -> Response<respond::Body> {
+        match failure {
+            super::forward::SendFailure::Upstream(cause) => self.fail_after_dial(target, cause, StatusCode::BAD_GATEWAY),
+            super::forward::SendFailure::Downstream(cause) => {
+                let resp = respond::text(StatusCode::BAD_REQUEST, "allowed", format!("gatewrap gate: {cause}\n"));
+                let rec = self.rec();
+                rec.error = Some(cause);
+                rec.status = Some(StatusCode::BAD_REQUEST.as_u16());
+                self.finish();
+                resp
+            }
+        }
     }
 
     /// Write the record as it stands (the outcome of an admitted request: its `admit`

@@ -93,7 +93,8 @@ pub async fn serve_tcp(listener: TcpListener, ctx: Arc<Ctx>, caps: Vec<Arc<serve
 }
 
 /// Answer the queries of one TCP connection until it closes, sends garbage, or is idle.
-async fn tcp_connection(mut stream: TcpStream, peer: SocketAddr, ctx: Arc<Ctx>, _slot: server::Slot) {
+async fn tcp_connection(mut stream: TcpStream, peer: SocketAddr, ctx: Arc<Ctx>, slot: server::Slot) {
+    slot.identify(&ctx.clients, &stream, peer).await;
     loop {
         // RFC 1035 §4.2.2: each message is prefixed by its two-byte length.
         let query = async {

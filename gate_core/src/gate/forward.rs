@@ -43,16 +43,41 @@ const HOP_BY_HOP: [&str; 8] = [
 pub const TE_REASON: &str = "protocol: a transfer coding other than one chunked";
 pub const TE_REFUSED: &str = "gatewrap gate: only the chunked transfer coding is understood; send the body as it is (Content-Encoding may say it is compressed)";
 
-/// The audit `error` of a request whose upstream exchange failed after the dial (hyper's
-/// error, told by where it came from).
-pub fn send_failure(e: &hyper::Error) -> String {
+/// How a request's exchange with upstream ended after the dial, when no response came.
+pub enum SendFailure {
+    /// Upstream's fault (it closed, or spoke something else than HTTP/1): decision `failed`.
+    Upstream(String),
+    /// The client's: its body broke off or was malformed after the head (and maybe some of
+    /// the body) had gone upstream, so the decision stays `allowed` with this error.
+    Downstream(String),
+}
+
+/// Why `e` (from `send_request`, after the dial) ended a request, told by where it came
+/// from. hyper reports an error of the client's body stream (the gate's `Incoming`) as a
+/// user error whose source is that body's own `hyper::Error`: incomplete when the client
+/// left, a parse error when its chunked framing was malformed.
+pub fn send_failure(e: &hyper::Error) -> SendFailure {
     if e.is_incomplete_message() || e.is_canceled() {
-        "upstream: closed the connection before responding".to_string()
-    } else if e.is_user() || e.is_body_write_aborted() {
-        "downstream: client disconnected".to_string()
-    } else {
-        format!("upstream: {e}")
+        return SendFailure::Upstream("upstream: closed the connection before responding".to_string());
     }
+    if e.is_user() || e.is_body_write_aborted() {
+        let body = std::error::Error::source(e).and_then(|s| s.downcast_ref::<hyper::Error>());
+        let why = match body {
+            Some(b) if !b.is_incomplete_message() => format!("malformed request body ({})", innermost(b)),
+            _ => "client disconnected before its request body was complete".to_string(),
+        };
+        return SendFailure::Downstream(format!("downstream: {why}; the head and part of the body were sent upstream"));
+    }
+    SendFailure::Upstream(format!("upstream: {e}"))
+}
+
+/// The last error in `e`'s source chain, as text (hyper's own says only "error reading a body").
+fn innermost(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut last = e;
+    while let Some(s) = last.source() {
+        last = s;
+    }
+    last.to_string()
 }
 
 /// The refusals both request paths (absolute-form http, and requests in an inspected
@@ -192,6 +217,6 @@ pub async fn handle(ctx: Arc<Ctx>, peer: SocketAddr, mut req: Request<Incoming>)
             strip_hop_by_hop(&mut parts.headers);
             Response::from_parts(parts, body.boxed())
         }
-        Err(e) => pending.fail_after_dial(&target, send_failure(&e), hyper::StatusCode::BAD_GATEWAY),
+        Err(e) => pending.send_failed(&target, send_failure(&e)),
     }
 }

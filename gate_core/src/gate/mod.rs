@@ -2,6 +2,7 @@
 //! netns and dialing from the host netns.
 
 mod admit;
+pub mod client;
 mod connect;
 mod dns_stub;
 mod ctx;
@@ -86,6 +87,9 @@ pub struct GateConfig {
     pub inspect: inspect::InspectSettings,
     /// Idle timeout of tunnels and upgraded connections ([`DEFAULT_IDLE_TIMEOUT`]).
     pub idle_timeout: Duration,
+    /// The run's cgroup directory: each connection's records name the process of it that
+    /// holds the client socket (`client`); `None`: they do not.
+    pub run_cgroup: Option<PathBuf>,
 }
 
 fn parse_nameservers(list: &[String]) -> Result<ResolverConfig, GateError> {
@@ -156,6 +160,7 @@ impl Gate {
                 inspector,
                 idle_timeout: config.idle_timeout,
                 audit_failing: Default::default(),
+                clients: Arc::new(client::Clients::new(config.run_cgroup)),
             })
         };
         let open = server::Cap::new(server::MAX_CONNECTIONS, "open connections");

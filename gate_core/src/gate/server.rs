@@ -3,7 +3,7 @@
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use hyper::body::Incoming;
@@ -15,6 +15,7 @@ use tokio::net::{TcpListener, TcpStream};
 
 use crate::audit::fields as f;
 
+use super::client::{Clients, Registration};
 use super::respond::{self, Body};
 use super::{connect, forward, malformed, Ctx};
 
@@ -46,12 +47,31 @@ impl Cap {
 }
 
 /// One open client connection, counted in each of its caps until the last holder drops it
-/// (a CONNECT's tunnel holds it after the request that opened it).
-pub(super) struct SlotGuard(Vec<Arc<Cap>>);
+/// (a CONNECT's tunnel holds it after the request that opened it); its client's
+/// registration (see `client`) lives as long.
+pub(super) struct SlotGuard {
+    caps: Vec<Arc<Cap>>,
+    client: OnceLock<Registration>,
+}
+
+impl SlotGuard {
+    fn new(caps: Vec<Arc<Cap>>) -> SlotGuard {
+        SlotGuard { caps, client: OnceLock::new() }
+    }
+
+    /// Look up the process behind the connection from `peer` (see [`Clients::register`])
+    /// and keep it registered while the slot lives.
+    pub(super) async fn identify(&self, clients: &Arc<Clients>, stream: &TcpStream, peer: SocketAddr) {
+        let Ok(local) = stream.local_addr() else { return };
+        if let Some(reg) = clients.register(peer, local).await {
+            let _ = self.client.set(reg);
+        }
+    }
+}
 
 impl Drop for SlotGuard {
     fn drop(&mut self) {
-        for cap in &self.0 {
+        for cap in &self.caps {
             cap.open.fetch_sub(1, Ordering::Relaxed);
         }
     }
@@ -65,12 +85,12 @@ fn take(caps: &[Arc<Cap>]) -> Result<Slot, &Cap> {
     for cap in caps {
         if cap.open.fetch_add(1, Ordering::Relaxed) >= cap.max {
             cap.open.fetch_sub(1, Ordering::Relaxed);
-            drop(SlotGuard(taken));
+            drop(SlotGuard::new(taken));
             return Err(cap);
         }
         taken.push(cap.clone());
     }
-    Ok(Arc::new(SlotGuard(taken)))
+    Ok(Arc::new(SlotGuard::new(taken)))
 }
 
 /// Accept connections on `listener` and hand each, with its slot in `caps`, to `serve` on
@@ -131,6 +151,7 @@ pub(super) fn builder() -> http1::Builder {
 
 async fn connection(stream: TcpStream, peer: SocketAddr, ctx: Arc<Ctx>, slot: Slot) {
     let _ = stream.set_nodelay(true);
+    slot.identify(&ctx.clients, &stream, peer).await;
     let ctx_for_record = ctx.clone();
     let service = service_fn(move |mut req: Request<Incoming>| {
         let ctx = ctx.clone();

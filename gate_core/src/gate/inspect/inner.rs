@@ -180,7 +180,7 @@ pub(super) async fn handle(ctx: Arc<Ctx>, tunnel: Arc<Tunnel>, mut req: Request<
             pending.finish();
             respond::text(StatusCode::PAYLOAD_TOO_LARGE, "denied", body)
         }
-        Err(e) => pending.fail_after_dial(&host.with_port(port), forward::send_failure(&e), StatusCode::BAD_GATEWAY),
+        Err(e) => pending.send_failed(&host.with_port(port), forward::send_failure(&e)),
     }
 }
 
