@@ -141,7 +141,7 @@ class Policy:
 class AuditLog:
     """An append-only JSON-lines audit log shared by the gate and Python."""
 
-    def __init__(self, path: str, key: str | None = "/var/lib/gatewrap/audit-key",
+    def __init__(self, path: str, key: str | None = "/var/lib/gatewrap/audit/signing-key",
                  checkpoint_every: int = 1000, checkpoint_interval: float = 60.0) -> None:
         """Open ``path`` for appending (created with mode 0o640; missing parent directories
         with 0o750).
@@ -347,7 +347,7 @@ def spawn_agent(
     mounts can be made private. Raises :class:`SpawnError`.
     """
 
-def audit_verifier_key(path: str = "/var/lib/gatewrap/audit-key") -> str:
+def audit_verifier_key(path: str = "/var/lib/gatewrap/audit/signing-key") -> str:
     """The signed-note verifier key (``<name>+<key id hex>+<base64(0x01 || Ed25519 public
     key)>``) of the audit signing key at ``path``, made if missing. Raises ValueError
     (unsafe directory, malformed key) or OSError."""
