@@ -22,8 +22,9 @@ use sha2::{Digest, Sha256};
 
 use crate::root_dir::{self, UnsafeDir};
 
-/// Where the host's audit signing key is kept (its directory made 0700 root).
-pub const DEFAULT_KEY: &str = "/var/lib/gatewrap/audit-key";
+/// Where the host's audit signing key is kept: its own directory (made 0700 root), which
+/// runs hide from the agent (runner.py `_hidden_paths`), as the CA's `private`.
+pub const DEFAULT_KEY: &str = "/var/lib/gatewrap/audit/signing-key";
 /// The signed-note signature type of Ed25519.
 const ALG_ED25519: u8 = 0x01;
 
