@@ -281,6 +281,9 @@ def audit_verify(files: tuple[str, ...], keys: tuple[str, ...], notes: tuple[str
     except av.KeyFormatError as e:
         raise click.UsageError(str(e))
     if not vkeys:
+        if os.geteuid() != 0:
+            raise GatewrapError("this host's audit key is root's: run with sudo, or pass --key (as "
+                                "`sudo gatewrap audit key` prints it)")
         if not os.path.exists(DEFAULT_AUDIT_KEY):
             raise GatewrapError(f"no audit key at {DEFAULT_AUDIT_KEY}: pass --key (`gatewrap audit key` on the "
                                 "host that wrote the log prints it)")
