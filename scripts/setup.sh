@@ -10,8 +10,8 @@
 # a virtualenv in .venv with gatewrap built from this checkout (maturin, Rust), and a
 # /usr/local/bin/gatewrap link. Needs root (apt, cgroups, BPF). Rust: the first cargo that is at
 # least the workspace's rust-version (Cargo.toml) among PATH's, root's and the sudo user's
-# ~/.cargo/bin; else the newest the distribution ships (Debian 12 cargo-web/rustc-web, Debian 13
-# cargo/rustc, Ubuntu cargo-1.NN/rustc-1.NN), chosen by version.
+# ~/.cargo/bin; else, chosen by version, the distribution's cargo/rustc (Debian 13: 1.85),
+# Debian 12's cargo-web/rustc-web, or the newest of Ubuntu's cargo-1.NN/rustc-1.NN.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -25,7 +25,7 @@ die() { printf 'setup: %s\n' "$*" >&2; exit 1; }
 apt_packages() {
 	say "Debian packages"
 	export DEBIAN_FRONTEND=noninteractive
-	local pkgs=(python3-bpfcc libbpf1 libnl-route-3-200 tini iproute2 curl dnsutils python3-venv
+	local pkgs=(python3-bpfcc libbpf1 libnl-route-3-200 tini iproute2 procps curl dnsutils python3-venv
 		python3-requests build-essential pkg-config hyperfine ca-certificates)
 	local kh="linux-headers-$(uname -r)"
 	if apt-cache show "$kh" >/dev/null 2>&1; then pkgs+=("$kh"); else pkgs+=(linux-headers-amd64); fi
@@ -54,10 +54,19 @@ cargo_dir_ok() { # cargo_dir_ok DIR: DIR holds a cargo and a rustc at least RUST
 	version_ok "$v"
 }
 
-distro_rust() { # the newest "cargo-X rustc-X=VERSION" apt offers at RUST_NEED or newer; 1 if none
+distro_rust() { # "cargo-X rustc-X=VERSION" apt offers at RUST_NEED or newer; 1 if none
+	# The distribution's default pair first (Debian 13's cargo/rustc 1.85: the declared
+	# rust-version, so the build checks it), then Debian 12's cargo-web/rustc-web, then the
+	# newest of Ubuntu's versioned pairs.
 	local pair cand best="" bestv=""
-	for pair in "cargo-web:rustc-web" "cargo:rustc" $(apt-cache pkgnames rustc-1. 2>/dev/null \
-		| grep -E '^rustc-1\.[0-9]+$' | sed 's/^rustc-\(.*\)/cargo-\1:rustc-\1/'); do
+	for pair in "cargo:rustc" "cargo-web:rustc-web"; do
+		cand=$(apt-cache policy "${pair#*:}" 2>/dev/null | awk '/Candidate:/ {print $2}')
+		if [ -n "$cand" ] && [ "$cand" != "(none)" ] && version_ok "$cand"; then
+			echo "${pair/:/ }=$cand"; return 0
+		fi
+	done
+	for pair in $(apt-cache pkgnames rustc-1. 2>/dev/null | grep -E '^rustc-1\.[0-9]+$' \
+		| sed 's/^rustc-\(.*\)/cargo-\1:rustc-\1/'); do
 		cand=$(apt-cache policy "${pair#*:}" 2>/dev/null | awk '/Candidate:/ {print $2}')
 		[ -n "$cand" ] && [ "$cand" != "(none)" ] && version_ok "$cand" || continue
 		if [ -z "$best" ] || dpkg --compare-versions "$cand" gt "$bestv"; then best=$pair bestv=$cand; fi

@@ -329,7 +329,7 @@ def spawn_agent(
     groups: list[int],
     hide: list[str] = ...,
     readonly: list[str] = ...,
-    jail_drops_privileges: bool = False,
+    jail: str = "none",
 ) -> int:
     """Start ``argv`` inside the sandbox and return its pid (reap it with ``os.waitpid``).
 
@@ -339,12 +339,14 @@ def spawn_agent(
     mount namespaces (mounts private), covers each ``hide`` path with an empty read-only tmpfs
     and bind-mounts each ``readonly`` path read-only onto itself; sets ``groups``, then gid; empties the capability
     bounding and ambient sets; sets uid; clears every capability (even for uid 0); sets
-    no_new_privs; marks every fd above 2 close-on-exec. With ``jail_drops_privileges``
-    (``argv`` is nsjail, which drops to uid/gid/groups itself, as root needing no user
-    namespace) the groups-to-capabilities steps are left to it: the child stays uid 0 with
-    its capabilities, and still sets no_new_privs. Where ``/`` is not a mount point (a
-    chroot), a recursive clone of the tree is mounted on it and entered first, so that the
-    mounts can be made private. Raises :class:`SpawnError`.
+    no_new_privs; installs the baseline seccomp filter for ``jail`` (``"nsjail"``: argv is
+    nsjail, which runs as root without a user namespace and drops to uid/gid/groups itself,
+    so the groups-to-capabilities steps are left to it, and the filter leaves it its
+    mount/pid/ipc/uts namespaces and mounts; ``"none"``: argv is the agent, no namespace or
+    mount system call); marks every fd above 2 close-on-exec. Where ``/`` is not a mount
+    point (a chroot), a recursive clone of the tree is mounted on it and entered first, so
+    that the mounts can be made private. Raises :class:`SpawnError`; ``ValueError`` for
+    another ``jail``.
     """
 
 def audit_verifier_key(path: str = "/var/lib/gatewrap/audit/signing-key") -> str:

@@ -40,6 +40,8 @@ class RunCounts:
             self.exit_code = rec.get("exit_code")
         elif event == "direct_egress":
             self.direct_egress += attempts(rec)
+        elif event not in GATE_DECISIONS:
+            return  # an admit (its request/connect record follows), a unix socket, ...
         elif decision == "allowed":
             if not (event == "connect" and rec.get("inspected") is True):
                 self.allowed += 1
@@ -47,6 +49,12 @@ class RunCounts:
             self.denied += 1
         elif decision == "failed":
             self.failed += 1
+
+
+#: The events that are one decision of the gate each (as run_end counts them): not ``admit``,
+#: written before the dial and followed by its ``request``/``connect`` record, nor
+#: ``unix_socket``, which the kernel records and allows.
+GATE_DECISIONS = frozenset({"request", "connect", "dns"})
 
 
 def attempts(rec: dict[str, Any]) -> int:

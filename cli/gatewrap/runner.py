@@ -12,6 +12,7 @@ import ctypes
 import errno
 import ipaddress
 import os
+import re
 import resource
 import secrets
 import shutil
@@ -221,22 +222,61 @@ def _public_range_warnings(ranges: list[str]) -> list[str]:
 _DOC_NETS = [ipaddress.ip_network(n) for n in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24", "2001:db8::/32")]
 
 
+def _kernel_fs_mounts(mounts_file: str = "/proc/self/mounts") -> list[str]:
+    """Every mount point of cgroupfs (v1 and v2) and bpffs in gatewrap's mount namespace, read
+    from ``/proc/self/mounts`` (proc(5); octal escapes such as ``\\040`` decoded). Each one
+    is a way to the cgroup root (``CLONE_INTO_CGROUP``, ``cgroup.procs``) or to the pins,
+    including copies under another path (a bind of /sys into a chroot shows the same ones)."""
+    out = []
+    with open(mounts_file) as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) >= 3 and parts[2] in ("cgroup", "cgroup2", "bpf"):
+                out.append(re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), parts[1]))
+    return out
+
+
+def _outermost(paths: list[str]) -> list[str]:
+    """``paths`` without those inside another of them (an outer cover already hides them)."""
+    out: list[str] = []
+    for p in sorted(set(paths), key=len):
+        if not any(p == q or p.startswith(q.rstrip("/") + "/") for q in out):
+            out.append(p)
+    return out
+
+
 def _hidden_paths(ca_dir: str) -> list[str]:
-    """Host paths the agent must not see: the BPF pins (their fds could detach the hooks),
+    """Host paths the agent must not see, each covered by an empty tmpfs: every cgroupfs and
+    bpffs mount (the agent joined its cgroup before; an fd of the cgroup root would let a
+    root agent leave it with ``clone3(CLONE_INTO_CGROUP)``, a pin's fd detach the hooks),
     gatewrap's runtime state, and the TLS inspection CA's key directory, the run's and the
     host install's default one (a root agent without the jail could read the root-owned
     key otherwise, whichever ``--ca-dir`` the run uses), and the audit signing key's."""
     keys = {os.path.realpath(os.path.join(d, "private")) for d in (ca_dir, DEFAULT_CA_DIR)}
     keys.add(os.path.dirname(DEFAULT_AUDIT_KEY))
-    paths = (loader.BPFFS, "/run/gatewrap", *sorted(keys))
-    return [p for p in paths if os.path.isdir(p)]
+    paths = (loader.BPFFS, *_kernel_fs_mounts(), "/run/gatewrap", *sorted(keys))
+    return _outermost([p for p in paths if os.path.isdir(p)])
 
 
-def _readonly_paths(audit_log: str) -> list[str]:
-    """Host paths the agent sees read-only: cgroupfs (a uid-0 agent could otherwise create
-    cgroups or move processes) and the audit log file (which exists by now)."""
-    paths = [cgroup.cgroup2_mount() or "", os.path.abspath(audit_log)]
-    return [p for p in paths if p and os.path.exists(p)]
+def _readonly_paths(audit_log: str, jail_mode: str, writable: list[str]) -> list[str]:
+    """Host paths the agent sees read-only: the audit log's directory (so that it cannot be
+    swapped for one holding a FIFO or another file) and, without the jail, /proc/sys (a root
+    agent owns the sysctls, e.g. kernel.core_pattern). The jail mounts a /proc of its own,
+    read-only, and a covered /proc/sys would make that mount fail (the kernel refuses a new
+    proc in a user namespace when the existing one is partly hidden: mount_too_revealing).
+
+    Raises:
+        GatewrapError: one of ``writable`` (the working directory, ``--bind`` paths) lies in
+            the audit log's directory, which would turn read-only under the agent.
+    """
+    audit_dir = os.path.dirname(os.path.abspath(audit_log))
+    for path in writable:
+        path = os.path.abspath(path)
+        if path == audit_dir or path.startswith(audit_dir.rstrip("/") + "/"):
+            raise GatewrapError(f"the audit log's folder {audit_dir} is read-only for the agent, and it holds "
+                                f"the agent's writable {path}: put the audit log elsewhere (--audit-log)")
+    paths = [audit_dir, *(["/proc/sys"] if jail_mode == "none" else [])]
+    return [p for p in paths if os.path.exists(p)]
 
 
 def run(opts: RunOptions, stderr: TextIO | None = None) -> RunResult:
@@ -368,8 +408,8 @@ def run(opts: RunOptions, stderr: TextIO | None = None) -> RunResult:
         try:
             pid = core.spawn_agent(argv, env, cwd, ns_path, leaf, target.uid, target.gid,
                                    list(target.groups), hide=_hidden_paths(opts.ca_dir),
-                                   readonly=_readonly_paths(opts.audit_log),
-                                   jail_drops_privileges=opts.jail == "nsjail")
+                                   readonly=_readonly_paths(opts.audit_log, opts.jail, [cwd, *opts.rw_binds]),
+                                   jail=opts.jail)
         except core.SpawnError as e:
             if e.stage != "exec":
                 raise GatewrapError(f"starting the agent failed: {e.strerror}") from e

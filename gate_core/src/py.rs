@@ -374,7 +374,7 @@ fn ensure_ca(py: Python<'_>, ca_dir: PathBuf) -> PyResult<String> {
 }
 
 #[pyfunction]
-#[pyo3(signature = (argv, env, cwd, netns_path, cgroup_dir, uid, gid, groups, hide=Vec::new(), readonly=Vec::new(), jail_drops_privileges=false))]
+#[pyo3(signature = (argv, env, cwd, netns_path, cgroup_dir, uid, gid, groups, hide=Vec::new(), readonly=Vec::new(), jail="none"))]
 #[allow(clippy::too_many_arguments)]
 fn spawn_agent(
     py: Python<'_>,
@@ -388,8 +388,13 @@ fn spawn_agent(
     groups: Vec<u32>,
     hide: Vec<PathBuf>,
     readonly: Vec<PathBuf>,
-    jail_drops_privileges: bool,
+    jail: &str,
 ) -> PyResult<u32> {
+    let mode = match jail {
+        "nsjail" => launcher::Mode::Nsjail,
+        "none" => launcher::Mode::Direct,
+        other => return Err(pyo3::exceptions::PyValueError::new_err(format!("jail: {other:?} is not nsjail or none"))),
+    };
     let req = SpawnRequest {
         argv,
         env: env.into_iter().collect(),
@@ -401,7 +406,7 @@ fn spawn_agent(
         groups,
         hide,
         readonly,
-        jail_drops_privileges,
+        mode,
     };
     py.allow_threads(|| launcher::spawn(&req)).map_err(|e| spawn_err(py, e))
 }

@@ -6,7 +6,7 @@ mod common;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use _gate_core::launcher::{spawn, SpawnError, SpawnRequest};
+use _gate_core::launcher::{spawn, Mode, SpawnError, SpawnRequest};
 use common::{require_root, Cgroup, Netns, TempDir};
 
 const NOBODY: u32 = 65534;
@@ -23,7 +23,7 @@ fn request(argv: &[&str], ns: &Netns, cg: &Cgroup, uid: u32, cwd: &Path) -> Spaw
         groups: vec![],
         hide: vec![],
         readonly: vec![],
-        jail_drops_privileges: false,
+        mode: Mode::Direct,
     }
 }
 
@@ -158,4 +158,27 @@ fn exec_failures_name_the_command() {
     let e = spawn(&bad).expect_err("missing cgroup refused");
     assert!(!e.is_exec() && e.errno() == libc::ENOENT, "{e}");
     assert!(e.to_string().starts_with("cannot open /sys/fs/cgroup/gw-does-not-exist/cgroup.procs"), "{e}");
+}
+
+#[test]
+fn the_baseline_filter_refuses_new_namespaces_but_leaves_nsjail_its_own() {
+    require_root();
+    let ns = Netns::new("l3");
+    let cg = Cgroup::new("l3");
+    let tmp = tmpdir("l3");
+    let cwd = tmp.path.clone();
+    // unshare(1) exits 1 when the system call fails; `true` runs inside the new namespaces.
+    let cases = [
+        ("a user namespace without the jail", Mode::Direct, "unshare -U true", false),
+        ("a mount namespace in a user namespace without the jail", Mode::Direct, "unshare -Ur -m true", false),
+        ("a user + mount + pid + ipc + uts namespace for nsjail", Mode::Nsjail, "unshare -Ur -m -p -f -i -u true", true),
+        ("a network namespace for nsjail", Mode::Nsjail, "unshare -Ur -n true", false),
+        ("a plain command without the jail", Mode::Direct, "true", true),
+    ];
+    for (case, mode, script, ok) in cases {
+        let mut req = request(&["sh", "-c", script], &ns, &cg, NOBODY, &cwd);
+        req.mode = mode;
+        let pid = spawn(&req).expect("spawn");
+        assert_eq!(wait_exit_code(pid) == 0, ok, "{case}");
+    }
 }

@@ -106,14 +106,14 @@ def hook_of(expect: dict | None, fallback: str) -> str:
 
 
 def spawn(tmp_path: Path, net, argv: list[str], *, root: bool = False, workdir: str = "/tmp",
-          **popen) -> tuple[subprocess.Popen, Path]:
-    """Start ``gatewrap run`` in the background (for tests that act during the run);
-    returns the process and its audit log path."""
+          extra: list[str] = (), **popen) -> tuple[subprocess.Popen, Path]:
+    """Start ``gatewrap run`` in the background (for tests that act during the run), with
+    ``extra`` options (e.g. ``--jail none``); returns the process and its audit log path."""
     audit = tmp_path / f"audit-bg-{len(list(tmp_path.iterdir()))}.jsonl"
     cmd = gatewrap_cmd("run", "--audit-log", str(audit), "--resolver", net.dns_server, "--workdir", workdir)
     if root:
         cmd += ["--user", "root"]
-    cmd += ["--", *argv]
+    cmd += [*extra, "--", *argv]
     env = dict(os.environ)
     if not root:
         env.update(SUDO_UID=str(AGENT_UID), SUDO_GID=str(AGENT_UID))

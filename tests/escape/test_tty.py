@@ -24,7 +24,7 @@ AGENT = (
 )
 
 
-@pytest.mark.parametrize("jail", [[], ["--jail", "none"]], ids=["in the jail (seccomp)", "without the jail (own session)"])
+@pytest.mark.parametrize("jail", [[], ["--jail", "none"]], ids=["in the jail (seccomp)", "without the jail (seccomp, own session)"])
 def test_tiocsti_on_the_callers_terminal_is_refused(tmp_path, jail, outcome):
     """TIOCSTI on the terminal gatewrap was started from."""
     master, slave = pty.openpty()
@@ -43,7 +43,8 @@ def test_tiocsti_on_the_callers_terminal_is_refused(tmp_path, jail, outcome):
         typed = b""
     os.close(master)
     got = p.stdout.strip()
-    outcome("seccomp (jail)" if not jail else "kernel: no controlling terminal (setsid)", f"{got} (ioctl)",
+    outcome("seccomp (jail)" if not jail else "seccomp (launcher); kernel: no controlling terminal (setsid)",
+            f"{got} (ioctl)",
             "held" if got == "EPERM" and b"x" not in typed else "OPEN")
     assert got == "EPERM", p.stderr
     assert b"x" not in typed

@@ -17,12 +17,18 @@ from ..errors import GatewrapError
 from . import user, view
 
 PROFILE = Path(__file__).resolve().parent.parent / "_nsjail" / "agent.cfg"
-#: What `--jail none` gives up, said on stderr when it is chosen.
+#: What `--jail none` gives up, said on stderr when it is chosen. What still holds without it:
+#: the network hooks, the launcher's mount view (cgroupfs, bpffs, /run/gatewrap and the CA key
+#: hidden; /proc/sys and the audit log's folder read-only) and its seccomp filter
+#: (gate_core/src/launcher/seccomp.rs).
 WITHOUT_JAIL = (
-    "gatewrap: warning: --jail none: the agent sees the host's files (read-only only for cgroupfs and "
-    "the audit log), its /tmp and /run (host daemons' sockets included) and its processes; AF_VSOCK "
-    "and other non-inet socket families are not refused. The network hooks still hold; the agent is "
-    "not isolated from the host otherwise."
+    "gatewrap: warning: --jail none: the agent sees the host's files with its user's rights (only "
+    "cgroupfs, bpffs, /run/gatewrap and the CA key are hidden, /proc/sys and the audit log's folder "
+    "read-only), the host's /tmp and /run (host daemons' sockets included), its processes (it can "
+    "signal its user's ones and, through /proc/PID/mem, write their memory: act as them outside the "
+    "sandbox) and SysV IPC, with no rlimits. The network hooks and the launcher's seccomp filter (no "
+    "ptrace, pidfd_getfd, bpf, io_uring, new namespaces or mounts; only unix, inet, inet6 and netlink "
+    "sockets) still hold."
 )
 
 

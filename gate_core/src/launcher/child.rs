@@ -32,11 +32,12 @@ pub enum Step {
     Setresuid,
     Capset,
     NoNewPrivs,
+    Seccomp,
     CloseRange,
 }
 
 impl Step {
-    const ALL: [Step; 17] = [
+    const ALL: [Step; 18] = [
         Step::Signals,
         Step::Setsid,
         Step::Setns,
@@ -53,6 +54,7 @@ impl Step {
         Step::Setresuid,
         Step::Capset,
         Step::NoNewPrivs,
+        Step::Seccomp,
         Step::CloseRange,
     ];
 
@@ -80,6 +82,7 @@ impl fmt::Display for Step {
             Step::Setresuid => "setresuid",
             Step::Capset => "capset (clearing capabilities)",
             Step::NoNewPrivs => "prctl(PR_SET_NO_NEW_PRIVS)",
+            Step::Seccomp => "installing the baseline seccomp filter",
             Step::CloseRange => "close_range(CLOSE_RANGE_CLOEXEC)",
         })
     }
@@ -102,6 +105,8 @@ pub struct Plan {
     pub cwd: CString,
     /// Drop to `uid`/`gid`/`groups` with no capabilities (false: the exec'd jail does it).
     pub drop_privileges: bool,
+    /// The baseline seccomp filters ([`super::seccomp::build`]), installed in this order.
+    pub filters: Vec<seccompiler::BpfProgram>,
 }
 
 #[repr(C)]
@@ -137,9 +142,11 @@ impl Plan {
 
     /// A cgroup namespace rooted at the run's leaf: even a uid-0 agent without
     /// capabilities cannot move itself out of it (cgroup_namespaces(7): migration outside
-    /// the namespace root fails). A private mount namespace in which the BPF pins are
-    /// hidden (their fds would let a uid-0 agent detach the hooks) and cgroupfs and the
-    /// audit log are read-only. Runs as root, before privileges are dropped.
+    /// the namespace root fails). A private mount namespace in which the `hide` paths
+    /// (gatewrap passes every cgroupfs and bpffs mount: a pin's fd would let a uid-0 agent
+    /// detach the hooks, a cgroup root's fd leave the cgroup) are covered and the `readonly`
+    /// ones (the audit log's folder, /proc/sys) bound read-only. Runs as root, before
+    /// privileges are dropped.
     ///
     /// SAFETY: plain system calls on strings prepared before fork.
     unsafe fn isolate_mounts(&self) -> io::Result<()> {
@@ -191,7 +198,7 @@ impl Plan {
     /// Enter the sandbox and drop privileges, in this order: signals, netns, cgroup,
     /// cgroup + mount namespaces (hidden and read-only paths), the agent's user without
     /// capabilities ([`Plan::drop_to_agent`], unless the exec'd jail does it), no_new_privs,
-    /// and close-on-exec for every fd above 2.
+    /// the baseline seccomp filters, and close-on-exec for every fd above 2.
     pub fn enter(&self) -> io::Result<()> {
         // SAFETY (whole block): plain system calls on prepared values, no allocation.
         unsafe {
@@ -220,6 +227,13 @@ impl Plan {
             }
             let rc = libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1 as libc::c_ulong, 0, 0, 0);
             self.check(Step::NoNewPrivs, rc.into())?;
+            // Last but close_range and exec, which the filters allow; seccompiler's
+            // apply_filter makes two system calls on the prepared program and no allocation.
+            for filter in &self.filters {
+                if seccompiler::apply_filter(filter).is_err() {
+                    return Err(self.fail(Step::Seccomp));
+                }
+            }
             // Mark, don't close: std's exec-error pipe must stay open until exec.
             let rc = libc::syscall(libc::SYS_close_range, 3 as libc::c_uint, libc::c_uint::MAX, CLOSE_RANGE_CLOEXEC);
             self.check(Step::CloseRange, rc)?;

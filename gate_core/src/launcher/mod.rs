@@ -5,6 +5,7 @@
 //! makes async-signal-safe system calls on memory prepared in advance.
 
 mod child;
+pub mod seccomp;
 #[cfg(test)]
 mod tests;
 
@@ -18,6 +19,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 pub use child::Step;
+pub use seccomp::Mode;
 
 /// What to run and where.
 #[derive(Debug, Clone)]
@@ -34,11 +36,12 @@ pub struct SpawnRequest {
     pub hide: Vec<PathBuf>,
     /// Host paths the agent sees read-only, e.g. the cgroup v2 mount and the audit log's folder.
     pub readonly: Vec<PathBuf>,
-    /// The program exec'd is a jail that drops privileges itself (nsjail, run as root so that
-    /// it needs no user namespace: those are refused in a chroot, and restricted on some
-    /// distributions): the launcher then keeps uid 0 and its capabilities for it, and sets
-    /// only no_new_privs. `uid`, `gid` and `groups` are then the jail's to apply.
-    pub jail_drops_privileges: bool,
+    /// What `argv` is: nsjail (which still makes namespaces and mounts, and drops to `uid`,
+    /// `gid` and `groups` itself: it runs as root so that it needs no user namespace, which
+    /// the kernel refuses in a chroot and some distributions restrict) or the agent itself;
+    /// chooses the baseline seccomp filter ([`seccomp`]) and whether the launcher drops
+    /// privileges (only for the agent itself; no_new_privs is set in both modes).
+    pub mode: Mode,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -61,6 +64,8 @@ pub enum SpawnError {
     PermissionDenied(String),
     #[error("cannot execute {cmd}: {source}")]
     Exec { cmd: String, source: io::Error },
+    #[error(transparent)]
+    Seccomp(#[from] seccomp::BuildError),
     #[error("launcher: {step} failed in the child before exec: {source}")]
     Child { step: Step, source: io::Error },
 }
@@ -75,7 +80,7 @@ impl SpawnError {
     /// The errno to report (`EINVAL` for errors without one).
     pub fn errno(&self) -> i32 {
         match self {
-            SpawnError::EmptyArgv | SpawnError::NulInPath(_) => libc::EINVAL,
+            SpawnError::EmptyArgv | SpawnError::NulInPath(_) | SpawnError::Seccomp(_) => libc::EINVAL,
             SpawnError::NotFound(_) => libc::ENOENT,
             SpawnError::PermissionDenied(_) => libc::EACCES,
             SpawnError::Netns { source, .. }
@@ -142,7 +147,8 @@ pub fn spawn(req: &SpawnRequest) -> Result<u32, SpawnError> {
         hide: c_paths(&req.hide)?,
         readonly: c_paths(&req.readonly)?,
         cwd: c_paths(std::slice::from_ref(&req.cwd))?.remove(0),
-        drop_privileges: !req.jail_drops_privileges,
+        drop_privileges: req.mode == Mode::Direct,
+        filters: seccomp::build(req.mode)?,
     };
 
     let mut cmd = Command::new(program);
