@@ -206,7 +206,8 @@ def test_sigkill_of_gatewrap_fails_closed_and_gc_removes_the_sandbox(net, tmp_pa
     recs = [json.loads(line) for line in audit.read_text().splitlines()]
     late = [r for r in recs if r["event"] == "direct_egress"]
     assert [(r["dst_ip"], r["dst_port"], r["hook"]) for r in late] == [("198.51.100.138", 7, "connect4")]
-    assert recs[-1]["event"] == "run_end" and "gatewrap died" in recs[-1]["reason"]
+    assert recs[-1]["event"] == "checkpoint", "gc signs what it wrote"
+    assert recs[-2]["event"] == "run_end" and "gatewrap died" in recs[-2]["reason"]
 
 
 def test_a_command_the_agents_user_cannot_reach_exits_126_and_says_why(gatewrap, tmp_path):

@@ -141,9 +141,18 @@ class Policy:
 class AuditLog:
     """An append-only JSON-lines audit log shared by the gate and Python."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, key: str | None = "/var/lib/gatewrap/audit/signing-key",
+                 checkpoint_every: int = 1000, checkpoint_interval: float = 60.0) -> None:
         """Open ``path`` for appending (created with mode 0o640; missing parent directories
         with 0o750).
+
+        Every line is hash-chained to the one before it (``seq``, ``prev``; README "Tamper
+        evidence"). With ``key`` (a signed-note Ed25519 key file, made 0600 in a 0700 root
+        directory on first use), a signed ``checkpoint`` record follows every record whose
+        ``seq`` is a multiple of ``checkpoint_every`` (0: never), the first record written
+        ``checkpoint_interval`` seconds after this handle's last checkpoint, and each
+        :meth:`checkpoint` call; ``key=None``: no checkpoints. A key that cannot be read or
+        made raises ValueError (unsafe directory or file, malformed key) or OSError.
 
         The directory must be root's and not writable by group or others, and so must every
         directory above it unless it is sticky (``/tmp`` itself is refused: anyone could
@@ -161,16 +170,23 @@ class AuditLog:
     def write(self, record: dict[str, Any]) -> None:
         """Append one record as one line, in one write(2), whole or not at all.
 
-        The line starts with ``"v": 1`` and ``"time"`` (RFC 3339 UTC, microseconds), then the
-        record's keys in order. Values may be str, int, float, bool, None, list, tuple, dict
-        (str keys). A line is at most 16 KiB: longer strings are cut (ending in "…"), then
+        The line starts with ``"v": 1``, ``"time"`` (RFC 3339 UTC, microseconds), ``"seq"``
+        and ``"prev"``, then the record's keys in order. Values may be str, int, float, bool,
+        None, list, tuple, dict (str keys), bytes (invalid UTF-8 written as ``\\xNN``; so is
+        a str's surrogate-escaped byte). Every control character (C0, DEL, C1) of every
+        string is written as an escape. A line is at most 16 KiB: longer strings are cut (ending in "…"), then
         the largest values set to null, and ``"truncated"`` lists the keys cut. Writers
         (this process or another) take an exclusive flock(2) on the file; a write that
         stops short (a full disk) is undone with ftruncate(2), so the log never holds a cut
-        line. Raises ValueError if the record sets ``v`` or ``time`` or holds a non-finite
+        line. Raises ValueError if the record sets ``v``, ``time``, ``seq`` or ``prev`` or holds a non-finite
         float, TypeError for other value types, OSError (errno of the cause, e.g. ENOSPC)
         if the write fails. Thread-safe.
         """
+
+    def checkpoint(self) -> None:
+        """Append a signed checkpoint of the chain as the file holds it (unless the file is
+        empty or its last record is one; nothing without a key). Raises OSError as
+        :meth:`write`."""
 
     def sync(self) -> None:
         """fsync the log."""
@@ -344,3 +360,8 @@ def spawn_agent(
     that the mounts can be made private. Raises :class:`SpawnError`; ``ValueError`` for
     another ``jail``.
     """
+
+def audit_verifier_key(path: str = "/var/lib/gatewrap/audit/signing-key") -> str:
+    """The signed-note verifier key (``<name>+<key id hex>+<base64(0x01 || Ed25519 public
+    key)>``) of the audit signing key at ``path``, made if missing. Raises ValueError
+    (unsafe directory, malformed key) or OSError."""

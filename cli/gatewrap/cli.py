@@ -302,6 +302,105 @@ def audit_ship(to: str, ca: str | None, state: str, follow: bool, facility: str,
     except FileNotFoundError:
         raise GatewrapError(f"no audit log at {path}: nothing has run yet, or pass --log PATH", exit_code=1)
     click.echo(f"gatewrap: shipped {done.lines} lines to {dest} ({done.resent} sent again after a failure)", err=True)
+
+
+DEFAULT_AUDIT_KEY = "/var/lib/gatewrap/audit/signing-key"  # as runner.DEFAULT_AUDIT_KEY (audit commands do not import the runner)
+
+
+@audit.command("verify", context_settings=CONTEXT)
+@click.argument("files", nargs=-1, metavar="[FILE]...")
+@click.option("--key", "keys", multiple=True, metavar="KEY",
+              help="A verifier key (<name>+<id>+<base64>, as `gatewrap audit key` prints it); "
+                   "default: this host's key.")
+@click.option("--checkpoint", "notes", multiple=True, type=click.Path(dir_okay=False), metavar="NOTE",
+              help="A checkpoint note kept off the host (a file): the log must still hold it.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def audit_verify(files: tuple[str, ...], keys: tuple[str, ...], notes: tuple[str, ...], as_json: bool) -> int:
+    """Check the audit log's hash chain and the signatures of its checkpoints.
+
+    \b
+    Names the first broken line (FILE:LINE); records after the last checkpoint are
+    reported as an unverified tail. A log cut back to a point before a checkpoint it once
+    had is only seen with that checkpoint kept off the host (--checkpoint). Exit 0
+    verified, 1 broken or truncated, 125 if it cannot check.
+
+    \b
+    Examples:
+      gatewrap audit verify
+      gatewrap audit verify --key "$(cat host.key)" --checkpoint last.note audit.jsonl
+    """
+    from . import audit_verify as av
+
+    try:
+        vkeys = [av.VerifierKey.parse(k) for k in keys]
+    except av.KeyFormatError as e:
+        raise click.UsageError(str(e))
+    if not vkeys:
+        if os.geteuid() != 0:
+            raise GatewrapError("this host's audit key is root's: run with sudo, or pass --key (as "
+                                "`sudo gatewrap audit key` prints it)")
+        if not os.path.exists(DEFAULT_AUDIT_KEY):
+            raise GatewrapError(f"no audit key at {DEFAULT_AUDIT_KEY}: pass --key (`gatewrap audit key` on the "
+                                "host that wrote the log prints it)")
+        vkeys = [av.VerifierKey.parse(_host_verifier_key())]
+    off_host = []
+    for note in notes:
+        try:
+            with open(note, encoding="utf-8") as f:
+                off_host.append(av.open_note(f.read(), vkeys))
+        except OSError as e:
+            raise GatewrapError(f"cannot read checkpoint {note}: {e.strerror}")
+        except ValueError as e:
+            raise GatewrapError(f"checkpoint {note}: {e}", exit_code=1)
+    reports = []
+    for path in files or (DEFAULT_LOG,):
+        try:
+            reports.append(av.verify_file(path, vkeys, [c.size for c in off_host]))
+        except OSError as e:
+            raise GatewrapError(f"cannot read audit log {path}: {e.strerror}")
+    checked = [av.check_off_host(c, reports) for c in off_host]
+    ok = all(r.broken is None for r in reports) and all(c.problem is None for c in checked)
+    if as_json:
+        click.echo(json.dumps({"ok": ok, "files": [r.as_record() for r in reports],
+                               "checkpoints": [c.as_record() for c in checked]}))
+        return 0 if ok else 1
+    for r in reports:
+        if r.broken:
+            click.echo(f"{r.path}:{r.broken[0]}: {r.broken[1]}")
+            continue
+        cp = (f"the last at line {r.last_checkpoint_line} (size {r.last_checkpoint_size})"
+              if r.last_checkpoint_line else "none")
+        click.echo(f"{r.path}: chain verified: {r.records} records, {r.checkpoints} checkpoints ({cp})"
+                   + (f", {r.unchained} older lines before the chain" if r.unchained else ""))
+        if r.tail:
+            click.echo(f"{r.path}: {r.tail} records after the last checkpoint (unverified tail: no signature "
+                       "covers them yet)")
+    for c in checked:
+        click.echo(f"checkpoint of {c.size} records: " + (f"found in {c.found}" if c.found else str(c.problem)))
+    return 0 if ok else 1
+
+
+def _host_verifier_key() -> str:
+    from . import _gate_core as core
+
+    try:
+        return core.audit_verifier_key(DEFAULT_AUDIT_KEY)
+    except (OSError, ValueError) as e:
+        raise GatewrapError(f"cannot read the audit key: {e}")
+
+
+@audit.command("key", context_settings=CONTEXT)
+def audit_key() -> int:
+    """Print this host's audit verifier key (C2SP signed-note: <name>+<id>+<base64 key>),
+    made on first use, for `gatewrap audit verify --key` off the host. Needs root.
+
+    \b
+    Examples:
+      gatewrap audit key > host.key
+    """
+    if os.geteuid() != 0:
+        raise GatewrapError("gatewrap audit key needs root (the key is root's, 0600): run it with sudo")
+    click.echo(_host_verifier_key())
     return 0
 
 

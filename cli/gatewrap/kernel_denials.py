@@ -226,6 +226,7 @@ def salvage(hooks: Any, audit_factory: Callable[[str], Any], run_id: str, cgroup
         audit.write({"run": run_id, "event": "run_end", "reason": "gatewrap died; collected by gatewrap gc",
                      "direct_egress": sum(r["count"] for r in records if r["event"] == "direct_egress"),
                      "lost_events": rb.lost()})
+        audit.checkpoint()
         audit.sync()
         written = len(records) + 1
     if rb is not None:

@@ -33,6 +33,8 @@ DEFAULT_AUDIT_LOG = "/var/log/gatewrap/audit.jsonl"
 #: The TLS inspection CA of this host install (``ca.crt``; the key in ``private/``, hidden
 #: from every agent).
 DEFAULT_CA_DIR = "/var/lib/gatewrap/ca"
+#: The audit log's checkpoint signing key (gate_core audit/note.rs DEFAULT_KEY).
+DEFAULT_AUDIT_KEY = "/var/lib/gatewrap/audit/signing-key"
 GATE_IP4 = "127.0.0.1"
 GATE_IP6 = "::1"
 #: The gate's DNS stub in the sandbox (UDP and TCP); it answers REFUSED and records each query.
@@ -249,8 +251,9 @@ def _hidden_paths(ca_dir: str) -> list[str]:
     root agent leave it with ``clone3(CLONE_INTO_CGROUP)``, a pin's fd detach the hooks),
     gatewrap's runtime state, and the TLS inspection CA's key directory, the run's and the
     host install's default one (a root agent without the jail could read the root-owned
-    key otherwise, whichever ``--ca-dir`` the run uses)."""
+    key otherwise, whichever ``--ca-dir`` the run uses), and the audit signing key's."""
     keys = {os.path.realpath(os.path.join(d, "private")) for d in (ca_dir, DEFAULT_CA_DIR)}
+    keys.add(os.path.dirname(DEFAULT_AUDIT_KEY))
     paths = (loader.BPFFS, *_kernel_fs_mounts(), "/run/gatewrap", *sorted(keys))
     return _outermost([p for p in paths if os.path.isdir(p)])
 
@@ -432,10 +435,12 @@ def run(opts: RunOptions, stderr: TextIO | None = None) -> RunResult:
 
 
 def _write_run_end(audit: Any, record: dict[str, Any], err: TextIO) -> None:
-    """Write and fsync the run's ``run_end`` record; if the log cannot take it (a full disk),
-    say so in one line on ``err`` and go on: the run still ends with the agent's exit code."""
+    """Write the run's ``run_end`` record and a signed checkpoint after it, and fsync; if the
+    log cannot take them (a full disk), say so in one line on ``err`` and go on: the run still
+    ends with the agent's exit code."""
     try:
         audit.write(record)
+        audit.checkpoint()
         audit.sync()
     except OSError as e:
         print(f"gatewrap: the run_end record could not be written: {e.strerror}", file=err, flush=True)

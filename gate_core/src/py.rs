@@ -7,10 +7,10 @@ use std::time::Duration;
 use pyo3::create_exception;
 use pyo3::exceptions::{PyOSError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
+use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 use serde_json::{Map, Value};
 
-use crate::audit::{AuditError, AuditLog};
+use crate::audit::{AuditError, AuditLog, NoteKey};
 use crate::gate::{self as gate, Gate, GateConfig};
 use crate::launcher::{self, SpawnRequest};
 use crate::policy::ssrf::PublicRanges;
@@ -173,7 +173,9 @@ fn to_json(obj: &Bound<'_, PyAny>, depth: usize) -> PyResult<Value> {
             .map(Value::Number)
             .ok_or_else(|| PyValueError::new_err(format!("audit record: {f} is not a JSON number")))
     } else if let Ok(s) = obj.downcast::<PyString>() {
-        Ok(Value::String(s.to_str()?.to_string()))
+        Ok(Value::String(py_text(s)))
+    } else if let Ok(b) = obj.downcast::<PyBytes>() {
+        Ok(Value::String(lossless_text(b.as_bytes())))
     } else if let Ok(l) = obj.downcast::<PyList>() {
         l.iter().map(|v| to_json(&v, depth + 1)).collect::<PyResult<_>>().map(Value::Array)
     } else if let Ok(t) = obj.downcast::<PyTuple>() {
@@ -185,6 +187,32 @@ fn to_json(obj: &Bound<'_, PyAny>, depth: usize) -> PyResult<Value> {
             "audit record: cannot store a value of type {}",
             obj.get_type().name()?
         )))
+    }
+}
+
+/// `bytes` as text: its valid UTF-8 as it is, every other byte as `\xNN` (as Python's
+/// `backslashreplace`), so that nothing an agent wrote is lost or written raw.
+fn lossless_text(bytes: &[u8]) -> String {
+    let mut out = String::with_capacity(bytes.len());
+    for chunk in bytes.utf8_chunks() {
+        out.push_str(chunk.valid());
+        for b in chunk.invalid() {
+            out.push_str(&format!("\\x{b:02x}"));
+        }
+    }
+    out
+}
+
+/// A Python str as Rust text: one holding lone surrogates (a file name decoded with
+/// `surrogateescape`, PEP 383) has its escaped bytes written `\xNN`; other lone
+/// surrogates become U+FFFD.
+fn py_text(s: &Bound<'_, PyString>) -> String {
+    if let Ok(t) = s.to_str() {
+        return t.to_string();
+    }
+    match s.call_method1("encode", ("utf-8", "surrogateescape")).and_then(|b| b.extract::<Vec<u8>>()) {
+        Ok(bytes) => lossless_text(&bytes),
+        Err(_) => s.to_string_lossy().into_owned(),
     }
 }
 
@@ -204,9 +232,28 @@ fn dict_to_map(d: &Bound<'_, PyDict>, depth: usize) -> PyResult<Map<String, Valu
 #[pymethods]
 impl PyAuditLog {
     #[new]
-    fn new(py: Python<'_>, path: PathBuf) -> PyResult<Self> {
-        let log = py.allow_threads(|| AuditLog::open(&path)).map_err(audit_err)?;
+    #[pyo3(signature = (path, key = Some(PathBuf::from(crate::audit::note::DEFAULT_KEY)), checkpoint_every = crate::audit::CHECKPOINT_RECORDS, checkpoint_interval = crate::audit::CHECKPOINT_INTERVAL.as_secs_f64()))]
+    fn new(py: Python<'_>, path: PathBuf, key: Option<PathBuf>, checkpoint_every: u64, checkpoint_interval: f64) -> PyResult<Self> {
+        let interval = Duration::try_from_secs_f64(checkpoint_interval)
+            .map_err(|_| PyValueError::new_err("checkpoint_interval must be a number of seconds >= 0"))?;
+        let log = py
+            .allow_threads(|| {
+                let log = AuditLog::open(&path)?;
+                match key {
+                    Some(k) => {
+                        let key = NoteKey::load_or_create(&k).map_err(AuditError::Key)?;
+                        Ok(log.with_checkpoints(key, checkpoint_every, interval))
+                    }
+                    None => Ok(log),
+                }
+            })
+            .map_err(audit_err)?;
         Ok(PyAuditLog { inner: Arc::new(log) })
+    }
+
+    fn checkpoint(&self, py: Python<'_>) -> PyResult<()> {
+        let log = self.inner.clone();
+        py.allow_threads(move || log.checkpoint()).map_err(audit_err)
     }
 
     #[getter]
@@ -312,6 +359,14 @@ impl PyGate {
     }
 }
 
+/// The signed-note verifier key of the audit key at `path` (made if missing).
+#[pyfunction]
+#[pyo3(signature = (path = PathBuf::from(crate::audit::note::DEFAULT_KEY)))]
+fn audit_verifier_key(py: Python<'_>, path: PathBuf) -> PyResult<String> {
+    py.allow_threads(|| NoteKey::load_or_create(&path).map(|k| k.verifier()))
+        .map_err(|e| audit_err(AuditError::Key(e)))
+}
+
 /// Load the TLS inspection CA from `ca_dir`, or make it there; returns the path of its
 /// certificate (PEM). See `gate::inspect::ca`.
 #[pyfunction]
@@ -379,5 +434,6 @@ fn _gate_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(spawn_agent, m)?)?;
     m.add_function(wrap_pyfunction!(ensure_ca, m)?)?;
     m.add_function(wrap_pyfunction!(landlock_abi, m)?)?;
+    m.add_function(wrap_pyfunction!(audit_verifier_key, m)?)?;
     Ok(())
 }

@@ -16,8 +16,7 @@ const LAST_STRING_LIMIT: usize = 64;
 
 /// `out` serialized, with its newline.
 fn to_line(out: &Map<String, Value>) -> String {
-    // Serializing a Map of plain JSON values cannot fail; fall back to an empty object anyway.
-    let mut s = serde_json::to_string(out).unwrap_or_else(|_| "{}".into());
+    let mut s = super::escape::to_string(out);
     s.push('\n');
     s
 }
@@ -46,12 +45,12 @@ fn cut_strings(v: &mut Value, limit: usize) -> bool {
     }
 }
 
-/// The line of `out` (whose first keys are `v` and `time`), at most [`MAX_RECORD`] bytes:
+/// The line of `out` (whose first keys are `v`, `time`, `seq` and `prev`), at most [`MAX_RECORD`] bytes:
 /// 1. as it is, if it fits;
 /// 2. else its strings cut to 4096, 2048, ... 64 bytes, until it fits;
-/// 3. else its largest values (never `v`, `time`, `run`, `event`, `decision`) replaced
+/// 3. else its largest values (never `v`, `time`, `seq`, `prev`, `run`, `event`, `decision`) replaced
 ///    by `null`, largest first, until it fits;
-/// 4. else (the keys alone are too long) only `v`, `time`, `run`, `event`, `decision` are
+/// 4. else (the keys alone are too long) only `v`, `time`, `seq`, `prev`, `run`, `event`, `decision` are
 ///    kept, cut to 64 bytes each.
 ///
 /// In 2-3 the record gets [`f::TRUNCATED`]: the list of the keys whose values were cut; in
@@ -67,7 +66,7 @@ pub fn capped_line(mut out: Map<String, Value>) -> String {
             cut.push(k.to_string());
         }
     };
-    let kept = |k: &str| [f::V, f::TIME, f::RUN, f::EVENT, f::DECISION].contains(&k);
+    let kept = |k: &str| [f::V, f::TIME, f::SEQ, f::PREV, f::RUN, f::EVENT, f::DECISION].contains(&k);
     let with_flag = |out: &Map<String, Value>, cut: &[String]| {
         let mut o = out.clone();
         o.insert(f::TRUNCATED.into(), Value::from(cut.to_vec()));
@@ -89,7 +88,7 @@ pub fn capped_line(mut out: Map<String, Value>) -> String {
     let mut sizes: Vec<(usize, String)> = out
         .iter()
         .filter(|(k, _)| !kept(k))
-        .map(|(k, v)| (serde_json::to_string(v).map(|s| s.len()).unwrap_or(0), k.clone()))
+        .map(|(k, v)| (super::escape::to_string(v).len(), k.clone()))
         .collect();
     sizes.sort_by_key(|s| std::cmp::Reverse(s.0));
     for (_, k) in sizes {

@@ -4,6 +4,11 @@
 pub const V: &str = "v";
 /// RFC 3339 UTC time with microseconds (written second).
 pub const TIME: &str = "time";
+/// The record's 1-based position in the log's hash chain (written third; see `chain.rs`).
+pub const SEQ: &str = "seq";
+/// SHA-256 (64 lowercase hex digits) of the previous line's bytes, its newline included;
+/// the genesis value on a log's first record (written fourth; see `chain.rs`).
+pub const PREV: &str = "prev";
 pub const RUN: &str = "run";
 /// `request` (absolute-form HTTP) | `connect` (CONNECT tunnel) | kernel events from Python.
 pub const EVENT: &str = "event";
@@ -59,6 +64,11 @@ pub const PROTO_HTTPS: &str = "https";
 /// A query to the sandbox's DNS stub.
 pub const EVENT_DNS: &str = "dns";
 pub const PROTO_DNS: &str = "dns";
+/// A signed checkpoint of the chain (see `note.rs`): its `size` (records before it) and
+/// `note` (the C2SP signed note, its text with newlines).
+pub const EVENT_CHECKPOINT: &str = "checkpoint";
+pub const SIZE: &str = "size";
+pub const NOTE: &str = "note";
 pub const ALLOWED: &str = "allowed";
 pub const DENIED: &str = "denied";
 pub const FAILED: &str = "failed";

@@ -1,11 +1,19 @@
 //! The audit log: JSON lines appended with one `write(2)` each, at most [`MAX_RECORD`]
-//! bytes a line, never a cut one.
+//! bytes a line, never a cut one; every control character escaped ([`escape`]); each line
+//! chained to the one before it by its hash ([`chain`]), with signed checkpoints of the
+//! chain ([`note`]) every [`CHECKPOINT_RECORDS`] records or [`CHECKPOINT_INTERVAL`], and
+//! when asked ([`AuditLog::checkpoint`], at each run's end).
 
 mod cap;
+pub mod chain;
+pub mod escape;
 pub mod fields;
+pub mod note;
 mod record;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_chain;
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
@@ -13,13 +21,20 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use serde_json::{Map, Value};
 
 use crate::root_dir::{self, UnsafeDir};
 
 pub use cap::MAX_RECORD;
+pub use note::{KeyError, NoteKey};
 pub use record::GateRecord;
+
+/// A checkpoint follows every record whose `seq` is a multiple of this.
+pub const CHECKPOINT_RECORDS: u64 = 1000;
+/// A checkpoint follows the first record written this long after this writer's last one.
+pub const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(60);
 
 #[derive(Debug, thiserror::Error)]
 pub enum AuditError {
@@ -35,6 +50,8 @@ pub enum AuditError {
     Undo { path: PathBuf, source: io::Error, undo: io::Error },
     #[error("audit record must not set the reserved key {0:?}")]
     Reserved(String),
+    #[error("{0}")]
+    Key(KeyError),
 }
 
 impl AuditError {
@@ -45,7 +62,11 @@ impl AuditError {
             | AuditError::Open { source, .. }
             | AuditError::Write { source, .. }
             | AuditError::Undo { source, .. } => Some(source),
-            AuditError::Dir(UnsafeDir::Unsafe { .. }) | AuditError::NotAFile { .. } | AuditError::Reserved(_) => None,
+            AuditError::Key(KeyError::Io { source, .. }) => Some(source),
+            AuditError::Dir(UnsafeDir::Unsafe { .. })
+            | AuditError::NotAFile { .. }
+            | AuditError::Reserved(_)
+            | AuditError::Key(_) => None,
         }
     }
 }
@@ -71,11 +92,21 @@ fn kind_of(t: fs::FileType) -> &'static str {
 #[derive(Debug)]
 pub struct AuditLog {
     path: PathBuf,
-    file: Mutex<File>,
+    file: Mutex<Writer>,
+    key: Option<NoteKey>,
+    every: u64,
+    interval: Duration,
+}
+
+#[derive(Debug)]
+struct Writer {
+    file: File,
+    /// When this writer last checkpointed (or opened the log).
+    last_checkpoint: Instant,
 }
 
 impl AuditLog {
-    /// Open (create) `path` with mode 0640.
+    /// Open (create) `path` with mode 0640, for appending and reading back its last line.
     ///
     /// Its directory is made if missing (mode 0750, its missing parents too) and must be
     /// root's and not writable by others, nor any directory above it unless sticky
@@ -96,7 +127,9 @@ impl AuditLog {
                 .filter(|m| !m.is_file())
                 .map(|m| AuditError::NotAFile { path: path.to_path_buf(), what: kind_of(m.file_type()) })
         };
+        // Read too: a writer reads the last line back for the chain.
         let file = OpenOptions::new()
+            .read(true)
             .append(true)
             .create(true)
             .mode(0o640)
@@ -115,27 +148,96 @@ impl AuditLog {
         if !cleared {
             return Err(AuditError::Open { path, source: io::Error::last_os_error() });
         }
-        Ok(AuditLog { path, file: Mutex::new(file) })
+        let file = Mutex::new(Writer { file, last_checkpoint: Instant::now() });
+        Ok(AuditLog { path, file, key: None, every: CHECKPOINT_RECORDS, interval: CHECKPOINT_INTERVAL })
+    }
+
+    /// Sign checkpoints with `key`, every `every` records (a `seq` multiple of it; 0:
+    /// never) or `interval`, whichever comes first. Without a key the log is chained but
+    /// has no checkpoints.
+    pub fn with_checkpoints(mut self, key: NoteKey, every: u64, interval: Duration) -> Self {
+        self.key = Some(key);
+        self.every = every;
+        self.interval = interval;
+        self
     }
 
     pub fn path(&self) -> &Path {
         &self.path
     }
 
-    /// Append one record: `v` and `time` first, then `record`'s keys in order, capped at
-    /// [`MAX_RECORD`] bytes (see [`line`]).
+    /// Append one record: `v`, `time`, `seq` and `prev` first, then `record`'s keys in
+    /// order, capped at [`MAX_RECORD`] bytes (see [`line`]); then a checkpoint if one is
+    /// due (one that cannot be written is retried with the next record, and is not this
+    /// record's error).
     ///
     /// The whole line or nothing: the file is locked (`flock(2)`, which every writer of the
-    /// log takes, in this process or another) and its end noted; if the write stops short
-    /// (`ENOSPC` mid-line), the file is cut back to that end (`ftruncate(2)`). Errors:
-    /// [`AuditError::Write`] (nothing was added), [`AuditError::Undo`] (a cut record may
-    /// remain), [`AuditError::Reserved`].
+    /// log takes, in this process or another), its last line read back for `seq` and
+    /// `prev` ([`chain::Head::of_file`]); if the write stops short (`ENOSPC` mid-line), the
+    /// file is cut back to its end (`ftruncate(2)`). Errors: [`AuditError::Write`]
+    /// (nothing was added), [`AuditError::Undo`] (a cut record may remain),
+    /// [`AuditError::Reserved`].
     pub fn write(&self, record: Map<String, Value>) -> Result<(), AuditError> {
-        let line = line(&now_rfc3339(), record)?;
-        let file = self.file.lock().unwrap_or_else(|p| p.into_inner());
+        let time = now_rfc3339();
+        let line = line(&time, record)?;
+        let mut guard = self.file.lock().unwrap_or_else(|p| p.into_inner());
+        let Writer { file, last_checkpoint } = &mut *guard;
         let werr = |source| AuditError::Write { path: self.path.clone(), source };
-        let _lock = Flock::exclusive(&file).map_err(werr)?;
+        let lock = Flock::exclusive(file).map_err(werr)?;
         let end = file.metadata().map_err(werr)?.len();
+        let head = chain::Head::of_file(file, end).map_err(werr)?;
+        let line = chain::place(&line, prefix_len(&time), head.seq + 1, &head.hash);
+        self.append(file, end, &line)?;
+        let seq = head.seq + 1;
+        let due = (self.every != 0 && seq % self.every == 0) || last_checkpoint.elapsed() >= self.interval;
+        if due && self.key.is_some() {
+            let end = end + line.len() as u64;
+            match self.append_checkpoint(file, end, seq, &chain::hash(line.as_bytes())) {
+                Ok(()) => *last_checkpoint = Instant::now(),
+                Err(e) => tracing::warn!("audit checkpoint not written, retried with the next record: {e}"),
+            }
+        }
+        drop(lock);
+        Ok(())
+    }
+
+    /// Append a signed checkpoint of the chain as the file holds it, unless the file is
+    /// empty or its last record already is one. Does nothing without a key. Errors as
+    /// [`AuditLog::write`].
+    pub fn checkpoint(&self) -> Result<(), AuditError> {
+        if self.key.is_none() {
+            return Ok(());
+        }
+        let mut guard = self.file.lock().unwrap_or_else(|p| p.into_inner());
+        let Writer { file, last_checkpoint } = &mut *guard;
+        let werr = |source| AuditError::Write { path: self.path.clone(), source };
+        let lock = Flock::exclusive(file).map_err(werr)?;
+        let end = file.metadata().map_err(werr)?.len();
+        let head = chain::Head::of_file(file, end).map_err(werr)?;
+        if head.seq == 0 || head.checkpoint {
+            return Ok(());
+        }
+        self.append_checkpoint(file, end, head.seq, &head.hash)?;
+        *last_checkpoint = Instant::now();
+        drop(lock);
+        Ok(())
+    }
+
+    /// Under the lock: the checkpoint record of the `size` records ending in `root`, as
+    /// record `size + 1`.
+    fn append_checkpoint(&self, file: &File, end: u64, size: u64, root: &[u8; 32]) -> Result<(), AuditError> {
+        let Some(key) = &self.key else { return Ok(()) };
+        let mut m = Map::new();
+        m.insert(fields::EVENT.into(), Value::from(fields::EVENT_CHECKPOINT));
+        m.insert(fields::SIZE.into(), Value::from(size));
+        m.insert(fields::NOTE.into(), Value::from(key.checkpoint(size, root)));
+        let time = now_rfc3339();
+        let line = chain::place(&line(&time, m)?, prefix_len(&time), size + 1, root);
+        self.append(file, end, &line)
+    }
+
+    /// Append `line` to `file` (locked, `end` bytes long), or leave it as it was.
+    fn append(&self, file: &File, end: u64, line: &str) -> Result<(), AuditError> {
         // O_APPEND: the write lands at the end, after every other writer's.
         match (&*file).write_all(line.as_bytes()) {
             Ok(()) => Ok(()),
@@ -148,8 +250,8 @@ impl AuditLog {
 
     /// fsync the log.
     pub fn sync(&self) -> Result<(), AuditError> {
-        let file = self.file.lock().unwrap_or_else(|p| p.into_inner());
-        file.sync_all().map_err(|source| AuditError::Write { path: self.path.clone(), source })
+        let w = self.file.lock().unwrap_or_else(|p| p.into_inner());
+        w.file.sync_all().map_err(|source| AuditError::Write { path: self.path.clone(), source })
     }
 }
 
@@ -179,18 +281,26 @@ impl Drop for Flock<'_> {
 }
 
 /// The serialized line (ending in `\n`) for `record` stamped with `time`, at most
-/// [`MAX_RECORD`] bytes ([`cap::capped_line`] says what is cut when it is longer).
+/// [`MAX_RECORD`] bytes ([`cap::capped_line`] says what is cut when it is longer), with
+/// `seq` and `prev` placeholders for [`chain::place`].
 pub fn line(time: &str, record: Map<String, Value>) -> Result<String, AuditError> {
-    let mut out = Map::with_capacity(record.len() + 2);
+    let mut out = Map::with_capacity(record.len() + 4);
     out.insert(fields::V.into(), Value::from(fields::VERSION));
     out.insert(fields::TIME.into(), Value::from(time));
+    out.insert(fields::SEQ.into(), Value::from(chain::SEQ_PLACEHOLDER));
+    out.insert(fields::PREV.into(), Value::from(chain::PREV_PLACEHOLDER));
     for (k, v) in record {
-        if k == fields::V || k == fields::TIME {
+        if [fields::V, fields::TIME, fields::SEQ, fields::PREV].contains(&k.as_str()) {
             return Err(AuditError::Reserved(k));
         }
         out.insert(k, v);
     }
     Ok(cap::capped_line(out))
+}
+
+/// The length of a line's `{"v":1,"time":"..."` (what precedes `seq`).
+fn prefix_len(time: &str) -> usize {
+    format!("{{\"{}\":{},\"{}\":{}", fields::V, fields::VERSION, fields::TIME, escape::to_string(time)).len()
 }
 
 /// Now, as `2026-11-29T09:16:42.123456Z`.

@@ -5,6 +5,9 @@ use serde_json::{json, Map, Value};
 
 use super::{format_time, line, AuditError, AuditLog, GateRecord};
 
+/// What [`line`] puts after `v` and `time`, for `chain::place` to fill in.
+const PH: &str = ",\"seq\":18446744073709551615,\"prev\":\"0000000000000000000000000000000000000000000000000000000000000000\"";
+
 fn obj(v: Value) -> Map<String, Value> {
     match v {
         Value::Object(m) => m,
@@ -24,19 +27,19 @@ fn time_has_microseconds_and_z() {
 fn line_puts_v_and_time_first_and_keeps_order() {
     let rec = obj(json!({"zeta": 1, "alpha": "x", "mid": [1, 2.5, null, true], "nested": {"b": 1, "a": 2}}));
     let l = line("T", rec).expect("line");
-    assert_eq!(l, "{\"v\":1,\"time\":\"T\",\"zeta\":1,\"alpha\":\"x\",\"mid\":[1,2.5,null,true],\"nested\":{\"b\":1,\"a\":2}}\n");
+    assert_eq!(l, format!("{{\"v\":1,\"time\":\"T\"{PH},\"zeta\":1,\"alpha\":\"x\",\"mid\":[1,2.5,null,true],\"nested\":{{\"b\":1,\"a\":2}}}}\n"));
 }
 
 #[test]
 fn control_characters_are_escaped() {
     let l = line("T", obj(json!({"cmdline": "a\nb\r\u{1b}[31m\u{0}\"\\"}))).expect("line");
-    assert_eq!(l, "{\"v\":1,\"time\":\"T\",\"cmdline\":\"a\\nb\\r\\u001b[31m\\u0000\\\"\\\\\"}\n");
+    assert_eq!(l, format!("{{\"v\":1,\"time\":\"T\"{PH},\"cmdline\":\"a\\nb\\r\\u001b[31m\\u0000\\\"\\\\\"}}\n"));
     assert_eq!(l.matches('\n').count(), 1, "exactly one newline, at the end");
 }
 
 #[test]
 fn reserved_keys_are_refused() {
-    for key in ["v", "time"] {
+    for key in ["v", "time", "seq", "prev"] {
         let mut m = Map::new();
         m.insert(key.into(), json!(2));
         assert!(matches!(line("T", m), Err(AuditError::Reserved(k)) if k == key));
@@ -59,7 +62,7 @@ fn gate_record_omits_unknown_fields() {
     let l = line("T", rec.into_map()).expect("line");
     assert_eq!(
         l,
-        "{\"v\":1,\"time\":\"T\",\"run\":\"gw-1\",\"event\":\"connect\",\"decision\":\"denied\",\"reason\":\"policy: default deny\",\"dst_host\":\"x.test\",\"dst_port\":443,\"proto\":\"connect\",\"status\":403}\n"
+        format!("{{\"v\":1,\"time\":\"T\"{PH},\"run\":\"gw-1\",\"event\":\"connect\",\"decision\":\"denied\",\"reason\":\"policy: default deny\",\"dst_host\":\"x.test\",\"dst_port\":443,\"proto\":\"connect\",\"status\":403}}\n")
     );
 }
 
