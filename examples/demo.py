@@ -7,6 +7,7 @@ its own veth, and its own DNS server answers for the *.test names.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -30,13 +31,14 @@ def main() -> int:
     os.chmod(shown, 0o755)
     agent = shutil.copy(ROOT / "examples" / "agent.py", shown)
     os.chmod(agent, 0o644)
+    net = FakeInternet()
     try:
-        net = FakeInternet().__enter__()
+        net.start()
     except AddressConflict as e:
         print(f"demo: cannot start the fake internet: {e}. The demo needs 198.51.100.0/24 "
               "(TEST-NET-2), 2001:db8:1::/64 and 2001:db8:100::/48 free on this host.", file=sys.stderr)
         return 1
-    with net:
+    with contextlib.closing(net):
         env = dict(os.environ, REQUESTS_CA_BUNDLE=net.ca_path)
         # The fake internet's CA is under /tmp, which the jail replaces: show it read-only.
         cmd = ["gatewrap", "run", "--allow", "allowed.test", "--resolver", net.dns_server,
