@@ -13,7 +13,7 @@ from rawproxy import READ_ANSWER
 
 T = "2026-11-29T09:16:42.123456Z"
 HEAD = {"v": 1, "time": T, "run": "gw-0123456789"}
-PREV = "sha256:" + "ab" * 32
+PREV = "ab" * 32  # the chain writer's: 64 hex digits (gate_core/src/audit/chain.rs)
 
 SCHEMA_CASES = [
     # (case, record, valid)
@@ -39,7 +39,9 @@ SCHEMA_CASES = [
                        "sock_type": "stream", "hook": "connect_unix", "cgroup_id": 7}, True),
     ("a chained record", {"event": "run_end", "direct_egress": 0, "lost_events": 0, "prev": PREV}, True),
     ("a chained record with a short hash", {"event": "run_end", "direct_egress": 0, "lost_events": 0, "prev": "abc"}, False),
-    ("a checkpoint", {"event": "checkpoint", "note": "gatewrap audit\n3\nabc=\n\n— key sig\n"}, True),
+    ("a checkpoint", {"event": "checkpoint", "seq": 4, "prev": PREV, "size": 3,
+                      "note": "host/gatewrap-audit\n3\nabc=\n\n— host/gatewrap-audit sig\n"}, True),
+    ("a checkpoint without its size", {"event": "checkpoint", "seq": 4, "prev": PREV, "note": "x"}, False),
     ("an approval (reserved, not defined yet)", {"event": "approval_asked", "decision": "ask"}, False),
     ("a run_start whose argv was cut to fit", {"event": "run_start", "argv": None, "uid": 0, "truncated": ["argv"]}, True),
     ("a record cut to fit", {"event": "request", "decision": "allowed", "target": None, "truncated": ["target"]}, True),
