@@ -63,12 +63,29 @@ pub fn send_failure(e: &hyper::Error) -> SendFailure {
     if e.is_user() || e.is_body_write_aborted() {
         let body = std::error::Error::source(e).and_then(|s| s.downcast_ref::<hyper::Error>());
         let why = match body {
-            Some(b) if !b.is_incomplete_message() => format!("malformed request body ({})", innermost(b)),
+            Some(b) if !b.is_incomplete_message() && !client_left(b) => {
+                format!("malformed request body ({})", innermost(b))
+            }
             _ => "client disconnected before its request body was complete".to_string(),
         };
         return SendFailure::Downstream(format!("downstream: {why}; the head and part of the body were sent upstream"));
     }
     SendFailure::Upstream(format!("upstream: {e}"))
+}
+
+/// Whether a body error is the client's connection ending (an I/O error of the kind a closed,
+/// reset or TLS-truncated connection gives: rustls reports a missing close_notify as
+/// `UnexpectedEof`) rather than malformed framing (hyper's chunked decoder: `InvalidData`).
+fn client_left(e: &(dyn std::error::Error + 'static)) -> bool {
+    use std::io::ErrorKind::{BrokenPipe, ConnectionAborted, ConnectionReset, UnexpectedEof};
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            return matches!(io.kind(), UnexpectedEof | ConnectionReset | ConnectionAborted | BrokenPipe);
+        }
+        cur = err.source();
+    }
+    false
 }
 
 /// The last error in `e`'s source chain, as text (hyper's own says only "error reading a body").
