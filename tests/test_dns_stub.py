@@ -39,3 +39,29 @@ def test_proxied_requests_still_resolve_through_the_gate(gatewrap):
     r = gatewrap(["curl", "-sS", "--max-time", "10", "http://allowed.test/"], allow=["allowed.test"])
     assert r.stdout == "hello from allowed.test over http\n", r.stderr
     assert r.records(event="dns") == []
+
+
+def test_a_query_flood_is_counted_exactly_in_few_records(gatewrap):
+    """5000 UDP queries as fast as the agent can send them (unique names, as a DNS tunnel
+    would): every one is answered REFUSED and counted, but the log gets at most about 100
+    records a second (the rest told in one record a second with their count)."""
+    r = gatewrap(python="""
+        import socket, struct, time
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.settimeout(2)
+        t, answered = time.monotonic(), 0
+        for i in range(5000):
+            name = b"".join(bytes([len(p)]) + p for p in (b"x%05d" % i, b"flood", b"test")) + b"\\0"
+            s.sendto(struct.pack(">HHHHHH", i, 0x0100, 1, 0, 0, 0) + name + struct.pack(">HH", 1, 1), ("127.0.0.1", 53))
+            answered += len(s.recv(512)) > 0
+        print(answered, round(time.monotonic() - t, 3))
+    """)
+    answered, took = r.stdout.split()
+    assert int(answered) == 5000, r.stderr
+    recs = r.records(event="dns")
+    assert sum(x.get("count", 1) for x in recs) == 5000
+    # at most 100 one by one per started second, plus one summary record each
+    assert len(recs) <= 101 * (int(float(took)) + 2), len(recs)
+    assert any(x.get("count", 1) > 1 and "over 100 records a second" in x["reason"] for x in recs)
+    (end,) = r.records(event="run_end")
+    assert end["denied"] == 5000

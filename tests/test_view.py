@@ -77,11 +77,24 @@ def test_mounts_below_the_base(tmp_path, kw, want):
                 assert order.index(parent) < order.index(child), (parent, child, order)
 
 
-def test_a_bound_symlink_shows_its_mounts_below_its_own_path(tmp_path):
+def test_a_bound_symlink_is_a_link_to_its_bound_target_with_its_mounts(tmp_path):
     (tmp_path / "real" / "disk").mkdir(parents=True)
     (tmp_path / "link").symlink_to(tmp_path / "real")
-    got = _mounts(tmp_path, ro=[str(tmp_path / "link")], points=[str(tmp_path / "real" / "disk")])
-    assert ("ro", str(tmp_path / "link" / "disk"), str(tmp_path / "real" / "disk")) in got
+    real, disk, link = (str(tmp_path / p) for p in ("real", "real/disk", "link"))
+    got = _mounts(tmp_path, ro=[link], points=[disk])
+    assert ("ro", real, real) in got and ("ro", disk, disk) in got and ("symlink", link, real) in got
+
+
+def test_a_bind_below_var_tmp_is_made_below_the_jails_tmp():
+    assert view.in_jail("/var/tmp/x/y") == "/tmp/x/y" and view.in_jail("/var/run/db.sock") == "/run/db.sock"
+    assert view.in_jail("/var/tmpfoo") == "/var/tmpfoo" and view.in_jail("/srv/x") == "/srv/x"
+
+
+@pytest.mark.parametrize("target", ["/", "/proc", "/proc/self", "/sys", "/dev", "/run", "/tmp"])
+def test_a_bind_through_a_link_to_the_host_or_its_views_is_refused(tmp_path, target):
+    (tmp_path / "data").symlink_to(target)
+    with pytest.raises(GatewrapError, match=r"\(a link to "):
+        view.build("/tmp", "/nonexistent", ROOT_AGENT, [str(tmp_path / "data")], [], mount_points=[])
 
 
 @pytest.mark.parametrize("path,message", [("/", "whole host"), ("/srv/a:b", "':'")],

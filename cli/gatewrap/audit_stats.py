@@ -46,7 +46,7 @@ class RunCounts:
             if not (event == "connect" and rec.get("inspected") is True):
                 self.allowed += 1
         elif decision in DENIED:
-            self.denied += 1
+            self.denied += attempts(rec)
         elif decision == "failed":
             self.failed += 1
 

@@ -295,6 +295,8 @@ def run(opts: RunOptions, stderr: TextIO | None = None) -> RunResult:
     err = stderr or sys.stderr
     policy = build_policy(opts.policy_file, opts.allow, opts.deny)
     target = user.resolve(opts.user)
+    if opts.jail == "nsjail":
+        jail.refuse_root(target.uid)
     run_id = new_run_id()
     gate_url = f"http://{GATE_IP4}:{opts.port}"
     # What the agent runs, where and with what: checked before anything is set up.
@@ -374,13 +376,9 @@ def run(opts: RunOptions, stderr: TextIO | None = None) -> RunResult:
 
         if overridden:
             print(f"gatewrap: replaced your {', '.join(overridden)} so the agent uses the gate", file=err)
-        if target.uid == 0 and opts.jail != "nsjail":
+        if target.uid == 0:
             print("gatewrap: warning: the agent runs as root, unjailed (no capabilities, but it owns the "
                   "host's root files); prefer sudo from a user, or --user", file=err)
-        elif target.uid == 0:
-            print("gatewrap: warning: the agent runs as root in the jail (no capabilities; it owns the "
-                  "files of its working directory and --bind paths); prefer sudo from a user, or --user",
-                  file=err)
         elif opts.user is None and "SUDO_UID" not in os.environ and os.getuid() == 0:
             print(f"gatewrap: the agent runs as {target.name} (gatewrap was started by root, not "
                   "through sudo; --user USER to choose)", file=err)

@@ -18,6 +18,7 @@ import secrets
 import shutil
 import socket
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -294,3 +295,39 @@ def test_a_malformed_sandbox_table_names_file_and_line(gatewrap, invoker, tmp_pa
     assert r.returncode == 125, r.stderr
     assert f"{policy}:{line}: " in r.stderr and message in r.stderr, r.stderr
     assert "ran" not in r.stdout
+
+
+@pytest.fixture
+def open_dir():
+    """A folder every user can enter (pytest's tmp_path lies below a 0700 one)."""
+    d = tempfile.mkdtemp(prefix="gw-fsview-", dir="/var/tmp")
+    os.chmod(d, 0o755)
+    yield Path(d)
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.mark.parametrize("target", ["/", "/proc", "/proc/1", "/sys/fs/cgroup", "/run", "/dev"])
+def test_a_bind_that_resolves_to_the_host_or_its_views_is_refused(gatewrap, quiet_net, outcome, open_dir, target):
+    """a --ro-bind / --bind path that is a link (planted by anyone who can write where it
+    lies) to / or a host view (/proc, /sys, /dev, the host's /run)"""
+    link = open_dir / "data"
+    link.symlink_to(target)
+    for flag in ("--ro-bind", "--bind"):
+        r = gatewrap(["/bin/true"], extra=[flag, str(link)])
+        assert r.returncode == 125, r.stderr
+        assert f"{link} (a link to {target})" in r.stderr, r.stderr
+    outcome("gatewrap: binds are resolved (realpath) and checked before the jail starts",
+            f"exit 125: data -> {target} refused")
+    assert_nothing_reached(quiet_net)
+
+
+def test_a_bind_through_a_link_to_a_folder_shows_that_folder(gatewrap, open_dir):
+    real = open_dir / "real"
+    real.mkdir()
+    real.chmod(0o755)
+    (real / "f").write_text("inside\n")
+    (real / "f").chmod(0o644)
+    link = open_dir / "link"
+    link.symlink_to(real)
+    r = gatewrap(["/bin/cat", f"{link}/f"], extra=["--ro-bind", str(link)])
+    assert r.returncode == 0 and r.stdout == "inside\n", r.stderr

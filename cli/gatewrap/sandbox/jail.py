@@ -34,6 +34,20 @@ WITHOUT_JAIL = (
 )
 
 
+def refuse_root(uid: int) -> None:
+    """An agent running as root is not jailed: without capabilities uid 0 still passes the
+    owner bits of root's files, and the jail shows the system's /etc whole (/etc/shadow, TLS
+    and SSH host keys are 0600/0640 root).
+
+    Raises:
+        GatewrapError: ``uid`` is 0.
+    """
+    if uid == 0:
+        raise GatewrapError(
+            "an agent running as root would read root's files the jail shows (/etc/shadow, host keys): run "
+            "it as a user (sudo from that user, or --user USER), or add --jail none (weaker: it sees the host)")
+
+
 def nsjail_path() -> str | None:
     """The nsjail binary: ``$GATEWRAP_NSJAIL``, else ``nsjail`` on PATH, else None."""
     return os.environ.get("GATEWRAP_NSJAIL") or shutil.which("nsjail")

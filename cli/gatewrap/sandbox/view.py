@@ -82,15 +82,42 @@ def host_mount_points() -> list[str]:
     return sorted({p.mountpoint for p in psutil.disk_partitions(all=True)})
 
 
+#: Host trees no bind may show, whatever path leads to them: the kernel's views of the host
+#: (its processes, devices, sysfs), which the jail replaces with its own.
+HOST_VIEWS = ("/proc", "/sys", "/dev")
+
+
+#: The profile's symbolic links in the jail (agent.cfg): a path below one is made below its target.
+JAIL_LINKS = (("/var/tmp", "/tmp"), ("/var/run", "/run"))
+
+
+def in_jail(path: str) -> str:
+    """Where host ``path`` is shown in the jail: itself, or below the target of the profile's
+    link it lies below (host ``/var/tmp/x`` at ``/tmp/x``: the jail's ``/var/tmp`` is a link
+    to its ``/tmp``, which nsjail cannot mount through)."""
+    for link, target in JAIL_LINKS:
+        if path == link or path.startswith(link + "/"):
+            return target + path[len(link):]
+    return path
+
+
 def _checked(path: str) -> str:
-    """``path`` made absolute; refused if nsjail's ``src:dst`` flags cannot carry it."""
+    """``path`` made absolute; refused if nsjail's ``src:dst`` flags cannot carry it, or if what
+    it resolves to (symbolic links followed, as mount(2) follows them) is ``/``, one of the
+    folders the jail makes private (:data:`PRIVATE`) or inside :data:`HOST_VIEWS`: a link
+    planted at a bound path (``data -> /``) must not show the host."""
     path = os.path.abspath(path)
     if ":" in path:
         raise GatewrapError(f"cannot show {path} in the jail: nsjail's mount flags cannot name a path "
                             "with ':'; bind a folder above it, or rename it")
-    if path == "/":
-        raise GatewrapError("binding / would show the whole host in the jail (its sockets and secrets "
-                            "too); name the folders the agent needs")
+    real = os.path.realpath(path)
+    shown = path if real == path else f"{path} (a link to {real})"
+    if real == "/":
+        raise GatewrapError(f"binding {shown} would show the whole host in the jail (its sockets and "
+                            "secrets too); name the folders the agent needs")
+    if real in PRIVATE or any(real == t or real.startswith(t + "/") for t in HOST_VIEWS):
+        raise GatewrapError(f"cannot bind {shown}: the jail has its own {real}; the host's would show "
+                            "its processes, devices or sockets. Bind a folder inside it, or the file the agent needs")
     return path
 
 
@@ -105,7 +132,8 @@ def build(cwd: str, home: str, target: user.Target, ro_binds: list[str], rw_bind
     the host's (default :func:`host_mount_points`).
 
     Raises:
-        GatewrapError: a path nsjail cannot name (a ``:`` in it), or ``/``.
+        GatewrapError: a path nsjail cannot name (a ``:`` in it), or one that resolves to ``/``,
+            a private folder of the jail or a host view (:func:`_checked`).
     """
     points = host_mount_points() if mount_points is None else mount_points
     named: dict[str, str] = {}
@@ -125,8 +153,13 @@ def build(cwd: str, home: str, target: user.Target, ro_binds: list[str], rw_bind
             mounts.append(Mount("ro", path, path))
             trees.append((path, path))
     for path, kind in named.items():
-        mounts.append(Mount(kind, path, path))
-        trees.append((path, os.path.realpath(path)))
+        # A link is shown as itself, pointing at its target bound where it lies (nsjail cannot
+        # bind onto a path through a link; the target is what _checked vetted).
+        real = os.path.realpath(path)
+        mounts.append(Mount(kind, real, in_jail(real)))
+        if real != path:
+            mounts.append(Mount("symlink", real, in_jail(path)))
+        trees.append((in_jail(real), real))
     home = os.path.abspath(home) if home else ""
     private_home = bool(home) and home not in PRIVATE and home not in named \
         and (os.path.isdir(home) or not any(_inside(home, dst) for dst, _ in trees))

@@ -72,3 +72,6 @@ pub const NOTE: &str = "note";
 pub const ALLOWED: &str = "allowed";
 pub const DENIED: &str = "denied";
 pub const FAILED: &str = "failed";
+
+/// How many attempts a record stands for (a `dns` record of queries over the record rate).
+pub const COUNT: &str = "count";

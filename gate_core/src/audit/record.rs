@@ -29,6 +29,8 @@ pub struct GateRecord {
     pub error: Option<String>,
     /// A CONNECT the gate TLS-inspects (see [`f::INSPECTED`]).
     pub inspected: bool,
+    /// Attempts the record stands for, when more than one (see [`f::COUNT`]).
+    pub count: Option<u64>,
 }
 
 impl GateRecord {
@@ -57,6 +59,7 @@ impl GateRecord {
         put(f::STATUS, self.status.map(Value::from));
         put(f::ERROR, self.error.map(Value::from));
         put(f::INSPECTED, self.inspected.then_some(Value::Bool(true)));
+        put(f::COUNT, self.count.map(Value::from));
         m
     }
 }

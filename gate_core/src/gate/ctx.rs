@@ -49,6 +49,8 @@ pub struct Ctx {
     pub(super) audit_failing: AtomicBool,
     /// The processes behind the open connections (see `client`).
     pub(super) clients: Arc<super::client::Clients>,
+    /// How many `dns` records the stub may still write this second (see `dns_stub`).
+    pub(super) dns_rate: super::dns_stub::RecordRate,
 }
 
 impl Ctx {

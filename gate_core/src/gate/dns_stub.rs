@@ -3,14 +3,17 @@
 //! Names are resolved by the gate, for proxied requests only, after policy: the agent
 //! itself resolves nothing. Every query is answered REFUSED at once (RFC 1035 §4.1.1,
 //! RCODE 5), so a client that resolves locally fails fast, and DNS cannot carry data out;
-//! each query is one audit record (event `dns`, decision `denied`, `dst_host` = the name).
+//! each query is one audit record (event `dns`, decision `denied`, `dst_host` = the name),
+//! up to [`RECORDS_PER_SECOND`] a second; the queries beyond are counted and told in one
+//! record a second (`count`), so a query flood cannot fill the disk the audit log shares with
+//! every run (a full disk makes every gate refuse all), and every query is still counted.
 //! TCP connections are bounded: at most [`MAX_TCP_CONNECTIONS`] at once, within the run's
 //! connection cap, each closed after [`TCP_IDLE_TIMEOUT`] without a query.
 //! Messages are parsed and built with hickory-proto.
 
 use std::net::{SocketAddr, UdpSocket};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use hickory_proto::op::{Message, MessageType, ResponseCode};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -29,6 +32,70 @@ pub const MAX_TCP_CONNECTIONS: usize = 64;
 /// its answer) before the stub closes it (RFC 7766 §6.2.3: servers should close idle
 /// connections; a few seconds).
 pub const TCP_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Most `dns` records a run writes a second, one per query; the queries beyond are counted.
+pub const RECORDS_PER_SECOND: u32 = 100;
+
+/// The stub's record rate of one run: a fixed one-second window (the first query after a
+/// window ends opens the next, and first reports what the last one held).
+#[derive(Debug, Default)]
+pub struct RecordRate(Mutex<RateWindow>);
+
+#[derive(Debug, Default)]
+struct RateWindow {
+    start: Option<Instant>,
+    written: u32,
+    held: u64,
+}
+
+impl RecordRate {
+    /// (may this query have a record of its own, queries held in the window that just ended
+    /// to report first).
+    fn admit(&self) -> (bool, u64) {
+        let mut w = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        let mut report = 0;
+        if w.start.is_none_or(|s| now.duration_since(s) >= Duration::from_secs(1)) {
+            *w = RateWindow { start: Some(now), written: 0, held: 0 };
+            report = std::mem::take(&mut w.held);
+        }
+        if w.written < RECORDS_PER_SECOND {
+            w.written += 1;
+            (true, report)
+        } else {
+            w.held += 1;
+            (false, report)
+        }
+    }
+
+    fn take_held(&self) -> u64 {
+        std::mem::take(&mut self.0.lock().unwrap_or_else(|p| p.into_inner()).held)
+    }
+}
+
+/// Record the queries still held over the rate (at the gate's stop).
+pub fn flush(ctx: &Ctx) {
+    let held = ctx.dns_rate.take_held();
+    if held > 0 {
+        record_held(ctx, None, held);
+    }
+}
+
+/// One record for `held` queries refused without a record of their own.
+fn record_held(ctx: &Ctx, peer: Option<SocketAddr>, held: u64) {
+    let mut rec = match peer {
+        Some(p) => ctx.bare_record(f::EVENT_DNS, f::PROTO_DNS, p),
+        None => crate::audit::GateRecord { run: ctx.run_id.clone(), event: f::EVENT_DNS, proto: f::PROTO_DNS, ..Default::default() },
+    };
+    rec.decision = f::DENIED;
+    rec.count = Some(held);
+    rec.reason = Some(format!(
+        "dns: {held} more queries refused, over {RECORDS_PER_SECOND} records a second (counted, not recorded one by one)"
+    ));
+    // The run's denial count takes every query: ctx.record adds this record's one.
+    ctx.counts.denied.fetch_add(held - 1, std::sync::atomic::Ordering::Relaxed);
+    let _ = ctx.record(rec);
+}
+
 /// The reason every query is refused with.
 pub const REASON: &str = "dns: the sandbox resolves nothing (the gate resolves names of proxied requests)";
 
@@ -52,6 +119,13 @@ pub fn refuse(query: &[u8]) -> Option<(Vec<u8>, String)> {
 }
 
 fn record(ctx: &Ctx, peer: SocketAddr, name: Option<&str>) {
+    let (own, held) = ctx.dns_rate.admit();
+    if held > 0 {
+        record_held(ctx, Some(peer), held);
+    }
+    if !own {
+        return;
+    }
     let mut rec = ctx.bare_record(f::EVENT_DNS, f::PROTO_DNS, peer);
     rec.decision = f::DENIED;
     match name {

@@ -121,6 +121,8 @@ pub struct Gate {
     runtime: Mutex<Option<tokio::runtime::Runtime>>,
     listen_addrs: Vec<SocketAddr>,
     counts: Arc<Counts>,
+    /// Kept to record, at the stop, the DNS queries still held over the record rate.
+    ctx: Arc<Ctx>,
 }
 
 impl Gate {
@@ -161,6 +163,7 @@ impl Gate {
                 idle_timeout: config.idle_timeout,
                 audit_failing: Default::default(),
                 clients: Arc::new(client::Clients::new(config.run_cgroup)),
+                dns_rate: Default::default(),
             })
         };
         let open = server::Cap::new(server::MAX_CONNECTIONS, "open connections");
@@ -182,7 +185,7 @@ impl Gate {
                 runtime.spawn(dns_stub::serve_tcp(l, ctx.clone(), vec![open.clone(), dns_open.clone()]));
             }
         }
-        Ok(Gate { runtime: Mutex::new(Some(runtime)), listen_addrs, counts })
+        Ok(Gate { runtime: Mutex::new(Some(runtime)), listen_addrs, counts, ctx })
     }
 
     pub fn listen_addrs(&self) -> &[SocketAddr] {
@@ -208,6 +211,7 @@ impl Gate {
         let runtime = self.runtime.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(rt) = runtime {
             rt.shutdown_timeout(STOP_TIMEOUT);
+            dns_stub::flush(&self.ctx);
         }
     }
 }
