@@ -7,7 +7,6 @@ mod common;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
-use std::process::Command;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -17,14 +16,9 @@ use _gate_core::policy::ssrf::PublicRanges;
 use _gate_core::policy::{file::from_toml, Mode, Policy};
 use common::client::{audit_lines, exchange, in_netns, tunnel, upstream_in};
 use common::dns::{FakeDns, Zone};
-use common::{require_root, Netns, TempDir};
+use common::{ip_in, require_root, Netns, TempDir};
 use hickory_proto::rr::RecordType;
 use serde_json::Value;
-
-fn ip(args: &[&str]) {
-    let ok = Command::new("ip").args(args).status().map(|s| s.success()).unwrap_or(false);
-    assert!(ok, "ip {args:?} failed");
-}
 
 fn zone(entries: &[(&str, &[&[&str]])]) -> Zone {
     let parse = |s: &&str| s.parse::<IpAddr>().unwrap_or_else(|e| panic!("{s}: {e}"));
@@ -59,9 +53,9 @@ fn setup() -> Setup {
     let sandbox = Netns::new("ssrf");
     let inet = Netns::new("ssrf-inet");
     for a in ["203.0.113.7/32", "198.51.100.7/32", "169.254.169.254/32"] {
-        ip(&["-n", &inet.name, "addr", "add", a, "dev", "lo"]);
+        ip_in(&inet.name, &["addr", "add", a, "dev", "lo"]);
     }
-    ip(&["-n", &inet.name, "-6", "addr", "add", "2001:db8:100::7/128", "dev", "lo", "nodad"]);
+    ip_in(&inet.name, &["-6", "addr", "add", "2001:db8:100::7/128", "dev", "lo", "nodad"]);
     let up = upstream_in(inet.path(), "[::]:0");
     let dns = FakeDns::start(
         inet.path(),

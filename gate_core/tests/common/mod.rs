@@ -21,6 +21,15 @@ fn ip(args: &[&str]) {
     assert!(ok, "ip {args:?} failed");
 }
 
+/// `ip ARGS` inside the named netns `ns`, entered with `nsenter --net` only (`ip -n` and `ip
+/// netns exec` also remount /sys, which fails with EINVAL where / is not a mount point, as in
+/// a chroot).
+pub fn ip_in(ns: &str, args: &[&str]) {
+    let netns = format!("--net=/run/netns/{ns}");
+    let ok = Command::new("nsenter").arg(&netns).arg("--").arg("ip").args(args).status().map(|s| s.success()).unwrap_or(false);
+    assert!(ok, "ip {args:?} in netns {ns} failed");
+}
+
 /// `ip netns add NAME` with `lo` up; deleted on drop.
 pub struct Netns {
     pub name: String,
@@ -31,7 +40,7 @@ impl Netns {
         let name = format!("gwt-{tag}-{}", std::process::id());
         let _ = Command::new("ip").args(["netns", "del", &name]).stderr(std::process::Stdio::null()).status();
         ip(&["netns", "add", &name]);
-        ip(&["-n", &name, "link", "set", "lo", "up"]);
+        ip_in(&name, &["link", "set", "lo", "up"]);
         Netns { name }
     }
 
