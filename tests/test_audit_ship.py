@@ -204,7 +204,7 @@ def test_tls_to_rsyslog_with_a_trusted_ca(tmp_path, rsyslog):
     r = rsyslog(tls=(pki.ca_cert, pki.server_cert, pki.server_key))
     log, state = tmp_path / "audit.jsonl", tmp_path / "ship.state"
     _synthetic(log, 20)
-    p = _ship(log, state, f"tls://localhost:{r.port}", "--ca", pki.ca_cert)
+    p = _ship(log, state, f"tls://127.0.0.1:{r.port}", "--ca", pki.ca_cert)
     assert p.returncode == 0 and "shipped 20 lines" in p.stderr, p.stderr
     _assert_rfc5424(r.wait_for(set(_local(log))), _local(log))
 
@@ -215,7 +215,7 @@ def test_tls_refuses_a_collector_it_does_not_trust_and_keeps_the_position(tmp_pa
     r = rsyslog(tls=(pki.ca_cert, pki.server_cert, pki.server_key))
     log, state = tmp_path / "audit.jsonl", tmp_path / "ship.state"
     _synthetic(log, 3)
-    p = subprocess.Popen(gatewrap_cmd("audit", "ship", "--to", f"tls://localhost:{r.port}", "--log", str(log),
+    p = subprocess.Popen(gatewrap_cmd("audit", "ship", "--to", f"tls://127.0.0.1:{r.port}", "--log", str(log),
                                       "--state", str(state), "--retry-max", "0.5"),
                          stderr=subprocess.PIPE, text=True)
     line = p.stderr.readline()
@@ -271,7 +271,7 @@ def test_the_receiving_config_writes_each_hosts_log_back_byte_for_byte(tmp_path,
         f.write(_line(run="gw-aaaaaaaaaa", event="direct_egress", decision="denied", comm="caf\u00e9 \\x1b[31m",
                       cmdline="y" * 12000))
         f.write('{"v":1,"event":"dns","dst_host":"b\u00fccher.test \\u001b"}\n'.encode())  # raw UTF-8
-    p = _ship(log, state, f"tls://localhost:{r.port}", "--ca", pki.ca_cert, "--hostname", "host-a")
+    p = _ship(log, state, f"tls://127.0.0.1:{r.port}", "--ca", pki.ca_cert, "--hostname", "host-a")
     assert p.returncode == 0, p.stderr
     copy = fleet / "host-a" / "audit.jsonl"
     deadline = time.monotonic() + 60
