@@ -180,25 +180,35 @@ impl AuditLog {
     pub fn write(&self, record: Map<String, Value>) -> Result<(), AuditError> {
         let time = now_rfc3339();
         let line = line(&time, record)?;
+        self.at_head(|file, last_checkpoint, end, head| {
+            let line = chain::place(&line, prefix_len(&time), head.seq + 1, &head.hash);
+            self.append(file, end, &line)?;
+            let seq = head.seq + 1;
+            let due = (self.every != 0 && seq % self.every == 0) || last_checkpoint.elapsed() >= self.interval;
+            if due && self.key.is_some() {
+                let end = end + line.len() as u64;
+                match self.append_checkpoint(file, end, seq, &chain::hash(line.as_bytes())) {
+                    Ok(()) => *last_checkpoint = Instant::now(),
+                    Err(e) => tracing::warn!("audit checkpoint not written, retried with the next record: {e}"),
+                }
+            }
+            Ok(())
+        })
+    }
+
+    /// Run `f` with the file under both locks (this handle's mutex, then the `flock(2)`
+    /// every writer shares), its length and the chain's head as the file holds it.
+    fn at_head<T>(
+        &self,
+        f: impl FnOnce(&File, &mut Instant, u64, chain::Head) -> Result<T, AuditError>,
+    ) -> Result<T, AuditError> {
         let mut guard = self.file.lock().unwrap_or_else(|p| p.into_inner());
         let Writer { file, last_checkpoint } = &mut *guard;
         let werr = |source| AuditError::Write { path: self.path.clone(), source };
-        let lock = Flock::exclusive(file).map_err(werr)?;
+        let _lock = Flock::exclusive(file).map_err(werr)?;
         let end = file.metadata().map_err(werr)?.len();
         let head = chain::Head::of_file(file, end).map_err(werr)?;
-        let line = chain::place(&line, prefix_len(&time), head.seq + 1, &head.hash);
-        self.append(file, end, &line)?;
-        let seq = head.seq + 1;
-        let due = (self.every != 0 && seq % self.every == 0) || last_checkpoint.elapsed() >= self.interval;
-        if due && self.key.is_some() {
-            let end = end + line.len() as u64;
-            match self.append_checkpoint(file, end, seq, &chain::hash(line.as_bytes())) {
-                Ok(()) => *last_checkpoint = Instant::now(),
-                Err(e) => tracing::warn!("audit checkpoint not written, retried with the next record: {e}"),
-            }
-        }
-        drop(lock);
-        Ok(())
+        f(file, last_checkpoint, end, head)
     }
 
     /// Append a signed checkpoint of the chain as the file holds it, unless the file is
@@ -208,19 +218,14 @@ impl AuditLog {
         if self.key.is_none() {
             return Ok(());
         }
-        let mut guard = self.file.lock().unwrap_or_else(|p| p.into_inner());
-        let Writer { file, last_checkpoint } = &mut *guard;
-        let werr = |source| AuditError::Write { path: self.path.clone(), source };
-        let lock = Flock::exclusive(file).map_err(werr)?;
-        let end = file.metadata().map_err(werr)?.len();
-        let head = chain::Head::of_file(file, end).map_err(werr)?;
-        if head.seq == 0 || head.checkpoint {
-            return Ok(());
-        }
-        self.append_checkpoint(file, end, head.seq, &head.hash)?;
-        *last_checkpoint = Instant::now();
-        drop(lock);
-        Ok(())
+        self.at_head(|file, last_checkpoint, end, head| {
+            if head.seq == 0 || head.checkpoint {
+                return Ok(());
+            }
+            self.append_checkpoint(file, end, head.seq, &head.hash)?;
+            *last_checkpoint = Instant::now();
+            Ok(())
+        })
     }
 
     /// Under the lock: the checkpoint record of the `size` records ending in `root`, as
