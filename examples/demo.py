@@ -18,10 +18,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from fakenet import AddressConflict, FakeInternet, cleanup_leftovers  # noqa: E402
+from fakenet import AddressConflict, FakeInternet, cleanup_leftovers, hold_host_lock  # noqa: E402
 
 
 def main() -> int:
+    lock = hold_host_lock("demo")  # noqa: F841 (held until the demo exits)
     cleanup_leftovers()
     work = tempfile.mkdtemp(prefix="gatewrap-demo-")
     audit = os.path.join(work, "audit.jsonl")

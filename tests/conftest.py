@@ -21,7 +21,7 @@ import pytest
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
-from fakenet import AddressConflict, FakeInternet, cleanup_leftovers
+from fakenet import AddressConflict, FakeInternet, cleanup_leftovers, hold_host_lock
 
 ROOT = Path(__file__).resolve().parent.parent
 #: The agents of the tests run as this user (as if `sudo` had been run by it).
@@ -112,8 +112,13 @@ def pytest_runtest_makereport(item, call):
 
 @pytest.fixture(scope="session", autouse=True)
 def _no_leftover_fake_internet():
-    """Remove a fake internet a killed earlier session left (once: a live one is not ours to touch)."""
+    """Wait for any other session on this host (tests/fakenet/host_lock.py), then remove a
+    fake internet a killed earlier session left (a live one is not ours to touch)."""
+    lock = hold_host_lock("tests")
     cleanup_leftovers()
+    yield
+    if lock is not None:
+        lock.close()
 
 
 @pytest.fixture(scope="session")

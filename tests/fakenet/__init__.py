@@ -6,6 +6,7 @@ on 198.51.100.{138,148,158} and 2001:db8:100::{10,20,30}; see ``internet.py``.
 """
 
 from .ca import TestPKI, make_pki
+from .host_lock import hold_host_lock
 from .internet import (
     AddressConflict,
     DEFAULT_NAMES,
