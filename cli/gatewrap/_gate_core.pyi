@@ -142,7 +142,8 @@ class AuditLog:
     """An append-only JSON-lines audit log shared by the gate and Python."""
 
     def __init__(self, path: str, key: str | None = "/var/lib/gatewrap/audit/signing-key",
-                 checkpoint_every: int = 1000, checkpoint_interval: float = 60.0) -> None:
+                 checkpoint_every: int = 1000, checkpoint_interval: float = 60.0,
+                 max_size: int = 104857600, keep: int | None = None) -> None:
         """Open ``path`` for appending (created with mode 0o640; missing parent directories
         with 0o750).
 
@@ -153,6 +154,13 @@ class AuditLog:
         ``checkpoint_interval`` seconds after this handle's last checkpoint, and each
         :meth:`checkpoint` call; ``key=None``: no checkpoints. A key that cannot be read or
         made raises ValueError (unsafe directory or file, malformed key) or OSError.
+
+        With a key, the log is rotated by size (README "Rotation"): before a record that would
+        take the file past ``max_size`` bytes (default 100 MiB; 0: never; at least 4096), the
+        file is renamed ``<path>.<seq of its first record, 12 digits>`` after a closing
+        checkpoint, and a new file takes ``path``, its first line a checkpoint continuing the
+        chain (``rotated_from``: the segment's name). ``keep``: delete the oldest segments
+        beyond this many (None: keep all). A max_size below 4096 raises ValueError.
 
         The directory must be root's and not writable by group or others, and so must every
         directory above it unless it is sticky (``/tmp`` itself is refused: anyone could
@@ -178,7 +186,8 @@ class AuditLog:
         the largest values set to null, and ``"truncated"`` lists the keys cut. Writers
         (this process or another) take an exclusive flock(2) on the file; a write that
         stops short (a full disk) is undone with ftruncate(2), so the log never holds a cut
-        line. Raises ValueError if the record sets ``v``, ``time``, ``seq`` or ``prev`` or holds a non-finite
+        line; a rotation that cannot be made (a full disk) is this record's error, and the
+        record is not written. Raises ValueError if the record sets ``v``, ``time``, ``seq`` or ``prev`` or holds a non-finite
         float, TypeError for other value types, OSError (errno of the cause, e.g. ENOSPC)
         if the write fails. Thread-safe.
         """

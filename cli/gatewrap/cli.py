@@ -50,6 +50,13 @@ def cli() -> None:
               help="Append audit records (JSON lines) here: a regular file (a link, FIFO or device is "
                    "refused) in a directory only root can write. While a record cannot be written "
                    "(a full disk), the gate answers every request 503.")
+@click.option("--audit-max-size", "audit_max_size", default="100M", show_default=True, metavar="SIZE",
+              callback=lambda c, p, v: _log_size(v),
+              help="Rotate the audit log before it grows past SIZE (bytes, or K, M, G; at least 4K; 0: never): "
+                   "the file becomes PATH.<first seq, 12 digits> and the new file's first record, a signed "
+                   "checkpoint, continues the hash chain.")
+@click.option("--audit-keep", "audit_keep", type=click.IntRange(min=0), metavar="N",
+              help="Keep the N newest rotated audit segments, deleting older ones. Default: keep all.")
 @click.option("--resolver", "nameservers", multiple=True, metavar="IP[:PORT]", callback=lambda c, p, v: [_with_port(x, 53) for x in v],
               help="DNS server the gate resolves through (port 53 by default; IPv6 as [ADDR]:PORT). "
                    "Default: the host's /etc/resolv.conf. Repeatable.")
@@ -83,7 +90,7 @@ def cli() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the closing summary as one JSON object on stderr.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def run(allow: tuple[str, ...], deny: tuple[str, ...], policy_file: str | None, user: str | None,
-        audit_log: str, nameservers: tuple[str, ...], public_ranges: tuple[str, ...], port: int, workdir: str | None, jail: str,
+        audit_log: str, audit_max_size: int, audit_keep: int | None, nameservers: tuple[str, ...], public_ranges: tuple[str, ...], port: int, workdir: str | None, jail: str,
         ro_binds: tuple[str, ...], rw_binds: tuple[str, ...], timeout: float | None, memory: int | None,
         cpus: float | None, pids: int | None, ca_dir: str, upstream_ca: tuple[str, ...], as_json: bool,
         command: tuple[str, ...]) -> int:
@@ -112,7 +119,8 @@ def run(allow: tuple[str, ...], deny: tuple[str, ...], policy_file: str | None, 
     from .sandbox.limits import Limits
 
     opts = RunOptions(argv=list(command), allow=list(allow), deny=list(deny), policy_file=policy_file,
-                      user=user, audit_log=audit_log, nameservers=list(nameservers) or None, port=port,
+                      user=user, audit_log=audit_log, audit_max_size=audit_max_size, audit_keep=audit_keep,
+                      nameservers=list(nameservers) or None, port=port,
                       cwd=workdir, jail=jail, ro_binds=[os.path.abspath(p) for p in ro_binds],
                       rw_binds=[os.path.abspath(p) for p in rw_binds], timeout=timeout,
                       limits=Limits(memory=memory, cpus=cpus, pids=pids), public_ranges=list(public_ranges),
@@ -638,6 +646,18 @@ def _size(value: str | None) -> int | None:
         return parse_size(value)
     except ValueError as e:
         raise click.BadParameter(str(e)) from None
+
+
+def _log_size(value: str) -> int:
+    """``--audit-max-size``: a size (:func:`gatewrap.sandbox.limits.parse_size`) of at least
+    4 KiB (gate_core/src/audit/rotate.rs MIN_MAX_SIZE), or 0 for never."""
+    if value.strip() == "0":
+        return 0
+    size = _size(value)
+    assert size is not None
+    if size < 4096:
+        raise click.BadParameter(f"{value!r} is below 4K, the least a new file needs (0: never rotate)")
+    return size
 
 
 def _with_port(addr: str, port: int) -> str:

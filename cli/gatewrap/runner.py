@@ -55,6 +55,9 @@ class RunOptions:
     policy_file: str | None = None
     user: str | None = None
     audit_log: str = DEFAULT_AUDIT_LOG
+    #: Rotate the audit log past this many bytes (0: never); keep this many segments (None: all).
+    audit_max_size: int = 100 << 20
+    audit_keep: int | None = None
     nameservers: list[str] | None = None
     port: int = 3128
     cwd: str | None = None
@@ -316,7 +319,7 @@ def run(opts: RunOptions, stderr: TextIO | None = None) -> RunResult:
         raise GatewrapError(f"the agent's user {target.name} cannot enter its working directory {cwd} "
                             "(a folder on the way is closed to it); choose another with --workdir")
     try:
-        audit = core.AuditLog(opts.audit_log)
+        audit = core.AuditLog(opts.audit_log, max_size=opts.audit_max_size, keep=opts.audit_keep)
     except OSError as e:
         raise GatewrapError(f"{e.strerror}; choose another with --audit-log") from e
     except ValueError as e:  # not a regular file, or an unsafe directory: the message says what to do

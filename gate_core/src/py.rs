@@ -10,7 +10,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 use serde_json::{Map, Value};
 
-use crate::audit::{AuditError, AuditLog, NoteKey};
+use crate::audit::{AuditError, AuditLog, NoteKey, Rotation};
 use crate::gate::{self as gate, Gate, GateConfig};
 use crate::launcher::{self, SpawnRequest};
 use crate::policy::ssrf::PublicRanges;
@@ -232,17 +232,30 @@ fn dict_to_map(d: &Bound<'_, PyDict>, depth: usize) -> PyResult<Map<String, Valu
 #[pymethods]
 impl PyAuditLog {
     #[new]
-    #[pyo3(signature = (path, key = Some(PathBuf::from(crate::audit::note::DEFAULT_KEY)), checkpoint_every = crate::audit::CHECKPOINT_RECORDS, checkpoint_interval = crate::audit::CHECKPOINT_INTERVAL.as_secs_f64()))]
-    fn new(py: Python<'_>, path: PathBuf, key: Option<PathBuf>, checkpoint_every: u64, checkpoint_interval: f64) -> PyResult<Self> {
+    #[pyo3(signature = (path, key = Some(PathBuf::from(crate::audit::note::DEFAULT_KEY)), checkpoint_every = crate::audit::CHECKPOINT_RECORDS, checkpoint_interval = crate::audit::CHECKPOINT_INTERVAL.as_secs_f64(), max_size = crate::audit::rotate::DEFAULT_MAX_SIZE, keep = None))]
+    fn new(
+        py: Python<'_>,
+        path: PathBuf,
+        key: Option<PathBuf>,
+        checkpoint_every: u64,
+        checkpoint_interval: f64,
+        max_size: u64,
+        keep: Option<usize>,
+    ) -> PyResult<Self> {
         let interval = Duration::try_from_secs_f64(checkpoint_interval)
             .map_err(|_| PyValueError::new_err("checkpoint_interval must be a number of seconds >= 0"))?;
+        let min = crate::audit::rotate::MIN_MAX_SIZE;
+        if max_size != 0 && max_size < min {
+            return Err(PyValueError::new_err(format!("max_size {max_size} is below {min} bytes (0: never rotate)")));
+        }
         let log = py
             .allow_threads(|| {
                 let log = AuditLog::open(&path)?;
                 match key {
                     Some(k) => {
                         let key = NoteKey::load_or_create(&k).map_err(AuditError::Key)?;
-                        Ok(log.with_checkpoints(key, checkpoint_every, interval))
+                        let log = log.with_checkpoints(key, checkpoint_every, interval);
+                        Ok(if max_size == 0 { log } else { log.with_rotation(Rotation { max_size, keep }) })
                     }
                     None => Ok(log),
                 }

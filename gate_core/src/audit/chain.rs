@@ -42,6 +42,8 @@ pub struct Head {
     pub seq: u64,
     /// The last line is a `checkpoint` record.
     pub checkpoint: bool,
+    /// Where the last line starts (0: it is the file's only line, or the file is empty).
+    pub start: u64,
 }
 
 #[derive(Deserialize)]
@@ -58,7 +60,7 @@ impl Head {
     /// write) is hashed as it is.
     pub fn of_file(file: &File, len: u64) -> io::Result<Head> {
         if len == 0 {
-            return Ok(Head { hash: genesis(), seq: 0, checkpoint: false });
+            return Ok(Head { hash: genesis(), seq: 0, checkpoint: false, start: 0 });
         }
         let n = len.min(MAX_RECORD as u64 + 1);
         let mut buf = vec![0u8; n as usize];
@@ -67,7 +69,7 @@ impl Head {
         let start = match body.iter().rposition(|&b| b == b'\n') {
             Some(i) => i + 1,
             None if n == len => 0,
-            None => return Ok(Head { hash: hash(&buf), seq: 0, checkpoint: false }),
+            None => return Ok(Head { hash: hash(&buf), seq: 0, checkpoint: false, start: len - n }),
         };
         let last = &buf[start..];
         let tail: Option<Tail> = serde_json::from_slice(last).ok();
@@ -75,6 +77,7 @@ impl Head {
             hash: hash(last),
             seq: tail.as_ref().and_then(|t| t.seq).unwrap_or(0),
             checkpoint: tail.and_then(|t| t.event) == Some(super::fields::EVENT_CHECKPOINT),
+            start: len - n + start as u64,
         })
     }
 }

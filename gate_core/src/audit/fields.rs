@@ -69,6 +69,8 @@ pub const PROTO_DNS: &str = "dns";
 pub const EVENT_CHECKPOINT: &str = "checkpoint";
 pub const SIZE: &str = "size";
 pub const NOTE: &str = "note";
+/// A segment's opening checkpoint: the file name of the segment before it (rotate.rs).
+pub const ROTATED_FROM: &str = "rotated_from";
 pub const ALLOWED: &str = "allowed";
 pub const DENIED: &str = "denied";
 pub const FAILED: &str = "failed";

@@ -2,7 +2,8 @@
 //! bytes a line, never a cut one; every control character escaped ([`escape`]); each line
 //! chained to the one before it by its hash ([`chain`]), with signed checkpoints of the
 //! chain ([`note`]) every [`CHECKPOINT_RECORDS`] records or [`CHECKPOINT_INTERVAL`], and
-//! when asked ([`AuditLog::checkpoint`], at each run's end).
+//! when asked ([`AuditLog::checkpoint`], at each run's end); rotated by size into
+//! segments that continue the chain ([`rotate`]).
 
 mod cap;
 pub mod chain;
@@ -10,15 +11,18 @@ pub mod escape;
 pub mod fields;
 pub mod note;
 mod record;
+pub mod rotate;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
 mod tests_chain;
+#[cfg(test)]
+mod tests_rotate;
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -30,6 +34,7 @@ use crate::root_dir::{self, UnsafeDir};
 pub use cap::MAX_RECORD;
 pub use note::{KeyError, NoteKey};
 pub use record::GateRecord;
+pub use rotate::Rotation;
 
 /// A checkpoint follows every record whose `seq` is a multiple of this.
 pub const CHECKPOINT_RECORDS: u64 = 1000;
@@ -96,13 +101,52 @@ pub struct AuditLog {
     key: Option<NoteKey>,
     every: u64,
     interval: Duration,
+    rotation: Option<Rotation>,
 }
+
+/// How often one write follows the path to a newer file before it gives up (each time,
+/// another writer rotated the log while this one waited for the lock).
+const REOPEN_TRIES: usize = 64;
 
 #[derive(Debug)]
 struct Writer {
     file: File,
     /// When this writer last checkpointed (or opened the log).
     last_checkpoint: Instant,
+}
+
+/// `path` opened (created, mode 0640) for appending and reading back: without following a
+/// link, without blocking, and a regular file, as [`AuditLog::open`] says.
+fn open_file(path: &Path) -> Result<File, AuditError> {
+    let not_a_file = |path: &Path| {
+        fs::symlink_metadata(path)
+            .ok()
+            .filter(|m| !m.is_file())
+            .map(|m| AuditError::NotAFile { path: path.to_path_buf(), what: kind_of(m.file_type()) })
+    };
+    let open_err = |source| AuditError::Open { path: path.to_path_buf(), source };
+    // Read too: a writer reads the last line back for the chain.
+    let file = OpenOptions::new()
+        .read(true)
+        .append(true)
+        .create(true)
+        .mode(0o640)
+        .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|source| not_a_file(path).unwrap_or_else(|| open_err(source)))?;
+    let meta = file.metadata().map_err(open_err)?;
+    if !meta.is_file() {
+        return Err(AuditError::NotAFile { path: path.to_path_buf(), what: kind_of(meta.file_type()) });
+    }
+    // SAFETY: fcntl on a descriptor we own; F_GETFL/F_SETFL take and return flags only.
+    let cleared = unsafe {
+        let flags = libc::fcntl(file.as_raw_fd(), libc::F_GETFL);
+        flags >= 0 && libc::fcntl(file.as_raw_fd(), libc::F_SETFL, flags & !libc::O_NONBLOCK) == 0
+    };
+    if !cleared {
+        return Err(open_err(io::Error::last_os_error()));
+    }
+    Ok(file)
 }
 
 impl AuditLog {
@@ -121,35 +165,9 @@ impl AuditLog {
             _ => Path::new("."),
         };
         root_dir::ensure(dir, 0o750, 0o022).map_err(AuditError::Dir)?;
-        let not_a_file = |path: &Path| {
-            fs::symlink_metadata(path)
-                .ok()
-                .filter(|m| !m.is_file())
-                .map(|m| AuditError::NotAFile { path: path.to_path_buf(), what: kind_of(m.file_type()) })
-        };
-        // Read too: a writer reads the last line back for the chain.
-        let file = OpenOptions::new()
-            .read(true)
-            .append(true)
-            .create(true)
-            .mode(0o640)
-            .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW | libc::O_NONBLOCK)
-            .open(&path)
-            .map_err(|source| not_a_file(&path).unwrap_or(AuditError::Open { path: path.clone(), source }))?;
-        let meta = file.metadata().map_err(|source| AuditError::Open { path: path.clone(), source })?;
-        if !meta.is_file() {
-            return Err(AuditError::NotAFile { path, what: kind_of(meta.file_type()) });
-        }
-        // SAFETY: fcntl on a descriptor we own; F_GETFL/F_SETFL take and return flags only.
-        let cleared = unsafe {
-            let flags = libc::fcntl(file.as_raw_fd(), libc::F_GETFL);
-            flags >= 0 && libc::fcntl(file.as_raw_fd(), libc::F_SETFL, flags & !libc::O_NONBLOCK) == 0
-        };
-        if !cleared {
-            return Err(AuditError::Open { path, source: io::Error::last_os_error() });
-        }
+        let file = open_file(&path)?;
         let file = Mutex::new(Writer { file, last_checkpoint: Instant::now() });
-        Ok(AuditLog { path, file, key: None, every: CHECKPOINT_RECORDS, interval: CHECKPOINT_INTERVAL })
+        Ok(AuditLog { path, file, key: None, every: CHECKPOINT_RECORDS, interval: CHECKPOINT_INTERVAL, rotation: None })
     }
 
     /// Sign checkpoints with `key`, every `every` records (a `seq` multiple of it; 0:
@@ -162,33 +180,50 @@ impl AuditLog {
         self
     }
 
+    /// Rotate the log by size ([`rotate`]): before a record that would take the file past
+    /// `rotation.max_size` bytes (and the file holds more than one line), it becomes a
+    /// segment and the record goes to a new file whose first line is a checkpoint
+    /// continuing the chain. Only with checkpoints ([`AuditLog::with_checkpoints`]):
+    /// without a key nothing could vouch for where a segment starts, and the log is not
+    /// rotated.
+    pub fn with_rotation(mut self, rotation: Rotation) -> Self {
+        self.rotation = Some(rotation);
+        self
+    }
+
     pub fn path(&self) -> &Path {
         &self.path
     }
 
     /// Append one record: `v`, `time`, `seq` and `prev` first, then `record`'s keys in
-    /// order, capped at [`MAX_RECORD`] bytes (see [`line`]); then a checkpoint if one is
-    /// due (one that cannot be written is retried with the next record, and is not this
-    /// record's error).
+    /// order, capped at [`MAX_RECORD`] bytes (see [`line`]); rotating the log first if the
+    /// line would take it past its limit ([`AuditLog::with_rotation`]); then a checkpoint
+    /// if one is due (one that cannot be written is retried with the next record, and is
+    /// not this record's error).
     ///
     /// The whole line or nothing: the file is locked (`flock(2)`, which every writer of the
-    /// log takes, in this process or another), its last line read back for `seq` and
-    /// `prev` ([`chain::Head::of_file`]); if the write stops short (`ENOSPC` mid-line), the
-    /// file is cut back to its end (`ftruncate(2)`). Errors: [`AuditError::Write`]
-    /// (nothing was added), [`AuditError::Undo`] (a cut record may remain),
-    /// [`AuditError::Reserved`].
+    /// log takes, in this process or another; if the path names another file once the lock
+    /// is held, another writer rotated the log, and the path's file is opened and locked
+    /// instead), its last line read back for `seq` and `prev` ([`chain::Head::of_file`]);
+    /// if the write stops short (`ENOSPC` mid-line), the file is cut back to its end
+    /// (`ftruncate(2)`). A rotation that fails (a full disk) leaves the log at the path as
+    /// it was and is this record's error: the record is not written. Errors:
+    /// [`AuditError::Write`] (nothing was added), [`AuditError::Undo`] (a cut record may
+    /// remain), [`AuditError::Reserved`], [`AuditError::Open`] / [`AuditError::NotAFile`]
+    /// (the path's new file cannot be opened).
     pub fn write(&self, record: Map<String, Value>) -> Result<(), AuditError> {
         let time = now_rfc3339();
         let line = line(&time, record)?;
-        self.at_head(|file, last_checkpoint, end, head| {
+        self.at_head(|w, end, head| {
+            let (end, head) = if self.rotation_due(end, &head, line.len()) { self.rotate(w, end, head)? } else { (end, head) };
             let line = chain::place(&line, prefix_len(&time), head.seq + 1, &head.hash);
-            self.append(file, end, &line)?;
+            self.append(&w.file, end, &line)?;
             let seq = head.seq + 1;
-            let due = (self.every != 0 && seq % self.every == 0) || last_checkpoint.elapsed() >= self.interval;
+            let due = (self.every != 0 && seq % self.every == 0) || w.last_checkpoint.elapsed() >= self.interval;
             if due && self.key.is_some() {
                 let end = end + line.len() as u64;
-                match self.append_checkpoint(file, end, seq, &chain::hash(line.as_bytes())) {
-                    Ok(()) => *last_checkpoint = Instant::now(),
+                match self.checkpoint_line(seq, &chain::hash(line.as_bytes()), None).and_then(|l| self.append(&w.file, end, &l)) {
+                    Ok(()) => w.last_checkpoint = Instant::now(),
                     Err(e) => tracing::warn!("audit checkpoint not written, retried with the next record: {e}"),
                 }
             }
@@ -196,19 +231,97 @@ impl AuditLog {
         })
     }
 
-    /// Run `f` with the file under both locks (this handle's mutex, then the `flock(2)`
-    /// every writer shares), its length and the chain's head as the file holds it.
-    fn at_head<T>(
-        &self,
-        f: impl FnOnce(&File, &mut Instant, u64, chain::Head) -> Result<T, AuditError>,
-    ) -> Result<T, AuditError> {
-        let mut guard = self.file.lock().unwrap_or_else(|p| p.into_inner());
-        let Writer { file, last_checkpoint } = &mut *guard;
+    /// Whether a line of `len` bytes after `end` (the head `head`) calls for a rotation first.
+    fn rotation_due(&self, end: u64, head: &chain::Head, len: usize) -> bool {
+        match (&self.rotation, &self.key) {
+            (Some(r), Some(_)) => head.start > 0 && end + len as u64 > r.max_size,
+            _ => false,
+        }
+    }
+
+    /// Under the lock: close the file with a checkpoint (unless its last record is one),
+    /// make the new file with its opening checkpoint, put it in place and the old file at
+    /// its segment name ([`rotate::swap`]), and drop the segments beyond `keep`. Returns
+    /// the new file's length and head. Errors: [`AuditError::Write`] (the log at the path
+    /// is as it was, but for a closing checkpoint).
+    fn rotate(&self, w: &mut Writer, end: u64, head: chain::Head) -> Result<(u64, chain::Head), AuditError> {
         let werr = |source| AuditError::Write { path: self.path.clone(), source };
-        let _lock = Flock::exclusive(file).map_err(werr)?;
-        let end = file.metadata().map_err(werr)?.len();
-        let head = chain::Head::of_file(file, end).map_err(werr)?;
-        f(file, last_checkpoint, end, head)
+        let (mut end, mut head) = (end, head);
+        if !head.checkpoint {
+            let closing = self.checkpoint_line(head.seq, &head.hash, None)?;
+            self.append(&w.file, end, &closing)?;
+            head = chain::Head { hash: chain::hash(closing.as_bytes()), seq: head.seq + 1, checkpoint: true, start: end };
+            end += closing.len() as u64;
+        }
+        let segment = rotate::segment_path(&self.path, rotate::first_seq(&w.file, end).map_err(werr)?);
+        let name = segment.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let opening = self.checkpoint_line(head.seq, &head.hash, Some(&name))?;
+        let staged = rotate::staging_path(&self.path);
+        let new = Self::stage(&staged, &w.file, &opening)
+            .and_then(|new| rotate::swap(&self.path, &w.file, &staged, &segment).map(|()| new))
+            .map_err(|e| {
+                let _ = fs::remove_file(&staged);
+                werr(e)
+            })?;
+        // The old file is closed, and its lock with it; the new one's (taken in stage) is held.
+        w.file = new;
+        w.last_checkpoint = Instant::now();
+        tracing::info!(segment = %segment.display(), seq = head.seq + 1, "audit log rotated");
+        if let Some(keep) = self.rotation.and_then(|r| r.keep) {
+            for (p, e) in rotate::prune(&self.path, keep) {
+                tracing::warn!("audit segment {} beyond --audit-keep not deleted: {e}", p.display());
+            }
+        }
+        let head = chain::Head { hash: chain::hash(opening.as_bytes()), seq: head.seq + 1, checkpoint: true, start: 0 };
+        Ok((opening.len() as u64, head))
+    }
+
+    /// The new file at `staged`: made (0640, then the old file's mode and group), locked,
+    /// holding `opening`.
+    fn stage(staged: &Path, old: &File, opening: &str) -> io::Result<File> {
+        let _ = fs::remove_file(staged); // a leftover of a rotation of ours cut short
+        let new = OpenOptions::new()
+            .read(true)
+            .append(true)
+            .create_new(true)
+            .mode(0o640)
+            .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
+            .open(staged)?;
+        let meta = old.metadata()?;
+        std::os::unix::fs::fchown(&new, None, Some(meta.gid()))?;
+        new.set_permissions(meta.permissions())?;
+        flock(&new, libc::LOCK_EX)?;
+        (&new).write_all(opening.as_bytes())?;
+        Ok(new)
+    }
+
+    /// Run `f` with the file locked (this handle's mutex, then the `flock(2)` every writer
+    /// shares), its length and the chain's head as the file holds it. When the path names
+    /// another file once the lock is held (another writer rotated the log), that file is
+    /// opened and locked instead.
+    fn at_head<T>(&self, f: impl FnOnce(&mut Writer, u64, chain::Head) -> Result<T, AuditError>) -> Result<T, AuditError> {
+        let mut guard = self.file.lock().unwrap_or_else(|p| p.into_inner());
+        let w = &mut *guard;
+        let werr = |source| AuditError::Write { path: self.path.clone(), source };
+        let mut tries = 0;
+        loop {
+            flock(&w.file, libc::LOCK_EX).map_err(werr)?;
+            let current = rotate::is_current(&self.path, &w.file);
+            if matches!(current, Ok(true)) {
+                break;
+            }
+            let _ = flock(&w.file, libc::LOCK_UN);
+            current.map_err(werr)?;
+            if tries == REOPEN_TRIES {
+                return Err(werr(io::Error::other(format!("the log was replaced {REOPEN_TRIES} times while this writer waited"))));
+            }
+            w.file = open_file(&self.path)?;
+            tries += 1;
+        }
+        let mut locked = Locked(w);
+        let end = locked.file.metadata().map_err(werr)?.len();
+        let head = chain::Head::of_file(&locked.file, end).map_err(werr)?;
+        f(&mut locked, end, head)
     }
 
     /// Append a signed checkpoint of the chain as the file holds it, unless the file is
@@ -218,27 +331,29 @@ impl AuditLog {
         if self.key.is_none() {
             return Ok(());
         }
-        self.at_head(|file, last_checkpoint, end, head| {
+        self.at_head(|w, end, head| {
             if head.seq == 0 || head.checkpoint {
                 return Ok(());
             }
-            self.append_checkpoint(file, end, head.seq, &head.hash)?;
-            *last_checkpoint = Instant::now();
+            self.append(&w.file, end, &self.checkpoint_line(head.seq, &head.hash, None)?)?;
+            w.last_checkpoint = Instant::now();
             Ok(())
         })
     }
 
-    /// Under the lock: the checkpoint record of the `size` records ending in `root`, as
-    /// record `size + 1`.
-    fn append_checkpoint(&self, file: &File, end: u64, size: u64, root: &[u8; 32]) -> Result<(), AuditError> {
-        let Some(key) = &self.key else { return Ok(()) };
+    /// The checkpoint record of the `size` records ending in `root`, as record `size + 1`
+    /// (with `rotated_from`: a segment's opening checkpoint). "" without a key.
+    fn checkpoint_line(&self, size: u64, root: &[u8; 32], rotated_from: Option<&str>) -> Result<String, AuditError> {
+        let Some(key) = &self.key else { return Ok(String::new()) };
         let mut m = Map::new();
         m.insert(fields::EVENT.into(), Value::from(fields::EVENT_CHECKPOINT));
         m.insert(fields::SIZE.into(), Value::from(size));
+        if let Some(from) = rotated_from {
+            m.insert(fields::ROTATED_FROM.into(), Value::from(from));
+        }
         m.insert(fields::NOTE.into(), Value::from(key.checkpoint(size, root)));
         let time = now_rfc3339();
-        let line = chain::place(&line(&time, m)?, prefix_len(&time), size + 1, root);
-        self.append(file, end, &line)
+        Ok(chain::place(&line(&time, m)?, prefix_len(&time), size + 1, root))
     }
 
     /// Append `line` to `file` (locked, `end` bytes long), or leave it as it was.
@@ -260,28 +375,41 @@ impl AuditLog {
     }
 }
 
-/// An exclusive `flock(2)` on a file, released on drop.
-struct Flock<'a>(&'a File);
-
-impl<'a> Flock<'a> {
-    fn exclusive(file: &'a File) -> io::Result<Flock<'a>> {
-        loop {
-            // SAFETY: flock on a descriptor we own.
-            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } == 0 {
-                return Ok(Flock(file));
-            }
-            let e = io::Error::last_os_error();
-            if e.kind() != io::ErrorKind::Interrupted {
-                return Err(e);
-            }
+/// `flock(2)` `op` (`LOCK_EX`, `LOCK_UN`) on `file`, again when interrupted.
+fn flock(file: &File, op: libc::c_int) -> io::Result<()> {
+    loop {
+        // SAFETY: flock on a descriptor we own.
+        if unsafe { libc::flock(file.as_raw_fd(), op) } == 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
         }
     }
 }
 
-impl Drop for Flock<'_> {
+/// A writer whose file is locked; the file it holds when dropped (a rotation replaces it
+/// with the new file, locked too) is unlocked.
+struct Locked<'a>(&'a mut Writer);
+
+impl std::ops::Deref for Locked<'_> {
+    type Target = Writer;
+    fn deref(&self) -> &Writer {
+        self.0
+    }
+}
+
+impl std::ops::DerefMut for Locked<'_> {
+    fn deref_mut(&mut self) -> &mut Writer {
+        self.0
+    }
+}
+
+impl Drop for Locked<'_> {
     fn drop(&mut self) {
-        // SAFETY: flock on a descriptor we own; unlocking cannot fail in a way we could act on.
-        unsafe { libc::flock(self.0.as_raw_fd(), libc::LOCK_UN) };
+        // Unlocking cannot fail in a way we could act on.
+        let _ = flock(&self.0.file, libc::LOCK_UN);
     }
 }
 

@@ -156,10 +156,10 @@ fn a_long_record_is_cut_to_the_cap_and_names_what_was_cut() {
 }
 
 /// Mounts a tmpfs of `size` bytes at `dir` (mode 0755) for the test; unmounted on drop.
-struct Tmpfs(std::path::PathBuf);
+pub(super) struct Tmpfs(std::path::PathBuf);
 
 impl Tmpfs {
-    fn mount(dir: &std::path::Path, size: usize) -> Tmpfs {
+    pub(super) fn mount(dir: &std::path::Path, size: usize) -> Tmpfs {
         use std::ffi::CString;
         let target = CString::new(dir.as_os_str().as_encoded_bytes()).expect("path");
         let opts = CString::new(format!("size={size},mode=0755")).expect("opts");
