@@ -1,5 +1,8 @@
 """Read the audit log (JSON lines) for ``gatewrap audit``: stream, filter, follow.
 
+A log is its rotated segments, oldest first (``<log>.<seq of their first record, 12
+digits>``, gate_core/src/audit/rotate.rs), then the live file at its path: :func:`log_files`.
+
 The log is read as bytes, one line at a time (never whole), and a line is parsed only when
 a cheap substring test says it can match the filters (:meth:`Filters.quick`); the parsed
 record then decides (:meth:`Filters.match`). Bytes that are not UTF-8 are kept as
@@ -35,6 +38,10 @@ _STAMP_LEN = 27
 _STAMP_AT = len(_GATE_PREFIX)
 _AGO = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+#: A rotated segment's name: the log's, a dot and at least this many digits (rotate.rs).
+SEGMENT_DIGITS = 12
+#: The ``seq`` of a gate line, near its start (after ``v`` and ``time``, mod.rs ``line()``).
+_SEQ = re.compile(rb',"seq":(\d+),')
 #: Printable ASCII but ``"`` and ``\\``: JSON writers (serde_json, Python's json) write these
 #: verbatim, so a value made of them appears as is in any line that holds it.
 _VERBATIM = re.compile(r'[ !#-\[\]-~]*')
@@ -209,6 +216,53 @@ def _open(path: str) -> Any:
                             "with sudo, or pass --log PATH") from e
 
 
+def segment_path(path: str, seq: int) -> str:
+    """The rotated segment of ``path`` whose first record has ``seq``: ``<path>.<seq, 12 digits>``."""
+    return f"{path}.{seq:0{SEGMENT_DIGITS}d}"
+
+
+def segment_seq(base: str, name: str) -> int | None:
+    """The first ``seq`` a file name says, when it is a rotated segment of the log named
+    ``base`` (``audit.jsonl.000000005001`` -> 5001); None otherwise (``audit.jsonl.1``, as
+    logrotate names it, is not)."""
+    digits = name[len(base) + 1:] if name.startswith(base + ".") else ""
+    return int(digits) if len(digits) >= SEGMENT_DIGITS and digits.isascii() and digits.isdigit() else None
+
+
+def segments(path: str) -> list[tuple[int, str]]:
+    """The rotated segments beside ``path``, oldest first: (first seq, path); none when
+    its folder cannot be listed."""
+    folder, base = os.path.split(path)
+    out = []
+    try:
+        with os.scandir(folder or ".") as it:
+            for e in it:
+                seq = segment_seq(base, e.name)
+                if seq is not None and e.is_file(follow_symlinks=False):
+                    out.append((seq, os.path.join(folder, e.name)))
+    except OSError:
+        return []
+    return sorted(out)
+
+
+def log_files(path: str) -> list[str]:
+    """The files of the log at ``path`` in chain order: its segments, then ``path``."""
+    return [p for _, p in segments(path)] + [path]
+
+
+def line_seq(line: bytes) -> int | None:
+    """The ``seq`` of a line the gate wrote (found near its start), or None."""
+    m = _SEQ.search(line, 0, 160)
+    return int(m[1]) if m else None
+
+
+def first_seq(f: Any) -> int | None:
+    """The ``seq`` of the first line of the open file ``f`` (read with pread, the position
+    untouched), or None (empty, or a line without one)."""
+    head = os.pread(f.fileno(), 160, 0)
+    return line_seq(head) if head.endswith(b"\n") or len(head) == 160 else None
+
+
 def lines(path: str, offset: int = 0) -> Iterator[tuple[int, bytes]]:
     """(line number, line) of ``path`` from byte ``offset`` (a line start) to its end.
     Line numbers count from ``offset``. Raises as :func:`_open`."""
@@ -222,11 +276,13 @@ def lines(path: str, offset: int = 0) -> Iterator[tuple[int, bytes]]:
 class Position:
     """Where a reader of the log stands: the file, by device and inode (``stat(2)``: a file
     renamed by rotation keeps both; its successor at the path has another inode), and
-    ``offset``, the byte after the last complete line read."""
+    ``offset``, the byte after the last complete line read; ``seq``, that line's ``seq``
+    (None: not a gate line), which names the segment that follows (:func:`segment_path`)."""
 
     dev: int
     ino: int
     offset: int
+    seq: int | None = None
 
 
 def _rotated_to(path: str, start: Position) -> str | None:
@@ -245,24 +301,49 @@ def _rotated_to(path: str, start: Position) -> str | None:
     return None
 
 
+def _open_after(path: str, seq: int | None, err: TextIO) -> Any:
+    """The file that follows the record ``seq``: the rotated segment that starts at
+    ``seq + 1`` (when it is gone, the oldest after it, saying which records are in no file),
+    else the file at ``path``; ``path``'s when ``seq`` is None (not a gate line). When
+    ``path``'s file starts after ``seq + 1``, a rotation came in between: look again."""
+    if seq is None:
+        return _open(path)
+    for _ in range(100):
+        later = [(s, p) for s, p in segments(path) if s > seq]
+        if later:
+            if later[0][0] != seq + 1:
+                print(f"gatewrap: records {seq + 1} to {later[0][0] - 1} of {path} are in no file (deleted, "
+                      f"--audit-keep); reading on from {later[0][1]}", file=err, flush=True)
+            return _open(later[0][1])
+        f = _open(path)
+        first = first_seq(f)
+        if first is None or first <= seq + 1 or not any(s > seq for s, _ in segments(path)):
+            return f
+        f.close()
+    return _open(path)
+
+
 def tail(path: str, err: TextIO, start: Position | None = None, follow: bool = True,
          poll: float = POLL, idle: bool = False) -> Iterator[tuple[int, Position, bytes] | None]:
     """(line number, position after the line, line) of ``path``; with ``follow``, then of
     every line appended, like ``tail -F``.
 
     A line is yielded once complete (a writer may be mid-line). When the path names a new
-    file (rotated), what the old one still holds is read first, then the new one from its
-    start; when the file shrinks (truncated), reading restarts at its start. Both are said on
-    ``err``; line numbers count from where reading of each file began.
+    file (rotated), what the old one still holds is read first, then the file that follows
+    it (:func:`_open_after`: the segment that starts after the old file's last ``seq``, when
+    gatewrap rotated it several times meanwhile; else the path's); when the file shrinks
+    (truncated), reading restarts at its start. Both are said on ``err``; line numbers count
+    from where reading of each file began.
 
     ``start``: resume there (a :class:`Position` an earlier reader yielded). When the path
     is still that file, at its offset (from the start if the file is now shorter: truncated);
     when it was rotated, the rest of the old file first if a sibling of the path is still that
-    file (:func:`_rotated_to`), then the new one from its start; what cannot be found is said.
+    file (:func:`_rotated_to`), then the files after it; when no file is, the file after
+    ``start.seq``; what cannot be found is said.
 
-    Without ``follow``: ends at the end of the file (and raises FileNotFoundError when there is
-    none). With it: waits for the path to exist, ends only when the consumer stops; ``idle``:
-    yields None each time it has read all there is, before it waits ``poll`` seconds.
+    Without ``follow``: ends at the end of the path's file (and raises FileNotFoundError when
+    there is none). With it: waits for the path to exist, ends only when the consumer stops;
+    ``idle``: yields None each time it has read all there is, before it waits ``poll`` seconds.
     Raises as :func:`_open`.
     """
     while follow and not os.path.exists(path):
@@ -270,7 +351,7 @@ def tail(path: str, err: TextIO, start: Position | None = None, follow: bool = T
             yield None
         time.sleep(poll)
     f = _open(path)
-    rotated = False
+    seq = start.seq if start is not None else None
     try:
         mine = os.fstat(f.fileno())
         offset = 0
@@ -282,18 +363,21 @@ def tail(path: str, err: TextIO, start: Position | None = None, follow: bool = T
                       "stopped); reading it from its start", file=err, flush=True)
         elif start is not None:
             old = _rotated_to(path, start)
+            f.close()
             if old is not None:
-                print(f"gatewrap: {path} was rotated; reading the rest of {old} first", file=err, flush=True)
-                f.close()
+                if start.offset:
+                    print(f"gatewrap: {path} was rotated; reading the rest of {old} first", file=err, flush=True)
                 f = _open(old)
-                mine = os.fstat(f.fileno())
-                offset, rotated = min(start.offset, mine.st_size), True
+                offset = min(start.offset, os.fstat(f.fileno()).st_size)
             else:
-                print(f"gatewrap: {path} is no longer the file that was being read (device {start.dev}, inode "
-                      f"{start.ino}) and no file beside it is: lines it held after byte {start.offset} were not read; "
-                      "reading the current file from its start", file=err, flush=True)
+                f = _open_after(path, start.seq, err)
+                if start.seq is None:
+                    print(f"gatewrap: {path} is no longer the file that was being read (device {start.dev}, inode "
+                          f"{start.ino}) and no file beside it is: lines it held after byte {start.offset} were not "
+                          "read; reading the current file from its start", file=err, flush=True)
+            mine = os.fstat(f.fileno())
         f.seek(offset)
-        n, partial = 0, b""
+        n, partial, rotated = 0, b"", False
         while True:
             for line in f:
                 if not line.endswith(b"\n"):
@@ -302,12 +386,22 @@ def tail(path: str, err: TextIO, start: Position | None = None, follow: bool = T
                 n += 1
                 line, partial = partial + line, b""
                 offset += len(line)
-                yield n, Position(mine.st_dev, mine.st_ino, offset), line
-            if rotated:
-                print(f"gatewrap: {path} was rotated; following the new file", file=err, flush=True)
+                seq = line_seq(line)
+                yield n, Position(mine.st_dev, mine.st_ino, offset, seq), line
+            try:
+                now = os.stat(path)
+            except FileNotFoundError:
+                now = None  # rotated away, the new file not there yet: keep reading the old one
+            if now is not None and (now.st_dev, now.st_ino) != (mine.st_dev, mine.st_ino):
+                if not rotated:
+                    rotated = True  # one more pass over the old file, then switch
+                    continue
                 f.close()
-                f = _open(path)
+                f = _open_after(path, seq, err)
                 mine = os.fstat(f.fileno())
+                print(f"gatewrap: {path} was rotated; reading on from "
+                      f"{path if (now.st_dev, now.st_ino) == (mine.st_dev, mine.st_ino) else 'its next segment'}",
+                      file=err, flush=True)
                 n, partial, offset, rotated = 0, b"", 0, False
                 continue
             if not follow:
@@ -315,14 +409,7 @@ def tail(path: str, err: TextIO, start: Position | None = None, follow: bool = T
             if idle:
                 yield None
             time.sleep(poll)
-            try:
-                now = os.stat(path)
-            except FileNotFoundError:
-                continue  # rotated away, the new file not there yet: keep reading the old one
-            mine = os.fstat(f.fileno())
-            if (now.st_ino, now.st_dev) != (mine.st_ino, mine.st_dev):
-                rotated = True  # one more pass over the old file, then switch
-            elif mine.st_size < f.tell():
+            if os.fstat(f.fileno()).st_size < f.tell():
                 print(f"gatewrap: {path} was truncated; reading it from its start", file=err, flush=True)
                 f.seek(0)
                 n, partial, offset = 0, b"", 0
@@ -331,8 +418,14 @@ def tail(path: str, err: TextIO, start: Position | None = None, follow: bool = T
 
 
 def follow_lines(path: str, err: TextIO, poll: float = POLL) -> Iterator[tuple[int, bytes]]:
-    """(line number, line) of ``path``, then of every line appended: :func:`tail` followed."""
-    for item in tail(path, err, poll=poll):
+    """(line number, line) of the log at ``path``: its rotated segments, then its file and
+    every line appended to it (:func:`tail` from the oldest segment)."""
+    segs = segments(path)
+    start = None
+    if segs:
+        st = os.stat(segs[0][1])
+        start = Position(st.st_dev, st.st_ino, 0)
+    for item in tail(path, err, start=start, poll=poll):
         if item is not None:
             yield item[0], item[2]
 
@@ -354,20 +447,38 @@ def parse(line: bytes) -> Any:
         return json.loads(line.decode("utf-8", "surrogateescape"))
 
 
+def _all_lines(path: str) -> Iterator[tuple[int, bytes]]:
+    """(line number, line) of every file of the log (:func:`log_files`); numbers count on
+    across the files. Raises FileNotFoundError when ``path`` is missing."""
+    files = log_files(path)
+    if not os.path.exists(path):
+        raise FileNotFoundError(path)
+    n = 0
+    for name in files:
+        try:
+            for _, line in lines(name):
+                n += 1
+                yield n, line
+        except FileNotFoundError:
+            if name == path:
+                raise  # a segment deleted meanwhile (--audit-keep) is skipped
+
+
 def entries(path: str, filters: Filters | None = None, follow: bool = False, offset: int = 0,
             err: TextIO | None = None) -> Iterator[tuple[bytes, dict[str, Any]]]:
     """(line, record) for every record of ``path`` that passes ``filters`` (all without).
 
     Lines that are not JSON are reported on ``err`` with their line number and skipped
     (with filters, those not shaped ``{...}``: a line that is and that the prefilter rules
-    out is not parsed). ``offset``: start at this byte (not with ``follow``).
+    out is not parsed). The log's rotated segments are read first (:func:`log_files`), unless
+    ``offset``: start at this byte of ``path``'s file alone (not with ``follow``).
 
     Raises:
         FileNotFoundError: the log does not exist (and not following).
         GatewrapError: the log cannot be read by this user (exit 125).
     """
     err = err or sys.stderr
-    source = follow_lines(path, err) if follow else lines(path, offset)
+    source = follow_lines(path, err) if follow else lines(path, offset) if offset else _all_lines(path)
     quick = filters.quick if filters is not None else None
     match = filters.match if filters is not None else None
     for n, line in source:

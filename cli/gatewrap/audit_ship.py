@@ -199,7 +199,9 @@ class Connection:
 
 class State:
     """The shipper's persisted :class:`~gatewrap.audit_reader.Position`: a JSON file
-    ``{"log", "to", "dev", "ino", "offset", "last_sha256"}``, replaced atomically (write, fsync, rename), and
+    ``{"log", "to", "dev", "ino", "offset", "seq", "segment", "last_sha256"}`` (``seq``: of the
+    line shipped last; ``segment``: the rotated segment that follows it, where shipping goes on
+    once the file is done, as :func:`gatewrap.audit_reader.segment_path` names it), replaced atomically (write, fsync, rename), and
     held with an exclusive ``flock(2)`` on ``PATH.lock`` so that two shippers never share it."""
 
     def __init__(self, path: str) -> None:
@@ -225,7 +227,9 @@ class State:
         try:
             with open(self.path, "rb") as f:
                 d = json.load(f)
-            return ar.Position(int(d["dev"]), int(d["ino"]), int(d["offset"])), bytes.fromhex(d["last_sha256"])
+            seq = d.get("seq")
+            return (ar.Position(int(d["dev"]), int(d["ino"]), int(d["offset"]), int(seq) if seq is not None else None),
+                    bytes.fromhex(d["last_sha256"]))
         except FileNotFoundError:
             return None
         except (OSError, ValueError, KeyError, TypeError) as e:
@@ -238,6 +242,7 @@ class State:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         with os.fdopen(fd, "w") as f:
             json.dump({"log": log, "to": str(dest), "dev": pos.dev, "ino": pos.ino, "offset": pos.offset,
+                       "seq": pos.seq, "segment": None if pos.seq is None else ar.segment_path(log, pos.seq + 1),
                        "last_sha256": hashlib.sha256(last_line).hexdigest()}, f)
             f.flush()
             os.fsync(f.fileno())
@@ -350,11 +355,21 @@ def _resume(log: str, saved: tuple[ar.Position, bytes] | None, err: TextIO) -> a
     return None
 
 
+def _oldest(log: str) -> ar.Position | None:
+    """The start of the log's oldest rotated segment (None: it has none), where a shipper
+    without a position begins."""
+    segs = ar.segments(log)
+    if not segs:
+        return None
+    st = os.stat(segs[0][1])
+    return ar.Position(st.st_dev, st.st_ino, 0)
+
+
 def ship(log: str, dest: Destination, state_path: str, *, ca: str | None = None, follow: bool = False,
          hostname: str | None = None, facility: int = FACILITIES["authpriv"], retry_max: float = 30.0,
          err: TextIO | None = None) -> Shipped:
-    """Ship ``log`` to ``dest`` from the position saved in ``state_path`` (from its start
-    without one): every complete line, records of every event and lines that are not JSON
+    """Ship ``log`` to ``dest`` from the position saved in ``state_path`` (without one, from
+    the start of its oldest rotated segment, else of the file): every complete line, records of every event and lines that are not JSON
     alike. Without ``follow``, ends once the end of the log is acknowledged; with it, ships
     what is appended, following rotation and truncation, until interrupted (KeyboardInterrupt,
     which ends it with what it did).
@@ -371,7 +386,9 @@ def ship(log: str, dest: Destination, state_path: str, *, ca: str | None = None,
         batch: list[bytes] = []
         size, last = 0, None
         line = b""
-        for item in ar.tail(log, err, start=_resume(log, state.load(), err), follow=follow, idle=True):
+        saved = state.load()
+        start = _resume(log, saved, err) if saved is not None else _oldest(log)
+        for item in ar.tail(log, err, start=start, follow=follow, idle=True):
             if item is not None:
                 _, last, line = item
                 try:

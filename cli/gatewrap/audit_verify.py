@@ -7,6 +7,11 @@ is :data:`GENESIS`). A ``checkpoint`` record carries a C2SP signed note
 (https://c2sp.org/signed-note) of a C2SP checkpoint (https://c2sp.org/tlog-checkpoint):
 origin, size (the records before it), root (base64 of the chain head, its own ``prev``),
 signed with Ed25519.
+
+A rotated log is several files (README "Rotation"): ``<log>.<first seq, 12 digits>``
+segments, then the live file. A segment's first record is a checkpoint with ``rotated_from``
+whose signature vouches for where it starts (``seq``, ``prev``), so each file verifies
+alone; :func:`check_joins` then checks that each continues the one it names.
 """
 
 from __future__ import annotations
@@ -122,19 +127,29 @@ class FileReport:
     origins: set[str] = field(default_factory=set)
     #: seq -> line hash, for the sizes asked for (off-host checkpoints).
     heads: dict[int, bytes] = field(default_factory=dict)
+    #: The first and last ``seq`` checked, the first record's ``prev`` and the last line's
+    #: hash (hex); ``continues``: the segment a rotated file's opening checkpoint names.
+    first_seq: int | None = None
+    last_seq: int = 0
+    first_prev: str | None = None
+    last_hash: str | None = None
+    continues: str | None = None
 
     def as_record(self) -> dict[str, Any]:
         return {"file": self.path, "ok": self.broken is None, "lines": self.lines, "records": self.records,
                 "unchained": self.unchained, "checkpoints": self.checkpoints,
                 "last_checkpoint_line": self.last_checkpoint_line, "unverified_tail": self.tail,
                 "broken_line": self.broken[0] if self.broken else None,
-                "error": self.broken[1] if self.broken else None, "origins": sorted(self.origins)}
+                "error": self.broken[1] if self.broken else None, "origins": sorted(self.origins),
+                "first_seq": self.first_seq, "last_seq": self.last_seq, "continues": self.continues}
 
 
 def verify_file(path: str, keys: Sequence[VerifierKey], want_sizes: Iterable[int] = ()) -> FileReport:
     """Check ``path``'s chain from its first line and every checkpoint in it, stopping at
     the first broken line. Leading lines without ``seq``/``prev`` (written before the chain
     existed) are counted in ``unchained`` and the chain then starts from the last of them.
+    A file whose first line is a rotated segment's opening checkpoint (``rotated_from``,
+    ``seq`` > 1) starts the chain there, once its signature verifies.
 
     Raises OSError if the file cannot be read."""
     r = FileReport(path)
@@ -158,6 +173,12 @@ def verify_file(path: str, keys: Sequence[VerifierKey], want_sizes: Iterable[int
                 r.unchained += 1
                 prev = hashlib.sha256(line).hexdigest()
                 continue
+            rseq = rec.get("seq")
+            if n == 1 and rec.get("event") == "checkpoint" and isinstance(rec.get("rotated_from"), str) \
+                    and isinstance(rseq, int) and rseq > 1 and isinstance(rec.get("prev"), str):
+                seq, prev, r.continues = rseq, rec["prev"], rec["rotated_from"]
+            if r.first_seq is None:
+                r.first_seq, r.first_prev = rec.get("seq") if isinstance(rec.get("seq"), int) else seq, rec.get("prev")
             if rec.get("seq") != seq:
                 r.broken = (n, f"seq is {rec.get('seq')!r}, expected {seq}: records were removed or inserted before this line")
                 break
@@ -182,6 +203,7 @@ def verify_file(path: str, keys: Sequence[VerifierKey], want_sizes: Iterable[int
             else:
                 r.tail += 1
             r.records += 1
+            r.last_seq, r.last_hash = seq, digest.hex()
             prev, seq = digest.hex(), seq + 1
     return r
 
@@ -228,7 +250,47 @@ def check_off_host(cp: Checkpoint, reports: Sequence[FileReport]) -> OffHostResu
             res.problem = (f"{r.path}: record {cp.size} is not the one a checkpoint off the host signed: "
                            "the log was rewritten from there on")
             return res
-    longest = max((r.records for r in reports), default=0)
+    longest = max((r.last_seq for r in reports), default=0)
     res.problem = (f"truncated: a checkpoint off the host covers {cp.size} records, the log holds "
                    f"{longest} (or it is broken before)")
     return res
+
+
+def log_base(path: str) -> str:
+    """The live log a file belongs to: ``audit.jsonl.000000005001`` -> ``audit.jsonl``; a
+    file that is no segment is its own."""
+    from .audit_reader import SEGMENT_DIGITS
+
+    head, dot, digits = path.rpartition(".")
+    return head if dot and len(digits) >= SEGMENT_DIGITS and digits.isascii() and digits.isdigit() else path
+
+
+def check_joins(reports: Sequence[FileReport]) -> list[tuple[str, str]]:
+    """(file, problem) for each file that opens with ``rotated_from`` but does not continue
+    the file it names: that file, when given, must end with the record just before it (its
+    ``seq``, and the hash its ``prev`` holds); when it is not given but an older file of the
+    same log is, a segment is missing. The log's oldest files being gone (``--audit-keep``)
+    is no problem: :func:`verify_file` says where each file starts."""
+    import os
+
+    problems = []
+    by_name = {(os.path.dirname(r.path), os.path.basename(r.path)): r for r in reports}
+    for r in reports:
+        if r.continues is None or r.first_seq is None:
+            continue
+        pred = by_name.get((os.path.dirname(r.path), r.continues))
+        if pred is None:
+            older = [o for o in reports if o is not r and log_base(o.path) == log_base(r.path)
+                     and o.first_seq is not None and o.first_seq < r.first_seq]
+            if older:
+                problems.append((r.path, f"continues {r.continues}, which is missing: records before "
+                                         f"{r.first_seq} back to {max(o.last_seq for o in older) + 1} are in no file"))
+        elif pred.broken is not None:
+            continue  # named at its own line already
+        elif pred.last_seq != r.first_seq - 1:
+            problems.append((r.path, f"starts at record {r.first_seq} but {pred.path} ends at {pred.last_seq}: "
+                                     "records were removed or added at the end of that file"))
+        elif pred.last_hash != r.first_prev:
+            problems.append((r.path, f"does not continue {pred.path}: its first record's prev is not the hash of "
+                                     "that file's last line (that line was changed)"))
+    return problems

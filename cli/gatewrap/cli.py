@@ -330,7 +330,9 @@ def audit_verify(files: tuple[str, ...], keys: tuple[str, ...], notes: tuple[str
     Names the first broken line (FILE:LINE); records after the last checkpoint are
     reported as an unverified tail. A log cut back to a point before a checkpoint it once
     had is only seen with that checkpoint kept off the host (--checkpoint). Exit 0
-    verified, 1 broken or truncated, 125 if it cannot check.
+    verified, 1 broken or truncated, 125 if it cannot check. A live log (FILE, default
+    the host's) is checked with its rotated segments (FILE.<first seq>), each file on its
+    own line, then that each segment continues the one before it.
 
     \b
     Examples:
@@ -360,17 +362,23 @@ def audit_verify(files: tuple[str, ...], keys: tuple[str, ...], notes: tuple[str
             raise GatewrapError(f"cannot read checkpoint {note}: {e.strerror}")
         except ValueError as e:
             raise GatewrapError(f"checkpoint {note}: {e}", exit_code=1)
+    from . import audit_reader as ar
+
     reports = []
-    for path in files or (DEFAULT_LOG,):
+    # A live log stands for all its files: its rotated segments, oldest first, then itself.
+    paths = [p for f in files or (DEFAULT_LOG,) for p in (ar.log_files(f) if av.log_base(f) == f else [f])]
+    for path in dict.fromkeys(paths):
         try:
             reports.append(av.verify_file(path, vkeys, [c.size for c in off_host]))
         except OSError as e:
             raise GatewrapError(f"cannot read audit log {path}: {e.strerror}")
     checked = [av.check_off_host(c, reports) for c in off_host]
-    ok = all(r.broken is None for r in reports) and all(c.problem is None for c in checked)
+    joins = av.check_joins(reports)
+    ok = all(r.broken is None for r in reports) and all(c.problem is None for c in checked) and not joins
     if as_json:
         click.echo(json.dumps({"ok": ok, "files": [r.as_record() for r in reports],
-                               "checkpoints": [c.as_record() for c in checked]}))
+                               "checkpoints": [c.as_record() for c in checked],
+                               "joins": [{"file": f, "error": e} for f, e in joins]}))
         return 0 if ok else 1
     for r in reports:
         if r.broken:
@@ -379,10 +387,13 @@ def audit_verify(files: tuple[str, ...], keys: tuple[str, ...], notes: tuple[str
         cp = (f"the last at line {r.last_checkpoint_line} (size {r.last_checkpoint_size})"
               if r.last_checkpoint_line else "none")
         click.echo(f"{r.path}: chain verified: {r.records} records, {r.checkpoints} checkpoints ({cp})"
-                   + (f", {r.unchained} older lines before the chain" if r.unchained else ""))
+                   + (f", {r.unchained} older lines before the chain" if r.unchained else "")
+                   + (f", from record {r.first_seq} (continues {r.continues})" if r.continues else ""))
         if r.tail:
             click.echo(f"{r.path}: {r.tail} records after the last checkpoint (unverified tail: no signature "
                        "covers them yet)")
+    for f, e in joins:
+        click.echo(f"{f}: {e}")
     for c in checked:
         click.echo(f"checkpoint of {c.size} records: " + (f"found in {c.found}" if c.found else str(c.problem)))
     return 0 if ok else 1

@@ -61,11 +61,26 @@ def _user(uid: Any) -> str | None:
 
 
 def _own_records(run_id: str, info: dict[str, Any], **filters: Any) -> Iterator[dict[str, Any]]:
-    """The run's records passing ``filters``, from its audit log after its offset (from the
-    start when the file is now shorter than that: it was truncated or rotated); nothing
-    when the log is unknown or gone."""
+    """The run's records passing ``filters``, from its audit log after its offset in the file
+    that was the log when it started, then through the segments rotated since
+    (:func:`gatewrap.audit_reader.tail`); nothing when the log is unknown or gone."""
     path, offset = info.get("audit_log"), info.get("audit_offset", 0)
     if not isinstance(path, str):
+        return
+    dev, ino = info.get("audit_dev"), info.get("audit_ino")
+    if isinstance(dev, int) and isinstance(ino, int) and isinstance(offset, int):
+        f = ar.Filters(run=run_id, **filters)
+        try:
+            for item in ar.tail(path, io.StringIO(), start=ar.Position(dev, ino, offset), follow=False):
+                if item is not None and f.quick(item[2]):
+                    try:
+                        rec = ar.parse(item[2])
+                    except ValueError:
+                        continue
+                    if isinstance(rec, dict) and f.match(rec):
+                        yield rec
+        except FileNotFoundError:
+            return
         return
     try:
         if not isinstance(offset, int) or offset > os.path.getsize(path):

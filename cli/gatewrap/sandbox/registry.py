@@ -23,9 +23,10 @@ def lock_path(run_id: str) -> str:
 def claim(run_id: str, audit_log: str) -> int:
     """Create and lock the run's lock file; returns the fd (close it to release).
 
-    The file holds ``{"audit_log", "audit_offset", "pid", "started"}``: where the run's audit
-    log is (for :func:`audit_log_of` after a crash), its size in bytes now (the run's records
-    all come after it, so ``gatewrap ps`` reads from there), gatewrap's pid (``gatewrap stop``
+    The file holds ``{"audit_log", "audit_offset", "audit_dev", "audit_ino", "pid", "started"}``:
+    where the run's audit log is (for :func:`audit_log_of` after a crash), its size in bytes now
+    and the file's device and inode (the run's records all come after that point, so ``gatewrap
+    ps`` reads from there, through the log's rotations since), gatewrap's pid (``gatewrap stop``
     signals it) and the time (Unix seconds). The fd is close-on-exec, so the agent never
     inherits it.
     """
@@ -36,10 +37,12 @@ def claim(run_id: str, audit_log: str) -> int:
     fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     try:
-        offset = os.path.getsize(audit_log)
+        st = os.stat(audit_log)
+        offset, dev, ino = st.st_size, st.st_dev, st.st_ino
     except OSError:
-        offset = 0
+        offset, dev, ino = 0, None, None
     os.write(fd, json.dumps({"audit_log": os.path.abspath(audit_log), "audit_offset": offset,
+                             "audit_dev": dev, "audit_ino": ino,
                              "pid": os.getpid(), "started": time.time()}).encode())
     os.rename(tmp, lock_path(run_id))
     return fd
