@@ -260,7 +260,8 @@ def first_seq(f: Any) -> int | None:
     """The ``seq`` of the first line of the open file ``f`` (read with pread, the position
     untouched), or None (empty, or a line without one)."""
     head = os.pread(f.fileno(), 160, 0)
-    return line_seq(head) if head.endswith(b"\n") or len(head) == 160 else None
+    line, nl, _ = head.partition(b"\n")
+    return line_seq(line + nl) if nl or len(head) == 160 else None
 
 
 def lines(path: str, offset: int = 0) -> Iterator[tuple[int, bytes]]:
@@ -317,7 +318,11 @@ def _open_after(path: str, seq: int | None, err: TextIO) -> Any:
             return _open(later[0][1])
         f = _open(path)
         first = first_seq(f)
-        if first is None or first <= seq + 1 or not any(s > seq for s, _ in segments(path)):
+        if first is None or first <= seq + 1:
+            return f
+        if not any(s > seq for s, _ in segments(path)):
+            print(f"gatewrap: records {seq + 1} to {first - 1} of {path} are in no file (deleted, --audit-keep); "
+                  f"reading on from {path}", file=err, flush=True)
             return f
         f.close()
     return _open(path)
