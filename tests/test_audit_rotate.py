@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 
 import pytest
@@ -134,6 +135,25 @@ def test_the_shipper_ships_every_line_once_across_rotations(rotating, rsyslog, t
     got = r.wait_for(set(every))
     assert len(got) == len(every), "no line twice, none missing"
     assert "in no file" not in p.stderr, p.stderr
+
+
+@needs_rsyslog
+def test_a_following_shipper_ships_every_line_once_across_rotations(rotating, rsyslog, tmp_path):  # noqa: F811
+    log, path, _ = rotating
+    r = rsyslog()
+    _write(log, 10)
+    p = subprocess.Popen(gatewrap_cmd("audit", "ship", "--follow", "--to", f"tcp://127.0.0.1:{r.port}", "--log", str(path),
+                                      "--state", str(tmp_path / "ship.state")),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _write(log, 150, start=10)  # rotated many times while it follows
+        every = [ln.decode() for f in ar.log_files(str(path)) for ln in open(f, "rb").read().split(b"\n")[:-1]]
+        got = r.wait_for(set(every))
+        assert len(got) == len(every), "no line twice, none missing"
+    finally:
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=60)
+    assert "in no file" not in err, err
 
 
 def _start(audit, *argv: str, max_size: str = "4K") -> subprocess.Popen:
