@@ -65,7 +65,14 @@ pub enum Ended {
     Idle,
 }
 
-/// [`tokio::io::copy_bidirectional`], ended after `idle` without a byte in either direction.
+/// Bytes each direction of a relay reads and writes at a time: 32 times tokio's default
+/// (8 KiB), which made a tunnel's bulk transfer cost a `recvfrom` and a `sendto` per 8 KiB
+/// (0.2x a direct download on loopback). Allocated zeroed, so the pages a short exchange
+/// never fills are never touched (glibc maps large blocks lazily, mmap(2)).
+pub const BUFFER_BYTES: usize = 256 * 1024;
+
+/// [`tokio::io::copy_bidirectional_with_sizes`] with [`BUFFER_BYTES`] each way, ended
+/// after `idle` without a byte in either direction.
 pub async fn relay<A, B>(a: A, b: B, idle: Duration) -> Ended
 where
     A: AsyncRead + AsyncWrite + Unpin,
@@ -84,7 +91,7 @@ where
         }
     };
     tokio::select! {
-        r = tokio::io::copy_bidirectional(&mut a, &mut b) => match r {
+        r = tokio::io::copy_bidirectional_with_sizes(&mut a, &mut b, BUFFER_BYTES, BUFFER_BYTES) => match r {
             Ok((up, down)) => Ended::Closed(up, down),
             Err(e) => Ended::Error(e),
         },
