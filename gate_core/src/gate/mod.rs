@@ -17,6 +17,7 @@ pub mod netns;
 mod pool;
 pub mod respond;
 mod server;
+mod splice;
 pub mod target;
 mod upgrade;
 
