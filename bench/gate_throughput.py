@@ -10,12 +10,13 @@ and 256 connections for ROUND seconds each, alternating gate and Squid; then eac
 loaded for SUSTAIN seconds at 64 connections, and the TIME_WAIT sockets to or from the
 upstream's port are counted at the end (``ss``). Bulk: curl downloads the 1 GiB file
 directly, through a CONNECT tunnel of each proxy (``-p``) and through the gate in absolute
-form. Prints and writes one JSON object (bench/results/gate_throughput.json, or OUT).
+form, N times each in turn (medians). Prints and writes one JSON object (bench/results/gate_throughput.json, or OUT).
 
 Only loopback and a netns this script makes are used; root is needed (netns, setns).
 The gate writes its audit log (two records a request, hash-chained) as in a run.
 
-Usage: sudo .venv/bin/python bench/gate_throughput.py [--round S] [--sustain S] [--out PATH]
+Usage: sudo .venv/bin/python bench/gate_throughput.py [--round S] [--sustain S] [--bulk-reps N] [--out PATH]
+       (--round 0 / --sustain 0 skip those parts)
        (run it with another build's interpreter, e.g. /work/main/.venv/bin/python, for before/after)
 """
 
@@ -26,6 +27,7 @@ import json
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -111,6 +113,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--round", type=float, default=10)
     ap.add_argument("--sustain", type=float, default=60)
+    ap.add_argument("--bulk-reps", type=int, default=5)
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "gate_throughput.json"))
     args = ap.parse_args()
     for tool in ("nginx", "squid", "ab", "curl", "ss"):
@@ -151,25 +154,28 @@ def main() -> None:
             out: dict = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "python": sys.executable,
                          "machine": f"{os.cpu_count()} cores, {os.uname().release}", "round_s": args.round,
                          "rounds": {"gate": [], "squid": []}}
-            for conns in (1, 64, 256):
+            for conns in (1, 64, 256) if args.round else ():
                 out["rounds"]["gate"].append(ab(ns, GATE_PORT, conns, args.round))
                 out["rounds"]["squid"].append(ab([], SQUID_PORT, conns, args.round))
                 print(conns, out["rounds"]["gate"][-1], out["rounds"]["squid"][-1], file=sys.stderr)
             out["sustained"] = {}
-            for who, n, port in (("gate", ns, GATE_PORT), ("squid", [], SQUID_PORT)):
+            for who, n, port in (("gate", ns, GATE_PORT), ("squid", [], SQUID_PORT)) if args.sustain else ():
                 wait_time_wait_gone()
                 before = time_wait()
                 r = ab(n, port, 64, args.sustain)
                 r.update(time_wait_before=before, time_wait_after=time_wait(), ss_s=ss_summary(), seconds=args.sustain)
                 out["sustained"][who] = r
                 print("sustained", who, r, file=sys.stderr)
-            out["bulk_MBps"] = {
-                "direct": download([], []),
-                "gate_tunnel": download(ns, ["-p", "-x", f"http://127.0.0.1:{GATE_PORT}"]),
-                "squid_tunnel": download([], ["-p", "-x", f"http://127.0.0.1:{SQUID_PORT}"]),
-                "gate_absolute_form": download(ns, ["-x", f"http://127.0.0.1:{GATE_PORT}"]),
-                "direct_again": download([], []),
-            }
+            ways = {"direct": ([], []),
+                    "gate_tunnel": (ns, ["-p", "-x", f"http://127.0.0.1:{GATE_PORT}"]),
+                    "squid_tunnel": ([], ["-p", "-x", f"http://127.0.0.1:{SQUID_PORT}"]),
+                    "gate_absolute_form": (ns, ["-x", f"http://127.0.0.1:{GATE_PORT}"])}
+            runs: dict[str, list[float]] = {k: [] for k in ways}
+            for _ in range(args.bulk_reps):  # alternating, so a busy moment costs each way alike
+                for k, (n, extra) in ways.items():
+                    runs[k].append(download(n, extra))
+            out["bulk_MBps"] = {k: {"median": statistics.median(v), "runs": v} for k, v in runs.items()}
+            print("bulk", out["bulk_MBps"], file=sys.stderr)
             out["gate_counts"] = gate.counts()
         finally:
             if gate is not None:
