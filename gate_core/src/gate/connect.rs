@@ -11,6 +11,7 @@ use hyper::header::{HeaderValue, CONNECTION};
 use hyper::upgrade::OnUpgrade;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 use crate::audit::{fields as f, GateRecord};
@@ -21,7 +22,7 @@ use super::server::Slot;
 use super::respond::{self, Body};
 use super::ctx::Pending;
 use super::target::{split_authority, InvalidPort};
-use super::{guard, inspect, Ctx};
+use super::{guard, inspect, splice, Ctx};
 
 /// A CONNECT that did not open a tunnel ends the connection: what the client sends next
 /// (typically a TLS ClientHello) is not HTTP.
@@ -103,7 +104,7 @@ fn inspect_tunnel(ctx: Arc<Ctx>, peer: SocketAddr, mut req: Request<Incoming>, m
     Response::new(respond::empty())
 }
 
-/// Runs until either side closes, or nothing crossed it for `idle` (see [`idle::relay`]);
+/// Runs until either side closes, or nothing crossed it for `idle` (see [`splice::relay`]);
 /// `Gate::stop` aborts it with the runtime.
 /// `_slot` counts the tunnel against [`super::server::MAX_CONNECTIONS`] until it ends.
 async fn tunnel(upgrade: OnUpgrade, upstream: TcpStream, peer: SocketAddr, target: String, _slot: Option<Slot>, idle: Duration) {
@@ -114,7 +115,26 @@ async fn tunnel(upgrade: OnUpgrade, upstream: TcpStream, peer: SocketAddr, targe
             return;
         }
     };
-    match idle::relay(TokioIo::new(upgraded), upstream, idle).await {
+    // The client's socket as the gate accepted it (server.rs), for splice(2); any other
+    // stream, or no pipe to be had, is copied.
+    let ended = match upgraded.downcast::<TokioIo<TcpStream>>() {
+        Ok(parts) => {
+            let down = parts.io.into_inner();
+            match splice::relay(&down, &parts.read_buf, &upstream, idle).await {
+                Ok(ended) => ended,
+                Err(e) => {
+                    tracing::debug!(client = %peer, dst = %target, error = %e, "tunnel: no pipe for splice; copying");
+                    let mut upstream = upstream;
+                    match upstream.write_all(&parts.read_buf).await {
+                        Ok(()) => idle::relay(down, upstream, idle).await,
+                        Err(e) => Ended::Error(e),
+                    }
+                }
+            }
+        }
+        Err(upgraded) => idle::relay(TokioIo::new(upgraded), upstream, idle).await,
+    };
+    match ended {
         Ended::Closed(up, down) => tracing::debug!(client = %peer, dst = %target, bytes.up = up, bytes.down = down, "tunnel closed"),
         Ended::Error(e) => tracing::debug!(client = %peer, dst = %target, error = %e, "tunnel ended with an error"),
         Ended::Idle => tracing::debug!(client = %peer, dst = %target, "tunnel closed: idle"),

@@ -51,6 +51,8 @@ pub struct Ctx {
     pub(super) clients: Arc<super::client::Clients>,
     /// How many `dns` records the stub may still write this second (see `dns_stub`).
     pub(super) dns_rate: super::dns_stub::RecordRate,
+    /// Kept upstream connections of plain-http requests (see `pool`).
+    pub(super) upstream: super::pool::Pool<hyper::body::Incoming>,
 }
 
 impl Ctx {

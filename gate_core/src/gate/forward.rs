@@ -8,7 +8,6 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::header::{HeaderMap, HeaderName, HeaderValue, CONNECTION, HOST};
 use hyper::{Request, Response, Uri, Version};
-use hyper_util::rt::TokioIo;
 
 use crate::audit::fields as f;
 use crate::policy::{canonical_host, Host, RequestFacts, Scheme};
@@ -21,7 +20,7 @@ use super::target::{
     HTTP_DEFAULT_PORT,
 };
 use super::upgrade::{self, Asked};
-use super::{guard, Ctx};
+use super::{pool, Ctx};
 
 /// Headers that describe one hop and are never forwarded (RFC 9110 §7.6.1), besides the
 /// ones the `Connection` header names.
@@ -194,11 +193,11 @@ pub async fn handle(ctx: Arc<Ctx>, peer: SocketAddr, mut req: Request<Incoming>)
     }
     let target = adm.host.with_port(port);
     let mut pending = Pending::new(ctx.clone(), rec);
-    let (stream, addr) = match guard::dial(&ctx, &adm).await {
-        Ok(ok) => ok,
+    let conn = match pool::checkout(&ctx, &ctx.upstream, &adm).await {
+        Ok(conn) => conn,
         Err(e) => return pending.fail(&adm, &e),
     };
-    pending.rec().dst_ip = Some(addr.ip().to_string());
+    pending.rec().dst_ip = Some(conn.addr().ip().to_string());
 
     let down_upgrade = (asked == Asked::WebSocket).then(|| hyper::upgrade::on(&mut req));
     let (mut parts, body) = req.into_parts();
@@ -213,17 +212,7 @@ pub async fn handle(ctx: Arc<Ctx>, peer: SocketAddr, mut req: Request<Incoming>)
     }
     let upstream_req = Request::from_parts(parts, body);
 
-    let result = async {
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
-        tokio::spawn(async move {
-            if let Err(e) = conn.with_upgrades().await {
-                tracing::debug!(error = %e, "upstream connection ended with an error");
-            }
-        });
-        sender.send_request(upstream_req).await
-    }
-    .await;
-    match result {
+    match conn.send(upstream_req).await {
         Ok(resp) => {
             pending.rec().status = Some(resp.status().as_u16());
             pending.finish();
@@ -234,6 +223,6 @@ pub async fn handle(ctx: Arc<Ctx>, peer: SocketAddr, mut req: Request<Incoming>)
             strip_hop_by_hop(&mut parts.headers);
             Response::from_parts(parts, body.boxed())
         }
-        Err(e) => pending.send_failed(&target, send_failure(&e)),
+        Err(failure) => pending.send_failed(&target, failure),
     }
 }

@@ -21,9 +21,17 @@ use super::Ctx;
 
 /// Resolve (names only), screen, and connect to the first kept address that answers.
 pub async fn dial(ctx: &Ctx, adm: &Admission) -> Result<(TcpStream, SocketAddr), DialError> {
-    let ips = dial::addresses(&ctx.resolver, &adm.host, ctx.connect_timeout).await?;
-    let kept = screen_for(ctx, adm, ips)?;
+    let kept = vetted(ctx, adm).await?;
     dial::connect_any(&kept, adm.port, ctx.connect_timeout).await
+}
+
+/// Resolve (names only) and screen: the addresses the gate may dial for `adm`, in order
+/// (never empty). The pool (`pool.rs`) reuses a connection only to one of these.
+///
+/// Errors: the lookup's [`DialError`], or [`DialError::Ssrf`] when every address is refused.
+pub async fn vetted(ctx: &Ctx, adm: &Admission) -> Result<Vec<IpAddr>, DialError> {
+    let ips = dial::addresses(&ctx.resolver, &adm.host, ctx.connect_timeout).await?;
+    screen_for(ctx, adm, ips)
 }
 
 /// True when `ip`, an address the gate is already connected to (an inspected tunnel keeps

@@ -14,8 +14,10 @@ pub mod inspect;
 mod malformed;
 mod notice;
 pub mod netns;
+mod pool;
 pub mod respond;
 mod server;
+mod splice;
 pub mod target;
 mod upgrade;
 
@@ -164,6 +166,7 @@ impl Gate {
                 audit_failing: Default::default(),
                 clients: Arc::new(client::Clients::new(config.run_cgroup)),
                 dns_rate: Default::default(),
+                upstream: pool::Pool::new(pool::IDLE_TIMEOUT, pool::MAX_IDLE_PER_KEY),
             })
         };
         let open = server::Cap::new(server::MAX_CONNECTIONS, "open connections");
