@@ -1,0 +1,173 @@
+"""bench/results/latest.json and latest.md from the sections' results, and the README's
+"Benchmarks" section (between the markers below) from latest.md."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import re
+import subprocess
+
+from .common import RESULTS, ROOT
+
+START, END = "<!-- bench:start (bench/run --readme writes this) -->", "<!-- bench:end -->"
+
+
+def machine() -> dict:
+    """Date (UTC), CPU model and count, memory, kernel, commit of the worktree."""
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
+    mem = next(int(line.split()[1]) for line in open("/proc/meminfo") if line.startswith("MemTotal"))
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                           capture_output=True, text=True).stdout.strip()
+    return {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "cpu": cpu, "cores": os.cpu_count(), "mem_gib": round(mem / 2**20, 1),
+            "kernel": platform.release(), "commit": commit + ("+dirty" if dirty else "")}
+
+
+def _f(x: object, nd: int = 1) -> str:
+    if x is None:
+        return "–"
+    if isinstance(x, float):
+        return f"{x:,.{nd}f}"
+    if isinstance(x, int):
+        return f"{x:,}"
+    return str(x)
+
+
+def _table(head: list[str], rows: list[list[object]]) -> list[str]:
+    out = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    out += ["| " + " | ".join(_f(c) if not isinstance(c, str) else c for c in r) + " |" for r in rows]
+    return out + [""]
+
+
+def _startup(r: dict) -> list[str]:
+    rows = [[name, f"{c['median_s'] * 1000:.1f}", f"{c['first_s'] * 1000:.1f}", _f(c["gatewrap_ratio"], 2) + "×"]
+            for name, c in r["commands"].items()]
+    out = [f"**Start-up** ({r['rounds']} alternating rounds; ms). gatewrap cold (hooks unloaded first): "
+           f"{r['gatewrap_cold_s'] * 1000:.0f} ms.", ""]
+    return out + _table(["command", "median", "first", "gatewrap ÷ it"], rows)
+
+
+def _memory(r: dict) -> list[str]:
+    rows = [[kind, int(n), c["rss_mib_each"], c["pss_mib_each"], c["processes_each"],
+             f"{c['start_first_s'] * 1000:.0f}", f"{c['start_last_s'] * 1000:.0f}"]
+            for kind, per in r["kinds"].items() for n, c in per.items()]
+    out = ["**Memory per idle sandbox** (agent `sleep` excluded; MiB from smaps_rollup; start ms of the "
+           "first and the last one, started one after another).", ""]
+    return out + _table(["sandbox", "N", "RSS each", "PSS each", "processes", "1st start", "Nth start"], rows)
+
+
+def _proxies(r: dict) -> list[str]:
+    names = ["gate", "gate (inspect)", "squid", "tinyproxy"]
+    out = [f"**Gate vs Squid and tinyproxy** (hey, 100-byte GETs from nginx on loopback; median of "
+           f"{r['reps']} rounds of {r['round_s']} s; req/s, p50/p99 ms).", ""]
+    for part in ("matrix", "bulk", "sustained"):
+        if "error" in r.get(part, {}):
+            out += [f"{part}: not measured: {r[part]['error']}", ""]
+    rows = []
+    for proto, per_ka in r.get("matrix", {}).items():
+        if not isinstance(per_ka, dict):
+            continue
+        for ka, per_c in per_ka.items():
+            for conns, cells in per_c.items():
+                row: list[object] = [proto.replace("_", "+"), ka, int(conns)]
+                for n in names:
+                    c = cells.get(n)
+                    row.append("–" if c is None else f"{_f(c['rps'])} ({c['p50_ms']}/{c['p99_ms']})"
+                               + (f" err {c['errors']}" if c["errors"] else ""))
+                g = cells.get("gate", {})
+                row += [_f(g.get("rps_vs_squid"), 2), _f(g.get("p99_vs_squid"), 2)]
+                rows.append(row)
+    out += _table(["traffic", "conn.", "clients", *names, "gate ÷ squid req/s", "gate ÷ squid p99"], rows)
+    s = r.get("sustained", {})
+    rows = [[n, _f(c["rps"], 0), c["p99_ms"], c["errors"], c["time_wait_max"]] for n, c in s.items() if isinstance(c, dict)]
+    out += ["Sustained: plain HTTP, 64 clients, no keep-alive, one upstream address "
+            f"(gate ÷ squid req/s {_f(s.get('gate_rps_vs_squid'), 2)}).", ""]
+    out += _table(["proxy", "req/s", "p99 ms", "errors", "TIME_WAIT max (upstream port)"], rows)
+    b = r.get("bulk", {})
+    rows = [[k, v] for k, v in b.items() if k not in ("gate_tunnel_vs_direct", "error")]
+    out += [f"Bulk: 1 GiB from nginx with curl, MB/s (gate tunnel ÷ direct {_f(b.get('gate_tunnel_vs_direct'), 2)}).", ""]
+    return out + _table(["path", "MB/s"], rows)
+
+
+def _hooks(r: dict) -> list[str]:
+    rows = [[case, c["cpu_with_ns"], c["cpu_without_ns"], c["cpu_added_ns"], c["wall_added_ns"],
+             ", ".join(f"{k} {v}" for k, v in c["errno_with"].items()) or "ok"]
+            for case, c in r.items() if isinstance(c, dict)]
+    out = [f"**Kernel hooks** ({r['calls']:,} calls per loop, median of 3; ns per call of the loop's CPU; "
+           "wall for context).", ""]
+    return out + _table(["case", "with hooks", "without", "added (CPU)", "added (wall)", "result with hooks"], rows)
+
+
+def _policy(r: dict) -> list[str]:
+    rows = [[g, c, v.get("10"), v.get("1000"), v.get("100000"), _f(r["ratio_100k_to_10"].get(f"{g} {c}"), 2)]
+            for g, cases in r["median_ns"].items() for c, v in cases.items()]
+    out = ["**Policy decisions** (criterion medians, ns; rules named h{i}.example.com or *.d{i}.example.com; "
+           "first/last rule's host, or none).", ""]
+    return out + _table(["decision", "host", "10 rules", "1,000", "100,000", "100k ÷ 10"], rows)
+
+
+def _audit(r: dict) -> list[str]:
+    rows = [[name, c["attempts"], c["agent_s"], c["records"], c["count_sum"], c["lost_attempts"],
+             c["lost_events"], c["gatewrap_cpu_s"]] for name, c in r.items()]
+    out = ["**Audit pipeline** (refused connects by tests/escape/escape_probe.c under `gatewrap run`).", ""]
+    return out + _table(["scenario", "attempts", "agent s", "records", "counts summed", "attempts lost",
+                         "lost_events", "gatewrap CPU s"], rows)
+
+
+SECTIONS = {"startup": _startup, "memory": _memory, "proxies": _proxies, "hooks": _hooks,
+            "policy": _policy, "audit": _audit}
+
+
+def markdown(res: dict) -> str:
+    """The table: a header line (date, machine, kernel, commit, wall time), then one table
+    per section; a section that failed or was skipped says so; missing peers are listed."""
+    m = res["machine"]
+    out = [f"Measured {m['date']} on {m['cores']} × {m['cpu']}, {m['mem_gib']} GiB, Linux {m['kernel']}, "
+           f"commit {m['commit']}; `bench/run` took {res['wall_s'] / 60:.1f} min. Ratios are from this one run, "
+           "every peer measured beside gatewrap.", ""]
+    for name, fmt in SECTIONS.items():
+        sec = res["sections"].get(name)
+        if sec is None:
+            continue
+        if "error" in sec:
+            out += [f"**{name}**: not measured: {sec['error']}", ""]
+            continue
+        try:
+            out += fmt(sec)
+        except (KeyError, TypeError, AttributeError) as e:  # a partial result: the JSON has it all
+            out += [f"**{name}**: partial results (see latest.json): {type(e).__name__}: {e}", ""]
+        if sec.get("missing"):
+            out += ["Missing: " + "; ".join(sec["missing"]), ""]
+    return "\n".join(out).rstrip() + "\n"
+
+
+def write(res: dict) -> str:
+    """Write latest.json and latest.md under bench/results; returns the Markdown."""
+    os.makedirs(RESULTS, exist_ok=True)
+    with open(os.path.join(RESULTS, "latest.json"), "w") as f:
+        json.dump(res, f, indent=1)
+    md = markdown(res)
+    with open(os.path.join(RESULTS, "latest.md"), "w") as f:
+        f.write(md)
+    return md
+
+
+def to_readme(readme: str = os.path.join(ROOT, "README.md")) -> None:
+    """Put bench/results/latest.md into the README between START and END (a "## Benchmarks"
+    section appended if there is none). Raises FileNotFoundError without latest.md."""
+    with open(os.path.join(RESULTS, "latest.md")) as f:
+        md = f.read()
+    with open(readme) as f:
+        text = f.read()
+    block = f"{START}\n{md}{END}"
+    if START in text:
+        text = re.sub(re.escape(START) + ".*?" + re.escape(END), lambda _: block, text, flags=re.S)
+    else:
+        text = text.rstrip() + ("\n\n## Benchmarks\n\nFrom `sudo bench/run` (bench/README.md says what each figure "
+                                "is and how it is measured).\n\n" + block + "\n")
+    with open(readme, "w") as f:
+        f.write(text)
