@@ -157,8 +157,8 @@ def write(res: dict) -> str:
 
 
 def to_readme(readme: str = os.path.join(ROOT, "README.md")) -> None:
-    """Put bench/results/latest.md into the README between START and END (a "## Benchmarks"
-    section appended if there is none). Raises FileNotFoundError without latest.md."""
+    """Put bench/results/latest.md into the README between START and END (without them, a
+    "## Benchmarks" section is added before "## Layout", or at the end). Raises FileNotFoundError without latest.md."""
     with open(os.path.join(RESULTS, "latest.md")) as f:
         md = f.read()
     with open(readme) as f:
@@ -167,7 +167,9 @@ def to_readme(readme: str = os.path.join(ROOT, "README.md")) -> None:
     if START in text:
         text = re.sub(re.escape(START) + ".*?" + re.escape(END), lambda _: block, text, flags=re.S)
     else:
-        text = text.rstrip() + ("\n\n## Benchmarks\n\nFrom `sudo bench/run` (bench/README.md says what each figure "
-                                "is and how it is measured).\n\n" + block + "\n")
+        section = ("## Benchmarks\n\nFrom `sudo bench/run` (bench/README.md says what each figure is and how it "
+                   "is measured; `bench/run --readme` refreshes this section).\n\n" + block + "\n\n")
+        at = text.find("\n## Layout")
+        text = text[:at + 1] + section + text[at + 1:] if at >= 0 else text.rstrip() + "\n\n" + section
     with open(readme, "w") as f:
         f.write(text)
