@@ -4,11 +4,14 @@ bench/results/latest.{json,md} (and the README with --readme).
 Usage (root; bench/run takes the kernel lock and installs the peers first):
   python -m harness [--only startup,memory,proxies,hooks,policy,audit] [--quick] [--readme]
   python -m harness --readme-only     # latest.md into the README, nothing measured
+  python -m harness --render          # latest.md again from latest.json (after a format change)
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 import time
 import traceback
@@ -35,7 +38,12 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="small sizes, a smoke test of the harness (~4 min)")
     ap.add_argument("--readme", action="store_true", help="also put the table in the README's Benchmarks section")
     ap.add_argument("--readme-only", action="store_true", help="only put bench/results/latest.md in the README")
+    ap.add_argument("--render", action="store_true", help="only write latest.md again from latest.json")
     args = ap.parse_args()
+    if args.render:
+        with open(os.path.join(report.RESULTS, "latest.json")) as f:
+            print(report.write(json.load(f)))
+        return 0
     if args.readme_only:
         report.to_readme()
         return 0

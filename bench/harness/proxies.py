@@ -47,7 +47,8 @@ def _cell(rounds: list[dict]) -> dict:
     return {"rps": round(median(rps)) if rps else None,
             "p50_ms": median([r["p50_ms"] for r in rounds if r["p50_ms"] is not None] or [0]),
             "p99_ms": median([r["p99_ms"] for r in rounds if r["p99_ms"] is not None] or [0]),
-            "errors": sum(r["errors"] for r in rounds)}
+            "errors": sum(r["errors"] for r in rounds),
+            "error_sample": next((r["error_sample"] for r in rounds if r.get("error_sample")), None)}
 
 
 def matrix(proxies: dict[str, tuple[int, list[str]]], reps: int, secs: float) -> dict:

@@ -67,7 +67,8 @@ def _proxies(r: dict) -> list[str]:
     for part in ("matrix", "bulk", "sustained"):
         if "error" in r.get(part, {}):
             out += [f"{part}: not measured: {r[part]['error']}", ""]
-    rows = []
+    rows: list[list[object]] = []
+    failures: list[str] = []
     for proto, per_ka in r.get("matrix", {}).items():
         if not isinstance(per_ka, dict):
             continue
@@ -77,11 +78,15 @@ def _proxies(r: dict) -> list[str]:
                 for n in names:
                     c = cells.get(n)
                     row.append("–" if c is None else f"{_f(c['rps'])} ({c['p50_ms']}/{c['p99_ms']})"
-                               + (f" err {c['errors']}" if c["errors"] else ""))
+                               + (f" **{c['errors']} failed**" if c["errors"] else ""))
+                    if c and c.get("error_sample"):
+                        failures.append(f"{proto} {ka} {conns} clients, {n}: {c['error_sample']}")
                 g = cells.get("gate", {})
                 row += [_f(g.get("rps_vs_squid"), 2), _f(g.get("p99_vs_squid"), 2)]
                 rows.append(row)
     out += _table(["traffic", "conn.", "clients", *names, "gate ÷ squid req/s", "gate ÷ squid p99"], rows)
+    if failures:
+        out += ["Failed requests (hey's first error line): " + "; ".join(failures), ""]
     s = r.get("sustained", {})
     rows = [[n, _f(c["rps"], 0), c["p99_ms"], c["errors"], c["time_wait_max"]] for n, c in s.items() if isinstance(c, dict)]
     out += ["Sustained: plain HTTP, 64 clients, no keep-alive, one upstream address "
@@ -112,7 +117,7 @@ def _policy(r: dict) -> list[str]:
 
 def _audit(r: dict) -> list[str]:
     rows = [[name, c["attempts"], c["agent_s"], c["records"], c["count_sum"], c["lost_attempts"],
-             c["lost_events"], c["gatewrap_cpu_s"]] for name, c in r.items()]
+             c["lost_events"], c["gatewrap_cpu_s"]] for name, c in r.items() if isinstance(c, dict)]
     out = ["**Audit pipeline** (refused connects by tests/escape/escape_probe.c under `gatewrap run`).", ""]
     return out + _table(["scenario", "attempts", "agent s", "records", "counts summed", "attempts lost",
                          "lost_events", "gatewrap CPU s"], rows)
