@@ -123,6 +123,60 @@ def _audit(r: dict) -> list[str]:
                          "lost_events", "gatewrap CPU s"], rows)
 
 
+def _targets(sec: dict) -> list[str]:
+    """Issue 13's targets, each with this run's figure and whether it is met."""
+    rows: list[list[object]] = []
+
+    def add(target: str, figure: str, met: bool | None) -> None:
+        rows.append([target, figure, "–" if met is None else ("yes" if met else "**no**")])
+
+    st = sec.get("startup", {})
+    if "commands" in st and "firejail --net=none" in st["commands"]:
+        r = st["commands"]["firejail --net=none"]["gatewrap_ratio"]
+        add("1. warm start ≤ 2.5× firejail", f"{r}×", r <= 2.5)
+        add("1. cold start ≤ 1.5 s", f"{st['gatewrap_cold_s']} s", st["gatewrap_cold_s"] <= 1.5)
+    mem = sec.get("memory", {}).get("kinds", {}).get("gatewrap run", {})
+    if mem:
+        n = max(mem, key=int)
+        c = mem[n]
+        add(f"2. ≤ 2 MB per idle sandbox (PSS, N={n})", f"{c['pss_mib_each']} MiB", c["pss_mib_each"] <= 2)
+        add(f"2. the {n}th starts as fast as the 1st", f"{c['start_first_s'] * 1000:.0f} / {c['start_last_s'] * 1000:.0f} ms",
+            c["start_last_s"] <= 1.2 * c["start_first_s"])
+    px = sec.get("proxies", {})
+    for proto, per_ka in px.get("matrix", {}).items():
+        if not isinstance(per_ka, dict):
+            continue
+        cells = [c["gate"] for per_c in per_ka.values() for c in per_c.values() if "rps_vs_squid" in c.get("gate", {})]
+        if cells:
+            lo = min(c["rps_vs_squid"] for c in cells)
+            hi = max(c["p99_vs_squid"] for c in cells)
+            add(f"3. {proto.replace('_', '+')}: ≥ 1.5× Squid req/s, p99 ≤ Squid's (worst of 6 cells)",
+                f"{lo}× req/s, {hi}× p99", lo >= 1.5 and hi <= 1)
+    su = px.get("sustained", {})
+    if "gate_rps_vs_squid" in su:
+        add("3. sustained 60 s, one upstream: ≥ 1.5× Squid, no TIME_WAIT storm",
+            f"{su['gate_rps_vs_squid']}×, TIME_WAIT max {su['gate']['time_wait_max']:,}",
+            su["gate_rps_vs_squid"] >= 1.5 and su["gate"]["time_wait_max"] < 1000)
+    b = px.get("bulk", {})
+    if b.get("gate_tunnel_vs_direct") is not None:
+        add("3. tunnel bulk ≥ 90 % of direct", f"{b['gate_tunnel_vs_direct'] * 100:.0f} %", b["gate_tunnel_vs_direct"] >= 0.9)
+    hk = sec.get("hooks", {})
+    for case in ("tcp connect allowed", "udp sendto allowed"):
+        if case in hk:
+            a = hk[case]["cpu_added_ns"]
+            add(f"4. hooks add ≤ 1 µs per call ({case})", f"{a} ns", a <= 1000)
+    pol = sec.get("policy", {}).get("ratio_100k_to_10", {})
+    if pol:
+        worst = max(pol.values())
+        add("5. decisions flat in the rule count (worst 100k ÷ 10 rules)", f"{worst:,.0f}×", worst <= 2)
+    au = sec.get("audit", {})
+    if "burst" in au:
+        lost = sum(c["lost_attempts"] for c in au.values() if isinstance(c, dict))
+        add("6. 200k refused connects < 1 s, no attempt lost", f"{au['burst']['agent_s']} s, {lost} lost",
+            au["burst"]["agent_s"] < 1 and lost == 0)
+    return ["**Targets of issue 13**", ""] + _table(["target", "this run", "met"], rows) if rows else []
+
+
 SECTIONS = {"startup": _startup, "memory": _memory, "proxies": _proxies, "hooks": _hooks,
             "policy": _policy, "audit": _audit}
 
@@ -134,6 +188,10 @@ def markdown(res: dict) -> str:
     out = [f"Measured {m['date']} on {m['cores']} × {m['cpu']}, {m['mem_gib']} GiB, Linux {m['kernel']}, "
            f"commit {m['commit']}; `bench/run` took {res['wall_s'] / 60:.1f} min. Ratios are from this one run, "
            "every peer measured beside gatewrap.", ""]
+    try:
+        out += _targets(res["sections"])
+    except (KeyError, TypeError, ValueError) as e:
+        out += [f"Targets: not summarised ({type(e).__name__}: {e})", ""]
     for name, fmt in SECTIONS.items():
         sec = res["sections"].get(name)
         if sec is None:
