@@ -34,31 +34,37 @@ AGENT_UID = 65534
 
 
 def build_probe(tmp: str) -> str:
-    exe = os.path.join(tmp, "escape_probe")
+    """tests/escape/escape_probe.c compiled into ``tmp``/work (made 0755); returns its path."""
+    os.makedirs(os.path.join(tmp, "work"), mode=0o755, exist_ok=True)
+    exe = os.path.join(tmp, "work", "escape_probe")
     subprocess.run(["cc", "-O2", "-o", exe, os.path.join(ROOT, "tests/escape/escape_probe.c")], check=True)
     os.chmod(exe, 0o755)
     return exe
 
 
 def scenario(python: str, probe: str, tmp: str, n: int, dests: list[tuple[str, int]], pad: int) -> dict:
-    audit = os.path.join(tmp, f"audit-{len(os.listdir(tmp))}.jsonl")
+    """One ``gatewrap run`` of the probe (which lies in ``tmp``/work, the agent's workdir;
+    the audit log goes to ``tmp``/audit, a folder the agent cannot write)."""
+    os.makedirs(os.path.join(tmp, "audit"), exist_ok=True)
+    audit = os.path.join(tmp, "audit", f"audit-{len(os.listdir(os.path.join(tmp, 'audit')))}.jsonl")
+    work = os.path.dirname(probe)
     first, *rest = dests
     argv = [probe, "flood", first[0], str(first[1]), str(n)]
     for ip, port in rest:
         argv += [ip, str(port)]
     if pad:
         argv += ["--", "A" * pad]
-    cmd = [python, "-m", "gatewrap", "run", "--audit-log", audit, "--workdir", tmp, "--", *argv]
+    cmd = [python, "-m", "gatewrap", "run", "--audit-log", audit, "--workdir", work, "--", *argv]
     env = dict(os.environ, SUDO_UID=str(AGENT_UID), SUDO_GID=str(AGENT_UID))
-    with open(os.path.join(tmp, "out"), "w+") as out, open(os.path.join(tmp, "err"), "w+") as err:
+    with open(os.path.join(tmp, "audit", "out"), "w+") as out, open(os.path.join(tmp, "audit", "err"), "w+") as err:
         p = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, cwd=ROOT)
         _, status, ru = os.wait4(p.pid, 0)
         p.returncode = os.waitstatus_to_exitcode(status)
-        out.seek(0)
-        agent = json.loads(next(line for line in out.read().splitlines() if line.startswith("{")))
         err.seek(0)
         if p.returncode != 0:
             raise SystemExit(f"gatewrap run failed ({p.returncode}): {err.read()}")
+        out.seek(0)
+        agent = json.loads(next(line for line in out.read().splitlines() if line.startswith("{")))
     lines = [(line, json.loads(line)) for line in open(audit, encoding="utf-8").read().splitlines()]
     egress = [line for line, rec in lines if rec["event"] == "direct_egress"]
     recs = [rec for _, rec in lines if rec["event"] == "direct_egress"]

@@ -1,0 +1,61 @@
+"""Shared helpers: paths, timing, statistics, subprocesses, missing peers."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import subprocess
+import time
+from typing import Sequence
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+RESULTS = os.path.join(ROOT, "bench", "results")
+VENV_PY = os.path.join(ROOT, ".venv", "bin", "python")
+# The agent's uid for `gatewrap run` (as in bench/kernel_burst.py): not root, so it is jailed
+# by nsjail as a real run is.
+AGENT_UID = 65534
+
+
+class Missing(Exception):
+    """A peer or tool is not installed; the section reports it instead of failing."""
+
+
+def need(tool: str) -> str:
+    """The path of ``tool`` on PATH; raises :class:`Missing` naming it."""
+    path = shutil.which(tool)
+    if path is None:
+        raise Missing(tool)
+    return path
+
+
+def gatewrap_argv(audit: str, *extra: str) -> list[str]:
+    """``gatewrap run`` of this worktree's venv (``GATEWRAP_PYTHON`` to pick another build),
+    writing its audit to ``audit``; the agent command follows ``--``."""
+    py = os.environ.get("GATEWRAP_PYTHON", VENV_PY)
+    return [py, "-m", "gatewrap", "run", "--audit-log", audit, "--workdir", "/tmp", *extra]
+
+
+def agent_env() -> dict[str, str]:
+    """The environment for ``gatewrap run``: the agent runs as :data:`AGENT_UID`."""
+    return dict(os.environ, SUDO_UID=str(AGENT_UID), SUDO_GID=str(AGENT_UID))
+
+
+def timed(argv: Sequence[str], env: dict[str, str] | None = None, timeout: float = 120) -> float:
+    """Wall seconds of one run of ``argv`` (stdout and stderr discarded); raises
+    CalledProcessError when it fails."""
+    t0 = time.perf_counter()
+    subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+                   timeout=timeout, check=True)
+    return time.perf_counter() - t0
+
+
+def median(xs: Sequence[float]) -> float:
+    return statistics.median(xs)
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    """``a / b`` rounded to 2 places, None when either is missing or b is 0."""
+    if a is None or not b:
+        return None
+    return round(a / b, 2)
