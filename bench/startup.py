@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -38,14 +39,21 @@ UNLOAD = "from gatewrap.sandbox import cgroup; from gatewrap.bpf import loader; 
 #: Bytecode is written and used as after a pip install (which compiles it): without it every
 #: run compiles gatewrap's modules again.
 ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+#: CPU seconds of each run timed, in order (see :func:`wall`).
+CPU: list[float] = []
 
 
 def wall(argv: list[str]) -> float:
-    """Seconds one run of ``argv`` takes (stdio to /dev/null); exits if it fails."""
+    """Seconds one run of ``argv`` takes (stdio to /dev/null); exits if it fails. Its CPU
+    time (user + system of it and its waited-for children, getrusage(2) RUSAGE_CHILDREN) is
+    appended to :data:`CPU`."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t = time.perf_counter()
     rc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                         env=ENV).returncode
     took = time.perf_counter() - t
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    CPU.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
     if rc != 0:
         sys.exit(f"startup.py: {' '.join(argv)} exited {rc}")
     return took
@@ -95,9 +103,11 @@ def main() -> int:
     for argv in cmds.values():  # warm-up: pins, page cache
         wall(argv)
     times: dict[str, list[float]] = {k: [] for k in cmds}
+    cpu: dict[str, list[float]] = {k: [] for k in cmds}
     for _ in range(args.runs):
         for name, argv in cmds.items():
             times[name].append(wall(argv))
+            cpu[name].append(CPU[-1])
     cold: dict[str, list[float]] = {}
     for _ in range(args.cold):
         for gw in builds:
@@ -106,14 +116,16 @@ def main() -> int:
     med = {k: statistics.median(v) for k, v in times.items()}
     fj = med.get("firejail --noprofile --net=none")
     py = med[f"{python_of(builds[0])} -c pass"]
-    print(f"warm, median of {args.runs} (alternating):")
+    print(f"warm, median of {args.runs} (alternating): wall, ratios of wall, CPU (user + sys)")
     for name, m in med.items():
         ratio = f"  {m / fj:5.2f}x firejail" if fj else ""
-        print(f"  {m * 1000:8.1f} ms  {m / py:5.2f}x python -c pass{ratio}  {name}")
+        print(f"  {m * 1000:8.1f} ms  {m / py:5.2f}x python -c pass{ratio}  cpu {statistics.median(cpu[name]) * 1000:6.1f} ms"
+              f"  {name}")
     for gw, v in cold.items():
         print(f"cold, median of {len(v)}: {statistics.median(v) * 1000:8.1f} ms  {gw}")
     out = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host": os.uname().nodename,
            "cpus": os.cpu_count(), "runs": args.runs, "warm_s": times, "warm_median_s": med,
+           "warm_cpu_median_s": {k: statistics.median(v) for k, v in cpu.items()},
            "cold_s": cold, "cold_median_s": {k: statistics.median(v) for k, v in cold.items()}}
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
