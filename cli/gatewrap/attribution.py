@@ -13,7 +13,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import psutil
+# psutil is imported where a record is attributed (on the kernel-denial thread), not at
+# start-up: a run with no kernel event never needs it.
 
 #: Most parents a record lists (nearest first).
 MAX_PARENTS = 16
@@ -42,6 +43,8 @@ def comm_of(pid: int) -> str:
         with open(f"/proc/{pid}/comm", "rb") as f:
             return f.read().rstrip(b"\n").decode("utf-8", "backslashreplace")
     except OSError as e:
+        import psutil
+
         raise psutil.NoSuchProcess(pid) from e
 
 
@@ -69,6 +72,8 @@ class Attributor:
         ``attribution: "partial"`` when ``pid`` or a parent was gone or not the run's.
         Costs, uncached: psutil's Process (one /proc/PID/stat read), one readlink of
         /proc/PID/exe, and per parent a stat, a comm and a cgroup read."""
+        import psutil
+
         try:
             proc = psutil.Process(pid)
             key = (pid, proc.create_time())

@@ -31,15 +31,13 @@ from urllib.parse import urlsplit
 
 from . import audit_reader as ar
 from .errors import GatewrapError
+from .syslog_facility import FACILITIES
 
 #: Our SD-ID (RFC 5424 §7.2.2, NAME@<private enterprise number>). 32473 is the example
 #: enterprise number RFC 5612 reserves for documentation: a placeholder until gatewrap has one
 #: of its own from IANA.
 SD_ID = "gatewrap@32473"
 APP_NAME = "gatewrap"
-#: Facility names and codes (RFC 5424 §6.2.1, table 1).
-FACILITIES = {"user": 1, "daemon": 3, "auth": 4, "authpriv": 10,
-              **{f"local{i}": 16 + i for i in range(8)}}
 #: Severities (RFC 5424 §6.2.1, table 2): a denial is a warning, a failure a notice, the rest info.
 WARNING, NOTICE, INFO = 4, 5, 6
 #: A batch is sent, acknowledged and saved whole: at most this many lines or bytes.

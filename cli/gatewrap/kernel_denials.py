@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import select
 import socket
 import sys
 import threading
@@ -154,7 +156,8 @@ class KernelDenials:
         #: Reads exe and parents of the run's processes (``run_cgroup``: its cgroup path as
         #: /proc/PID/cgroup shows it); None: records say ``attribution: "partial"``.
         self._attribute = Attributor(run_cgroup) if run_cgroup is not None else None
-        self._stop = threading.Event()
+        #: Written by :meth:`stop` to wake the polling thread at once (eventfd(2)).
+        self._wake = os.eventfd(0, os.EFD_CLOEXEC)
         self._thread = threading.Thread(target=self._loop, name="gatewrap-kernel-denials", daemon=True)
         self.count = 0
         self.records = 0
@@ -192,15 +195,24 @@ class KernelDenials:
         self._thread.start()
 
     def _loop(self) -> None:
-        while not self._stop.is_set():
-            self._hooks.poll(100)
+        poller = select.poll()
+        poller.register(self._hooks.fileno(), select.POLLIN)
+        poller.register(self._wake, select.POLLIN)
+        while True:
+            ready = {fd for fd, _ in poller.poll()}
+            if self._wake in ready:
+                return
+            self._hooks.drain()
 
     def stop(self) -> None:
         """Stop polling, deliver what the buffer still holds, then the attempts still
         folded in the kernel. Call it once the run's cgroup is empty. Idempotent."""
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
+        if self._wake >= 0:
+            os.eventfd_write(self._wake, 1)
+            if self._thread.is_alive():
+                self._thread.join()
+            os.close(self._wake)
+            self._wake = -1
         self._hooks.drain()
         self._hooks.flush(self._on_event)
 

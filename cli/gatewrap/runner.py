@@ -12,12 +12,11 @@ import ctypes
 import errno
 import ipaddress
 import os
-import re
 import resource
-import secrets
 import shutil
 import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, TextIO
@@ -28,6 +27,7 @@ from .errors import EXIT_CANNOT_EXEC, EXIT_NOT_FOUND, EXIT_TIMEOUT, GatewrapErro
 from .kernel_denials import KernelDenials
 from .policy import build_policy, sandbox_binds
 from .sandbox import cgroup, gc, jail, limits, netns, registry, user, view
+from .sandbox.mounts import mount_table
 
 DEFAULT_AUDIT_LOG = "/var/log/gatewrap/audit.jsonl"
 #: The TLS inspection CA of this host install (``ca.crt``; the key in ``private/``, hidden
@@ -98,7 +98,7 @@ class RunResult:
 
 def new_run_id() -> str:
     """A fresh run id, ``gw-`` and 10 hex digits."""
-    return "gw-" + secrets.token_hex(5)
+    return "gw-" + os.urandom(5).hex()  # what secrets.token_hex does (getrandom(2))
 
 
 def require_root(command: str = "run") -> None:
@@ -230,13 +230,7 @@ def _kernel_fs_mounts(mounts_file: str = "/proc/self/mounts") -> list[str]:
     from ``/proc/self/mounts`` (proc(5); octal escapes such as ``\\040`` decoded). Each one
     is a way to the cgroup root (``CLONE_INTO_CGROUP``, ``cgroup.procs``) or to the pins,
     including copies under another path (a bind of /sys into a chroot shows the same ones)."""
-    out = []
-    with open(mounts_file) as f:
-        for line in f:
-            parts = line.split()
-            if len(parts) >= 3 and parts[2] in ("cgroup", "cgroup2", "bpf"):
-                out.append(re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), parts[1]))
-    return out
+    return [point for point, fstype in mount_table(mounts_file) if fstype in ("cgroup", "cgroup2", "bpf")]
 
 
 def _outermost(paths: list[str]) -> list[str]:
@@ -338,17 +332,16 @@ def run(opts: RunOptions, stderr: TextIO | None = None) -> RunResult:
         undo.callback(hooks.close)
         for stale in gc.collect(parent, _salvager(hooks)).runs:
             print(f"gatewrap: removed stale sandbox {stale} (its gatewrap had died)", file=err)
-        ns_path = netns.create(run_id)
-        undo.callback(netns.remove, run_id)
         leaf, cgroup_id = cgroup.create_leaf(parent, run_id)
         undo.callback(cgroup.kill_and_remove, leaf)
         limits.apply(leaf, opts.limits)
-        run_hooks = hooks.configure(cgroup_id, GATE_IP4, GATE_IP6, [opts.port, DNS_PORT], [DNS_PORT])
-        undo.callback(run_hooks.release)
-        denials = KernelDenials(run_hooks, audit, run_id, gate_url, err,
-                                run_cgroup=attribution.cgroup_path(leaf, cgroup.cgroup2_mount() or "/"))
-        denials.start()
-        undo.callback(denials.stop)
+        # Installing the run's ring buffer in the map of maps waits out an RCU grace period
+        # (~10 ms, bpf(2) MAP_UPDATE_ELEM on a map of maps): done on a thread while the netns
+        # and the gate start; joined before the kernel-denial reader starts, so before any spawn.
+        configuring = _OnThread(hooks.configure, cgroup_id, GATE_IP4, GATE_IP6, [opts.port, DNS_PORT], [DNS_PORT])
+        undo.callback(_release_configured, configuring)
+        ns_path = netns.create(run_id)
+        undo.callback(netns.remove, run_id)
         inspecting = any(r.get("inspect") for r in policy.describe())
         ca_cert = None
         if inspecting:
@@ -367,6 +360,11 @@ def run(opts: RunOptions, stderr: TextIO | None = None) -> RunResult:
         except ValueError as e:
             raise GatewrapError(f"--public-range: {str(e).removeprefix('public_ranges: ')}") from e
         undo.callback(gate.stop)
+        run_hooks = configuring.result()
+        denials = KernelDenials(run_hooks, audit, run_id, gate_url, err,
+                                run_cgroup=attribution.cgroup_path(leaf, cgroup.cgroup2_mount() or "/"))
+        denials.start()
+        undo.callback(denials.stop)
         for warning in _public_range_warnings(opts.public_ranges):
             print(warning, file=err)
         loader.verify_attached(parent, hooks.pin_dir)
@@ -433,6 +431,39 @@ def run(opts: RunOptions, stderr: TextIO | None = None) -> RunResult:
         del end["audit_log"]
         _write_run_end(audit, {"run": run_id, "event": "run_end", **end}, err)
     return result
+
+
+class _OnThread:
+    """``fn(*args)``, started now on a thread of its own (which inherits the signal mask);
+    :meth:`result` waits for it and returns its value or raises its exception."""
+
+    def __init__(self, fn: Any, *args: Any) -> None:
+        self._value: Any = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(fn, args), name="gatewrap-configure")
+        self._thread.start()
+
+    def _run(self, fn: Any, args: tuple[Any, ...]) -> None:
+        try:
+            self._value = fn(*args)
+        except BaseException as e:  # raised again in the caller's thread by result()
+            self._error = e
+
+    def result(self) -> Any:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
+def _release_configured(configuring: _OnThread) -> None:
+    """Undo of the run's hook configuration: wait for it, then release it (nothing to release
+    if it failed; its error was raised where the run needed it)."""
+    try:
+        run_hooks = configuring.result()
+    except BaseException:
+        return
+    run_hooks.release()
 
 
 def _write_run_end(audit: Any, record: dict[str, Any], err: TextIO) -> None:

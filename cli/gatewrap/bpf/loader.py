@@ -38,6 +38,7 @@ from typing import Any
 from ..errors import BpfError
 from . import libbpf
 from .bccimport import BccMissing, import_bcc
+from .layout import ctype_of
 
 BPFFS = "/sys/fs/bpf"
 PIN_ROOT = f"{BPFFS}/gatewrap"
@@ -68,16 +69,17 @@ MAX_PORTS = 4
 #: GW_MAX_FOLDS_PER_RUN of bpf/gate.h: distinct denials a run folds one by one.
 MAX_FOLDS_PER_RUN = 4096
 
-#: (program name in C, bcc BPFProgType member, bcc BPFAttachType member or the number of
-#: a type bcc 0.26 has no name for: include/uapi/linux/bpf.h, enum bpf_attach_type)
+#: (program name in C, bcc BPFProgType member, attach type: include/uapi/linux/bpf.h, enum
+#: bpf_attach_type, by number so that a warm run needs no bcc; tests/kernel/test_bpf_layout.py
+#: checks them against bcc's BPFAttachType names where bcc 0.26 has them)
 HOOKS = (
-    ("gw_connect4", "CGROUP_SOCK_ADDR", "CGROUP_INET4_CONNECT"),
-    ("gw_connect6", "CGROUP_SOCK_ADDR", "CGROUP_INET6_CONNECT"),
-    ("gw_sendmsg4", "CGROUP_SOCK_ADDR", "CGROUP_UDP4_SENDMSG"),
-    ("gw_sendmsg6", "CGROUP_SOCK_ADDR", "CGROUP_UDP6_SENDMSG"),
-    ("gw_sock_create", "CGROUP_SOCK", "CGROUP_INET_SOCK_CREATE"),
-    ("gw_skb_egress", "CGROUP_SKB", "CGROUP_INET_EGRESS"),
-    ("gw_setsockopt", "CGROUP_SOCKOPT", "CGROUP_SETSOCKOPT"),
+    ("gw_connect4", "CGROUP_SOCK_ADDR", 10),  # BPF_CGROUP_INET4_CONNECT
+    ("gw_connect6", "CGROUP_SOCK_ADDR", 11),  # BPF_CGROUP_INET6_CONNECT
+    ("gw_sendmsg4", "CGROUP_SOCK_ADDR", 14),  # BPF_CGROUP_UDP4_SENDMSG
+    ("gw_sendmsg6", "CGROUP_SOCK_ADDR", 15),  # BPF_CGROUP_UDP6_SENDMSG
+    ("gw_sock_create", "CGROUP_SOCK", 2),  # BPF_CGROUP_INET_SOCK_CREATE
+    ("gw_skb_egress", "CGROUP_SKB", 1),  # BPF_CGROUP_INET_EGRESS
+    ("gw_setsockopt", "CGROUP_SOCKOPT", 22),  # BPF_CGROUP_SETSOCKOPT
     ("gw_connect_unix", "CGROUP_SOCK_ADDR", 49),  # BPF_CGROUP_UNIX_CONNECT
     ("gw_sendmsg_unix", "CGROUP_SOCK_ADDR", 50),  # BPF_CGROUP_UNIX_SENDMSG
 )
@@ -157,17 +159,16 @@ class Hooks:
     """The hooks attached to the ``gatewrap/`` parent, as one gatewrap process uses them.
 
     Holds fds of the pinned maps and the C struct layouts (``struct gw_run_config``,
-    ``struct gw_event``) as ctypes types decoded from bcc's description of them.
+    ``struct gw_event``) as ctypes types decoded from bcc's cached description of them
+    (:func:`.layout.ctype_of`; no bcc needed).
     """
 
-    def __init__(self, bcc: Any, pin_dir: str, layouts: dict[str, Any]) -> None:
-        self._bcc = bcc
+    def __init__(self, pin_dir: str, layouts: dict[str, Any]) -> None:
         self.pin_dir = pin_dir
-        decode = bcc.BPF._decode_table_type
-        self._config_type = decode(layouts["gw_runs"])
-        self._event_type = decode(layouts["gw_event_layout"])
-        self._fold_type = decode(layouts["gw_folds"])
-        self._fold_key_type = decode(layouts["gw_folds.key"])
+        self._config_type = ctype_of(layouts["gw_runs"])
+        self._event_type = ctype_of(layouts["gw_event_layout"])
+        self._fold_type = ctype_of(layouts["gw_folds"])
+        self._fold_key_type = ctype_of(layouts["gw_folds.key"])
         self._fds = {name: libbpf.obj_get(f"{pin_dir}/{name}") for name in PINNED_MAPS}
 
     def close(self) -> None:
@@ -276,39 +277,39 @@ class RunHooks:
         self._hooks = hooks
         self.cgroup_id = cgroup_id
         self._rb_fd = rb_fd
-        self._mgr: int | None = None
-        self._cb: Any = None
+        self._reader: libbpf.RingBuffer | None = None
         self._lock = threading.Lock()
 
     def open(self, on_event: Callable[[_Event], None]) -> None:
-        """Start delivering this run's denials to ``on_event`` (called from :meth:`poll`)."""
-        lib = self._hooks._bcc.libbcc.lib
+        """Start delivering this run's denials to ``on_event`` (called from :meth:`drain`).
 
-        def _cb(_ctx: Any, data: Any, _size: int) -> int:
+        Raises:
+            BpfError: libbpf could not open the ring buffer.
+        """
+
+        def _cb(data: int, _size: int) -> None:
             try:
                 on_event(self._hooks.decode(data))
             except Exception as e:  # never let a callback error unwind through C
                 import sys
                 print(f"gatewrap: failed to record a kernel denial: {e}", file=sys.stderr)
-            return 0
 
-        self._cb = self._hooks._bcc.libbcc._RINGBUF_CB_TYPE(_cb)
-        mgr = lib.bpf_new_ringbuf(self._rb_fd, self._cb, None)
-        if not mgr:
-            raise BpfError("could not open the run's ring buffer")
-        self._mgr = mgr
+        try:
+            self._reader = libbpf.RingBuffer(self._rb_fd, _cb)
+        except OSError as e:
+            raise BpfError(f"could not open the run's ring buffer: {e}") from e
 
-    def poll(self, timeout_ms: int) -> None:
-        """Wait up to ``timeout_ms`` for events and deliver them."""
-        with self._lock:
-            if self._mgr:
-                self._hooks._bcc.libbcc.lib.bpf_poll_ringbuf(self._mgr, timeout_ms)
+    def fileno(self) -> int:
+        """An fd that polls readable (poll(2)) while events wait in the buffer; call
+        :meth:`drain` then. Only after :meth:`open`."""
+        assert self._reader is not None, "open() first"
+        return self._reader.epoll_fd()
 
     def drain(self) -> None:
         """Deliver every event already in the buffer, without waiting."""
         with self._lock:
-            if self._mgr:
-                self._hooks._bcc.libbcc.lib.bpf_consume_ringbuf(self._mgr)
+            if self._reader is not None:
+                self._reader.consume()
 
     def flush(self, on_event: Callable[[_Event], None]) -> int:
         """Deliver the attempts still folded in the kernel as events (one per denial with a
@@ -341,16 +342,12 @@ class RunHooks:
         """Remove the run's configuration and buffer. Idempotent."""
         self._hooks.forget(self.cgroup_id)
         with self._lock:
-            if self._mgr:
-                self._hooks._bcc.libbcc.lib.bpf_free_ringbuf(self._mgr)
-                self._mgr = None
+            if self._reader is not None:
+                self._reader.free()
+                self._reader = None
             if self._rb_fd >= 0:
                 os.close(self._rb_fd)
                 self._rb_fd = -1
-
-
-def _attach_types(bcc: Any) -> list[tuple[str, int]]:
-    return [(name, t if isinstance(t, int) else int(getattr(bcc.BPFAttachType, t))) for name, _, t in HOOKS]
 
 
 def _remove_stale(keep: str | None) -> None:
@@ -414,8 +411,9 @@ def load_or_reuse(parent_cgroup: str) -> Hooks:
     The first run after boot (or after the sources change) compiles ``sock_addr.bpf.c``
     with bcc (~0.7 s), pins its maps and programs, attaches the programs with
     ``BPF_F_ALLOW_MULTI`` and caches bcc's description of the structs in
-    ``/run/gatewrap/bpf/<hash>.json``; later runs reuse all of it without compiling and
-    only check, with ``BPF_PROG_QUERY``, that every program is still attached.
+    ``/run/gatewrap/bpf/<hash>.json``; later runs reuse all of it without compiling, and
+    without loading bcc at all, and only check, with ``BPF_PROG_QUERY``, that every program
+    is still attached.
 
     Args:
         parent_cgroup: the ``gatewrap/`` cgroup v2 directory that holds every run's leaf.
@@ -423,10 +421,6 @@ def load_or_reuse(parent_cgroup: str) -> Hooks:
     Raises:
         BpfError: bcc is missing, compilation failed (kernel headers?), or attach failed.
     """
-    try:
-        bcc = import_bcc()
-    except BccMissing as e:
-        raise BpfError(str(e)) from e
     ensure_bpffs()
     digest = sources_hash()
     pin_dir = f"{PIN_ROOT}/{digest}"
@@ -443,11 +437,12 @@ def load_or_reuse(parent_cgroup: str) -> Hooks:
                 # no attached program keeps a map that later runs no longer configure.
                 _remove_stale(None)
                 os.makedirs(pin_dir, exist_ok=True)
+                bcc = _bcc()
                 bpf = _compile(bcc, pin_dir)
                 with open(layout_path + ".tmp", "w") as f:
                     json.dump(_layout_descs(bpf, bcc), f)
                 os.replace(layout_path + ".tmp", layout_path)
-            keep = {_attach_one(bpf, bcc, name, at, pin_dir, parent_fd) for name, at in _attach_types(bcc)}
+            keep = {_attach_one(bpf, name, at, pin_dir, parent_fd) for name, _, at in HOOKS}
             _detach_foreign(parent_fd, keep - {None})
         except OSError as e:
             raise BpfError(f"attaching the hooks to {parent_cgroup} failed: {e}") from e
@@ -455,7 +450,19 @@ def load_or_reuse(parent_cgroup: str) -> Hooks:
             os.close(parent_fd)
         with open(layout_path) as f:
             layouts = json.load(f)
-    return Hooks(bcc, pin_dir, layouts)
+    return Hooks(pin_dir, layouts)
+
+
+def _bcc() -> Any:
+    """bcc's module, for compiling (only the cold path needs it).
+
+    Raises:
+        BpfError: bcc is missing.
+    """
+    try:
+        return import_bcc()
+    except BccMissing as e:
+        raise BpfError(str(e)) from e
 
 
 def _compile(bcc: Any, pin_dir: str) -> Any:
@@ -470,7 +477,7 @@ def _compile(bcc: Any, pin_dir: str) -> Any:
         ) from e
 
 
-def _attach_one(bpf: Any, bcc: Any, name: str, at: int, pin_dir: str, parent_fd: int) -> int | None:
+def _attach_one(bpf: Any, name: str, at: int, pin_dir: str, parent_fd: int) -> int | None:
     """Attach one hook (from its pin, or freshly loaded and pinned) unless it is; returns its
     id, or None for an optional hook this kernel does not have (never loaded, so no pin)."""
     pin = f"{pin_dir}/prog_{name}"
@@ -480,7 +487,7 @@ def _attach_one(bpf: Any, bcc: Any, name: str, at: int, pin_dir: str, parent_fd:
             return None
         fd = libbpf.obj_get(pin)
     else:
-        prog_type = next(getattr(bcc.BPFProgType, t) for n, t, _ in HOOKS if n == name)
+        prog_type = next(getattr(import_bcc().BPFProgType, t) for n, t, _ in HOOKS if n == name)
         try:
             fn = bpf.load_func(name, prog_type, attach_type=at)
         except Exception as e:  # bcc raises a bare Exception; the verifier log went to stderr
@@ -506,10 +513,9 @@ def verify_attached(parent_cgroup: str, pin_dir: str) -> None:
     Raises:
         BpfError: a hook is missing.
     """
-    bcc = import_bcc()
     parent_fd = os.open(parent_cgroup, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        for name, at in _attach_types(bcc):
+        for name, _, at in HOOKS:
             if name in OPTIONAL_HOOKS and not os.path.exists(f"{pin_dir}/prog_{name}"):
                 continue  # this kernel has no such hook (see _attach_one)
             try:

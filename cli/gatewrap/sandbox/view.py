@@ -29,10 +29,9 @@ import os
 import stat
 from dataclasses import dataclass
 
-import psutil
-
 from ..errors import GatewrapError
 from . import user
+from .mounts import mount_table
 
 #: The system's software, shown read-only: what the dynamic loader, Python, Node, Java, Go
 #: programs, git, curl, wget, pip and npm read (their programs and libraries live under
@@ -77,9 +76,9 @@ def _inside(path: str, folder: str) -> bool:
 
 
 def host_mount_points() -> list[str]:
-    """Every mount point of gatewrap's mount namespace (``/proc/self/mounts``, read with
-    getmntent(3) by psutil, which decodes the octal escapes of proc_pid_mounts(5))."""
-    return sorted({p.mountpoint for p in psutil.disk_partitions(all=True)})
+    """Every mount point of gatewrap's mount namespace (``/proc/self/mounts``, octal escapes
+    decoded: :func:`.mounts.mount_table`)."""
+    return sorted({point for point, _ in mount_table()})
 
 
 #: Host trees no bind may show, whatever path leads to them: the kernel's views of the host
