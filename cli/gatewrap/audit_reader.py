@@ -454,10 +454,9 @@ def parse(line: bytes) -> Any:
 
 def _all_lines(path: str) -> Iterator[tuple[int, bytes]]:
     """(line number, line) of every file of the log (:func:`log_files`); numbers count on
-    across the files. Raises FileNotFoundError when ``path`` is missing."""
+    across the files. Raises as :func:`_open` for ``path``."""
+    _open(path).close()  # no log, or one this user cannot read: said before any segment is read
     files = log_files(path)
-    if not os.path.exists(path):
-        raise FileNotFoundError(path)
     n = 0
     for name in files:
         try:
