@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -31,6 +32,18 @@ AGENT_UID = 65534
 PUBLIC_RANGES = ("--public-range", "198.51.100.128/25", "--public-range", "2001:db8:100::/48")
 #: Debian's interpreter: readable by the agent's user, with python3-requests.
 AGENT_PYTHON = "/usr/bin/python3"
+
+
+# The suite runs as root, as if started by root itself, however it was started:
+# - `sudo` (scripts/setup.sh test from a user) puts the user's SUDO_UID/SUDO_GID in the
+#   environment, which gatewrap takes for the agent's user; tests that want one set it.
+# - A shell without job control (`cmd &` in a script) starts its background commands with
+#   SIGINT ignored, which exec keeps (signal(7)): the Ctrl-C the tests send to a follower or
+#   a shipper would then be ignored. A handler (reset to the default on exec) restores it.
+for _var in ("SUDO_UID", "SUDO_GID", "SUDO_USER", "SUDO_COMMAND"):
+    os.environ.pop(_var, None)
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_addoption(parser):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import select
 import signal
 import subprocess
 import time
@@ -80,6 +81,26 @@ def test_destinations(text, ok):
 def _ship(log, state, to, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run(gatewrap_cmd("audit", "ship", "--to", to, "--log", str(log), "--state", str(state),
                                        *args), capture_output=True, text=True, timeout=timeout)
+
+
+def _first_line(p: subprocess.Popen, wait: float = 30) -> str:
+    """The first line ``p`` writes to its stderr (a text pipe), waiting at most ``wait`` s
+    (then killed: a test fails rather than hangs)."""
+    if not select.select([p.stderr], [], [], wait)[0]:
+        p.kill()
+        pytest.fail(f"no line on stderr within {wait} s")
+    return p.stderr.readline()
+
+
+def _interrupt(p: subprocess.Popen, wait: float = 30) -> None:
+    """Ctrl-C ``p`` and wait for it to end; killed (and the test failed) after ``wait`` s."""
+    p.send_signal(signal.SIGINT)
+    try:
+        p.communicate(timeout=wait)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.communicate()
+        pytest.fail(f"{p.args[2:5]} did not end within {wait} s of SIGINT")
 
 
 def _local(log) -> list[str]:
@@ -218,9 +239,8 @@ def test_tls_refuses_a_collector_it_does_not_trust_and_keeps_the_position(tmp_pa
     p = subprocess.Popen(gatewrap_cmd("audit", "ship", "--to", f"tls://127.0.0.1:{r.port}", "--log", str(log),
                                       "--state", str(state), "--retry-max", "0.5"),
                          stderr=subprocess.PIPE, text=True)
-    line = p.stderr.readline()
-    p.send_signal(signal.SIGINT)
-    p.communicate(timeout=30)
+    line = _first_line(p)
+    _interrupt(p)
     assert "certificate is not trusted" in line and "--ca FILE" in line, line
     assert not state.exists() and r.received() == []
 
@@ -237,8 +257,7 @@ def test_two_shippers_cannot_share_a_state_file(tmp_path, rsyslog):
         p = _ship(log, state, f"tcp://127.0.0.1:{r.port}")
         assert p.returncode == 125 and "another `gatewrap audit ship` uses the state file" in p.stderr
     finally:
-        first.send_signal(signal.SIGINT)
-        first.wait(30)
+        _interrupt(first)
 
 
 CONTRIB = ROOT / "contrib" / "collectors"
@@ -327,7 +346,6 @@ def test_the_shipper_catches_up_after_the_collector_was_killed(net, tmp_path, rs
             assert time.monotonic() < deadline, err.read_text()
             time.sleep(0.1)
     finally:
-        shipper.send_signal(signal.SIGINT)
-        shipper.wait(30)
+        _interrupt(shipper)
     assert shipper.returncode == 0, err.read_text()
     assert f"shipped {len(_local(log))} lines" in err.read_text(), err.read_text()

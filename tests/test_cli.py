@@ -37,7 +37,9 @@ def test_an_audit_log_the_user_cannot_read_exits_125_and_says_to_use_sudo(tmp_pa
     log.write_text('{"v": 1, "run": "gw-0123456789", "event": "run_start"}\n')
     log.chmod(0o600)
     tmp_path.chmod(0o755)
-    code = ("import os, sys; from gatewrap.cli import main; import gatewrap.audit_reader, gatewrap.policy_suggest; "
+    # imported before the uid changes: the clone may be in a home closed to 65534 (Debian 13's 0700)
+    code = ("import os, sys; from gatewrap.cli import main; "
+            "import gatewrap.audit_format, gatewrap.audit_reader, gatewrap.policy_suggest; "
             f"os.setresuid(65534, 65534, 0); main({[*cmd, '--log', str(log)]!r})")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert p.returncode == 125, p.stderr

@@ -57,9 +57,9 @@ def test_a_child_process_and_a_thread_are_refused_too(gatewrap):
         def attempt(tag):
             try:
                 socket.create_connection(("198.51.100.138", 7), timeout=2)
-                print(tag, "SENT")
+                print(tag, "SENT", flush=True)
             except OSError as e:
-                print(tag, errno.errorcode[e.errno])
+                print(tag, errno.errorcode[e.errno], flush=True)  # before the child's, unbuffered or not
         t = threading.Thread(target=attempt, args=("thread",)); t.start(); t.join()
         subprocess.run(["/usr/bin/python3", "-c",
             "import socket, errno\\ntry:\\n socket.create_connection(('198.51.100.138', 7), timeout=2); print('child SENT')\\n"

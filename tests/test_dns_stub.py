@@ -65,3 +65,14 @@ def test_a_query_flood_is_counted_exactly_in_few_records(gatewrap):
     assert any(x.get("count", 1) > 1 and "over 100 records a second" in x["reason"] for x in recs)
     (end,) = r.records(event="run_end")
     assert end["denied"] == 5000
+
+
+def test_localhost_resolves_in_the_jail_whatever_the_hosts_file_of_the_host_says(gatewrap):
+    """The jail's /etc/hosts is gatewrap's (loopback names only): a debootstrapped host's is
+    empty, and the host's other names are not the agent's to dial."""
+    r = gatewrap(python="""
+        import socket
+        print(sorted({a[4][0] for a in socket.getaddrinfo("localhost", 80, type=socket.SOCK_STREAM)}))
+    """)
+    assert r.stdout == "['127.0.0.1', '::1']\n", r.stderr
+    assert r.records(event="dns") == []

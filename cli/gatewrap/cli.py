@@ -152,8 +152,8 @@ def _time_option(name: str, what: str):  # type: ignore[no-untyped-def]
 @click.option("--run", "run_id", metavar="ID", help="Only records of run ID (gw-...).")
 @click.option("--event", "events", multiple=True, metavar="EVENT",
               help="Only EVENT records: run_start, run_end, request, connect, dns, direct_egress. Repeatable.")
-@click.option("--decision", "decisions", multiple=True, metavar="DECISION",
-              help="Only records with this decision: allowed, denied, failed. Repeatable.")
+@click.option("--decision", "decisions", multiple=True, type=click.Choice(["allowed", "denied", "failed"]),
+              help="Only records with this decision (schema/audit.schema.json). Repeatable.")
 @click.option("--denied", is_flag=True, help="Only denials (by policy, at the kernel, rejected, expired).")
 @click.option("--host", "hosts", multiple=True, metavar="GLOB",
               help="Only records whose destination (the canonical host, else the IP) matches GLOB "

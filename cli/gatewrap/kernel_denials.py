@@ -147,10 +147,13 @@ class KernelDenials:
     """
 
     def __init__(self, hooks: RunHooks, audit: Any, run_id: str, gate_url: str,
-                 stderr: TextIO | None = None, run_cgroup: str | None = None) -> None:
+                 stderr: TextIO | None = None, run_cgroup: str | None = None,
+                 audit_command: str | None = None) -> None:
         self._hooks = hooks
         self._audit = audit
         self._run_id = run_id
+        #: The command that shows the run's records (``gatewrap audit --run ID [--log PATH]``).
+        self._audit_command = audit_command or f"gatewrap audit --run {run_id}"
         self._gate_url = gate_url
         self._stderr = stderr or sys.stderr
         #: Reads exe and parents of the run's processes (``run_cgroup``: its cgroup path as
@@ -186,7 +189,7 @@ class KernelDenials:
             print(notice_of(rec, self._gate_url), file=self._stderr, flush=True)
         elif self.records == MAX_NOTICES + 1:
             print(f"gatewrap: more direct egress blocked; further notices suppressed "
-                  f"(all are in the audit log, gatewrap audit --run {self._run_id} --denied)",
+                  f"(all are in the audit log, {self._audit_command} --denied)",
                   file=self._stderr, flush=True)
 
     def start(self) -> None:

@@ -13,6 +13,7 @@ import errno
 import ipaddress
 import os
 import resource
+import shlex
 import shutil
 import signal
 import sys
@@ -362,15 +363,15 @@ def run(opts: RunOptions, stderr: TextIO | None = None) -> RunResult:
         undo.callback(gate.stop)
         run_hooks = configuring.result()
         denials = KernelDenials(run_hooks, audit, run_id, gate_url, err,
-                                run_cgroup=attribution.cgroup_path(leaf, cgroup.cgroup2_mount() or "/"))
+                                run_cgroup=attribution.cgroup_path(leaf, cgroup.cgroup2_mount() or "/"),
+                                audit_command=audit_command(run_id, opts.audit_log))
         denials.start()
         undo.callback(denials.stop)
         for warning in _public_range_warnings(opts.public_ranges):
             print(warning, file=err)
         loader.verify_attached(parent, hooks.pin_dir)
         staged, mounts, replaced, notes = shims.stage_run(run_id, opts.jail == "nsjail", ca_cert, env)
-        if staged is not None:
-            undo.callback(shutil.rmtree, staged, True)
+        undo.callback(shutil.rmtree, staged, True)
         overridden += replaced
         for note in notes:
             print(note, file=err)
@@ -392,9 +393,10 @@ def run(opts: RunOptions, stderr: TextIO | None = None) -> RunResult:
         if opts.jail == "nsjail":
             shims.add_python_shim(env, shims.PYTHON_SHIM_IN_JAIL, gate_url, run_id)
             shims.add_node_shim(env, shims.NODE_SHIM_IN_JAIL)
-        elif user.can_enter(str(shims.PYTHON_SHIM), target):
-            shims.add_python_shim(env, str(shims.PYTHON_SHIM), gate_url, run_id)
-            shims.add_node_shim(env, str(shims.NODE_SHIM))
+        else:  # the staged copies: the package may be closed to the agent (a 0700 home)
+            shims.add_python_shim(env, os.path.join(staged, "python"), gate_url, run_id)
+            shims.add_node_shim(env, os.path.join(staged, "node"))
+        env["GATEWRAP_AUDIT"] = audit_command(run_id, opts.audit_log)
         if not user.can_write(cwd, target):
             print(f"gatewrap: note: the agent's user {target.name} cannot write its working directory "
                   f"{cwd}; choose one with --workdir, or chown it", file=err)
@@ -511,5 +513,12 @@ def summary_line(r: RunResult) -> str:
         f"{f', {r.failed} upstream failed' if r.failed else ''}"
         f"{f', {r.inspected} tunnels TLS-inspected' if r.inspected else ''}"
         f"{f', {r.would_deny} would be denied in enforce mode (report mode)' if r.would_deny else ''}{lost}; "
-        f"audit log {r.audit_log} (gatewrap audit --run {r.run_id})"
+        f"audit log {r.audit_log} ({audit_command(r.run_id, r.audit_log)})"
     )
+
+
+def audit_command(run_id: str, audit_log: str) -> str:
+    """The command that shows a run's records: ``gatewrap audit --run ID``, with ``--log PATH``
+    (shell-quoted) when the log is not the default one."""
+    log = "" if os.path.abspath(audit_log) == DEFAULT_AUDIT_LOG else f" --log {shlex.quote(audit_log)}"
+    return f"gatewrap audit --run {run_id}{log}"

@@ -100,28 +100,39 @@ NODE_SHIM_IN_JAIL = f"{SHIMS_IN_JAIL}/node"
 NODE_SHIM_FILE = "gatewrap-proxy.js"
 #: The sandbox's resolv.conf (the DNS stub), shown by the jail as /etc/resolv.conf.
 RESOLV_CONF = Path(__file__).resolve().parent / "_shims" / "resolv.conf"
+#: The sandbox's /etc/hosts: loopback names only, whatever the host's file has (a
+#: debootstrapped system's is empty; the host's other names are not the agent's to dial).
+HOSTS = Path(__file__).resolve().parent / "_shims" / "hosts"
 
 
 #: Where staged shims go: ``/tmp/gatewrap-shims-<run id>-<random>`` (gc removes a dead run's).
 STAGED_PREFIX = "gatewrap-shims-"
 
 
-def staged_for_jail(d: str) -> list[tuple[str, str]]:
-    """Copy the shims into the staged folder ``d`` (see :func:`staged_dir`), which any user
-    can read (nsjail runs as the agent's user, who may not reach the package, e.g. a
-    virtualenv under /root); returns the (source, path in the jail) mounts, the CA files
-    of :func:`stage_ca` included when they are there."""
+def stage_shims(d: str) -> None:
+    """Copy the shims, the sandbox's resolv.conf and hosts into the staged folder ``d`` (see
+    :func:`staged_dir`), which any user can read: the agent's user may not reach the package
+    (a virtualenv under /root, a clone in a 0700 home), nor may a root agent without the jail,
+    which has no CAP_DAC_OVERRIDE."""
     for name, src in (("python", PYTHON_SHIM), ("node", NODE_SHIM)):
         shutil.copytree(src, os.path.join(d, name), ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(RESOLV_CONF, os.path.join(d, "resolv.conf"))
+    shutil.copy(HOSTS, os.path.join(d, "hosts"))
     for root, dirs, files in os.walk(d):
         for name in dirs:
             os.chmod(os.path.join(root, name), 0o755)
         for name in files:
             os.chmod(os.path.join(root, name), 0o644)
+
+
+def jail_mounts(d: str) -> list[tuple[str, str]]:
+    """The (source, path in the jail) mounts of the staged folder ``d`` (filled by
+    :func:`stage_shims`): the shims, /etc/resolv.conf, /etc/hosts, and the CA files of
+    :func:`stage_ca` when they are there."""
     mounts = [(os.path.join(d, "python"), PYTHON_SHIM_IN_JAIL),
               (os.path.join(d, "node"), NODE_SHIM_IN_JAIL),
-              (os.path.join(d, "resolv.conf"), "/etc/resolv.conf")]
+              (os.path.join(d, "resolv.conf"), "/etc/resolv.conf"),
+              (os.path.join(d, "hosts"), "/etc/hosts")]
     for name in (CA_FILE, BUNDLE_FILE, TRUSTSTORE_FILE, WGETRC_FILE):
         if os.path.exists(os.path.join(d, name)):
             mounts.append((os.path.join(d, name), f"{SHIMS_IN_JAIL}/{name}"))
@@ -146,14 +157,13 @@ def add_node_shim(env: dict[str, str], shim_dir: str) -> None:
 
 
 def stage_run(run_id: str, jailed: bool, ca_cert: str | None,
-              env: dict[str, str]) -> tuple[str | None, list[tuple[str, str]], list[str], list[str]]:
-    """Stage the run's files the agent reads: the shims (in the jail) and, when the run
-    inspects TLS, the CA, the bundle, Java's trust store and wget's startup file, with the
-    variables that point at them. Returns (the staged folder or None, the jail's mounts, the
-    user's variables replaced, notes for stderr)."""
-    if not jailed and ca_cert is None:
-        return None, [], [], []
+              env: dict[str, str]) -> tuple[str, list[tuple[str, str]], list[str], list[str]]:
+    """Stage the run's files the agent reads: the shims (:func:`stage_shims`) and, when the
+    run inspects TLS, the CA, the bundle, Java's trust store and wget's startup file, with
+    the variables that point at them. Returns (the staged folder, the jail's mounts (none
+    without the jail), the user's variables replaced, notes for stderr)."""
     staged = staged_dir(run_id)
+    stage_shims(staged)
     overridden: list[str] = []
     notes: list[str] = []
     if ca_cert is not None:
@@ -164,7 +174,7 @@ def stage_run(run_id: str, jailed: bool, ca_cert: str | None,
 
         overridden = add_ca_env(env, seen(CA_FILE), seen(BUNDLE_FILE))
         notes = _stage_client_trust(staged, ca_cert, env, seen)
-    return staged, staged_for_jail(staged) if jailed else [], overridden, notes
+    return staged, jail_mounts(staged) if jailed else [], overridden, notes
 
 
 def _stage_client_trust(staged: str, ca_cert: str, env: dict[str, str], seen) -> list[str]:

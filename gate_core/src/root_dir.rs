@@ -4,7 +4,7 @@
 
 use std::fs::{self, DirBuilder};
 use std::io;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 /// Why a directory is not safe to keep the gate's files in.
@@ -23,17 +23,27 @@ impl UnsafeDir {
     }
 }
 
-/// `mkdir -p path`, the directories it makes with `mode`; an existing directory is never
-/// chmodded (a directory such as `/tmp` keeps its mode). Then [`check`] it.
+/// `mkdir -p path`: `path` itself made with `mode`, the missing directories above it with
+/// 0755, whatever the umask (a 0700 `/var/lib/gatewrap/audit` must not close
+/// `/var/lib/gatewrap`, where the CA folder the agent reads goes too, nor a `sudo` user's
+/// umask 077 the CA folder); an existing directory is never chmodded (a directory such as
+/// `/tmp` keeps its mode). Then [`check`] it.
 pub fn ensure(path: &Path, mode: u32, deny: u32) -> Result<(), UnsafeDir> {
-    match fs::symlink_metadata(path) {
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            DirBuilder::new().recursive(true).mode(mode).create(path).map_err(UnsafeDir::io("create", path))?
+    let missing: Vec<&Path> = path.ancestors().take_while(|p| !p.as_os_str().is_empty() && !exists(p)).collect();
+    for (i, dir) in missing.iter().rev().enumerate() {
+        let m = if i + 1 == missing.len() { mode } else { 0o755 };
+        match DirBuilder::new().mode(0o700).create(dir) {
+            Ok(()) => fs::set_permissions(dir, fs::Permissions::from_mode(m)).map_err(UnsafeDir::io("chmod", dir))?,
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {} // made meanwhile: not ours to chmod
+            Err(e) => return Err(UnsafeDir::io("create", dir)(e)),
         }
-        Err(e) => return Err(UnsafeDir::io("stat", path)(e)),
-        Ok(_) => {}
     }
     check(path, deny)
+}
+
+/// Whether `path` exists, without following a final symbolic link (one counts as there).
+fn exists(path: &Path) -> bool {
+    fs::symlink_metadata(path).is_ok()
 }
 
 /// `path` is a real directory (not a symbolic link) owned by the gate's user (root) without
@@ -64,4 +74,22 @@ pub fn check(path: &Path, deny: u32) -> Result<(), UnsafeDir> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_directory_gets_its_mode_and_the_folders_made_above_it_0755() {
+        let base = std::env::temp_dir().join(format!("gw-root-dir-{}", std::process::id()));
+        let leaf = base.join("gatewrap").join("audit");
+        let made = ensure(&leaf, 0o700, 0o077);
+        let mode = |p: &Path| fs::metadata(p).map(|m| m.mode() & 0o777).unwrap_or(0);
+        let modes = (mode(&base), mode(&base.join("gatewrap")), mode(&leaf));
+        fs::remove_dir_all(&base).unwrap();
+        // check() may refuse the host's temp dir (e.g. not root's); making the folders is the point
+        assert!(!matches!(made, Err(UnsafeDir::Io { .. })), "{made:?}");
+        assert_eq!(modes, (0o755, 0o755, 0o700), "{:o} {:o} {:o}", modes.0, modes.1, modes.2);
+    }
 }

@@ -73,7 +73,7 @@ class Client:
 SHIM_MSG = rf"egress to {re.escape(DIRECT_IP)}:443 was blocked by gatewrap"
 #: The Node shim's error for a refused tunnel carries the gate's explanation.
 NODE_DENIED = r"the gate answered 403 to CONNECT denied.test:443: gatewrap: egress to denied.test:443 was denied[^\n]*"
-CURL_REFUSED = rf"Failed to connect to {re.escape(DIRECT_IP)} port 443 after \d+ ms: Couldn't connect to server"
+CURL_REFUSED = rf"Failed to connect to {re.escape(DIRECT_IP)} port 443 after \d+ ms: Could(?:n't| not) connect to server"
 
 
 def _fake_ca(ctx: Ctx, *names: str) -> dict[str, str]:

@@ -52,7 +52,7 @@ INNER_DENIED = {
     "Node https.get": rf"403 {GATE_403}",
     "pip download": r"Could not fetch URL [^\s]+: 403 Client Error: Forbidden",
     "git clone": r"The requested URL returned error: 403",
-    "npm view": r"npm error 403[^\n]*",
+    "npm view": r"npm (?:error|ERR!) 403[^\n]*",  # npm 10 says "npm error", Debian's npm 9 "npm ERR!"
     "Go net/http": rf"403 {GATE_403}",
     "Java HttpClient": rf"403 {GATE_403}",
 }

@@ -40,8 +40,10 @@ impl Netns {
         let name = format!("gwt-{tag}-{}", std::process::id());
         let _ = Command::new("ip").args(["netns", "del", &name]).stderr(std::process::Stdio::null()).status();
         ip(&["netns", "add", &name]);
-        ip_in(&name, &["link", "set", "lo", "up"]);
-        Netns { name }
+        // owned from here: a panic of the next `ip` drops it, which deletes the netns
+        let ns = Netns { name };
+        ip_in(&ns.name, &["link", "set", "lo", "up"]);
+        ns
     }
 
     pub fn path(&self) -> PathBuf {

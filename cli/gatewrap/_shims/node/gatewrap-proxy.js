@@ -22,6 +22,8 @@ const tls = require('node:tls');
 const env = process.env;
 const GATE = env.GATEWRAP_GATE || 'the gate';
 const RUN = env.GATEWRAP_RUN || '';
+// The command that shows the run's records (`gatewrap audit --run ID [--log PATH]`).
+const AUDIT = env.GATEWRAP_AUDIT || (RUN ? `gatewrap audit --run ${RUN}` : 'gatewrap audit');
 
 function dest(host, port) {
   return String(host).includes(':') ? `[${host}]:${port}` : `${host}:${port}`;
@@ -34,7 +36,7 @@ function authority(host, port, defaultPort) {
 }
 
 function explain(host, port) {
-  const audit = RUN ? `gatewrap audit --run ${RUN} --denied` : 'gatewrap audit --denied';
+  const audit = `${AUDIT} --denied`;
   return `egress to ${dest(host, port)} was blocked by gatewrap: only the gate (${GATE}) is reachable; ` +
     'send the request through it (HTTP_PROXY/HTTPS_PROXY are set) or allow the host ' +
     `(gatewrap run --allow HOST); the audit record: ${audit}`;

@@ -16,6 +16,8 @@ import sys as _sys
 
 _GATE = _os.environ.get("GATEWRAP_GATE", "the gate")
 _RUN = _os.environ.get("GATEWRAP_RUN", "")
+#: The command that shows the run's records (``gatewrap audit --run ID [--log PATH]``).
+_AUDIT = _os.environ.get("GATEWRAP_AUDIT", "")
 
 
 _INET = (_socket.AF_INET, _socket.AF_INET6)
@@ -34,7 +36,7 @@ def _dest(address):
 
 
 def _explain(address):
-    audit = f"gatewrap audit --run {_RUN} --denied" if _RUN else "gatewrap audit --denied"
+    audit = f"{_AUDIT or ('gatewrap audit --run ' + _RUN if _RUN else 'gatewrap audit')} --denied"
     return (f"egress to {_dest(address)} was blocked by gatewrap: only the gate ({_GATE}) is reachable; "
             f"send the request through it (HTTP_PROXY/HTTPS_PROXY are set) or allow the host "
             f"(gatewrap run --allow HOST); the audit record: {audit}")
