@@ -1,6 +1,6 @@
 """gatewrap's gate core (Rust, pyo3): policy, audit log, the gate, and the pre-exec launcher."""
 
-from typing import Any
+from typing import Any, Callable
 
 class PolicyError(ValueError):
     """A bad policy file or ``--allow``/``--deny`` value.
@@ -131,6 +131,9 @@ class Policy:
         (e.g. "10m" | None), ``budget`` ((count, per), e.g. (6, "10m") | None).
         """
 
+    def notify(self) -> dict[str, str | None]:
+        """The file's ``[notify]`` table: ``{"webhook": URL or None}``."""
+
     def sandbox(self) -> dict[str, list[tuple[str, int]]]:
         """The file's ``[sandbox]`` table: ``{"ro_bind": [(path, line)], "bind": [(path, line)]}``,
         host paths the run shows in the jail read-only / writable (as ``--ro-bind``/``--bind``);
@@ -253,8 +256,32 @@ class Gate:
         body_limit: int = 16 * 1024 * 1024,
         idle_timeout: float = 300.0,
         run_cgroup: str | None = None,
+        state: str | None = None,
+        on_asked: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         """Bind the listeners inside ``netns_path`` and start serving; returns once listening.
+
+        ``state``: the approvals store URL (see :class:`ApprovalStore`); ``None`` = approvals
+        off (an ``ask`` is a denial). With it the gate registers ``run_id`` in the store (wake
+        socket ``/run/gatewrap/<run_id>/control.sock``, 0700) and ends it at :meth:`stop`
+        (pending approvals cancelled). A request an ``ask`` rule matches (http, or https with
+        ``inspect = true``; an uninspected CONNECT to an ask rule stays a denial) is let
+        through by an active grant of the run (reason ``grant: gr-...``), else persisted as an
+        approval (or joins the pending one with the same digest or Idempotency-Key) and, with
+        ``hold = "wait"``, held until decided: approved -> sent once (the claim winner; the
+        agent's original credentials; the edited body and headers if edited), a second
+        request sharing it gets 409 "already sent once"; rejected -> 403 with the reason;
+        deadline -> 403 "expired (a timeout is never a yes)". ``hold = "return"``: 409 at once
+        with ``Retry-After: 5`` and ``Gatewrap-Approval: ap-...``; the retry (same digest or
+        Idempotency-Key) is answered by that approval's state. A store that cannot be used:
+        503, recorded as denied, nothing sent. ``GET /.well-known/gatewrap/approvals/ID
+        [?wait=S]`` in origin form on the gate's port answers ``{"id","status","reason",
+        "version","deadline"}`` of an approval of this run (others 404), waiting up to 60 s.
+        Audit records: ``approval_asked|edited|approved|rejected|expired|sent|cancelled``.
+        ``on_asked(approval_dict)`` is called for each new approval on a worker thread; its
+        exceptions are ignored (a notification never decides). With ``notices`` a line
+        ``gatewrap: approval ap-...: METHOD URL (rule R) waits until T; answer with: ...`` is
+        printed on stderr.
 
         ``run_cgroup``: the run's cgroup directory. With it, each TCP connection's records
         carry ``client_pid`` and ``client_comm``: the process of that cgroup (or one below

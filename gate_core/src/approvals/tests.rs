@@ -328,3 +328,19 @@ fn bad_urls_are_refused() {
     assert!(matches!(Store::open("sqlite:"), Err(StoreError::Invalid(_))));
     assert_eq!(store::redact_url("postgresql://u:pw@h:5/db"), "postgresql://u:***@h:5/db");
 }
+
+#[test]
+fn postgres_notify_reaches_the_listener() {
+    let Ok(url) = std::env::var("GATEWRAP_TEST_PG_URL") else { return };
+    let mut s = Store::open(&url).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    let r = new_id("run-");
+    let l = wake::Listener::start(&url, &r, "/nonexistent", move |id| {
+        let _ = tx.send(id.to_string());
+    })
+    .unwrap();
+    s.start_run(&r, "host", 1, l.address.as_deref()).unwrap();
+    let (a, _) = s.ask(&req(&r, b"x")).unwrap();
+    s.decide(&a.id, 1, &a.digest, Verdict::Approve, "ann", None, None).unwrap();
+    assert_eq!(rx.recv_timeout(std::time::Duration::from_secs(5)).unwrap(), a.id);
+}
