@@ -411,7 +411,7 @@ class ApprovalStore:
     """The approvals store (issue 12): the truth about held requests, decisions and grants.
 
     ``url``: a path or ``sqlite:PATH`` (SQLite in WAL mode, busy timeout 5 s,
-    ``synchronous = FULL``; a new file 0600, a new directory 0700), or
+    ``synchronous = NORMAL``: a commit survives any crash, not a power cut; a new file 0600, a new directory 0700), or
     ``postgresql://USER@HOST:PORT/DB`` (also ``postgres://``; plain TCP or a unix socket
     ``?host=/dir``: TLS to the server is not built). The schema is created on open
     (idempotent, ``meta.schema`` = "1"). Raises OSError (the file, or the database refused:
