@@ -64,6 +64,9 @@ def cli() -> None:
 @click.option("--public-range", "public_ranges", multiple=True, metavar="CIDR",
               help="Treat addresses in CIDR as public for the SSRF guard (e.g. a lab network in a "
                    "documentation range). Never covers metadata addresses. Repeatable.")
+@click.option("--state", "state", default=None, metavar="URL",
+              help="Approvals store (sqlite:PATH or postgresql://...): ask rules hold requests for "
+                   "a human's decision. Without it an ask rule denies.")
 @click.option("--port", default=3128, show_default=True, type=click.IntRange(1, 65535),
               help="Port of the gate inside the sandbox (127.0.0.1 and [::1]).")
 @click.option("--workdir", type=click.Path(file_okay=False, exists=True), metavar="DIR",
@@ -94,7 +97,7 @@ def run(allow: tuple[str, ...], deny: tuple[str, ...], policy_file: str | None, 
         audit_log: str, audit_max_size: int, audit_keep: int | None, nameservers: tuple[str, ...], public_ranges: tuple[str, ...], port: int, workdir: str | None, jail: str,
         ro_binds: tuple[str, ...], rw_binds: tuple[str, ...], timeout: float | None, memory: int | None,
         cpus: float | None, pids: int | None, ca_dir: str, upstream_ca: tuple[str, ...], as_json: bool,
-        command: tuple[str, ...]) -> int:
+        command: tuple[str, ...], state: str | None = None) -> int:
     """Run COMMAND in a sandbox whose only egress is the gate.
 
     \b
@@ -125,7 +128,8 @@ def run(allow: tuple[str, ...], deny: tuple[str, ...], policy_file: str | None, 
                       cwd=workdir, jail=jail, ro_binds=[os.path.abspath(p) for p in ro_binds],
                       rw_binds=[os.path.abspath(p) for p in rw_binds], timeout=timeout,
                       limits=Limits(memory=memory, cpus=cpus, pids=pids), public_ranges=list(public_ranges),
-                      ca_dir=os.path.abspath(ca_dir), upstream_ca=[os.path.abspath(p) for p in upstream_ca])
+                      ca_dir=os.path.abspath(ca_dir), upstream_ca=[os.path.abspath(p) for p in upstream_ca],
+                      state=state)
     result = do_run(opts)
     if as_json:
         click.echo(json.dumps(result.as_record()), err=True)

@@ -70,6 +70,8 @@ class RunOptions:
     public_ranges: list[str] = field(default_factory=list)
     ca_dir: str = DEFAULT_CA_DIR
     upstream_ca: list[str] = field(default_factory=list)
+    #: Approvals store URL (minimal pass-through to the gate; the full wiring is the CLI's).
+    state: str | None = None
 
 
 @dataclass
@@ -355,7 +357,8 @@ def run(opts: RunOptions, stderr: TextIO | None = None) -> RunResult:
                              listen_port=opts.port, nameservers=opts.nameservers,
                              public_ranges=opts.public_ranges, notices=True, dns_stub=True,
                              ca_dir=opts.ca_dir if inspecting else None,
-                             upstream_ca=opts.upstream_ca or None, run_cgroup=leaf)
+                             upstream_ca=opts.upstream_ca or None, run_cgroup=leaf,
+                             state=opts.state)
         except core.GateError as e:
             raise GatewrapError(f"the gate could not start: {e}") from e
         except ValueError as e:

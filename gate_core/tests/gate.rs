@@ -60,6 +60,8 @@ fn gate_forwards_tunnels_denies_and_audits() {
         inspect: Default::default(),
         idle_timeout: _gate_core::gate::DEFAULT_IDLE_TIMEOUT,
         run_cgroup: None,
+        state: None,
+        on_asked: None,
     })
     .expect("gate starts");
     let addrs = gate.listen_addrs().to_vec();
@@ -242,6 +244,8 @@ fn gate_start_failures_say_what_to_do() {
         inspect: Default::default(),
         idle_timeout: _gate_core::gate::DEFAULT_IDLE_TIMEOUT,
         run_cgroup: None,
+        state: None,
+        on_asked: None,
     })
     .err()
     .map(|e| e.to_string())
@@ -267,6 +271,8 @@ fn start_gate(ns: &Netns, policy_text: &str, audit: &PathBuf) -> (Gate, Arc<RwLo
         inspect: Default::default(),
         idle_timeout: _gate_core::gate::DEFAULT_IDLE_TIMEOUT,
         run_cgroup: None,
+        state: None,
+        on_asked: None,
     })
     .expect("gate starts");
     (gate, policy)

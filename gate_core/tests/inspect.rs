@@ -137,6 +137,8 @@ fn setup_idle(tag: &str, idle_timeout: Duration) -> Setup {
         inspect: InspectSettings { ca_dir: Some(ca_dir.clone()), upstream_ca: vec![trusted.ca_pem.clone()], body_limit: 1024 },
         idle_timeout,
         run_cgroup: None,
+        state: None,
+        on_asked: None,
     })
     .expect("gate starts");
     Setup { ns, _dir: dir, gate, policy, audit, gate_ca: ca_dir.join("ca.crt"), good, untrusted, silent }

@@ -88,6 +88,8 @@ fn setup() -> Setup {
         inspect: Default::default(),
         idle_timeout: _gate_core::gate::DEFAULT_IDLE_TIMEOUT,
         run_cgroup: None,
+        state: None,
+        on_asked: None,
     };
     // Started on a thread inside the "internet": its runtime resolves and dials from there.
     let gate = in_netns(inet.path(), move || Gate::start(config).expect("gate starts"));

@@ -52,7 +52,9 @@ pub struct Ctx {
     /// How many `dns` records the stub may still write this second (see `dns_stub`).
     pub(super) dns_rate: super::dns_stub::RecordRate,
     /// Kept upstream connections of plain-http requests (see `pool`).
-    pub(super) upstream: super::pool::Pool<hyper::body::Incoming>,
+    pub(super) upstream: super::pool::Pool<super::respond::Body>,
+    /// Approvals (breakpoints); `None`: an `ask` is a denial.
+    pub(super) approvals: Option<Arc<super::hold::Approvals>>,
 }
 
 impl Ctx {
@@ -101,6 +103,11 @@ impl Ctx {
         );
         self.notices.show(&rec);
         self.write(rec.into_map())
+    }
+
+    /// Write a record that is no decision (an approval step) to the audit log.
+    pub(super) fn event(&self, record: serde_json::Map<String, serde_json::Value>) -> Result<(), AuditError> {
+        self.write(record)
     }
 
     /// Write one record to the audit log, noting whether the log is failing.

@@ -27,6 +27,9 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use hyper::body::{Body, Incoming};
+
+/// The body of a request the gate sends upstream: the agent's, or an approved (edited) one.
+type ReqBody = super::respond::Body;
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
@@ -175,9 +178,9 @@ async fn reap<B>(shared: Weak<Mutex<Shared<B>>>, idle_timeout: Duration) {
 
 /// An upstream connection for one request: a kept one, or one just dialled.
 pub struct Conn<'p> {
-    pool: &'p Pool<Incoming>,
+    pool: &'p Pool<ReqBody>,
     key: Key,
-    sender: SendRequest<Incoming>,
+    sender: SendRequest<ReqBody>,
     reused: bool,
     connect_timeout: Duration,
 }
@@ -187,7 +190,7 @@ pub struct Conn<'p> {
 /// one, else a new one to the first vetted address that answers.
 ///
 /// Errors: the [`DialError`] of the lookup, the guard (403) or the dial (502/504).
-pub async fn checkout<'p>(ctx: &Ctx, pool: &'p Pool<Incoming>, adm: &Admission) -> Result<Conn<'p>, DialError> {
+pub async fn checkout<'p>(ctx: &Ctx, pool: &'p Pool<ReqBody>, adm: &Admission) -> Result<Conn<'p>, DialError> {
     let kept = guard::vetted(ctx, adm).await?;
     let key = |addr| Key { scheme: "http", host: adm.host.clone(), rule: adm.decision.rule.clone(), addr };
     for ip in &kept {
@@ -202,7 +205,7 @@ pub async fn checkout<'p>(ctx: &Ctx, pool: &'p Pool<Incoming>, adm: &Admission) 
 }
 
 /// Start hyper's HTTP/1.1 client on `tcp` (upgrades kept for WebSocket, see `upgrade`).
-async fn handshake(tcp: TcpStream, addr: SocketAddr) -> Result<SendRequest<Incoming>, DialError> {
+async fn handshake(tcp: TcpStream, addr: SocketAddr) -> Result<SendRequest<ReqBody>, DialError> {
     let (sender, conn) = http1::handshake(TokioIo::new(tcp))
         .await
         .map_err(|e| DialError::Io { addr, source: io::Error::other(e) })?;
@@ -225,7 +228,7 @@ impl Conn<'_> {
     /// `101`. A kept connection that upstream closed before the request was written is
     /// replaced by a new one to the same address, once (hyper hands the request back:
     /// nothing of it reached upstream).
-    pub async fn send(mut self, req: Request<Incoming>) -> Result<Response<Incoming>, SendFailure> {
+    pub async fn send(mut self, req: Request<ReqBody>) -> Result<Response<Incoming>, SendFailure> {
         let resp = match self.sender.try_send_request(req).await {
             Ok(resp) => resp,
             Err(mut e) => match e.take_message() {
