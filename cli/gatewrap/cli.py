@@ -649,6 +649,11 @@ def _with_port(addr: str, port: int) -> str:
     return addr if ":" in addr else f"{addr}:{port}"
 
 
+from .approvals.commands import approvals as _approvals  # noqa: E402 — registered after the others
+
+cli.add_command(_approvals)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: usage errors and gatewrap's failures exit 125 with a message on stderr."""
     try:
