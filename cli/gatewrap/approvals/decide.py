@@ -6,6 +6,7 @@ revoke. Each names the version and digest the human saw; the store refuses a sta
 from __future__ import annotations
 
 import re
+import urllib.parse
 from typing import Any
 
 from ..errors import GatewrapError
@@ -15,7 +16,7 @@ from .render import when
 _DURATION = re.compile(r"([0-9]+)([smhd])")
 _UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 #: ``approve --grant``: ``METHOD host/path-prefix`` (path optional: ``/``).
-_GRANT = re.compile(r"([A-Z]+|\*)\s+([^/\s]+)(/\S*)?")
+_GRANT = re.compile(r"([A-Z]+)\s+([^/\s]+)(/\S*)?")
 
 
 class Refused(GatewrapError):
@@ -49,18 +50,21 @@ def parse_grant(spec: str, duration: str, approval: dict[str, Any]) -> dict[str,
     if not m:
         raise ValueError(f"--grant {spec!r}: give 'METHOD host/path-prefix', e.g. 'POST mail.test/v3/'")
     method, host, prefix = m.group(1), m.group(2).lower(), m.group(3) or "/"
-    own = _host_of(approval["url"])
+    own = authority(approval["url"])
     if host != own:
         raise ValueError(f"--grant {spec!r}: a grant covers the request's own host only ({own})")
+    if method != approval["method"] and approval["method"] == "CONNECT":
+        raise ValueError(f"--grant {spec!r}: this approval is a tunnel (CONNECT); a grant on it is 'CONNECT {own}'")
     return {"method": method, "host": host, "path_prefix": prefix, "seconds": seconds(duration)}
 
 
-def _host_of(url: str) -> str:
-    """The host of an approval's canonical URL (``CONNECT`` approvals hold ``host:port``)."""
-    import urllib.parse
-
-    u = urllib.parse.urlsplit(url if "://" in url else f"//{url}")
-    return (u.hostname or "").lower()
+def authority(url: str) -> str:
+    """The authority of an approval's canonical URL (``host``, or ``host:port`` off the
+    scheme's default port), as grants name it (gate_core approvals ``Grant.host``);
+    ``CONNECT`` approvals hold ``host:port`` itself."""
+    if "://" not in url:
+        return url.lower()
+    return urllib.parse.urlsplit(url).netloc.lower()
 
 
 def current(store: Any, approval_id: str) -> dict[str, Any]:

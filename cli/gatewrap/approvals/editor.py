@@ -16,12 +16,15 @@ from typing import Any
 
 from ..errors import GatewrapError
 
-#: Headers the store keeps as the agent sent them (APPROVALS.md ``edit``): compared lower-case.
-FIXED = frozenset({
-    "authorization", "proxy-authorization", "cookie", "set-cookie", "x-api-key", "api-key", "x-auth-token",
-    "host", "content-length", "connection", "keep-alive", "proxy-connection", "te", "trailer",
-    "transfer-encoding", "upgrade",
-})
+#: Headers the store keeps as the agent sent them: the same lists as gate_core's
+#: approvals/redact.rs (``is_editable``), which checks every edit; here they only decide what
+#: the file shows as fixed. Credential names, and names holding a credential word:
+CREDENTIALS = frozenset({"authorization", "proxy-authorization", "cookie", "set-cookie", "x-api-key", "api-key",
+                         "x-auth-token", "x-amz-security-token", "x-goog-api-key", "ocp-apim-subscription-key"})
+CREDENTIAL_WORDS = ("auth", "token", "secret", "password", "apikey", "api-key", "session", "cookie")
+#: The hop, the framing and the destination (RFC 9110 7.6.1, RFC 9112 6), the retry key.
+FIXED = frozenset({"host", "content-length", "transfer-encoding", "connection", "proxy-connection", "keep-alive",
+                   "te", "trailer", "upgrade", "proxy-authenticate", "expect", "idempotency-key"})
 #: RFC 9110 5.1: a field name is a token.
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 
@@ -29,7 +32,7 @@ _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 def is_fixed(name: str) -> bool:
     """True if the header ``name`` cannot be edited (a credential, Host, hop-by-hop...)."""
     n = name.lower()
-    return n in FIXED or "token" in n or "secret" in n or n.endswith("-key")
+    return n in FIXED or n in CREDENTIALS or any(w in n for w in CREDENTIAL_WORDS)
 
 
 def to_text(a: dict[str, Any]) -> str:
