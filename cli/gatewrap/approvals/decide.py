@@ -134,18 +134,12 @@ def revoke(store: Any, grant_id: str, *, by: str) -> dict[str, Any]:
 
 
 def stale(store: Any, approval_id: str, e: Any) -> Refused:
-    """The :class:`Refused` for a ``StaleDecision``: why, and what the approval is now."""
+    """The :class:`Refused` for a ``StaleDecision``: the store's why and sentence (``detail``),
+    and what to do next."""
     why = getattr(e, "why", "stale")
-    a = store.get(approval_id)
-    if a is None:
-        return Refused(f"refused: no approval {approval_id}", why)
-    now = {
-        "decided": f"it was already {a['status']} by {a.get('decided_by')} at {when(a.get('decided_at'))}",
-        "edited": f"it changed since you saw it (now version {a['version']}, edited by "
-                  f"{a.get('decided_by') or 'someone'}): look again with `gatewrap approvals show {approval_id}`",
-        "expired": f"its deadline {when(a['deadline'])} has passed (a timeout is a denial)",
-        "run ended": f"its run {a['run_id']} has ended; the agent no longer waits for it",
-        "digest": f"the request changed since you saw it (digest now {a['digest'][:12]}...): look again with "
-                  f"`gatewrap approvals show {approval_id}`",
-    }.get(why, f"status {a['status']}, version {a['version']}")
-    return Refused(f"refused as stale ({why}): {now}", why)
+    detail = getattr(e, "detail", "") or str(e)
+    hint = {"edited": f"; look again with `gatewrap approvals show {approval_id}`",
+            "digest": f"; look again with `gatewrap approvals show {approval_id}`",
+            "expired": " (a timeout is a denial)",
+            "not found": " (gatewrap approvals list)"}.get(why, "")
+    return Refused(f"refused as stale ({why}): {detail}{hint}", why)
