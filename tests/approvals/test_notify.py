@@ -105,7 +105,7 @@ def test_a_refused_webhook_is_recorded_as_not_ok_and_said_once(receiver):
     notify.Notifier(audit, "gw-0123456789", webhook=receiver.url, secret=SECRET, stderr=False, err=err)(approval())
     assert len(receiver.got) == 1  # a 4xx is not tried again
     (rec,) = audit.records
-    assert (rec["channel"], rec["ok"], rec["reason"]) == ("webhook", False, "HTTP 400")
+    assert (rec["channel"], rec["ok"], rec["error"]) == ("webhook", False, "HTTP 400")
     assert "the webhook for ap-abcdefghijklmnopqrst failed: HTTP 400 (the approval still waits" in err.getvalue()
 
 

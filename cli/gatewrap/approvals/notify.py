@@ -224,7 +224,7 @@ class Notifier:
                "method": a["method"], "url": a["url"], "digest": a["digest"], "version": a["version"],
                "deadline": when(a["deadline"]), "channel": channel, "ok": ok}
         if detail and not ok:
-            rec["reason"] = detail
+            rec["error"] = detail
         try:
             self.audit.write(rec)
         except OSError as e:
