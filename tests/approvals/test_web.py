@@ -1,11 +1,11 @@
-"""The review pages (`gatewrap approvals serve`) in headless Chromium on a real held request:
+"""The review pages (`gatewrap approvals serve`) in headless Chromium, on approvals made through
+the store's API as the gate makes them (tests/approvals/test_cli.py has the run end to end):
 approve, edit then approve, reject, a stale decision told why, hostile bodies escaped; and
 requests a browser of another site could make (no CSRF token, a wrong one, a foreign Origin,
 a wrong approval token) refused. SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
-import json
 import threading
 
 import pytest
@@ -17,15 +17,26 @@ from gatewrap.approvals.web import ReviewServer
 from . import held
 from .held import cli
 
-pytestmark = pytest.mark.kernel
+RUN = "gw-00000000b1"
+
+
+class Asked:
+    """One pending approval made with ``ApprovalStore.ask``."""
+
+    def __init__(self, store, body: str):
+        store.start_run(RUN)
+        self.store = store
+        self.a, _ = store.ask(RUN, rule="policy.toml:rule[1]", method="POST", url="http://allowed.test/echo",
+                              headers=[("Content-Type", "application/json"), ("Authorization", "Bearer sk-secret-1")],
+                              body=body.encode())
+
+    def pending(self):
+        return self.a
 
 
 @pytest.fixture
-def run(net, tmp_path, store_url, request):
-    body = getattr(request, "param", held.BODY)
-    r = held.start(net, tmp_path, store_url, body=body)
-    yield r
-    r.stop()
+def run(store, request):
+    return Asked(store, getattr(request, "param", held.BODY))
 
 
 @pytest.fixture
@@ -62,12 +73,11 @@ def test_approve_on_the_page_sends_the_request_and_records_the_name(run, server,
     chromium.save_screenshot(str(artifacts / f"review-page-{backend}.png"))
     _decide(chromium, "approve")
     assert chromium.find_element(By.ID, "message").text.startswith("Approved")
-    out = run.finish()
-    assert out["agent"]["status"] == 200 and json.loads(out["agent"]["body"])["body"] == held.BODY
-    assert run.store.get(a["id"])["decided_by"] == "bob (web)"
+    after = run.store.get(a["id"])
+    assert (after["status"], after["decided_by"], after["version"]) == ("approved", "bob (web)", a["version"] + 1)
 
 
-def test_edit_on_the_page_shows_the_diff_and_upstream_gets_the_edit(run, server, chromium, net):
+def test_edit_on_the_page_shows_the_diff_and_the_edit_is_what_is_approved(run, server, chromium):
     a = run.pending()
     chromium.get(server.base + a["review_path"])
     area = chromium.find_element(By.NAME, "request")
@@ -80,19 +90,18 @@ def test_edit_on_the_page_shows_the_diff_and_upstream_gets_the_edit(run, server,
     assert '+{"to": "pricing-team@example.com", "subject": "prices"}' in diff
     assert chromium.find_element(By.ID, "version").text == str(a["version"] + 1)
     _decide(chromium, "approve")
-    out = run.finish()
-    assert json.loads(out["agent"]["body"])["body"] == '{"to": "pricing-team@example.com", "subject": "prices"}'
-    assert len(net.access_entries(method="POST", path="/echo")) == 1
+    after = run.store.get(a["id"])
+    assert after["status"] == "approved" and after["body"] == b'{"to": "pricing-team@example.com", "subject": "prices"}'
+    assert ["Authorization", "[redacted]"] in [list(h) for h in after["headers"]]
 
 
-def test_reject_on_the_page_gives_the_agent_the_reason(run, server, chromium, net):
+def test_reject_on_the_page_keeps_the_reason(run, server, chromium):
     a = run.pending()
     chromium.get(server.base + a["review_path"])
     _decide(chromium, "reject", reason="not today")
     assert chromium.find_element(By.ID, "message").text.startswith("Rejected")
-    out = run.finish()
-    assert out["agent"]["status"] == 403 and "not today" in out["agent"]["body"]
-    assert net.access_entries(method="POST", path="/echo") == []
+    after = run.store.get(a["id"])
+    assert (after["status"], after["reason"], after["decided_by"]) == ("rejected", "not today", "bob (web)")
 
 
 def test_a_page_answered_elsewhere_meanwhile_is_refused_as_stale_with_the_why(run, server, chromium, store_url):
@@ -103,7 +112,7 @@ def test_a_page_answered_elsewhere_meanwhile_is_refused_as_stale_with_the_why(ru
     msg = chromium.find_element(By.ID, "message").text
     assert msg.startswith("refused as stale (decided)") and "rejected by alice" in msg, msg
     assert chromium.find_element(By.ID, "status").text == "rejected"
-    assert run.finish()["agent"]["status"] == 403
+    assert chromium.find_elements(By.ID, "approve") == []  # a decided approval has no forms
 
 
 HOSTILE = '{"to": "</pre><script>document.title=\\"owned\\"</script><img src=x onerror=alert(1)>"}'
@@ -126,7 +135,7 @@ def _post(server, path, data, headers=None):
 def test_forms_without_the_csrf_token_or_from_another_site_are_refused(run, server):
     a = run.pending()
     page = requests.get(server.base + a["review_path"], timeout=30)
-    assert page.status_code == 200 and page.headers["Referrer-Policy"] == "no-referrer"
+    assert page.status_code == 200 and page.headers["Referrer-Policy"] == "same-origin"
     assert "script-src" not in page.headers["Content-Security-Policy"]  # default-src 'none': no script at all
     good = {"csrf": server.csrf(a["token"]), "version": str(a["version"]), "digest": a["digest"], "name": "mallory"}
     path = a["review_path"] + "/approve"
@@ -149,5 +158,4 @@ def test_forms_without_the_csrf_token_or_from_another_site_are_refused(run, serv
     assert requests.get(server.base + "/l/wrong", timeout=30).status_code == 404
     # and the right form goes through
     assert _post(server, path, good).status_code == 303
-    assert run.finish()["agent"]["status"] == 200
     assert run.store.get(a["id"])["decided_by"] == "mallory (web)"

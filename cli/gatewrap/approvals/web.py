@@ -16,7 +16,8 @@ Routes (everything else is 404):
 
 Every value shown is HTML-escaped (approval bodies are the agent's, i.e. hostile). Pages are
 sent with a Content-Security-Policy that allows no script at all, ``Referrer-Policy:
-no-referrer`` (the token is in the URL) and ``Cache-Control: no-store``.
+same-origin`` (the token is in the URL: no other site sees it; ``no-referrer`` would make
+browsers send ``Origin: null`` on the forms) and ``Cache-Control: no-store``.
 """
 
 from __future__ import annotations
@@ -299,7 +300,7 @@ class Handler(BaseHTTPRequestHandler):
     def _security_headers(self) -> None:
         self.send_header("Content-Security-Policy", "default-src 'none'; style-src 'sha256-"
                          + _style_hash() + "'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
-        self.send_header("Referrer-Policy", "no-referrer")
+        self.send_header("Referrer-Policy", "same-origin")
         self.send_header("Cache-Control", "no-store")
         self.send_header("X-Content-Type-Options", "nosniff")
         self.send_header("X-Frame-Options", "DENY")
