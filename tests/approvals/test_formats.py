@@ -44,8 +44,8 @@ def test_the_edit_file_shows_fixed_headers_as_comments_and_gives_them_back_uncha
     edited = text.replace("customer@example.com", "me@example.com") + "\n"  # the editor's own newline
     headers, body = editor.from_text(edited.replace("Content-Type: application/json",
                                                     "Content-Type: application/json\nX-Reviewed: yes"), a)
-    assert headers == [("Authorization", "[redacted]"), ("X-Session-Id", "[redacted]"), ("Idempotency-Key", "k1"),
-                       ("Content-Type", "application/json"), ("X-Reviewed", "yes")]
+    assert headers == [("Content-Type", "application/json"), ("X-Reviewed", "yes"), ("Authorization", "[redacted]"),
+                       ("X-Session-Id", "[redacted]"), ("Idempotency-Key", "k1")]
     assert body == b'{"to": "me@example.com", "subject": "hello"}'
 
 

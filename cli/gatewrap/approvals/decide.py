@@ -134,12 +134,9 @@ def revoke(store: Any, grant_id: str, *, by: str) -> dict[str, Any]:
 
 
 def stale(store: Any, approval_id: str, e: Any) -> Refused:
-    """The :class:`Refused` for a ``StaleDecision``: the store's why and sentence (``detail``),
-    and what to do next."""
+    """The :class:`Refused` for a ``StaleDecision``: the store's why and its sentence for the
+    human (``detail``: who answered first, what to look at again)."""
     why = getattr(e, "why", "stale")
     detail = getattr(e, "detail", "") or str(e)
-    hint = {"edited": f"; look again with `gatewrap approvals show {approval_id}`",
-            "digest": f"; look again with `gatewrap approvals show {approval_id}`",
-            "expired": " (a timeout is a denial)",
-            "not found": " (gatewrap approvals list)"}.get(why, "")
+    hint = {"not found": " (gatewrap approvals list)"}.get(why, "")
     return Refused(f"refused as stale ({why}): {detail}{hint}", why)

@@ -60,8 +60,8 @@ def to_text(a: dict[str, Any]) -> str:
 
 
 def from_text(text: str, a: dict[str, Any]) -> tuple[list[tuple[str, str]], bytes] | None:
-    """Parse an edited file back: ``(headers, body)`` (the fixed headers put back in their
-    places first), or None if it was emptied.
+    """Parse an edited file back: ``(headers, body)`` (the fixed headers in their places, the
+    edited ones where the first editable one was), or None if it was emptied.
 
     Raises:
         ValueError: a header line that is not ``Name: value`` (names the line).
@@ -71,7 +71,7 @@ def from_text(text: str, a: dict[str, Any]) -> tuple[list[tuple[str, str]], byte
     head, sep, body = text.partition("\n\n")
     if not sep:
         head, body = text, ""
-    headers = [(str(n), str(v)) for n, v in a["headers"] if is_fixed(n)]
+    edited: list[tuple[str, str]] = []
     for n, line in enumerate(head.split("\n"), start=1):
         if not line or line.startswith("#"):
             continue
@@ -83,7 +83,16 @@ def from_text(text: str, a: dict[str, Any]) -> tuple[list[tuple[str, str]], byte
                              "stay as the agent sent them)")
         if any(c in value for c in "\r\0"):
             raise ValueError(f"line {n}: the value of {name} holds a control character")
-        headers.append((name, value.strip()))
+        edited.append((name, value.strip()))
+    # the fixed headers keep their places; the edited ones take the place of the first editable one
+    headers: list[tuple[str, str]] = []
+    for n, v in a["headers"]:
+        if is_fixed(n):
+            headers.append((str(n), str(v)))
+        elif edited:
+            headers += edited
+            edited = []
+    headers += edited
     original = bytes(a["body"])
     raw = body.encode("utf-8")
     if raw.endswith(b"\n") and not original.endswith(b"\n"):
