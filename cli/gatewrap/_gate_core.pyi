@@ -365,3 +365,128 @@ def audit_verifier_key(path: str = "/var/lib/gatewrap/audit/signing-key") -> str
     """The signed-note verifier key (``<name>+<key id hex>+<base64(0x01 || Ed25519 public
     key)>``) of the audit signing key at ``path``, made if missing. Raises ValueError
     (unsafe directory, malformed key) or OSError."""
+
+class StaleDecision(ValueError):
+    """A decision or edit made on a view of an approval that is no longer current.
+
+    Nothing changed in the store. ``why`` is one of ``"decided"`` (someone answered first:
+    the message says who, what and when), ``"edited"`` (its version moved: look again),
+    ``"expired"`` (its deadline passed; a timeout is never a yes), ``"run ended"`` (its run
+    is over: the run id is the fence), ``"digest"`` (the request is not the one you saw),
+    ``"not found"``. ``detail`` is the sentence for the human, ``id`` the approval.
+    """
+
+    why: str
+    detail: str
+    id: str
+
+class ApprovalStore:
+    """The approvals store (issue 12): the truth about held requests, decisions and grants.
+
+    ``url``: a path or ``sqlite:PATH`` (SQLite in WAL mode, busy timeout 5 s,
+    ``synchronous = FULL``; a new file 0600, a new directory 0700), or
+    ``postgresql://USER@HOST:PORT/DB`` (also ``postgres://``; plain TCP or a unix socket
+    ``?host=/dir``: TLS to the server is not built). The schema is created on open
+    (idempotent, ``meta.schema`` = "1"). Raises OSError (the file, or the database refused:
+    errno EIO and its message), ValueError (a URL of another kind).
+
+    An approval dict has: ``id`` ("ap-" + 20 base32), ``run_id``, ``created``, ``deadline``
+    (seconds since the epoch), ``rule``, ``method``, ``url`` (canonical absolute URL, or
+    ``host:port`` for a CONNECT), ``headers`` ([[name, value], ...], credentials redacted as
+    ``"[redacted]"``), ``body`` (bytes, at most 64 KiB), ``body_len`` (the whole body's),
+    ``body_truncated``, ``body_digest`` (sha256 hex of the whole body), ``digest`` (sha256 hex
+    of ``method "\\n" url "\\n" body_digest``, of the current request), ``idem_key``,
+    ``version`` (1, +1 on every change), ``status`` (pending | approved | rejected | expired
+    | sending | sent | cancelled), ``hold`` (wait | return), ``grants_allowed``, ``token``
+    (the review page's secret), ``review_path`` (``/a/<token>``), ``decided_by``,
+    ``decided_at``, ``reason``, ``edited``, ``orig_headers``, ``orig_body`` (the request as
+    the agent sent it, after an edit), ``grant_id``, ``sent_at``, ``upstream_status``,
+    ``waiters`` (requests of the agent sharing it).
+
+    A grant dict: ``id`` ("gr-..."), ``run_id``, ``approval_id``, ``method``, ``host``
+    (the URL's authority: ``host`` or ``host:port``), ``path_prefix``, ``created``,
+    ``expires``, ``revoked``, ``revoked_by``, ``uses``, ``created_by``.
+    A run dict: ``run_id``, ``started``, ``ended``, ``host``, ``pid``, ``wake``.
+    """
+
+    def __init__(self, url: str) -> None: ...
+    @property
+    def url(self) -> str:
+        """The URL, any password shown as ``***``."""
+
+    def list(self, *, status: str | None = None, run_id: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+        """Approvals, newest first."""
+
+    def get(self, id: str) -> dict[str, Any] | None: ...
+    def get_by_token(self, token: str) -> dict[str, Any] | None:
+        """The approval whose review token is ``token`` (compared in constant time), or None."""
+
+    def decide(
+        self,
+        id: str,
+        *,
+        version: int,
+        digest: str,
+        verdict: str,
+        by: str,
+        reason: str | None = None,
+        grant: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Approve (``verdict="approve"``) or reject (``"reject"``) a pending approval as seen
+        at ``version`` with ``digest``; ``by`` is recorded. ``grant`` =
+        ``{"method": "POST", "host": "mail.test", "path_prefix": "/v3/", "seconds": 1800}``
+        lets later requests of the same run through (``host`` must be the request's own,
+        the rule must allow grants; method exact, path prefix segment-wise). Wakes the run
+        after the commit. Returns the approval. Raises :class:`StaleDecision`, ValueError (an
+        unknown verdict, a grant on a rejection, a grant wider than the request's host or
+        forbidden by the rule), OSError (the database)."""
+
+    def edit(
+        self, id: str, *, version: int, digest: str, by: str, headers: list[tuple[str, str]], body: bytes
+    ) -> dict[str, Any]:
+        """Replace the headers and body of a pending approval (seen at ``version`` with
+        ``digest``): version + 1, a new digest, the first original kept. ``headers`` is the
+        whole list as shown (redacted values included); credentials, Host, hop-by-hop headers,
+        Content-Length, Transfer-Encoding, Expect and Idempotency-Key must be unchanged. The
+        URL is not editable. Raises ValueError (such a header changed, the body over 64 KiB,
+        the stored body truncated), :class:`StaleDecision`, OSError."""
+
+    def grants(self, *, run_id: str | None = None, active: bool = True) -> list[dict[str, Any]]:
+        """Grants, newest first; ``active``: unrevoked, unexpired, of a run not ended."""
+
+    def revoke_grant(self, id: str, *, by: str) -> dict[str, Any]:
+        """Revoke a grant (again: no change). Raises ValueError when there is no such grant."""
+
+    def runs(self, *, active: bool | None = None) -> list[dict[str, Any]]:
+        """Runs, newest first; ``active`` True: not ended, False: ended."""
+
+    def start_run(self, run_id: str, *, host: str = "localhost", pid: int = 0, wake: str | None = None) -> None:
+        """Register a run (the gate does this itself when started with ``state``)."""
+
+    def end_run(self, run_id: str) -> None:
+        """Mark the run ended: its pending and approved-unsent approvals become
+        ``cancelled``, its grants stop applying, later decisions are refused (``"run ended"``).
+        Idempotent."""
+
+    def counts(self, run_id: str) -> dict[str, int]:
+        """``{"asked", "approved", "rejected", "expired", "granted", "by_grant"}`` of a run
+        (``approved`` counts approved, sending and sent; ``by_grant`` the requests grants
+        let through)."""
+
+    def ask(
+        self,
+        run_id: str,
+        *,
+        rule: str,
+        method: str,
+        url: str,
+        headers: list[tuple[str, str]],
+        body: bytes,
+        timeout: float = 600.0,
+        hold: str = "wait",
+        grants_allowed: bool = True,
+        idem_key: str | None = None,
+    ) -> tuple[dict[str, Any], bool]:
+        """Persist a pending approval as the gate does, or join the pending one of the run
+        with the same digest or ``idem_key``: (approval, new). For tools and tests of the CLI
+        and review page without a sandbox; headers are redacted before they are stored."""

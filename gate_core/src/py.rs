@@ -435,5 +435,6 @@ fn _gate_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(ensure_ca, m)?)?;
     m.add_function(wrap_pyfunction!(landlock_abi, m)?)?;
     m.add_function(wrap_pyfunction!(audit_verifier_key, m)?)?;
+    crate::py_approvals::register(m)?;
     Ok(())
 }

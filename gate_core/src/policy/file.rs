@@ -17,7 +17,13 @@
 //! path = "/v1/*/files"   # optional: segment prefix, or a glob with * / ** (see `path.rs`)
 //! schemes = ["http"]     # optional: "http" and/or "https" (a CONNECT tunnel is https)
 //! timeout = "10m"        # optional, "ask" rules only: how long an approval may wait
+//! hold = "wait"          # optional, "ask" rules only: "wait" (default: the request is held
+//!                        # open until decided) | "return" (409 at once; the retry goes through)
+//! grants = false         # optional, "ask" rules only: the human may not answer with a grant
 //! budget = { count = 6, per = "10m" }  # optional, "allow" rules only
+//!
+//! [notify]               # optional: where approvals are announced (gatewrap's Python side)
+//! webhook = "https://hooks.example/T0"
 //!
 //! [sandbox]              # optional: host paths shown in the agent's jail (`sandbox.rs`)
 //! ro_bind = ["/opt/tools"]   # read-only, as `gatewrap run --ro-bind`
@@ -34,7 +40,7 @@ use super::canon::{canonical_pattern, Host, HostPattern};
 use super::decide::is_upper_method;
 use super::duration::parse_duration;
 use super::path::PathPattern;
-use super::rules::{Action, Mode, Origin, Policy, Ports, Rule, Scheme};
+use super::rules::{Action, Hold, Mode, Notify, Origin, Policy, Ports, Rule, Scheme};
 use super::sandbox::{path_problem, Sandbox, SandboxPath};
 use super::PolicyError;
 
@@ -49,6 +55,13 @@ struct FileSchema {
     #[serde(default)]
     rule: Vec<Spanned<RuleSchema>>,
     sandbox: Option<SandboxSchema>,
+    notify: Option<NotifySchema>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NotifySchema {
+    webhook: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -71,6 +84,8 @@ struct RuleSchema {
     path: Option<Spanned<String>>,
     schemes: Option<SpannedList<String>>,
     timeout: Option<Spanned<String>>,
+    hold: Option<Spanned<String>>,
+    grants: Option<Spanned<bool>>,
     budget: Option<Spanned<BudgetSchema>>,
 }
 
@@ -173,6 +188,20 @@ impl Reader<'_> {
             Some(t) => Some(parse_duration(t.get_ref()).map_err(|e| self.err(t.span().start, e.to_string()))?),
             None => None,
         };
+        rule.hold = match &r.hold {
+            Some(h) if action != Action::Ask => return Err(self.err(h.span().start, "`hold` only applies to \"ask\" rules")),
+            Some(h) => match h.get_ref().as_str() {
+                "wait" => Hold::Wait,
+                "return" => Hold::Return,
+                other => return Err(self.err(h.span().start, format!("invalid hold {other:?}: expected \"wait\" or \"return\""))),
+            },
+            None => Hold::Wait,
+        };
+        rule.grants = match &r.grants {
+            Some(g) if action != Action::Ask => return Err(self.err(g.span().start, "`grants` only applies to \"ask\" rules")),
+            Some(g) => *g.get_ref(),
+            None => true,
+        };
         rule.budget = match &r.budget {
             Some(b) if action != Action::Allow => {
                 return Err(self.err(b.span().start, "`budget` only applies to \"allow\" rules"))
@@ -243,6 +272,15 @@ impl Reader<'_> {
         Ok(Sandbox { ro_bind: self.sandbox_paths(s.ro_bind.as_ref())?, bind: self.sandbox_paths(s.bind.as_ref())? })
     }
 
+    /// The `[notify]` table: `webhook` must be an http(s) URL (the WHATWG URL parser).
+    fn notify(&self, n: Option<&NotifySchema>) -> Result<Notify, PolicyError> {
+        let Some(w) = n.and_then(|n| n.webhook.as_ref()) else { return Ok(Notify::default()) };
+        match url::Url::parse(w.get_ref()) {
+            Ok(u) if matches!(u.scheme(), "http" | "https") && u.host().is_some() => Ok(Notify { webhook: Some(w.get_ref().clone()) }),
+            _ => Err(self.err(w.span().start, format!("invalid webhook {:?}: expected an http:// or https:// URL", w.get_ref()))),
+        }
+    }
+
     fn policy(&self) -> Result<Policy, PolicyError> {
         let file: FileSchema = toml::from_str(self.text).map_err(|e| self.toml_err(&e))?;
         if let Some(v) = &file.version {
@@ -270,7 +308,8 @@ impl Reader<'_> {
         let file_rules =
             file.rule.iter().enumerate().map(|(i, r)| self.rule(i, r)).collect::<Result<_, _>>()?;
         let sandbox = self.sandbox(file.sandbox.as_ref())?;
-        Ok(Policy { default, mode, cli_rules: Vec::new(), file_rules, sandbox })
+        let notify = self.notify(file.notify.as_ref())?;
+        Ok(Policy { default, mode, cli_rules: Vec::new(), file_rules, sandbox, notify })
     }
 }
 

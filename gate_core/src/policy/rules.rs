@@ -46,6 +46,35 @@ impl Mode {
     }
 }
 
+/// How long an approval of an `ask` rule waits when the rule sets no `timeout`.
+pub const DEFAULT_ASK_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// What the gate does with a request an `ask` rule holds (with approvals on).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hold {
+    /// Keep the agent's request open until the approval is decided or expires.
+    Wait,
+    /// Answer 409 at once (`Retry-After`, the approval id); the retry of the same request
+    /// (same digest or Idempotency-Key) goes through once it is approved.
+    Return,
+}
+
+impl Hold {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Hold::Wait => "wait",
+            Hold::Return => "return",
+        }
+    }
+}
+
+/// The policy's `[notify]` table (used by gatewrap's Python side).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Notify {
+    /// `webhook = "https://..."`: where approvals are posted.
+    pub webhook: Option<String>,
+}
+
 /// Where a rule came from: a command-line flag or the policy file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Origin {
@@ -100,9 +129,13 @@ pub struct Rule {
     pub path: Option<PathPattern>,
     /// `schemes = [..]`: `None` = both. A CONNECT tunnel counts as `https`.
     pub schemes: Option<Vec<Scheme>>,
-    /// `timeout = "10m"` of an `ask` rule: how long an approval may wait (kept for when
-    /// approvals exist; today an `ask` is denied at once).
+    /// `timeout = "10m"` of an `ask` rule: how long an approval may wait (default
+    /// [`DEFAULT_ASK_TIMEOUT`]); a timeout is a denial.
     pub timeout: Option<Duration>,
+    /// `hold = "wait" | "return"` of an `ask` rule.
+    pub hold: Hold,
+    /// `grants = false` of an `ask` rule: its approvals may not carry a grant.
+    pub grants: bool,
     /// `budget = { count, per }` of an allow rule.
     pub budget: Option<Budget>,
 }
@@ -123,6 +156,8 @@ impl Rule {
             path: None,
             schemes: None,
             timeout: None,
+            hold: Hold::Wait,
+            grants: true,
             budget: None,
         }
     }
@@ -211,11 +246,25 @@ pub struct Policy {
     pub file_rules: Vec<Rule>,
     /// The file's `[sandbox]` paths (for the jail, not for decisions).
     pub sandbox: Sandbox,
+    /// The file's `[notify]` table.
+    pub notify: Notify,
 }
 
 impl Policy {
     pub fn new(default: Action) -> Self {
-        Policy { default, mode: Mode::Enforce, cli_rules: Vec::new(), file_rules: Vec::new(), sandbox: Sandbox::default() }
+        Policy {
+            default,
+            mode: Mode::Enforce,
+            cli_rules: Vec::new(),
+            file_rules: Vec::new(),
+            sandbox: Sandbox::default(),
+            notify: Notify::default(),
+        }
+    }
+
+    /// The rule with id `id`.
+    pub fn rule(&self, id: &str) -> Option<&Rule> {
+        self.rules().find(|r| r.id == id)
     }
 
     /// All rules in evaluation order.
