@@ -11,6 +11,8 @@ import threading
 import pytest
 import requests
 from selenium.webdriver.common.by import By
+from selenium.webdriver.support.expected_conditions import staleness_of
+from selenium.webdriver.support.ui import WebDriverWait
 
 from gatewrap.approvals.web import ReviewServer
 
@@ -58,13 +60,17 @@ def _decide(browser, form: str, name: str = "bob", **fields) -> None:
         el = f.find_element(By.NAME, k)
         el.clear()
         el.send_keys(v)
+    page = browser.find_element(By.TAG_NAME, "html")
     f.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+    WebDriverWait(browser, 30).until(staleness_of(page))  # the answer's page has replaced this one
 
 
 def test_approve_on_the_page_sends_the_request_and_records_the_name(run, server, chromium, artifacts, store_url, request):
     a = run.pending()
     chromium.get(f"{server.base}/l/{server.list_key}")
+    page = chromium.find_element(By.TAG_NAME, "html")
     chromium.find_element(By.LINK_TEXT, a["id"]).click()
+    WebDriverWait(chromium, 30).until(staleness_of(page))
     assert chromium.current_url == server.base + a["review_path"]
     assert chromium.find_element(By.ID, "status").text == "pending"
     pre = chromium.find_element(By.TAG_NAME, "pre").text
