@@ -132,6 +132,13 @@ impl PyPolicy {
             .collect()
     }
 
+    /// The file's `[notify]` table: {"webhook": str | None}.
+    fn notify<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        d.set_item("webhook", self.read().notify.webhook.clone())?;
+        Ok(d)
+    }
+
     /// The file's `[sandbox]` table: {"ro_bind": [(path, line)], "bind": [(path, line)]}.
     fn sandbox<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let p = self.read();
@@ -285,7 +292,7 @@ pub struct PyGate {
 #[pymethods]
 impl PyGate {
     #[new]
-    #[pyo3(signature = (*, run_id, netns_path, policy, audit, listen_port = 3128, nameservers = None, connect_timeout = 10.0, public_ranges = None, notices = false, dns_stub = false, ca_dir = None, upstream_ca = None, body_limit = gate::inspect::DEFAULT_BODY_LIMIT, idle_timeout = gate::DEFAULT_IDLE_TIMEOUT.as_secs_f64(), run_cgroup = None))]
+    #[pyo3(signature = (*, run_id, netns_path, policy, audit, listen_port = 3128, nameservers = None, connect_timeout = 10.0, public_ranges = None, notices = false, dns_stub = false, ca_dir = None, upstream_ca = None, body_limit = gate::inspect::DEFAULT_BODY_LIMIT, idle_timeout = gate::DEFAULT_IDLE_TIMEOUT.as_secs_f64(), run_cgroup = None, state = None, on_asked = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -304,6 +311,8 @@ impl PyGate {
         body_limit: u64,
         idle_timeout: f64,
         run_cgroup: Option<PathBuf>,
+        state: Option<String>,
+        on_asked: Option<PyObject>,
     ) -> PyResult<Self> {
         if !(connect_timeout.is_finite() && connect_timeout > 0.0) {
             return Err(gate_err(gate::GateError::ConnectTimeout(connect_timeout)));
@@ -327,6 +336,17 @@ impl PyGate {
             inspect: gate::inspect::InspectSettings { ca_dir, upstream_ca: upstream_ca.unwrap_or_default(), body_limit },
             idle_timeout: Duration::from_secs_f64(idle_timeout),
             run_cgroup,
+            state,
+            on_asked: on_asked.map(|cb| -> gate::OnAsked {
+                Box::new(move |a| {
+                    // A notification never decides: its errors are dropped.
+                    Python::with_gil(|py| {
+                        if let Ok(d) = crate::py_approvals::approval_dict(py, a) {
+                            let _ = cb.call1(py, (d,));
+                        }
+                    })
+                })
+            }),
         };
         let gate = py.allow_threads(move || Gate::start(config)).map_err(gate_err)?;
         Ok(PyGate { inner: gate })

@@ -75,3 +75,15 @@ pub const FAILED: &str = "failed";
 
 /// How many attempts a record stands for (a `dns` record of queries over the record rate).
 pub const COUNT: &str = "count";
+
+/// The approval (`ap-...`) a held request waited for; the approval events' link.
+pub const APPROVAL: &str = "approval";
+/// The grant (`gr-...`) that let a request through without asking.
+pub const GRANT: &str = "grant";
+pub const EVENT_APPROVAL_ASKED: &str = "approval_asked";
+pub const EVENT_APPROVAL_EDITED: &str = "approval_edited";
+pub const EVENT_APPROVAL_APPROVED: &str = "approval_approved";
+pub const EVENT_APPROVAL_REJECTED: &str = "approval_rejected";
+pub const EVENT_APPROVAL_EXPIRED: &str = "approval_expired";
+pub const EVENT_APPROVAL_SENT: &str = "approval_sent";
+pub const EVENT_APPROVAL_CANCELLED: &str = "approval_cancelled";

@@ -31,6 +31,10 @@ pub struct GateRecord {
     pub inspected: bool,
     /// Attempts the record stands for, when more than one (see [`f::COUNT`]).
     pub count: Option<u64>,
+    /// The approval this request was held for (see [`f::APPROVAL`]).
+    pub approval: Option<String>,
+    /// The grant that let it through (see [`f::GRANT`]).
+    pub grant: Option<String>,
 }
 
 impl GateRecord {
@@ -60,6 +64,8 @@ impl GateRecord {
         put(f::ERROR, self.error.map(Value::from));
         put(f::INSPECTED, self.inspected.then_some(Value::Bool(true)));
         put(f::COUNT, self.count.map(Value::from));
+        put(f::APPROVAL, self.approval.map(Value::from));
+        put(f::GRANT, self.grant.map(Value::from));
         m
     }
 }

@@ -51,6 +51,8 @@ pub struct Ctx {
     pub(super) clients: Arc<super::client::Clients>,
     /// How many `dns` records the stub may still write this second (see `dns_stub`).
     pub(super) dns_rate: super::dns_stub::RecordRate,
+    /// Approvals (breakpoints); `None`: an `ask` is a denial.
+    pub(super) approvals: Option<Arc<super::hold::Approvals>>,
 }
 
 impl Ctx {
@@ -99,6 +101,11 @@ impl Ctx {
         );
         self.notices.show(&rec);
         self.write(rec.into_map())
+    }
+
+    /// Write a record that is no decision (an approval step) to the audit log.
+    pub(super) fn event(&self, record: serde_json::Map<String, serde_json::Value>) -> Result<(), AuditError> {
+        self.write(record)
     }
 
     /// Write one record to the audit log, noting whether the log is failing.

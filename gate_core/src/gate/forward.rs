@@ -4,7 +4,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use http_body_util::BodyExt;
+use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::header::{HeaderMap, HeaderName, HeaderValue, CONNECTION, HOST};
 use hyper::{Request, Response, Uri, Version};
@@ -14,6 +14,7 @@ use crate::audit::fields as f;
 use crate::policy::{canonical_host, Host, RequestFacts, Scheme};
 
 use super::admit::admit_request;
+use super::hold::{self, Held};
 use super::respond::{self, Body};
 use super::ctx::Pending;
 use super::target::{
@@ -154,7 +155,7 @@ fn host_header(host: &Host, port: u16) -> Option<HeaderValue> {
 /// Refuse (400) a target without a host, with an invalid port, an invalid host or a Host
 /// header that disagrees; decide (403 when denied); else write the `admit` record (503 if
 /// it cannot be written), dial and forward.
-pub async fn handle(ctx: Arc<Ctx>, peer: SocketAddr, mut req: Request<Incoming>) -> Response<Body> {
+pub async fn handle(ctx: Arc<Ctx>, peer: SocketAddr, req: Request<Incoming>) -> Response<Body> {
     let mut rec = ctx.record_for(f::EVENT_REQUEST, f::PROTO_HTTP, peer, &req);
     let Some(authority) = req.uri().authority().cloned() else {
         return ctx.refuse(rec, "protocol: absolute-form request without a host", respond::ORIGIN_FORM);
@@ -186,7 +187,24 @@ pub async fn handle(ctx: Arc<Ctx>, peer: SocketAddr, mut req: Request<Incoming>)
     let facts = RequestFacts { host: &host, port, scheme: Scheme::Http, method: req.method().as_str(), path: pq.as_str() };
     let adm = admit_request(&ctx, &facts);
     adm.fill(&mut rec);
-    if !adm.proceed {
+    let mut req = req.map(|b| b.boxed());
+    let mut sending = None;
+    if hold::applies(&ctx, &adm) {
+        let (mut parts, body) = req.into_parts();
+        let (held, held_rec) = hold::hold(&ctx, &adm, rec, &parts, body, Scheme::Http, pq.as_str(), hold::HOLD_BODY_LIMIT).await;
+        rec = held_rec;
+        let Held::Go { headers, body, sending: s } = held else {
+            let Held::Answer(resp) = held else { unreachable!() };
+            return resp;
+        };
+        parts.headers = headers;
+        rec.decision = f::ALLOWED;
+        if let Some(s) = &s {
+            rec.reason = Some(s.reason());
+        }
+        sending = s;
+        req = Request::from_parts(parts, Full::new(body).map_err(|never| match never {}).boxed());
+    } else if !adm.proceed {
         return adm.forbid(&ctx, rec);
     }
     if let Err(unrecorded) = ctx.admit(&rec) {
@@ -227,6 +245,9 @@ pub async fn handle(ctx: Arc<Ctx>, peer: SocketAddr, mut req: Request<Incoming>)
         Ok(resp) => {
             pending.rec().status = Some(resp.status().as_u16());
             pending.finish();
+            if let Some(s) = sending.as_mut() {
+                s.status = Some(resp.status().as_u16());
+            }
             if let Some(down) = down_upgrade.filter(|_| resp.status() == hyper::StatusCode::SWITCHING_PROTOCOLS) {
                 return upgrade::switch(down, resp, ctx.idle_timeout, target);
             }

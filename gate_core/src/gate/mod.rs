@@ -9,6 +9,7 @@ mod ctx;
 pub mod dial;
 mod forward;
 mod guard;
+mod hold;
 mod idle;
 pub mod inspect;
 mod malformed;
@@ -18,6 +19,9 @@ pub mod respond;
 mod server;
 pub mod target;
 mod upgrade;
+mod wait_endpoint;
+
+pub use hold::OnAsked;
 
 use std::io;
 use std::net::SocketAddr;
@@ -62,6 +66,8 @@ pub enum GateError {
     IdleTimeout(f64),
     #[error("{0}")]
     Inspect(#[from] inspect::InspectError),
+    #[error("approvals: {0}")]
+    Approvals(String),
 }
 
 /// How long a tunnel or an upgraded (WebSocket) connection may carry nothing either way
@@ -90,6 +96,10 @@ pub struct GateConfig {
     /// The run's cgroup directory: each connection's records name the process of it that
     /// holds the client socket (`client`); `None`: they do not.
     pub run_cgroup: Option<PathBuf>,
+    /// The approvals store's URL (see `approvals::Store::open`); `None`: approvals off.
+    pub state: Option<String>,
+    /// Called with each new approval (e.g. to notify a human).
+    pub on_asked: Option<OnAsked>,
 }
 
 fn parse_nameservers(list: &[String]) -> Result<ResolverConfig, GateError> {
@@ -147,6 +157,10 @@ impl Gate {
             .build()
             .map_err(GateError::Runtime)?;
         let counts = Arc::new(Counts::default());
+        let approvals = match &config.state {
+            Some(url) => Some(Arc::new(hold::Approvals::start(url, &config.run_id, config.on_asked).map_err(GateError::Approvals)?)),
+            None => None,
+        };
         let ctx = {
             let _guard = runtime.enter();
             Arc::new(Ctx {
@@ -164,6 +178,7 @@ impl Gate {
                 audit_failing: Default::default(),
                 clients: Arc::new(client::Clients::new(config.run_cgroup)),
                 dns_rate: Default::default(),
+                approvals,
             })
         };
         let open = server::Cap::new(server::MAX_CONNECTIONS, "open connections");
@@ -212,6 +227,9 @@ impl Gate {
         if let Some(rt) = runtime {
             rt.shutdown_timeout(STOP_TIMEOUT);
             dns_stub::flush(&self.ctx);
+            if let Some(ap) = &self.ctx.approvals {
+                ap.end_run(&self.ctx.run_id);
+            }
         }
     }
 }

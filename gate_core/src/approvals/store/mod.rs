@@ -444,6 +444,16 @@ impl Store {
         Ok((a, true))
     }
 
+    /// The newest approval of `run_id` for the same request (`digest`, or the same
+    /// Idempotency-Key), whatever its status: what a `hold = "return"` retry is answered by.
+    pub fn latest(&mut self, run_id: &str, digest: &str, idem_key: Option<&str>) -> Result<Option<Approval>> {
+        let sql = format!(
+            "SELECT {APPROVAL_COLS} FROM approvals WHERE run_id = ?1 AND (digest = ?2 OR (idem_key IS NOT NULL AND idem_key = ?3)) \
+             ORDER BY created DESC LIMIT 1"
+        );
+        Ok(self.query(&sql, &[run_id.into(), digest.into(), idem_key.into()])?.first().map(|r| approval_from(r)))
+    }
+
     /// Why a guarded move of `id` (made on `version`/`digest`) changed nothing.
     fn why_stale(&mut self, id: &str, version: i64, digest: &str) -> Result<Stale> {
         let stale = |why: &'static str, detail: String| Stale { id: id.to_string(), why, detail };

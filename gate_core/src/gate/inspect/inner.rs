@@ -23,6 +23,7 @@ use crate::audit::fields as f;
 use crate::policy::{canonical_host, Host, RequestFacts, Scheme};
 
 use super::super::admit::{admit_request, Admission};
+use super::super::hold::{self, Held};
 use super::super::dial::DialError;
 use super::super::ctx::Pending;
 use super::super::respond::{self, Body};
@@ -31,7 +32,10 @@ use super::super::upgrade::{self, Asked};
 use super::super::{forward, guard, strip_hop_by_hop, Ctx};
 use super::{upstream, Tunnel};
 
-pub(crate) type Sender = SendRequest<Limited<Incoming>>;
+/// The body of a request to upstream: the agent's, streamed under the limit, or a held
+/// request's, approved and whole.
+pub(crate) type UpBody = http_body_util::combinators::UnsyncBoxBody<bytes::Bytes, Box<dyn std::error::Error + Send + Sync>>;
+pub(crate) type Sender = SendRequest<UpBody>;
 
 const HTTPS_DEFAULT_PORT: u16 = 443;
 /// The audit `error` of an upstream that did not finish its TLS handshake within the
@@ -84,7 +88,7 @@ fn too_large(limit: u64) -> (String, String) {
     )
 }
 
-pub(super) async fn handle(ctx: Arc<Ctx>, tunnel: Arc<Tunnel>, mut req: Request<Incoming>) -> Response<Body> {
+pub(super) async fn handle(ctx: Arc<Ctx>, tunnel: Arc<Tunnel>, req: Request<Incoming>) -> Response<Body> {
     let (host, port) = (&tunnel.host, tunnel.port);
     let mut rec = ctx.record_for(f::EVENT_REQUEST, f::PROTO_HTTPS, tunnel.peer, &req);
     let target = upstream_target(req.method(), req.uri());
@@ -120,7 +124,25 @@ pub(super) async fn handle(ctx: Arc<Ctx>, tunnel: Arc<Tunnel>, mut req: Request<
     let facts = RequestFacts { host, port, scheme: Scheme::Https, method: req.method().as_str(), path: pq.as_str() };
     let adm = admit_request(&ctx, &facts);
     adm.fill(&mut rec);
-    if !adm.proceed {
+    let mut req = req.map(|b| Limited::new(b, limit as usize).boxed_unsync());
+    let mut sending = None;
+    if hold::applies(&ctx, &adm) {
+        let (mut parts, body) = req.into_parts();
+        let (held, held_rec) = hold::hold(&ctx, &adm, rec, &parts, body, Scheme::Https, pq.as_str(), limit as usize).await;
+        rec = held_rec;
+        let Held::Go { headers, body, sending: s } = held else {
+            let Held::Answer(resp) = held else { unreachable!() };
+            return resp;
+        };
+        parts.headers = headers;
+        rec.decision = f::ALLOWED;
+        if let Some(s) = &s {
+            rec.reason = Some(s.reason());
+        }
+        sending = s;
+        let full = http_body_util::Full::new(body).map_err(|never| -> Box<dyn std::error::Error + Send + Sync> { match never {} });
+        req = Request::from_parts(parts, full.boxed_unsync());
+    } else if !adm.proceed {
         return adm.forbid(&ctx, rec);
     }
     if let Err(unrecorded) = ctx.admit(&rec) {
@@ -153,10 +175,13 @@ pub(super) async fn handle(ctx: Arc<Ctx>, tunnel: Arc<Tunnel>, mut req: Request<
     if let Ok(h) = HeaderValue::from_str(&authority_of(host, port)) {
         parts.headers.insert(HOST, h);
     }
-    let result = sender.send_request(Request::from_parts(parts, Limited::new(body, limit as usize))).await;
+    let result = sender.send_request(Request::from_parts(parts, body)).await;
     match result {
         Ok(resp) => {
             pending.rec().status = Some(resp.status().as_u16());
+            if let Some(s) = sending.as_mut() {
+                s.status = Some(resp.status().as_u16());
+            }
             pending.finish();
             match down_upgrade {
                 Some(down) if resp.status() == StatusCode::SWITCHING_PROTOCOLS => {

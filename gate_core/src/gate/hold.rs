@@ -1,0 +1,471 @@
+//! Holding a request an `ask` rule matched (approvals on): a grant of the run lets it
+//! through; else it is persisted as an approval (or joins the pending one with the same
+//! digest or Idempotency-Key) and the agent waits (`hold = "wait"`) or is answered 409
+//! (`hold = "return"`) until a human decides. Approved: the one [`Store::claim`] winner
+//! sends the current request with the agent's original credentials (the store has only
+//! redacted copies). Rejected, expired, cancelled: 403. The store is the truth; wake-ups
+//! only shorten the wait (it is re-read at least every second). A store that cannot be
+//! read or written denies the request (recorded): nothing is sent without it.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use hyper::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
+use hyper::http::request::Parts;
+use hyper::{Response, StatusCode};
+use serde_json::{Map, Value};
+
+use crate::approvals::{self, digest, redact, status, wake, Approval, NewApproval, Store, StoreError};
+use crate::audit::{fields as f, GateRecord};
+use crate::policy::path::without_query;
+use crate::policy::{canonical_path, Action, Hold, Scheme, DEFAULT_ASK_TIMEOUT};
+
+use super::admit::Admission;
+use super::respond::{self, Body};
+use super::Ctx;
+
+/// Longest wait the wait endpoint allows (`?wait=S`), in seconds.
+pub const MAX_POLL: f64 = 60.0;
+/// Most bytes of a plain-http request body the gate holds in memory for an approval.
+pub const HOLD_BODY_LIMIT: usize = 16 * 1024 * 1024;
+/// How often a waiter re-reads the store without a wake-up.
+const REREAD: Duration = Duration::from_secs(1);
+
+/// Called with each new approval (off the runtime; its failure decides nothing).
+pub type OnAsked = Box<dyn Fn(&Approval) + Send + Sync>;
+
+/// The approvals side of a running gate.
+pub struct Approvals {
+    store: Arc<Mutex<Store>>,
+    pub(super) wakes: Arc<tokio::sync::Notify>,
+    on_asked: Option<Arc<OnAsked>>,
+    /// Approval events written already by this gate ((id, event)): one record per step
+    /// even when several requests share the approval.
+    written: Mutex<HashSet<(String, &'static str)>>,
+    _listener: wake::Listener,
+}
+
+impl Approvals {
+    /// Open the store at `url`, listen for wake-ups, register run `run_id`.
+    pub fn start(url: &str, run_id: &str, on_asked: Option<OnAsked>) -> Result<Approvals, String> {
+        let mut store = Store::open(url).map_err(|e| e.to_string())?;
+        let wakes = Arc::new(tokio::sync::Notify::new());
+        let w = wakes.clone();
+        let listener = wake::Listener::start(url, run_id, wake::RUN_DIR, move |_| w.notify_waiters())?;
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default().trim().to_string();
+        store.start_run(run_id, &host, std::process::id() as i64, listener.address.as_deref()).map_err(|e| e.to_string())?;
+        Ok(Approvals {
+            store: Arc::new(Mutex::new(store)),
+            wakes,
+            on_asked: on_asked.map(Arc::new),
+            written: Mutex::new(HashSet::new()),
+            _listener: listener,
+        })
+    }
+
+    /// Run `f` on the store on a blocking thread (the PostgreSQL client has its own runtime).
+    pub(super) async fn call<T: Send + 'static>(&self, f: impl FnOnce(&mut Store) -> approvals::Result<T> + Send + 'static) -> approvals::Result<T> {
+        let store = self.store.clone();
+        tokio::task::spawn_blocking(move || f(&mut store.lock().unwrap_or_else(|p| p.into_inner())))
+            .await
+            .unwrap_or_else(|e| Err(StoreError::Invalid(format!("store task failed: {e}"))))
+    }
+
+    /// End the run in the store (its pending approvals cancelled). From a plain thread.
+    pub fn end_run(&self, run_id: &str) {
+        let _ = self.store.lock().unwrap_or_else(|p| p.into_inner()).end_run(run_id);
+    }
+
+    /// True the first time `(id, event)` is asked about.
+    fn first(&self, id: &str, event: &'static str) -> bool {
+        self.written.lock().unwrap_or_else(|p| p.into_inner()).insert((id.to_string(), event))
+    }
+}
+
+/// What to do with a held request.
+pub enum Held {
+    Answer(Response<Body>),
+    /// Send it: these headers and body (the approved, possibly edited, request).
+    Go { headers: HeaderMap, body: Bytes, sending: Option<Sending> },
+}
+
+/// An approved request on its way: records `sent` (upstream's status) when dropped.
+pub struct Sending {
+    ctx: Arc<Ctx>,
+    approval: Approval,
+    pub status: Option<u16>,
+}
+
+impl Drop for Sending {
+    fn drop(&mut self) {
+        let Some(ap) = self.ctx.approvals.clone() else { return };
+        let (id, st) = (self.approval.id.clone(), self.status.map(i64::from));
+        let mut rec = event(&self.ctx, f::EVENT_APPROVAL_SENT, &self.approval);
+        if let Some(s) = self.status {
+            rec.insert(f::STATUS.into(), s.into());
+        } else {
+            rec.insert(f::ERROR.into(), "upstream: no response".into());
+        }
+        let _ = self.ctx.event(rec);
+        if let Ok(h) = tokio::runtime::Handle::try_current() {
+            h.spawn_blocking(move || {
+                let _ = ap.store.lock().unwrap_or_else(|p| p.into_inner()).sent(&id, st);
+            });
+        }
+    }
+}
+
+impl Sending {
+    /// The reason of the request record: who approved which approval.
+    pub fn reason(&self) -> String {
+        format!("ask: approval {} approved by {}", self.approval.id, self.approval.decided_by.as_deref().unwrap_or("?"))
+    }
+}
+
+/// Whether `adm` is an `ask` this gate holds (approvals on, no budget in the way).
+pub fn applies(ctx: &Ctx, adm: &Admission) -> bool {
+    ctx.approvals.is_some() && !adm.proceed && adm.decision.action == Action::Ask && adm.over_budget.is_none()
+}
+
+/// An approval event record of `a` (run, approval, rule, method, url, digest, version).
+fn event(ctx: &Ctx, name: &'static str, a: &Approval) -> Map<String, Value> {
+    let mut m = Map::new();
+    m.insert(f::RUN.into(), ctx.run_id.clone().into());
+    m.insert(f::EVENT.into(), name.into());
+    m.insert(f::APPROVAL.into(), a.id.clone().into());
+    m.insert(f::RULE.into(), a.rule.clone().into());
+    m.insert(f::METHOD.into(), a.method.clone().into());
+    m.insert("url".into(), a.url.clone().into());
+    m.insert("digest".into(), a.digest.clone().into());
+    m.insert("version".into(), a.version.into());
+    m
+}
+
+/// Deny with `status` and `text`, the record naming the approval and `reason`.
+fn deny(ctx: &Ctx, mut rec: GateRecord, status: StatusCode, reason: String, text: String) -> Held {
+    rec.decision = f::DENIED;
+    rec.reason = Some(reason);
+    rec.status = Some(status.as_u16());
+    Held::Answer(ctx.answer_recorded(rec, respond::text(status, "denied", text)))
+}
+
+fn store_failed(ctx: &Ctx, rec: GateRecord, e: &StoreError) -> Held {
+    let text = format!(
+        "gatewrap gate: this request needs approval, and the approvals store cannot be used ({e}); it was not sent.\nFix the store (disk, database) and retry.\n"
+    );
+    deny(ctx, rec, StatusCode::SERVICE_UNAVAILABLE, format!("ask: approvals store unavailable: {e}"), text)
+}
+
+/// The headers to send: the agent's own for everything an edit may not touch (credentials
+/// above all), the approval's current list for the rest.
+fn send_headers(original: &HeaderMap, a: &Approval) -> HeaderMap {
+    if !a.edited {
+        return original.clone();
+    }
+    let mut out = HeaderMap::new();
+    for (n, v) in original {
+        if !redact::is_editable(n.as_str()) {
+            out.append(n.clone(), v.clone());
+        }
+    }
+    for (n, v) in &a.headers {
+        if redact::is_editable(n) {
+            if let (Ok(n), Ok(v)) = (HeaderName::from_bytes(n.as_bytes()), HeaderValue::from_str(v)) {
+                out.append(n, v);
+            }
+        }
+    }
+    out.remove(hyper::header::CONTENT_LENGTH);
+    out
+}
+
+type Collected = Result<Bytes, (StatusCode, String)>;
+
+/// The whole body, at most `limit` bytes (413 beyond, 400 when it breaks off). Boxed: the
+/// body's error type is erased here, not in the caller's future.
+fn collect<B>(body: B, limit: usize) -> std::pin::Pin<Box<dyn std::future::Future<Output = Collected> + Send>>
+where
+    B: hyper::body::Body<Data = Bytes> + Send + 'static,
+    B::Error: std::fmt::Display + Send + 'static,
+{
+    Box::pin(async move {
+        let mut body = std::pin::pin!(body);
+        let mut out = bytes::BytesMut::new();
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|e| (StatusCode::BAD_REQUEST, format!("downstream: the request body could not be read: {e}")))?;
+            if let Ok(data) = frame.into_data() {
+                if out.len() + data.len() > limit {
+                    return Err((StatusCode::PAYLOAD_TOO_LARGE, format!("limit: request body over {limit} bytes (held for approval)")));
+                }
+                out.extend_from_slice(&data);
+            }
+        }
+        Ok(out.freeze())
+    })
+}
+
+/// Hold the request (`parts`, `body`) that `adm` (an `ask`) decided, `rec` its record.
+#[allow(clippy::too_many_arguments)]
+pub async fn hold<B>(ctx: &Arc<Ctx>, adm: &Admission, mut rec: GateRecord, parts: &Parts, body: B, scheme: Scheme, pq: &str, limit: usize) -> (Held, GateRecord)
+where
+    B: hyper::body::Body<Data = Bytes> + Send + 'static,
+    B::Error: std::fmt::Display + Send + 'static,
+{
+    let ap = ctx.approvals.clone().expect("hold without approvals");
+    let rule = adm.decision.rule.clone().unwrap_or_else(|| "default".into());
+    let (timeout, mode, grants_ok) = {
+        let p = ctx.policy.read().unwrap_or_else(|p| p.into_inner());
+        p.rule(&rule).map_or((DEFAULT_ASK_TIMEOUT, Hold::Wait, true), |r| (r.timeout.unwrap_or(DEFAULT_ASK_TIMEOUT), r.hold, r.grants))
+    };
+    let run = ctx.run_id.clone();
+    let method = parts.method.to_string();
+    let url = digest::canonical_url(scheme, &adm.host, adm.port, pq);
+    let bytes = match collect(body, limit).await {
+        Ok(b) => b,
+        Err((code, why)) => {
+            let text = format!("gatewrap gate: {why}\n");
+            return (deny(ctx, rec.clone(), code, why, text), rec);
+        }
+    };
+    // A grant of this run covering the request lets it through.
+    if grants_ok {
+        if let Ok(path) = canonical_path(without_query(pq)) {
+            let host = digest::authority(scheme, &adm.host, adm.port);
+            let (r, m) = (run.clone(), method.clone());
+            match ap.call(move |s| s.use_grant(&r, &m, &host, &path)).await {
+                Ok(Some(g)) => {
+                    rec.decision = f::ALLOWED;
+                    rec.reason = Some(format!("grant: {}", g.id));
+                    rec.grant = Some(g.id);
+                    return (Held::Go { headers: parts.headers.clone(), body: bytes, sending: None }, rec);
+                }
+                Ok(None) => {}
+                Err(e) => return (store_failed(ctx, rec.clone(), &e), rec),
+            }
+        }
+    }
+    let headers: Vec<(String, String)> =
+        parts.headers.iter().map(|(n, v)| (n.as_str().to_string(), String::from_utf8_lossy(v.as_bytes()).into_owned())).collect();
+    let idem = parts.headers.get("idempotency-key").and_then(|v| v.to_str().ok()).map(str::to_string);
+    let new = NewApproval {
+        run_id: run.clone(),
+        rule: rule.clone(),
+        method,
+        url,
+        headers,
+        body: bytes.to_vec(),
+        idem_key: idem,
+        timeout: timeout.as_secs_f64(),
+        hold: mode.as_str().into(),
+        grants_allowed: grants_ok,
+        body_limit: approvals::DEFAULT_BODY_LIMIT,
+    };
+    let asked = ap
+        .call(move |s| {
+            if mode == Hold::Return {
+                let bd = digest::sha256_hex(&new.body);
+                let dg = digest::request_digest(&new.method, &new.url, &bd);
+                if let Some(a) = s.latest(&new.run_id, &dg, new.idem_key.as_deref())? {
+                    if a.status != status::CANCELLED {
+                        return Ok((a, false));
+                    }
+                }
+            }
+            s.ask(&new)
+        })
+        .await;
+    let (a, fresh) = match asked {
+        Ok(ok) => ok,
+        Err(e) => return (store_failed(ctx, rec.clone(), &e), rec),
+    };
+    rec.approval = Some(a.id.clone());
+    if fresh {
+        let mut m = event(ctx, f::EVENT_APPROVAL_ASKED, &a);
+        m.insert("deadline".into(), approvals::rfc3339(a.deadline).into());
+        m.insert("hold".into(), a.hold.clone().into());
+        if let Err(e) = ctx.event(m) {
+            let id = a.id.clone();
+            let _ = ap.call(move |s| s.cancel(&id, "the audit log cannot be written")).await;
+            return (Held::Answer(respond::audit_unwritable(&e)), rec);
+        }
+        ap.first(&a.id, f::EVENT_APPROVAL_ASKED);
+        ctx.notices.say(&format!(
+            "gatewrap: approval {id}: {} {} (rule {}) waits until {}; answer with: sudo gatewrap approvals approve {id} | reject {id} --reason TEXT | show {id}",
+            a.method,
+            a.url,
+            a.rule,
+            approvals::rfc3339(a.deadline),
+            id = a.id
+        ));
+        if let Some(cb) = ap.on_asked.clone() {
+            let copy = a.clone();
+            tokio::task::spawn_blocking(move || cb(&copy));
+        }
+    }
+    let a = if mode == Hold::Return { a } else { wait(ctx, &ap, a).await };
+    (outcome(ctx, &ap, a, rec.clone(), &parts.headers, bytes).await, rec)
+}
+
+/// Wait until `a` is no longer pending (re-read on a wake-up or every second), expiring
+/// it at its deadline. If the agent leaves (this future is dropped), the approval is
+/// cancelled when no other request shares it.
+async fn wait(ctx: &Arc<Ctx>, ap: &Arc<Approvals>, mut a: Approval) -> Approval {
+    let mut leaving = Leaving { ap: ap.clone(), ctx: ctx.clone(), id: Some(a.id.clone()) };
+    loop {
+        let woken = ap.wakes.notified();
+        tokio::pin!(woken);
+        woken.as_mut().enable();
+        let id = a.id.clone();
+        match ap.call(move |s| s.get(&id)).await {
+            Ok(Some(now)) => a = now,
+            Ok(None) | Err(_) => {}
+        }
+        if a.status != status::PENDING {
+            break;
+        }
+        let left = a.deadline - approvals::now();
+        if left <= 0.0 {
+            let id = a.id.clone();
+            let _ = ap.call(move |s| s.expire(&id)).await;
+            continue;
+        }
+        let _ = tokio::time::timeout(REREAD.min(Duration::from_secs_f64(left)), woken).await;
+    }
+    leaving.id = None;
+    a
+}
+
+/// Cancels a held approval whose last waiting request went away.
+struct Leaving {
+    ap: Arc<Approvals>,
+    ctx: Arc<Ctx>,
+    id: Option<String>,
+}
+
+impl Drop for Leaving {
+    fn drop(&mut self) {
+        let Some(id) = self.id.take() else { return };
+        let (ap, ctx) = (self.ap.clone(), self.ctx.clone());
+        if let Ok(h) = tokio::runtime::Handle::try_current() {
+            h.spawn_blocking(move || {
+                let mut s = ap.store.lock().unwrap_or_else(|p| p.into_inner());
+                if let Ok(0) = s.leave(&id) {
+                    if let Ok(true) = s.cancel(&id, "the agent disconnected while it was held") {
+                        if let Ok(Some(a)) = s.get(&id) {
+                            let mut m = event(&ctx, f::EVENT_APPROVAL_CANCELLED, &a);
+                            m.insert(f::REASON.into(), "the agent disconnected while it was held".into());
+                            let _ = ctx.event(m);
+                        }
+                    }
+                }
+            });
+        }
+    }
+}
+
+/// Carry out the decision of `a` for this request.
+async fn outcome(ctx: &Arc<Ctx>, ap: &Arc<Approvals>, a: Approval, rec: GateRecord, headers: &HeaderMap, body: Bytes) -> Held {
+    let id = a.id.clone();
+    match a.status.as_str() {
+        status::PENDING => {
+            let mut resp = respond::text(
+                StatusCode::CONFLICT,
+                "held",
+                format!(
+                    "gatewrap gate: this request waits for approval {id} (rule {}, until {}).\nRetry the same request \
+                     (same body, or the same Idempotency-Key) after a human approved it; to wait without polling upstream:\n  \
+                     curl --proxy '' http://127.0.0.1:3128/.well-known/gatewrap/approvals/{id}?wait=60\n",
+                    a.rule,
+                    approvals::rfc3339(a.deadline)
+                ),
+            );
+            resp.headers_mut().insert(RETRY_AFTER, HeaderValue::from_static("5"));
+            if let Ok(v) = HeaderValue::from_str(&id) {
+                resp.headers_mut().insert("gatewrap-approval", v);
+            }
+            let mut rec = rec;
+            rec.decision = f::DENIED;
+            rec.reason = Some(format!("ask: held for approval {id} (hold = return)"));
+            rec.status = Some(409);
+            Held::Answer(ctx.answer_recorded(rec, resp))
+        }
+        status::APPROVED => {
+            let cid = id.clone();
+            match ap.call(move |s| s.claim(&cid)).await {
+                Ok(true) => {
+                    if a.edited && ap.first(&id, f::EVENT_APPROVAL_EDITED) {
+                        let mut m = event(ctx, f::EVENT_APPROVAL_EDITED, &a);
+                        m.insert("by".into(), a.decided_by.clone().unwrap_or_default().into());
+                        let _ = ctx.event(m);
+                    }
+                    let mut m = event(ctx, f::EVENT_APPROVAL_APPROVED, &a);
+                    m.insert("by".into(), a.decided_by.clone().unwrap_or_default().into());
+                    if let Some(g) = &a.grant_id {
+                        m.insert(f::GRANT.into(), g.clone().into());
+                    }
+                    if let Err(e) = ctx.event(m) {
+                        return Held::Answer(respond::audit_unwritable(&e));
+                    }
+                    // An edited body is whole in the store (an edit of a truncated one is refused).
+                    let send_body = if a.edited { Bytes::from(a.body.clone()) } else { body };
+                    Held::Go {
+                        headers: send_headers(headers, &a),
+                        body: send_body,
+                        sending: Some(Sending { ctx: ctx.clone(), approval: a, status: None }),
+                    }
+                }
+                Ok(false) => sent_once(ctx, rec, &id),
+                Err(e) => store_failed(ctx, rec, &e),
+            }
+        }
+        status::SENDING | status::SENT => sent_once(ctx, rec, &id),
+        status::REJECTED => {
+            let by = a.decided_by.clone().unwrap_or_default();
+            let why = a.reason.clone().unwrap_or_else(|| "no reason given".into());
+            if ap.first(&id, f::EVENT_APPROVAL_REJECTED) {
+                let mut m = event(ctx, f::EVENT_APPROVAL_REJECTED, &a);
+                m.insert("by".into(), by.clone().into());
+                m.insert(f::REASON.into(), why.clone().into());
+                let _ = ctx.event(m);
+            }
+            deny(
+                ctx,
+                rec,
+                StatusCode::FORBIDDEN,
+                format!("ask: approval {id} rejected by {by}: {why}"),
+                format!("gatewrap gate: approval {id} was rejected by {by}: {why}\n"),
+            )
+        }
+        status::EXPIRED => {
+            if ap.first(&id, f::EVENT_APPROVAL_EXPIRED) {
+                let mut m = event(ctx, f::EVENT_APPROVAL_EXPIRED, &a);
+                m.insert(f::REASON.into(), "timeout".into());
+                let _ = ctx.event(m);
+            }
+            deny(
+                ctx,
+                rec,
+                StatusCode::FORBIDDEN,
+                format!("ask: approval {id} expired (a timeout is never a yes)"),
+                format!("gatewrap gate: approval {id} expired at {} (a timeout is never a yes); nothing was sent\n", approvals::rfc3339(a.deadline)),
+            )
+        }
+        _ => {
+            let why = a.reason.clone().unwrap_or_else(|| "cancelled".into());
+            deny(ctx, rec, StatusCode::FORBIDDEN, format!("ask: approval {id} cancelled ({why})"), format!("gatewrap gate: approval {id} was cancelled ({why}); nothing was sent\n"))
+        }
+    }
+}
+
+fn sent_once(ctx: &Ctx, rec: GateRecord, id: &str) -> Held {
+    deny(
+        ctx,
+        rec,
+        StatusCode::CONFLICT,
+        format!("ask: approval {id} already sent once (at most once)"),
+        format!("gatewrap gate: approval {id} was already sent once (at most once); ask again with a new request\n"),
+    )
+}
