@@ -16,6 +16,7 @@ pytestmark = pytest.mark.kernel
 
 @pytest.fixture
 def run(net, tmp_path, store_url):
+    net.clear_logs()  # one fake internet per module: only this test's requests count
     r = held.start(net, tmp_path, store_url)
     yield r
     r.stop()
@@ -28,8 +29,8 @@ def test_approve_sends_the_request_once_and_the_agent_gets_the_answer(run, store
     assert listed.returncode == 0 and a["id"] in listed.stdout and "POST http://allowed.test/echo" in listed.stdout
     shown = cli("show", a["id"], "--state", store_url)
     assert shown.returncode == 0, shown.stderr
-    assert "  POST /echo HTTP/1.1\n  Host: allowed.test\n" in shown.stdout
-    assert "Authorization: [redacted]" in shown.stdout and "sk-secret-1" not in shown.stdout
+    assert "  POST /echo HTTP/1.1\n" in shown.stdout and "  host: allowed.test\n" in shown.stdout.lower()
+    assert "authorization: [redacted]" in shown.stdout.lower() and "sk-secret-1" not in shown.stdout
     assert '"to": "all-customers@example.com"' in shown.stdout
     ok = cli("approve", a["id"], "--state", store_url)
     assert ok.returncode == 0, ok.stderr
@@ -38,7 +39,8 @@ def test_approve_sends_the_request_once_and_the_agent_gets_the_answer(run, store
     assert out["code"] == 0, out["stderr"]
     assert out["agent"]["status"] == 200
     echoed = json.loads(out["agent"]["body"])
-    assert echoed["body"] == held.BODY and echoed["headers"]["Authorization"] == "Bearer sk-secret-1"
+    headers = {k.lower(): v for k, v in echoed["headers"].items()}
+    assert echoed["body"] == held.BODY and headers["authorization"] == "Bearer sk-secret-1"
     assert len(net.access_entries(method="POST", path="/echo")) == 1
     after = run.store.get(a["id"])
     assert (after["status"], after["decided_by"]) == ("sent", "alice")
@@ -57,12 +59,12 @@ def test_reject_gives_the_agent_403_with_the_reason_and_sends_nothing(run, store
 
 def test_edit_changes_the_body_show_prints_the_diff_and_upstream_gets_the_edit(run, store_url, net):
     a = run.pending()
-    editor = {"EDITOR": "sed -i -e s/all-customers@/pricing-team@/ -e s/^X-Trace:.*/X-Trace:\\ reviewed/"}
+    editor = {"EDITOR": "sed -i -e s/all-customers@/pricing-team@/ -e s/^x-trace:.*/x-trace:\\ reviewed/I"}
     r = cli("edit", a["id"], "--state", store_url, env=editor)
     assert r.returncode == 0, r.stderr
     assert '-{"to": "all-customers@example.com", "subject": "prices"}' in r.stdout
     assert '+{"to": "pricing-team@example.com", "subject": "prices"}' in r.stdout
-    assert "-X-Trace: t1" in r.stdout and "+X-Trace: reviewed" in r.stdout
+    assert "-x-trace: t1" in r.stdout.lower() and "+x-trace: reviewed" in r.stdout.lower()
     shown = cli("show", a["id"], "--state", store_url, "--json")
     doc = json.loads(shown.stdout)
     assert doc["edited"] and doc["version"] == a["version"] + 1 and doc["digest"] != a["digest"]
@@ -75,8 +77,9 @@ def test_edit_changes_the_body_show_prints_the_diff_and_upstream_gets_the_edit(r
     out = run.finish()
     echoed = json.loads(out["agent"]["body"])
     assert echoed["body"] == '{"to": "pricing-team@example.com", "subject": "prices"}'
-    assert echoed["headers"]["X-Trace"] == "reviewed"
-    assert echoed["headers"]["Authorization"] == "Bearer sk-secret-1"  # the original credential is sent
+    headers = {k.lower(): v for k, v in echoed["headers"].items()}
+    assert headers["x-trace"] == "reviewed"
+    assert headers["authorization"] == "Bearer sk-secret-1"  # the original credential is sent
 
 
 def test_a_second_decision_is_refused_as_stale_and_names_who_answered(run, store_url):
@@ -105,5 +108,6 @@ def test_a_decision_on_an_ended_run_is_refused_and_history_stays_listed(run, sto
 def test_unknown_ids_exit_1_and_an_unopenable_store_exits_125(store_url, tmp_path):
     r = cli("show", "ap-aaaaaaaaaaaaaaaaaaaa", "--state", store_url)
     assert r.returncode == 1 and "no approval ap-aaaaaaaaaaaaaaaaaaaa" in r.stderr
-    bad = cli("list", "--state", f"sqlite:{tmp_path}/missing-dir/sub/\0")
+    (tmp_path / "file").write_text("")
+    bad = cli("list", "--state", f"sqlite:{tmp_path}/file/state.db")
     assert bad.returncode == 125
