@@ -164,6 +164,10 @@ test_clients() {
 	command -v go >/dev/null || [ -x /usr/local/go/bin/go ] || pkgs+=(golang)
 	{ command -v java && command -v javac && command -v keytool; } >/dev/null || pkgs+=(default-jdk-headless)
 	dpkg -s rsyslog rsyslog-gnutls >/dev/null 2>&1 || pkgs+=(rsyslog rsyslog-gnutls)  # the collector of tests/test_audit_ship.py
+	# tests/approvals: a real PostgreSQL server (initdb/pg_ctl in a temporary folder) and the
+	# review page in headless Chromium through its WebDriver
+	dpkg -s postgresql >/dev/null 2>&1 || pkgs+=(postgresql)
+	dpkg -s chromium chromium-driver >/dev/null 2>&1 || pkgs+=(chromium chromium-driver)
 	if [ ${#pkgs[@]} -gt 0 ]; then
 		say "clients of the matrix: ${pkgs[*]}"
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null

@@ -64,9 +64,6 @@ def cli() -> None:
 @click.option("--public-range", "public_ranges", multiple=True, metavar="CIDR",
               help="Treat addresses in CIDR as public for the SSRF guard (e.g. a lab network in a "
                    "documentation range). Never covers metadata addresses. Repeatable.")
-@click.option("--state", "state", default=None, metavar="URL",
-              help="Approvals store (sqlite:PATH or postgresql://...): ask rules hold requests for "
-                   "a human's decision. Without it an ask rule denies.")
 @click.option("--port", default=3128, show_default=True, type=click.IntRange(1, 65535),
               help="Port of the gate inside the sandbox (127.0.0.1 and [::1]).")
 @click.option("--workdir", type=click.Path(file_okay=False, exists=True), metavar="DIR",
@@ -91,13 +88,21 @@ def cli() -> None:
               help="The TLS inspection CA (made on first use: ca.crt, and private/ca.key, hidden from the agent).")
 @click.option("--upstream-ca", "upstream_ca", multiple=True, type=click.Path(exists=True, dir_okay=False), metavar="FILE",
               help="PEM CA certificates the gate trusts upstream when inspecting, besides Mozilla's roots. Repeatable.")
+@click.option("--state", "state", metavar="URL",
+              help="The approvals store that holds this run's breakpoints (ask rules): PATH, sqlite:PATH or "
+                   "postgresql://USER@HOST:PORT/DB. Default: $GATEWRAP_STATE, else [state] url in "
+                   "/etc/gatewrap/config.toml, else sqlite:/var/lib/gatewrap/state.db when the policy asks.")
+@click.option("--notify-webhook", "notify_webhook", metavar="URL",
+              help="POST each approval the run asks for to URL (a Slack incoming webhook takes it as it is), "
+                   "signed as Standard Webhooks do with the secret in /etc/gatewrap/webhook-secret. "
+                   "Default: the policy's [notify] webhook, else the config file's.")
 @click.option("--json", "as_json", is_flag=True, help="Print the closing summary as one JSON object on stderr.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def run(allow: tuple[str, ...], deny: tuple[str, ...], policy_file: str | None, user: str | None,
         audit_log: str, audit_max_size: int, audit_keep: int | None, nameservers: tuple[str, ...], public_ranges: tuple[str, ...], port: int, workdir: str | None, jail: str,
         ro_binds: tuple[str, ...], rw_binds: tuple[str, ...], timeout: float | None, memory: int | None,
-        cpus: float | None, pids: int | None, ca_dir: str, upstream_ca: tuple[str, ...], as_json: bool,
-        command: tuple[str, ...], state: str | None = None) -> int:
+        cpus: float | None, pids: int | None, ca_dir: str, upstream_ca: tuple[str, ...], state: str | None,
+        notify_webhook: str | None, as_json: bool, command: tuple[str, ...]) -> int:
     """Run COMMAND in a sandbox whose only egress is the gate.
 
     \b
@@ -106,6 +111,8 @@ def run(allow: tuple[str, ...], deny: tuple[str, ...], policy_file: str | None, 
     HTTP_PROXY, HTTPS_PROXY and ALL_PROXY (both spellings) point at the gate; any other
     connection fails with EPERM and a notice here. The agent runs under nsjail: a
     read-only view of the system, a writable working directory, private /tmp and /run.
+    A request that matches an `ask` rule (a breakpoint) is held until a human answers
+    it (gatewrap approvals --help); the line printed here says how.
     The exit code is the agent's; gatewrap's own failures exit 125 (126/127: COMMAND
     not executable / not found; 124: --timeout).
 
@@ -129,7 +136,7 @@ def run(allow: tuple[str, ...], deny: tuple[str, ...], policy_file: str | None, 
                       rw_binds=[os.path.abspath(p) for p in rw_binds], timeout=timeout,
                       limits=Limits(memory=memory, cpus=cpus, pids=pids), public_ranges=list(public_ranges),
                       ca_dir=os.path.abspath(ca_dir), upstream_ca=[os.path.abspath(p) for p in upstream_ca],
-                      state=state)
+                      state=state, notify_webhook=notify_webhook)
     result = do_run(opts)
     if as_json:
         click.echo(json.dumps(result.as_record()), err=True)
@@ -683,6 +690,11 @@ def _with_port(addr: str, port: int) -> str:
     if addr.count(":") > 1:
         return f"[{addr}]:{port}"
     return addr if ":" in addr else f"{addr}:{port}"
+
+
+from .approvals.commands import approvals as _approvals  # noqa: E402 — registered after the others
+
+cli.add_command(_approvals)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -70,8 +70,12 @@ class RunOptions:
     public_ranges: list[str] = field(default_factory=list)
     ca_dir: str = DEFAULT_CA_DIR
     upstream_ca: list[str] = field(default_factory=list)
-    #: Approvals store URL (minimal pass-through to the gate; the full wiring is the CLI's).
+    #: The approvals store (``--state``); None: resolved as ``approvals.state`` says, and
+    #: used only when one is named or the policy has a breakpoint.
     state: str | None = None
+    #: ``--notify-webhook``: where an approval is announced (else the policy's ``[notify]
+    #: webhook``, else the config file's).
+    notify_webhook: str | None = None
 
 
 @dataclass
@@ -90,13 +94,17 @@ class RunResult:
     inspected: int = 0
     #: Let through by report mode, denied in enforce mode (also counted in ``allowed``).
     would_deny: int = 0
+    #: The run's approvals (``ApprovalStore.counts``: asked, approved, rejected, expired,
+    #: granted, by_grant), or None when the run had no approvals store.
+    approvals: dict[str, int] | None = None
 
     def as_record(self) -> dict[str, Any]:
         """The summary with the audit log's field names (as in its ``run_end`` record)."""
         return {"run": self.run_id, "exit_code": self.exit_code, "allowed": self.allowed,
                 "denied": self.denied, "failed": self.failed, "direct_egress": self.direct_egress,
                 "inspected": self.inspected, "would_deny": self.would_deny,
-                "lost_events": self.lost, "audit_log": self.audit_log}
+                "lost_events": self.lost, "audit_log": self.audit_log,
+                **({"approvals": self.approvals} if self.approvals is not None else {})}
 
 
 def new_run_id() -> str:
@@ -321,6 +329,7 @@ def run(opts: RunOptions, stderr: TextIO | None = None) -> RunResult:
         raise GatewrapError(f"{e.strerror}; choose another with --audit-log") from e
     except ValueError as e:  # not a regular file, or an unsafe directory: the message says what to do
         raise GatewrapError(str(e)) from e
+    breakpoints = _approvals(opts, policy, run_id, audit, err)
     # Block the signals we wait for before any thread exists, so every thread
     # (bcc's, the gate's) inherits the mask and they reach sigtimedwait.
     old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, set(FORWARDED) | {signal.SIGCHLD})
@@ -352,13 +361,16 @@ def run(opts: RunOptions, stderr: TextIO | None = None) -> RunResult:
                 ca_cert = core.ensure_ca(opts.ca_dir)
             except core.GateError as e:
                 raise GatewrapError(f"{e} (--ca-dir DIR to use another)") from e
+        if breakpoints is not None:
+            undo.callback(_end_run, breakpoints.store, run_id, err)
         try:
             gate = core.Gate(run_id=run_id, netns_path=ns_path, policy=policy, audit=audit,
                              listen_port=opts.port, nameservers=opts.nameservers,
                              public_ranges=opts.public_ranges, notices=True, dns_stub=True,
                              ca_dir=opts.ca_dir if inspecting else None,
                              upstream_ca=opts.upstream_ca or None, run_cgroup=leaf,
-                             state=opts.state)
+                             **({} if breakpoints is None else
+                                {"state": breakpoints.url, "on_asked": breakpoints.notifier}))
         except core.GateError as e:
             raise GatewrapError(f"the gate could not start: {e}") from e
         except ValueError as e:
@@ -429,11 +441,17 @@ def run(opts: RunOptions, stderr: TextIO | None = None) -> RunResult:
         gate.stop()
         counts = gate.counts()
         lost = run_hooks.lost() + denials.unrecorded
+        asked = None
+        if breakpoints is not None:
+            _end_run(breakpoints.store, run_id, err)
+            asked = _approval_counts(breakpoints.store, run_id, err)
         result = RunResult(run_id, exit_code, counts.get("allowed", 0), counts.get("denied", 0),
                            counts.get("failed", 0), denials.count, lost, opts.audit_log,
-                           inspected=counts.get("inspected", 0), would_deny=counts.get("would_deny", 0))
+                           inspected=counts.get("inspected", 0), would_deny=counts.get("would_deny", 0),
+                           approvals=asked)
         end = result.as_record()
         del end["audit_log"]
+        end.pop("approvals", None)  # the gate's approval_* records hold them; run_end's schema does not
         _write_run_end(audit, {"run": run_id, "event": "run_end", **end}, err)
     return result
 
@@ -469,6 +487,79 @@ def _release_configured(configuring: _OnThread) -> None:
     except BaseException:
         return
     run_hooks.release()
+
+
+@dataclass
+class _Breakpoints:
+    """A run's approvals: the store's URL (for the gate), the store (for the end of the
+    run and its counts) and the ``on_asked`` notifier."""
+
+    url: str
+    store: Any
+    notifier: Any
+
+
+def _approvals(opts: RunOptions, policy: Any, run_id: str, audit: Any, err: TextIO) -> _Breakpoints | None:
+    """Open the approvals store for this run if one is named (``--state``, ``$GATEWRAP_STATE``,
+    the config file) or the policy has a breakpoint (then the default store); None otherwise:
+    the run needs no state and an ``ask`` cannot occur.
+
+    Raises:
+        GatewrapError: the store cannot be opened, the config file is invalid, or the webhook
+            is not an http(s) URL.
+    """
+    from .approvals import notify, state
+
+    config = state.load_config()
+    url = state.explicit_url(opts.state, config)
+    has_ask = policy.default == "ask" or any(r["action"] == "ask" for r in policy.describe())
+    if url is None and not has_ask:
+        return None
+    from . import _gate_core as core
+
+    if "state" not in (core.Gate.__text_signature__ or ""):
+        # Transitional (issue 12): the store has landed before the gate's hold/resume.
+        print("gatewrap: note: this build's gate cannot hold requests yet: ask rules deny", file=err)
+        return None
+    url = url or state.DEFAULT_STATE
+    store = state.open_store(url)
+    notify_cfg = config.get("notify", {})
+    webhook = opts.notify_webhook or _policy_webhook(policy) or notify_cfg.get("webhook")
+    secret = None
+    if webhook:
+        try:
+            notify.check_webhook_url(webhook)
+        except ValueError as e:
+            raise GatewrapError(f"{e} (--notify-webhook, [notify] webhook)") from None
+        secret = notify.load_secret(notify_cfg.get("secret_file") or notify.DEFAULT_SECRET_FILE)
+    # The gate prints the live line itself (notices on); the notifier sends the webhook.
+    notifier = notify.Notifier(audit, run_id, webhook=webhook, secret=secret,
+                               review_url=notify_cfg.get("review_url") or notify.DEFAULT_REVIEW_URL,
+                               stderr=False, err=err)
+    return _Breakpoints(url, store, notifier)
+
+
+def _policy_webhook(policy: Any) -> str | None:
+    """The policy's ``[notify] webhook`` (``Policy.notify()``), if the extension has it."""
+    table = policy.notify() if hasattr(policy, "notify") else None
+    return (table or {}).get("webhook")
+
+
+def _end_run(store: Any, run_id: str, err: TextIO) -> None:
+    """Mark the run ended in the store (its pending approvals cancelled; a late decision on
+    them is refused: the run id is the fence). Idempotent; a failure is said, not raised."""
+    try:
+        store.end_run(run_id)
+    except (OSError, ValueError) as e:
+        print(f"gatewrap: could not mark run {run_id} ended in the approvals store: {e}", file=err, flush=True)
+
+
+def _approval_counts(store: Any, run_id: str, err: TextIO) -> dict[str, int] | None:
+    try:
+        return dict(store.counts(run_id))
+    except (OSError, ValueError) as e:
+        print(f"gatewrap: could not count the run's approvals: {e}", file=err, flush=True)
+        return None
 
 
 def _write_run_end(audit: Any, record: dict[str, Any], err: TextIO) -> None:
@@ -515,7 +606,8 @@ def summary_line(r: RunResult) -> str:
         f"{r.denied} denied by the gate, {r.direct_egress} direct egress blocked"
         f"{f', {r.failed} upstream failed' if r.failed else ''}"
         f"{f', {r.inspected} tunnels TLS-inspected' if r.inspected else ''}"
-        f"{f', {r.would_deny} would be denied in enforce mode (report mode)' if r.would_deny else ''}{lost}; "
+        f"{f', {r.would_deny} would be denied in enforce mode (report mode)' if r.would_deny else ''}{lost}"
+        f"{_approvals_part(r.approvals)}; "
         f"audit log {r.audit_log} ({audit_command(r.run_id, r.audit_log)})"
     )
 
@@ -525,3 +617,13 @@ def audit_command(run_id: str, audit_log: str) -> str:
     (shell-quoted) when the log is not the default one."""
     log = "" if os.path.abspath(audit_log) == DEFAULT_AUDIT_LOG else f" --log {shlex.quote(audit_log)}"
     return f"gatewrap audit --run {run_id}{log}"
+
+
+def _approvals_part(c: dict[str, int] | None) -> str:
+    """The summary's approvals: asked, how they were answered, and the requests grants let through."""
+    if not c or not (c.get("asked") or c.get("by_grant")):
+        return ""
+    answers = [f"{c[k]} {k}" for k in ("approved", "rejected", "expired") if c.get(k)]
+    grants = f", {c['granted']} granted for later" if c.get("granted") else ""
+    return (f", {c.get('asked', 0)} approvals asked ({', '.join(answers) or 'none answered'}{grants}), "
+            f"{c.get('by_grant', 0)} answered by grants")

@@ -13,6 +13,11 @@ A host folder holding a file ``.openai`` is an OpenAI-compatible API instead:
 answers a conversation without tool results with one ``fetch_url`` tool call per URL in the
 last user message, and one with tool results with a final message that quotes each result's
 first line. Each request to it is logged (``server``, ``event`` = ``chat``, ``tools``).
+
+A host folder holding a file ``.mail`` is a fake e-mail API (examples/breakpoint):
+``POST /v3/mail/send`` with a JSON body answers ``202`` and ``{"id": "msg-N", "to",
+"subject"}``, and logs each message (``event`` = ``mail``, ``to``, ``subject``, ``body``);
+``GET /v3/mail/outbox`` lists the messages sent so far.
 """
 
 from __future__ import annotations
@@ -40,6 +45,8 @@ def serve(handler, site: str, body: bytes, log) -> None:
     route = handler.path.split("?", 1)[0]
     if os.path.exists(os.path.join(site, ".openai")):
         return _chat(handler, route, body, log)
+    if os.path.exists(os.path.join(site, ".mail")):
+        return _mail(handler, route, body, log)
     if handler.command not in ("GET", "HEAD"):
         return handler._send(405, b"method not allowed\n")
     rel = os.path.normpath(route.lstrip("/")) if route.strip("/") else "."
@@ -54,6 +61,29 @@ def serve(handler, site: str, body: bytes, log) -> None:
     ctype = mimetypes.guess_type(path)[0] or "application/octet-stream"
     with open(path, "rb") as f:
         handler._send(200, f.read(), ctype)
+
+
+#: Messages the fake e-mail API accepted, per host.
+_OUTBOX: dict[str, list[dict]] = {}
+
+
+def _mail(handler, route: str, body: bytes, log) -> None:
+    host = (handler.headers.get("Host") or "").split(":")[0]
+    box = _OUTBOX.setdefault(host, [])
+    if handler.command == "GET" and route == "/v3/mail/outbox":
+        return handler._send(200, json.dumps({"messages": box}).encode(), "application/json")
+    if handler.command != "POST" or route != "/v3/mail/send":
+        return handler._send(404, b'{"error": "not found"}', "application/json")
+    try:
+        doc = json.loads(body or b"{}")
+        to, subject = str(doc["to"]), str(doc.get("subject", ""))
+    except (ValueError, KeyError, TypeError):
+        return handler._send(400, b'{"error": "give a JSON body with to and subject"}', "application/json")
+    msg = {"id": f"msg-{len(box) + 1}", "to": to, "subject": subject}
+    box.append({**msg, "body": str(doc.get("text", ""))})
+    log.write(server=handler.server.scheme, event="mail", host=host, to=to, subject=subject,
+              body=body.decode("utf-8", "replace"))
+    handler._send(202, json.dumps(msg).encode(), "application/json")
 
 
 def _chat(handler, route: str, body: bytes, log) -> None:

@@ -1,0 +1,317 @@
+"""``gatewrap approvals``: the click group. Thin: parse, call one function, format output."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from typing import Any, Callable
+
+import click
+
+from ..errors import GatewrapError
+from ..text import printable
+from . import decide as dec
+from . import render, state
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+def _common(f: Callable[..., Any]) -> Callable[..., Any]:
+    """``--state`` and ``--json`` on every subcommand; a Refused decision printed as JSON
+    under ``--json`` (``{"ok": false, "why", "error"}``, exit 1)."""
+    f = click.option("--json", "as_json", is_flag=True, help="Print JSON (one object) instead of text.")(f)
+    f = click.option("--state", "state_url", metavar="URL",
+                     help="The approvals store: PATH, sqlite:PATH or postgresql://USER@HOST:PORT/DB. Default: "
+                          "$GATEWRAP_STATE, else [state] url in /etc/gatewrap/config.toml, else "
+                          "sqlite:/var/lib/gatewrap/state.db.")(f)
+
+    @functools.wraps(f)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return f(*args, **kwargs)
+        except GatewrapError as e:
+            if kwargs.get("as_json"):
+                click.echo(json.dumps({"ok": False, "why": getattr(e, "why", "error"), "error": str(e)}))
+            raise
+    return wrapper
+
+
+def _store(url: str | None) -> Any:
+    return state.open_store(state.resolve_url(url))
+
+
+def _out(as_json: bool, obj: Any, text: str) -> None:
+    click.echo(json.dumps(obj) if as_json else text)
+
+
+@click.group("approvals", context_settings=CONTEXT)
+def approvals() -> None:
+    """Answer the breakpoints of runs: approve, edit or reject a held request.
+
+    \b
+    A request that matches an `ask` rule is held by the gate and kept as an approval
+    in the store (SQLite by default, PostgreSQL for several hosts) until a human
+    decides or its deadline passes (a timeout is a denial, never a yes). Each decision
+    names the version and digest of the request you saw; if it changed since (someone
+    edited or answered first, it expired, its run ended), the decision is refused as
+    stale, with the why, and nothing is sent.
+
+    \b
+    Exit codes: 0 done; 1 refused (stale, expired, not found; the message says why);
+    125 gatewrap itself failed (the store cannot be opened...).
+
+    \b
+    Examples:
+      sudo gatewrap approvals list
+      sudo gatewrap approvals show ap-...
+      sudo gatewrap approvals approve ap-...
+      sudo gatewrap approvals approve ap-... --grant 'POST mail.test/v3/' --for 30m
+      sudo gatewrap approvals reject ap-... --reason 'not to customers'
+      sudo gatewrap approvals edit ap-...
+      sudo gatewrap approvals serve      # the review pages on http://127.0.0.1:8377
+    """
+
+
+@approvals.command("list", context_settings=CONTEXT)
+@click.option("--status", type=click.Choice(["pending", "approved", "rejected", "expired", "sending", "sent",
+                                             "cancelled"]), help="Only approvals in this status.")
+@click.option("--run", "run_id", metavar="ID", help="Only approvals of run ID (gw-...).")
+@click.option("--limit", default=100, show_default=True, type=click.IntRange(1, 10000), help="Newest N.")
+@_common
+def list_cmd(status: str | None, run_id: str | None, limit: int, state_url: str | None, as_json: bool) -> int:
+    """List approvals, newest first (history too: no run needs to be active).
+
+    \b
+    Examples:
+      sudo gatewrap approvals list --status pending
+      sudo gatewrap approvals list --run gw-0123456789 --json | jq '.approvals[].id'
+    """
+    items = _store(state_url).list(status=status, run_id=run_id, limit=limit)
+    if as_json:
+        click.echo(json.dumps({"approvals": [_brief(a) for a in items]}))
+        return 0
+    if not items:
+        click.echo("gatewrap: no approvals" + (f" {status}" if status else ""), err=True)
+        return 0
+    click.echo(render.list_header())
+    for a in items:
+        click.echo(render.list_row(a))
+    return 0
+
+
+def _brief(a: dict[str, Any]) -> dict[str, Any]:
+    """An approval in ``list --json``: everything but the bodies and the review token."""
+    out = render.as_json({k: v for k, v in a.items() if k not in ("body", "orig_body", "token", "review_path")})
+    return out
+
+
+@approvals.command("show", context_settings=CONTEXT)
+@click.argument("approval_id", metavar="ID")
+@_common
+def show(approval_id: str, state_url: str | None, as_json: bool) -> int:
+    """Print the exact request held (credentials redacted), its facts and, after an edit,
+    the diff from what the agent sent. The version and digest printed are what a
+    decision with --version/--digest names.
+
+    \b
+    Example:
+      sudo gatewrap approvals show ap-...
+    """
+    store = _store(state_url)
+    a = dec.current(store, approval_id)
+    if as_json:
+        out = render.as_json(a)
+        out["diff"] = render.diff(a) if a.get("edited") else None
+        click.echo(json.dumps(out))
+    else:
+        click.echo(render.show(a))
+    return 0
+
+
+def _seen(f: Callable[..., Any]) -> Callable[..., Any]:
+    f = click.option("--digest", metavar="HEX",
+                     help="The digest you saw (show prints it); refused if the request changed since.")(f)
+    return click.option("--version", "version", type=int, metavar="N",
+                        help="The version you saw (show prints it); refused if it moved since. Without "
+                             "--version/--digest: the approval as it is now.")(f)
+
+
+@approvals.command("approve", context_settings=CONTEXT)
+@click.argument("approval_id", metavar="ID")
+@_seen
+@click.option("--grant", "grant", metavar="'METHOD HOST/PATH-PREFIX'",
+              help="Also let this run's later requests matching METHOD on HOST under PATH-PREFIX through "
+                   "without asking (the request's own host only; never other runs). Needs --for.")
+@click.option("--for", "duration", metavar="DURATION", help="How long the grant holds: 90s, 30m, 2h, 1d.")
+@_common
+def approve(approval_id: str, version: int | None, digest: str | None, grant: str | None, duration: str | None,
+            state_url: str | None, as_json: bool) -> int:
+    """Approve: the gate sends the held request (the edited one, if edited) once, and the
+    agent gets upstream's answer. Recorded with your name ($SUDO_USER, else your login).
+
+    \b
+    Examples:
+      sudo gatewrap approvals approve ap-...
+      sudo gatewrap approvals approve ap-... --version 2 --digest 3f1c...
+      sudo gatewrap approvals approve ap-... --grant 'POST mail.test/v3/' --for 30m
+    """
+    if (grant is None) != (duration is None):
+        raise click.UsageError("--grant and --for go together, e.g. --grant 'POST mail.test/v3/' --for 30m")
+    store = _store(state_url)
+    a = dec.decide(store, approval_id, "approve", by=state.decider(), version=version, digest=digest,
+                   grant=(grant, duration) if grant and duration else None)
+    g = f"; grant {a['grant_id']} lets later matching requests of run {a['run_id']} through" if a.get("grant_id") else ""
+    _out(as_json, {"ok": True, "approval": render.as_json(a)},
+         printable(f"gatewrap: approved {a['id']} (version {a['version']}): {a['method']} {a['url']} is sent once{g}"))
+    return 0
+
+
+@approvals.command("reject", context_settings=CONTEXT)
+@click.argument("approval_id", metavar="ID")
+@click.option("--reason", required=True, metavar="TEXT", help="Why; the agent gets it in its 403.")
+@_seen
+@_common
+def reject(approval_id: str, reason: str, version: int | None, digest: str | None, state_url: str | None,
+           as_json: bool) -> int:
+    """Reject: the agent gets 403 with your reason; nothing is sent upstream.
+
+    \b
+    Example:
+      sudo gatewrap approvals reject ap-... --reason 'no mail to customers from tests'
+    """
+    store = _store(state_url)
+    a = dec.decide(store, approval_id, "reject", by=state.decider(), version=version, digest=digest, reason=reason)
+    _out(as_json, {"ok": True, "approval": render.as_json(a)},
+         printable(f"gatewrap: rejected {a['id']}: the agent gets 403 ({reason})"))
+    return 0
+
+
+@approvals.command("edit", context_settings=CONTEXT)
+@click.argument("approval_id", metavar="ID")
+@_common
+def edit(approval_id: str, state_url: str | None, as_json: bool) -> int:
+    """Edit the held request's body and editable headers in $EDITOR, then approve or reject
+    it. Credentials, Host and hop-by-hop headers, the method and the URL stay as they are.
+    The edit makes a new version: a decision on the old one is refused as stale.
+
+    \b
+    Example:
+      EDITOR=nano sudo -E gatewrap approvals edit ap-...
+    """
+    from . import editor
+
+    store = _store(state_url)
+    a = dec.current(store, approval_id)
+    if a["status"] != "pending":
+        raise dec.Refused(f"refused: {a['id']} is {a['status']}, not pending: it cannot be edited", "decided")
+    text = editor.to_text(a)
+    edited = editor.run_editor(text)
+    try:
+        parsed = None if edited == text else editor.from_text(edited, a)
+    except ValueError as e:
+        raise dec.Refused(f"edit refused: {e}; nothing was changed", "invalid") from None
+    if parsed is None or (parsed[1] == bytes(a["body"]) and parsed[0] == [tuple(h) for h in a["headers"]]):
+        _out(as_json, {"ok": True, "changed": False}, f"gatewrap: {a['id']} unchanged")
+        return 0
+    after = dec.edit(store, a["id"], by=state.decider(), version=a["version"], digest=a["digest"],
+                     headers=parsed[0], body=parsed[1])
+    if as_json:
+        click.echo(json.dumps({"ok": True, "changed": True, "approval": render.as_json(after),
+                               "diff": render.diff(after)}))
+    else:
+        click.echo("\n".join(render.diff(after)))
+        click.echo(f"gatewrap: edited {after['id']}: now version {after['version']}; approve it with: "
+                   f"sudo gatewrap approvals approve {after['id']} --version {after['version']} "
+                   f"--digest {after['digest']}")
+    return 0
+
+
+@approvals.command("grants", context_settings=CONTEXT)
+@click.option("--run", "run_id", metavar="ID", help="Only grants of run ID.")
+@click.option("--all", "show_all", is_flag=True, help="Expired and revoked grants too.")
+@_common
+def grants(run_id: str | None, show_all: bool, state_url: str | None, as_json: bool) -> int:
+    """List grants: a human's scoped, expiring allows, each bound to one run.
+
+    \b
+    Example:
+      sudo gatewrap approvals grants --all
+    """
+    items = _store(state_url).grants(run_id=run_id, active=not show_all)
+    if as_json:
+        click.echo(json.dumps({"grants": [render.as_json(g) for g in items]}))
+    elif not items:
+        click.echo("gatewrap: no grants" + ("" if show_all else " active (--all for the others)"), err=True)
+    else:
+        for g in items:
+            click.echo(render.grant_row(g))
+    return 0
+
+
+@approvals.command("revoke", context_settings=CONTEXT)
+@click.argument("grant_id", metavar="GRANT")
+@_common
+def revoke(grant_id: str, state_url: str | None, as_json: bool) -> int:
+    """Revoke a grant at once: the run's next matching request is asked again.
+
+    \b
+    Example:
+      sudo gatewrap approvals revoke gr-...
+    """
+    g = dec.revoke(_store(state_url), grant_id, by=state.decider())
+    _out(as_json, {"ok": True, "grant": render.as_json(g)}, f"gatewrap: revoked {g['id']}")
+    return 0
+
+
+@approvals.command("serve", context_settings=CONTEXT)
+@click.option("--listen", default=None, metavar="HOST:PORT",
+              help="Address of the review server. Default: [review] listen in the config file, else "
+                   "127.0.0.1:8377.")
+@click.option("--allow-remote", is_flag=True,
+              help="Listen on a non-loopback address anyway (the pages are plain HTTP: put TLS and "
+                   "authentication in front).")
+@_common
+def serve(listen: str | None, allow_remote: bool, state_url: str | None, as_json: bool) -> int:
+    """Serve the review pages on the host: a list of approvals and one page per approval
+    (its link holds the approval's own secret token) with Approve, Edit and Reject. Every
+    form carries a CSRF token and the version and digest it showed; the name you type is
+    recorded with the decision. Never reachable from a sandbox (it listens on the host).
+
+    \b
+    The list's address, printed at start, holds a key made anew each time: other users
+    of this host can reach a loopback port, not the list. Ctrl-C ends.
+
+    \b
+    Examples:
+      sudo gatewrap approvals serve
+      sudo gatewrap approvals serve --listen 127.0.0.1:9000 --state postgresql://gw@db/gatewrap
+    """
+    from .web import ReviewServer, is_loopback, parse_listen
+
+    config = state.load_config()
+    try:
+        host, port = parse_listen(listen or config.get("review", {}).get("listen") or "127.0.0.1:8377")
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--listen") from None
+    if not is_loopback(host) and not allow_remote:
+        raise click.BadParameter(f"{host} is not a loopback address: the review pages would be reachable from "
+                                 "the network; add --allow-remote if that is meant", param_hint="--listen")
+    store = state.open_store(state.resolve_url(state_url, config))
+    try:
+        server = ReviewServer(store, (host, port))
+    except OSError as e:
+        raise GatewrapError(f"cannot listen on {host}:{port}: {e.strerror}; choose another with --listen") from e
+    url = f"{server.base}/l/{server.list_key}"
+    if as_json:
+        click.echo(json.dumps({"listen": server.base, "list": url, "store": store.url}))
+    else:
+        click.echo(f"gatewrap: review pages at {url} (store {store.url}); Ctrl-C ends", err=True)
+    sys.stdout.flush()
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    return 0

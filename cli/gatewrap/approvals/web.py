@@ -1,0 +1,336 @@
+"""``gatewrap approvals serve``: the review pages, served on the host (127.0.0.1 by default).
+
+Routes (everything else is 404):
+
+- ``GET /l/<list key>``: the list of approvals. The key is random per server start and printed
+  by ``serve``: every local user can reach a loopback port, so the list is not open to them.
+- ``GET /a/<token>``: one approval (its token is its own secret, 32 random bytes, compared in
+  constant time by the store). Shows the exact request, the diff after an edit, and the
+  Approve / Edit / Reject forms.
+- ``POST /a/<token>/approve|reject|edit``: a decision. Each form carries a CSRF token (an
+  HMAC of the approval's token under this server's random key, compared with
+  ``hmac.compare_digest``), the version and digest the page showed, and the decider's name.
+  A request with a missing or wrong CSRF token, a foreign ``Origin``, or another content
+  type is refused (403) before anything is read from the store. A stale decision answers
+  409 with the why.
+
+Every value shown is HTML-escaped (approval bodies are the agent's, i.e. hostile). Pages are
+sent with a Content-Security-Policy that allows no script at all, ``Referrer-Policy:
+same-origin`` (the token is in the URL: no other site sees it; ``no-referrer`` would make
+browsers send ``Origin: null`` on the forms) and ``Cache-Control: no-store``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import html
+import ipaddress
+import secrets
+import sys
+import urllib.parse
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from ..text import printable
+from . import decide as dec
+from . import editor, render
+
+#: Most bytes of a form (the edit form holds the body: the store keeps up to 64 KiB of it).
+MAX_FORM = 1 << 20
+#: Longest decider name.
+MAX_NAME = 64
+
+STYLE = """
+body{font:15px/1.4 system-ui,sans-serif;margin:2em auto;max-width:60em;padding:0 1em;color:#222}
+pre{background:#f4f4f4;padding:.8em;overflow-x:auto;white-space:pre-wrap;word-break:break-all}
+table{border-collapse:collapse}td,th{padding:.2em .8em;text-align:left;vertical-align:top}
+.st{font-weight:bold}.pending{color:#a60}.approved,.sent{color:#070}.rejected,.expired,.cancelled{color:#a00}
+.msg{padding:.6em;border:2px solid #070;background:#efe}.stale{border-color:#a00;background:#fee}
+form{margin:1em 0;padding:.6em;border:1px solid #ccc}textarea{width:100%;font-family:monospace}
+.del{color:#a00}.add{color:#070}
+"""
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` or ``[IPv6]:PORT`` -> (host, port). Raises ValueError naming the value."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{text!r}: give HOST:PORT, e.g. 127.0.0.1:8377 or [::1]:8377")
+    return host.strip("[]"), int(port)
+
+
+def is_loopback(host: str) -> bool:
+    """True for 127.0.0.0/8, ::1 and ``localhost``."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class ReviewServer(ThreadingHTTPServer):
+    """The review server over ``store`` (an ``ApprovalStore``); ``list_key`` opens the list."""
+
+    daemon_threads = True
+
+    def __init__(self, store: Any, listen: tuple[str, int]) -> None:
+        import socket
+
+        if ":" in listen[0]:
+            self.address_family = socket.AF_INET6
+        super().__init__(listen, Handler)
+        self.store = store
+        self.list_key = secrets.token_urlsafe(24)
+        self._key = secrets.token_bytes(32)
+
+    def csrf(self, token: str) -> str:
+        """The CSRF token of the forms of approval ``token``'s page."""
+        return hmac.new(self._key, b"csrf\0" + token.encode(), hashlib.sha256).hexdigest()
+
+    @property
+    def base(self) -> str:
+        """``http://host:port`` of this server."""
+        host, port = self.server_address[:2]
+        return f"http://[{host}]:{port}" if ":" in str(host) else f"http://{host}:{port}"
+
+
+def e(v: Any) -> str:
+    """Escape ``v`` for HTML text and attribute values (quotes included), controls escaped."""
+    return html.escape(printable(str(v)), quote=True)
+
+
+def _pre(lines: list[str]) -> str:
+    return "<pre>" + "\n".join(html.escape(ln, quote=True) for ln in lines) + "</pre>"
+
+
+class Handler(BaseHTTPRequestHandler):
+    """One request of the review server."""
+
+    server: ReviewServer
+    server_version = "gatewrap-review"
+    sys_version = ""
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 — the stdlib's name
+        """Access log on stderr, tokens cut out of the path."""
+        path = self.path.split("?")[0]
+        if path.startswith(("/a/", "/l/")):
+            path = path[:3] + "…"
+        print(printable(f"gatewrap: review {self.command} {path} {args[1] if len(args) > 1 else ''}"),
+              file=sys.stderr, flush=True)
+
+    # --- routing
+
+    def do_GET(self) -> None:  # noqa: N802 — http.server's name
+        path = urllib.parse.urlsplit(self.path).path
+        query = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)
+        parts = path.strip("/").split("/")
+        if len(parts) == 2 and parts[0] == "l" and hmac.compare_digest(parts[1], self.server.list_key):
+            return self._list()
+        if len(parts) == 2 and parts[0] == "a":
+            a = self._approval(parts[1])
+            if a is not None:
+                done = (query.get("done") or [""])[0]
+                return self._page(a, HTTPStatus.OK, done_message(done))
+            return None
+        if path == "/":
+            return self._send(HTTPStatus.OK, "gatewrap review", "<p>Open the address that <code>gatewrap approvals "
+                              "serve</code> printed, or an approval's own link.</p>")
+        return self._not_found()
+
+    def do_POST(self) -> None:  # noqa: N802
+        parts = urllib.parse.urlsplit(self.path).path.strip("/").split("/")
+        if len(parts) != 3 or parts[0] != "a" or parts[2] not in ("approve", "reject", "edit"):
+            return self._not_found()
+        token, action = parts[1], parts[2]
+        form = self._form()
+        if form is None:
+            return None
+        sent = form.get("csrf", "")
+        if not sent or not hmac.compare_digest(sent, self.server.csrf(token)):
+            return self._send(HTTPStatus.FORBIDDEN, "refused", "<p>Refused: this form's CSRF token is missing or "
+                              "wrong. Reload the approval's page and decide there.</p>")
+        a = self._approval(token)
+        if a is None:
+            return None
+        name = form.get("name", "").strip()
+        if not name or len(name) > MAX_NAME or not name.isprintable():
+            return self._page(a, HTTPStatus.BAD_REQUEST, ("Give your name (up to 64 printable characters): "
+                                                          "it is recorded with the decision.", True))
+        try:
+            version, digest = int(form.get("version", "")), form.get("digest", "")
+        except ValueError:
+            return self._page(a, HTTPStatus.BAD_REQUEST, ("The form lacks the version it showed: reload.", True))
+        by = f"{name} (web)"
+        try:
+            if action == "edit":
+                parsed = editor.from_text(form.get("request", "").replace("\r\n", "\n"), a)
+                if parsed is None:
+                    return self._page(a, HTTPStatus.OK, ("Nothing was changed (the edit was empty).", False))
+                dec.edit(self.server.store, a["id"], by=by, version=version, digest=digest,
+                                 headers=parsed[0], body=parsed[1])
+            else:
+                reason = form.get("reason", "").strip() or None
+                if action == "reject" and not reason:
+                    return self._page(a, HTTPStatus.BAD_REQUEST, ("Give a reason: the agent is told it.", True))
+                dec.decide(self.server.store, a["id"], action, by=by, version=version, digest=digest,
+                                   reason=reason)
+        except ValueError as err:
+            return self._page(a, HTTPStatus.BAD_REQUEST, (f"Not changed: {err}", True))
+        except dec.Refused as err:
+            fresh = self.server.store.get(a["id"]) or a
+            return self._page(fresh, HTTPStatus.CONFLICT, (str(err), True))
+        done = {"approve": "approved", "reject": "rejected"}.get(action, "edited")
+        self.send_response(HTTPStatus.SEE_OTHER)
+        self.send_header("Location", f"/a/{token}?done={done}")
+        self.send_header("Content-Length", "0")
+        self._security_headers()
+        self.end_headers()
+        return None
+
+    # --- reading
+
+    def _approval(self, token: str) -> dict[str, Any] | None:
+        a = self.server.store.get_by_token(token) if token else None
+        if a is None:
+            self._not_found()
+        return a
+
+    def _form(self) -> dict[str, str] | None:
+        """The urlencoded form of a POST, or None after answering 403/413."""
+        origin = self.headers.get("Origin")
+        if origin is not None and origin != self.server.base:
+            self._send(HTTPStatus.FORBIDDEN, "refused", "<p>Refused: a form from another site.</p>")
+            return None
+        if self.headers.get("Sec-Fetch-Site") not in (None, "same-origin", "none"):
+            self._send(HTTPStatus.FORBIDDEN, "refused", "<p>Refused: a form from another site.</p>")
+            return None
+        ctype = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
+        if ctype != "application/x-www-form-urlencoded":
+            self._send(HTTPStatus.FORBIDDEN, "refused", "<p>Refused: not a form of this page.</p>")
+            return None
+        try:
+            length = int(self.headers.get("Content-Length") or "")
+        except ValueError:
+            self._send(HTTPStatus.LENGTH_REQUIRED, "refused", "<p>A form needs a Content-Length.</p>")
+            return None
+        if not 0 <= length <= MAX_FORM:
+            self._send(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "refused", "<p>The form is too big.</p>")
+            return None
+        raw = self.rfile.read(length).decode("utf-8", errors="replace")
+        fields = urllib.parse.parse_qs(raw, keep_blank_values=True, max_num_fields=16)
+        return {k: v[0] for k, v in fields.items()}
+
+    # --- pages
+
+    def _list(self) -> None:
+        store = self.server.store
+        rows = []
+        for a in [*store.list(status="pending"), *[x for x in store.list(limit=50) if x["status"] != "pending"]]:
+            rows.append(f"<tr><td><a href=\"{e(a['review_path'])}\">{e(a['id'])}</a></td>"
+                        f"<td class=\"st {e(a['status'])}\">{e(a['status'])}</td><td>{e(a['run_id'])}</td>"
+                        f"<td>{e(render.when(a['deadline']))}</td><td>{e(a['method'])} {e(a['url'])}</td>"
+                        f"<td>{e(a['rule'])}</td></tr>")
+        table = ("<table><tr><th>approval</th><th>status</th><th>run</th><th>expires</th><th>request</th>"
+                 "<th>rule</th></tr>" + "".join(rows) + "</table>") if rows else "<p>No approvals yet.</p>"
+        self._send(HTTPStatus.OK, "gatewrap approvals", f"<h1>Approvals</h1><p>Store {e(store.url)}</p>{table}")
+
+    def _page(self, a: dict[str, Any], status: HTTPStatus, message: tuple[str, bool] | None) -> None:
+        token = a["token"]
+        facts = [("status", a["status"]), ("run", a["run_id"]), ("rule", a["rule"]),
+                 ("asked", render.when(a["created"])), ("expires", render.when(a["deadline"]) + " (then denied)"),
+                 ("version", a["version"]), ("digest", a["digest"])]
+        if a.get("decided_by"):
+            facts.append(("decided by", f"{a['decided_by']} at {render.when(a.get('decided_at'))}"))
+        if a.get("reason"):
+            facts.append(("reason", a["reason"]))
+        if a.get("waiters", 0) > 1:
+            facts.append(("waiting", f"{a['waiters']} identical requests share this approval"))
+        out = [f"<h1>Approval {e(a['id'])}</h1>"]
+        if message:
+            out.append(f"<p class=\"msg{' stale' if message[1] else ''}\" id=\"message\">{e(message[0])}</p>")
+        rows = []
+        for k, v in facts:
+            cls = f' class="st {e(v)}"' if k == "status" else ""
+            rows.append(f"<tr><th>{e(k)}</th><td id=\"{e(k.replace(' ', '-'))}\"{cls}>{e(v)}</td></tr>")
+        out.append("<table>" + "".join(rows) + "</table>")
+        out.append("<h2>The request (credentials redacted)</h2>")
+        out.append(_pre(render.request_lines(a["method"], a["url"], a["headers"], a["body"])))
+        if a.get("body_truncated"):
+            out.append(f"<p>Body truncated: {e(a['body_len'])} bytes in all, sha256 {e(a['body_digest'])}.</p>")
+        if a.get("edited"):
+            out.append("<h2>Edited: the diff from the agent's request</h2>")
+            spans = []
+            for ln in render.diff(a):
+                cls = "del" if ln.startswith("-") else "add" if ln.startswith("+") else "same"
+                spans.append(f'<span class="{cls}">{html.escape(ln, quote=True)}</span>')
+            out.append('<pre id="diff">' + "\n".join(spans) + "</pre>")
+        if a["status"] == "pending":
+            out.append(self._forms(a, token))
+        self._send(status, f"gatewrap approval {a['id']}", "".join(out))
+
+    def _forms(self, a: dict[str, Any], token: str) -> str:
+        hidden = (f"<input type=\"hidden\" name=\"csrf\" value=\"{e(self.server.csrf(token))}\">"
+                  f"<input type=\"hidden\" name=\"version\" value=\"{e(a['version'])}\">"
+                  f"<input type=\"hidden\" name=\"digest\" value=\"{e(a['digest'])}\">")
+        name = ("<label>Your name <input name=\"name\" required maxlength=\"64\" autocomplete=\"name\"></label> ")
+        forms = [
+            f"<form method=\"post\" action=\"/a/{e(token)}/approve\" id=\"approve\">{hidden}{name}"
+            "<button type=\"submit\">Approve and send</button></form>",
+            f"<form method=\"post\" action=\"/a/{e(token)}/reject\" id=\"reject\">{hidden}{name}"
+            "<label>Reason (the agent is told) <input name=\"reason\" required maxlength=\"500\"></label> "
+            "<button type=\"submit\">Reject</button></form>",
+        ]
+        try:
+            text = editor.to_text(a)
+        except Exception as err:  # noqa: BLE001 — a body that cannot be edited here
+            forms.append(f"<p>{e(err)}</p>")
+        else:
+            forms.append(
+                f"<form method=\"post\" action=\"/a/{e(token)}/edit\" id=\"edit\">{hidden}{name}"
+                f"<p>Edit the headers and the body (then approve the edited request):</p>"
+                f"<textarea name=\"request\" rows=\"16\">{html.escape(text, quote=True)}</textarea>"
+                "<button type=\"submit\">Save the edit</button></form>")
+        return "".join(forms)
+
+    # --- writing
+
+    def _security_headers(self) -> None:
+        self.send_header("Content-Security-Policy", "default-src 'none'; style-src 'sha256-"
+                         + _style_hash() + "'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
+        self.send_header("Referrer-Policy", "same-origin")
+        self.send_header("Cache-Control", "no-store")
+        self.send_header("X-Content-Type-Options", "nosniff")
+        self.send_header("X-Frame-Options", "DENY")
+
+    def _send(self, status: HTTPStatus, title: str, body_html: str) -> None:
+        page = (f"<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{e(title)}</title>"
+                f"<meta name=\"viewport\" content=\"width=device-width\"><style>{STYLE}</style></head>"
+                f"<body>{body_html}</body></html>").encode("utf-8")
+        self.send_response(status)
+        self.send_header("Content-Type", "text/html; charset=utf-8")
+        self.send_header("Content-Length", str(len(page)))
+        self._security_headers()
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(page)
+
+    def _not_found(self) -> None:
+        self._send(HTTPStatus.NOT_FOUND, "not found", "<p>No such page. An approval's page is reached by its own "
+                   "link (gatewrap approvals show ID prints it).</p>")
+
+
+def _style_hash() -> str:
+    import base64
+
+    return base64.b64encode(hashlib.sha256(STYLE.encode()).digest()).decode()
+
+
+def done_message(done: str) -> tuple[str, bool] | None:
+    """The line shown after a decision went through (the redirect's ``?done=``)."""
+    return {"approved": ("Approved: the request is sent to upstream once.", False),
+            "rejected": ("Rejected: the agent gets 403 with your reason.", False),
+            "edited": ("Edited: look at the diff, then approve or reject the edited request.", False),
+            }.get(done)

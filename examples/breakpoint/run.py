@@ -1,0 +1,103 @@
+"""The breakpoint example end to end: a fake internet with a fake e-mail API (mail.test), the
+agent run under gatewrap with policy.toml, and a human answering its approval from the CLI.
+
+    sudo .venv/bin/python examples/breakpoint/run.py                  # approve
+    sudo .venv/bin/python examples/breakpoint/run.py --reject 'not to all customers'
+    sudo .venv/bin/python examples/breakpoint/run.py --edit           # edit the recipient, then approve
+
+It prints the session as a terminal would show it (``$ command`` then its output). Nothing
+leaves the machine (tests/fakenet: documentation addresses, its own DNS). The approvals store
+is a fresh SQLite file in a temporary folder (GATEWRAP_STATE), not the host's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from fakenet import FakeInternet, cleanup_leftovers, hold_host_lock  # noqa: E402
+
+#: mail.test lives on the fake internet's web server.
+NAMES = {"mail.test": ["198.51.100.138", "2001:db8:100::10"]}
+
+
+def shown(cmd: list[str], env: dict[str, str], **kw) -> subprocess.CompletedProcess:
+    """Print ``$ cmd`` and run it, its output going to ours."""
+    print("$ " + shlex.join(cmd), flush=True)
+    return subprocess.run(cmd, env=env, **kw)
+
+
+def wait_pending(env: dict[str, str], timeout: float = 120) -> dict:
+    """The first pending approval in the store (polled: the example has no webhook)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        out = subprocess.run(["gatewrap", "approvals", "list", "--status", "pending", "--json"], env=env,
+                             capture_output=True, text=True)
+        if out.returncode == 0 and json.loads(out.stdout)["approvals"]:
+            return json.loads(out.stdout)["approvals"][0]
+        time.sleep(0.2)
+    raise SystemExit("example: no approval appeared; see the run's output above")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--reject", metavar="REASON", help="reject instead of approving")
+    ap.add_argument("--edit", action="store_true", help="edit the recipient to one person, then approve")
+    args = ap.parse_args()
+    lock = hold_host_lock("example")  # noqa: F841 (held until the example exits)
+    cleanup_leftovers()
+    work = tempfile.mkdtemp(prefix="gatewrap-breakpoint-")
+    os.chmod(work, 0o755)
+    for name in ("agent.py", "policy.toml"):
+        shutil.copy(HERE / name, work)
+        os.chmod(os.path.join(work, name), 0o644)
+    env = dict(os.environ, GATEWRAP_STATE=f"sqlite:{work}/state.db", PATH=f"{ROOT}/.venv/bin:{os.environ['PATH']}")
+    with FakeInternet(extra_names=NAMES) as net:
+        site = os.path.join(net.sites_dir, "mail.test")
+        os.makedirs(site, exist_ok=True)
+        Path(site, ".mail").touch()
+        cmd = ["gatewrap", "run", "--policy", f"{work}/policy.toml", "--resolver", net.dns_server,
+               "--audit-log", f"{work}/audit.jsonl", "--public-range", "198.51.100.128/25",
+               "--public-range", "2001:db8:100::/48", "--ro-bind", work, "--workdir", "/tmp",
+               "--", "/usr/bin/python3", f"{work}/agent.py"]
+        print("$ " + " ".join(cmd) + " &", flush=True)
+        run = subprocess.Popen(cmd, env=env)
+        with contextlib.ExitStack() as stack:
+            stack.callback(lambda: run.poll() is None and run.terminate())
+            a = wait_pending(env)
+            time.sleep(0.2)  # let the gate's line reach the terminal before ours
+            print(flush=True)
+            shown(["gatewrap", "approvals", "list"], env)
+            shown(["gatewrap", "approvals", "show", a["id"]], env)
+            if args.reject:
+                shown(["gatewrap", "approvals", "reject", a["id"], "--reason", args.reject], env)
+            else:
+                if args.edit:
+                    editor = "sed -i s/all-customers@example.com/pricing-team@example.com/"
+                    shown(["gatewrap", "approvals", "edit", a["id"]], {**env, "EDITOR": editor})
+                shown(["gatewrap", "approvals", "approve", a["id"]], env)
+            code = run.wait(timeout=120)
+        print(flush=True)
+        shown(["gatewrap", "audit", "--log", f"{work}/audit.jsonl", "--format", "table"], env)
+        mails = net.access_entries(event="mail")
+        print(f"\n(the fake e-mail API received {len(mails)} message(s): "
+              f"{', '.join(m['to'] for m in mails) or 'none'})")
+    shutil.rmtree(work, ignore_errors=True)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

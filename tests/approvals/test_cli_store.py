@@ -1,0 +1,132 @@
+"""`gatewrap approvals` on a store whose approvals were made through the store's own API
+(`ApprovalStore.ask`, as the gate makes them): every subcommand, --json, the exit codes
+(0 done, 1 refused with the why, 125 gatewrap's own failure). SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from .held import cli
+
+RUN = "gw-00000000a1"
+BODY = b'{"to": "all-customers@example.com", "subject": "prices"}'
+HEADERS = [("Content-Type", "application/json"), ("Authorization", "Bearer sk-secret-1"), ("X-Trace", "t1")]
+
+
+@pytest.fixture
+def asked(store):
+    store.start_run(RUN)
+    a, new = store.ask(RUN, rule="policy.toml:rule[2]", method="POST", url="https://mail.test/v3/mail/send",
+                       headers=HEADERS, body=BODY)
+    assert new
+    return a
+
+
+def test_list_and_show_print_the_request_with_credentials_redacted(store_url, asked):
+    r = cli("list", "--state", store_url)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[0].split() == ["ID", "STATUS", "RUN", "EXPIRES", "REQUEST"]
+    assert f"{asked['id']} pending" in r.stdout and "POST https://mail.test/v3/mail/send (rule policy.toml:rule[2])" in r.stdout
+    doc = json.loads(cli("list", "--state", store_url, "--json").stdout)
+    assert [a["id"] for a in doc["approvals"]] == [asked["id"]] and "token" not in doc["approvals"][0]
+    s = cli("show", asked["id"], "--state", store_url)
+    assert "  POST /v3/mail/send HTTP/1.1\n  Host: mail.test\n  Content-Type: application/json\n" \
+           "  Authorization: [redacted]\n  X-Trace: t1\n  \n  " + BODY.decode() in s.stdout
+    assert "sk-secret-1" not in s.stdout
+    j = json.loads(cli("show", asked["id"], "--state", store_url, "--json").stdout)
+    assert j["body"] == BODY.decode() and j["version"] == 1 and j["diff"] is None
+
+
+def test_approve_records_the_sudo_user_and_a_second_answer_is_refused_naming_them(store_url, asked, store):
+    r = cli("approve", asked["id"], "--state", store_url)
+    assert r.returncode == 0, r.stderr
+    a = store.get(asked["id"])
+    assert (a["status"], a["decided_by"]) == ("approved", "alice")
+    again = cli("reject", asked["id"], "--reason", "no", "--version", "1", "--digest", asked["digest"],
+                "--state", store_url)
+    assert again.returncode == 1 and "refused as stale" in again.stderr and "alice" in again.stderr, again.stderr
+    j = cli("approve", asked["id"], "--state", store_url, "--json")
+    assert j.returncode == 1 and json.loads(j.stdout)["ok"] is False
+
+
+def test_reject_needs_a_reason_and_keeps_it(store_url, asked, store):
+    assert cli("reject", asked["id"], "--state", store_url).returncode == 125  # a usage error
+    r = cli("reject", asked["id"], "--reason", "not to customers", "--state", store_url, "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["approval"]["reason"] == "not to customers"
+    assert store.get(asked["id"])["status"] == "rejected"
+
+
+@pytest.mark.parametrize("case, version, digest, why", [
+    ("an older version", 0, None, ("edited", "digest", "decided")),
+    ("another digest", None, "0" * 64, ("digest",)),
+])
+def test_a_decision_on_what_is_no_longer_there_is_stale(store_url, asked, store, case, version, digest, why):
+    r = cli("approve", asked["id"], "--version", str(asked["version"] if version is None else version),
+            "--digest", digest or asked["digest"], "--state", store_url, "--json")
+    assert r.returncode == 1, case
+    assert json.loads(r.stdout)["why"] in why
+    assert store.get(asked["id"])["status"] == "pending"
+
+
+def test_edit_makes_a_new_version_and_show_prints_the_diff(store_url, asked, store):
+    r = cli("edit", asked["id"], "--state", store_url,
+            env={"EDITOR": "sed -i -e s/all-customers@/pricing-team@/ -e s/^X-Trace:.*/X-Trace:\\ reviewed/"})
+    assert r.returncode == 0, r.stderr
+    a = store.get(asked["id"])
+    assert a["version"] == 2 and a["edited"] and a["body"] == BODY.replace(b"all-customers@", b"pricing-team@")
+    assert ["X-Trace", "reviewed"] in [list(h) for h in a["headers"]]
+    assert ["Authorization", "[redacted]"] in [list(h) for h in a["headers"]]
+    s = cli("show", asked["id"], "--state", store_url).stdout
+    assert "edited: the diff from the agent's request:" in s
+    assert '  -{"to": "all-customers@example.com", "subject": "prices"}' in s and "  +X-Trace: reviewed" in s
+    stale = cli("approve", asked["id"], "--version", "1", "--digest", asked["digest"], "--state", store_url)
+    assert stale.returncode == 1
+    assert cli("approve", asked["id"], "--version", "2", "--digest", a["digest"], "--state", store_url).returncode == 0
+
+
+def test_an_unchanged_edit_changes_nothing_and_a_credential_cannot_be_added(store_url, asked, store):
+    r = cli("edit", asked["id"], "--state", store_url, env={"EDITOR": "true"})
+    assert r.returncode == 0 and "unchanged" in r.stdout
+    r = cli("edit", asked["id"], "--state", store_url, env={"EDITOR": "sed -i s/^X-Trace:/Cookie:/"})
+    assert r.returncode == 1 and "Cookie cannot be edited" in r.stderr
+    assert store.get(asked["id"])["version"] == 1
+
+
+def test_an_approval_with_a_grant_lists_it_and_revoke_ends_it(store_url, asked, store):
+    wide = cli("approve", asked["id"], "--grant", "POST evil.test/", "--for", "30m", "--state", store_url)
+    assert wide.returncode == 1 and "own host only" in wide.stderr
+    r = cli("approve", asked["id"], "--grant", "POST mail.test/v3/", "--for", "30m", "--state", store_url)
+    assert r.returncode == 0, r.stderr
+    (g,) = json.loads(cli("grants", "--state", store_url, "--json").stdout)["grants"]
+    assert (g["run_id"], g["method"], g["host"], g["path_prefix"], g["created_by"]) == \
+        (RUN, "POST", "mail.test", "/v3/", "alice")
+    assert 1790 <= g["expires"] - g["created"] <= 1810
+    assert g["id"] in cli("grants", "--state", store_url).stdout
+    assert cli("revoke", g["id"], "--state", store_url).returncode == 0
+    assert json.loads(cli("grants", "--state", store_url, "--json").stdout)["grants"] == []
+    (old,) = json.loads(cli("grants", "--all", "--state", store_url, "--json").stdout)["grants"]
+    assert old["revoked_by"] == "alice"
+    assert cli("revoke", "gr-nosuchgrant", "--state", store_url).returncode == 1
+
+
+def test_a_decision_after_the_run_ended_or_the_deadline_is_refused(store_url, asked, store):
+    store.end_run(RUN)
+    r = cli("approve", asked["id"], "--state", store_url, "--json")
+    assert r.returncode == 1 and json.loads(r.stdout)["why"] in ("run ended", "decided")
+    store.start_run("gw-00000000a2")
+    late, _ = store.ask("gw-00000000a2", rule="r", method="POST", url="https://mail.test/x", headers=[], body=b"",
+                        timeout=0.001)
+    time.sleep(0.01)  # past its deadline (not a timing assertion: any later moment is as past)
+    r = cli("approve", late["id"], "--state", store_url, "--json")
+    assert r.returncode == 1 and json.loads(r.stdout)["why"] == "expired"
+
+
+def test_an_unknown_id_exits_1_and_a_store_that_cannot_open_exits_125(store_url, tmp_path):
+    r = cli("show", "ap-aaaaaaaaaaaaaaaaaaaa", "--state", store_url)
+    assert r.returncode == 1 and "no approval ap-aaaaaaaaaaaaaaaaaaaa" in r.stderr
+    (tmp_path / "file").write_text("")
+    bad = cli("list", "--state", f"sqlite:{tmp_path}/file/state.db")
+    assert bad.returncode == 125 and "cannot open the approvals store" in bad.stderr

@@ -1,0 +1,134 @@
+"""What a human reads and writes: the request as `show` prints it, the edit file, grant
+specs, durations, the store URL's resolution. Tables of (case, input, expected)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gatewrap.approvals import decide, editor, render, state
+from gatewrap.errors import GatewrapError
+
+from .test_notify import approval
+
+
+def test_show_prints_the_exact_request_with_credentials_redacted():
+    out = render.show(approval())
+    assert "  POST /v3/send HTTP/1.1\n  Host: mail.test\n  Content-Type: application/json\n" \
+           "  Authorization: [redacted]\n  \n  {\"to\": \"customer@example.com\"" in out
+    assert "version:   1" in out and "digest:    " + "1" * 64 in out
+
+
+def test_show_escapes_what_could_drive_the_terminal():
+    out = render.show(approval(body=b"ok\x1b[2J\xff\n" + "next\u202eline".encode(), url="https://mail.test/\x07"))
+    assert "\x1b" not in out and "\x07" not in out and "\u202e" not in out
+    assert "ok\\x1b[2J\\xff" in out and "next\\u202eline" in out
+
+
+def test_show_after_an_edit_prints_the_diff_from_the_agents_request():
+    a = approval(edited=1, body=b'{"to": "me@example.com"}', orig_body=b'{"to": "all@example.com"}',
+                 orig_headers=[["Content-Type", "application/json"], ["Authorization", "[redacted]"]],
+                 headers=[["Content-Type", "application/json"], ["Authorization", "[redacted]"], ["X-Note", "1"]])
+    out = render.show(a)
+    assert "edited: the diff from the agent's request:" in out
+    d = render.diff(a)
+    assert d[:2] == ["--- agent", "+++ edited"]
+    assert '-{"to": "all@example.com"}' in d and '+{"to": "me@example.com"}' in d and "+X-Note: 1" in d
+
+
+def test_the_edit_file_shows_fixed_headers_as_comments_and_gives_them_back_unchanged():
+    a = approval(headers=[["Content-Type", "application/json"], ["Authorization", "[redacted]"],
+                          ["X-Session-Id", "[redacted]"], ["Idempotency-Key", "k1"]])
+    text = editor.to_text(a)
+    assert "# fixed: Authorization: [redacted]" in text and "# fixed: Idempotency-Key: k1" in text
+    assert "\nContent-Type: application/json\n\n" in text
+    edited = text.replace("customer@example.com", "me@example.com") + "\n"  # the editor's own newline
+    headers, body = editor.from_text(edited.replace("Content-Type: application/json",
+                                                    "Content-Type: application/json\nX-Reviewed: yes"), a)
+    assert headers == [("Content-Type", "application/json"), ("X-Reviewed", "yes"), ("Authorization", "[redacted]"),
+                       ("X-Session-Id", "[redacted]"), ("Idempotency-Key", "k1")]
+    assert body == b'{"to": "me@example.com", "subject": "hello"}'
+
+
+@pytest.mark.parametrize("case, head, error", [
+    ("a credential cannot be added", "Authorization: Bearer x", "Authorization cannot be edited"),
+    ("Host cannot be changed", "Host: evil.test", "Host cannot be edited"),
+    ("a line without a colon is not a header", "not a header", "is not a header"),
+    ("a name with a space is not a token", "Bad Name: 1", "is not a header"),
+])
+def test_an_edit_file_with_a_bad_header_is_refused(case, head, error):
+    with pytest.raises(ValueError, match=error):
+        editor.from_text(f"{head}\n\nbody", approval())
+
+
+def test_an_emptied_edit_file_changes_nothing():
+    assert editor.from_text("  \n", approval()) is None
+
+
+@pytest.mark.parametrize("case, over, error", [
+    ("a truncated body", {"body_truncated": True, "body_len": 10**6}, "cannot be edited"),
+    ("a binary body", {"body": b"\xff\xfe"}, "not UTF-8"),
+])
+def test_a_body_that_cannot_be_edited_says_so(case, over, error):
+    with pytest.raises(GatewrapError, match=error):
+        editor.to_text(approval(**over))
+
+
+@pytest.mark.parametrize("case, spec, duration, expected", [
+    ("a method, host and prefix", "POST mail.test/v3/", "30m",
+     {"method": "POST", "host": "mail.test", "path_prefix": "/v3/", "seconds": 1800}),
+    ("no path means the whole host", "POST mail.test", "2h",
+     {"method": "POST", "host": "mail.test", "path_prefix": "/", "seconds": 7200}),
+])
+def test_a_grant_spec_becomes_the_stores_grant(case, spec, duration, expected):
+    assert decide.parse_grant(spec, duration, approval()) == expected
+
+
+@pytest.mark.parametrize("case, spec, duration, error", [
+    ("another host is wider than the request", "POST evil.test/", "30m", "own host only"),
+    ("a suffix of the host is another host", "POST test/", "30m", "own host only"),
+    ("a lower-case method is not a method", "post mail.test/", "30m", "give 'METHOD"),
+    ("a duration needs a unit", "POST mail.test/", "30", "not a duration"),
+    ("a zero duration is none", "POST mail.test/", "0m", "not a duration"),
+])
+def test_a_bad_grant_is_refused_with_the_why(case, spec, duration, error):
+    with pytest.raises(ValueError, match=error):
+        decide.parse_grant(spec, duration, approval())
+
+
+def test_a_grant_on_a_port_names_the_port():
+    a = approval(url="http://mail.test:8025/send")
+    assert decide.parse_grant("POST mail.test:8025/", "1h", a)["host"] == "mail.test:8025"
+    with pytest.raises(ValueError, match=r"own host only \(mail.test:8025\)"):
+        decide.parse_grant("POST mail.test/", "1h", a)
+
+
+@pytest.mark.parametrize("case, flag, env, config, expected", [
+    ("the flag wins", "sqlite:/a.db", "sqlite:/b.db", {"state": {"url": "sqlite:/c.db"}}, "sqlite:/a.db"),
+    ("then the environment", None, "sqlite:/b.db", {"state": {"url": "sqlite:/c.db"}}, "sqlite:/b.db"),
+    ("then the config file", None, None, {"state": {"url": "sqlite:/c.db"}}, "sqlite:/c.db"),
+    ("then the default", None, None, {}, "sqlite:/var/lib/gatewrap/state.db"),
+])
+def test_the_store_url_is_resolved_in_order(monkeypatch, case, flag, env, config, expected):
+    if env:
+        monkeypatch.setenv("GATEWRAP_STATE", env)
+    else:
+        monkeypatch.delenv("GATEWRAP_STATE", raising=False)
+    assert state.resolve_url(flag, config) == expected
+    assert state.explicit_url(flag, config) == (None if case == "then the default" else expected)
+
+
+@pytest.mark.parametrize("case, text, error", [
+    ("an unknown table", "[stat]\nurl = 'x'\n", r"unknown table \[stat\]"),
+    ("an unknown key", "[state]\nuri = 'x'\n", "unknown key 'uri'"),
+    ("not TOML", "[state\n", "not valid TOML"),
+])
+def test_a_bad_config_file_is_refused_naming_what(tmp_path, case, text, error):
+    p = tmp_path / "config.toml"
+    p.write_text(text)
+    with pytest.raises(GatewrapError, match=error):
+        state.load_config(str(p))
+
+
+def test_a_password_in_a_store_url_is_not_shown():
+    assert state._redact("postgresql://gw:s3cret@db:5432/x") == "postgresql://gw:***@db:5432/x"
+    assert state._redact("sqlite:/var/lib/gatewrap/state.db") == "sqlite:/var/lib/gatewrap/state.db"
