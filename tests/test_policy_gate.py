@@ -83,14 +83,16 @@ def test_a_method_rule_without_inspect_denies_the_https_tunnel(gatewrap, tmp_pat
                              "it needs `inspect = true`")
 
 
-def test_an_ask_rule_is_a_breakpoint_denied_with_403_until_approvals_exist(gatewrap, tmp_path):
-    p = write_policy(tmp_path, '[[rule]]\nhost = "allowed.test"\naction = "ask"\ntimeout = "10m"\n')
-    r = gatewrap(["curl", "-sS", "-i", "--max-time", "10", "http://allowed.test/"], extra=["--policy", p])
+def test_an_ask_rule_holds_the_request_and_an_unanswered_one_is_denied_when_it_expires(gatewrap, tmp_path):
+    p = write_policy(tmp_path, '[[rule]]\nhost = "allowed.test"\naction = "ask"\ntimeout = "1s"\n')
+    r = gatewrap(["curl", "-sS", "-i", "--max-time", "30", "http://allowed.test/"],
+                 extra=["--policy", p, "--state", f"sqlite:{tmp_path}/state.db"])
     assert r.stdout.startswith("HTTP/1.1 403"), r.stdout + r.stderr
-    assert f"rule {p}:rule[1] is a breakpoint" in r.stdout and "Approvals are not built yet" in r.stdout
+    assert "a timeout is never a yes" in r.stdout and "nothing was sent" in r.stdout
+    assert "gatewrap: approval ap-" in r.stderr and "answer with: sudo gatewrap approvals approve" in r.stderr
     (rec,) = r.records(event="request")
     assert (rec["decision"], rec["status"], rec["rule"]) == ("denied", 403, f"{p}:rule[1]")
-    assert rec["reason"] == f"ask: rule {p}:rule[1] is a breakpoint; approvals are not built yet"
+    assert rec["reason"].startswith("ask: approval ap-") and rec["reason"].endswith("expired (a timeout is never a yes)")
 
 
 BUDGET_POLICY = """\

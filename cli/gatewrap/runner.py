@@ -515,12 +515,6 @@ def _approvals(opts: RunOptions, policy: Any, run_id: str, audit: Any, err: Text
     has_ask = policy.default == "ask" or any(r["action"] == "ask" for r in policy.describe())
     if url is None and not has_ask:
         return None
-    from . import _gate_core as core
-
-    if "state" not in (core.Gate.__text_signature__ or ""):
-        # Transitional (issue 12): the store has landed before the gate's hold/resume.
-        print("gatewrap: note: this build's gate cannot hold requests yet: ask rules deny", file=err)
-        return None
     url = url or state.DEFAULT_STATE
     store = state.open_store(url)
     notify_cfg = config.get("notify", {})
