@@ -321,9 +321,6 @@ WARNINGS = [
     ("a default allow with only allow rules allows everything",
      'default = "allow"\n[[rule]]\nhost = "a.test"\naction = "allow"\n', "allows everything"),
     ("report mode only records", 'mode = "report"\n', 'mode = "report"'),
-    ("an ask rule denies for now", '[[rule]]\nhost = "a.test"\naction = "ask"\n',
-     'rule[1]): approvals are not built yet'),
-    ("an ask default denies for now", 'default = "ask"\n', 'action "ask" denies for now (the default)'),
     ("a method rule without inspect cannot see https", '[[rule]]\nhost = "a.test"\nmethods = ["GET"]\naction = "deny"\n',
      "has no `inspect = true`: https requests travel in CONNECT tunnels that hide both, so this deny rule denies "
      "the whole tunnel"),
@@ -395,9 +392,9 @@ DESIGN_MD_CASES = [
      "policy: rule {p}:rule[1]"),
     ("evilexample.com is not example.com", "GET", "https://evilexample.com/", "deny", "tunnel", "policy: default deny"),
     ("a listed method on http is a breakpoint", "POST", "http://api.github.com/repos/gw/issues", "ask", "request",
-     "ask: rule {p}:rule[2] is a breakpoint; approvals are not built yet"),
+     "ask: rule {p}:rule[2] is a breakpoint"),
     ("each listed method is a breakpoint", "DELETE", "http://api.github.com/repos/gw", "ask", "request",
-     "ask: rule {p}:rule[2] is a breakpoint; approvals are not built yet"),
+     "ask: rule {p}:rule[2] is a breakpoint"),
     ("an unlisted method falls to the default", "GET", "http://api.github.com/user", "deny", "request",
      "policy: default deny"),
     ("on https the method rule cannot be seen, so the tunnel is denied", "POST", "https://api.github.com/repos",
@@ -433,23 +430,22 @@ def test_policy_test_answers_the_design_md_examples(capsys, policy_file, method,
     assert rec["reason"] == reason.format(p=path)
 
 
-def test_the_design_md_policy_checks_with_warnings_about_ask_and_inspect(capsys, policy_file):
+def test_the_design_md_policy_checks_with_warnings_about_inspect(capsys, policy_file):
     path = policy_file(DESIGN_MD_POLICY)
     code, out, err = gw(capsys, "policy", "check", path)
     assert code == 0
     assert f"{path}:rule[2]  api.github.com    80,443  ask    methods POST,PATCH,DELETE  timeout 10m" in out
     assert f"{path}:rule[3]  api.sendgrid.com  80,443  allow  path /v3/mail/send  budget 6 per 10m" in out
     warnings = err.splitlines()
-    assert len(warnings) == 3, err
-    assert 'action "ask" denies for now' in warnings[0]
-    assert f"rule {path}:rule[2] matches methods or paths but has no `inspect = true`" in warnings[1]
-    assert f"rule {path}:rule[3] matches methods or paths but has no `inspect = true`" in warnings[2]
+    assert len(warnings) == 2, err
+    assert f"rule {path}:rule[2] matches methods or paths but has no `inspect = true`" in warnings[0]
+    assert f"rule {path}:rule[3] matches methods or paths but has no `inspect = true`" in warnings[1]
 
 
-def test_an_ask_answer_says_the_gate_denies_it_for_now(capsys, policy_file):
+def test_an_ask_answer_says_the_gate_holds_it_for_a_human(capsys, policy_file):
     code, out, _ = gw(capsys, "policy", "test", policy_file(DESIGN_MD_POLICY), "PATCH", "http://api.github.com/x")
     assert code == 2
-    assert "ask: a breakpoint; approvals are not built yet, so the gate denies it (403)" in out
+    assert "ask: a breakpoint; the gate holds the request until a human answers (gatewrap approvals) or its timeout denies it" in out
     assert "methods POST,PATCH,DELETE, timeout 10m" in out
 
 
@@ -459,7 +455,7 @@ INSPECTED = '[[rule]]\nhost = "api.github.com"\nmethods = ["POST"]\naction = "as
 
 
 @pytest.mark.parametrize("method,decision,reason", [
-    ("POST", "ask", "ask: rule {p}:rule[1] is a breakpoint; approvals are not built yet"),
+    ("POST", "ask", "ask: rule {p}:rule[1] is a breakpoint"),
     ("GET", "allow", "policy: rule {p}:rule[2]"),
 ], ids=["an inspected tunnel's request is decided on its method", "another method falls through"])
 def test_an_inspected_https_url_is_decided_as_its_request(capsys, policy_file, method, decision, reason):

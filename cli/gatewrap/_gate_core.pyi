@@ -94,7 +94,7 @@ class Policy:
 
         Returns ``(action, reason, rule_id, inspect)``: action "allow" | "deny" | "ask";
         reason ``"policy: rule ID"``, ``"policy: default deny"``, ``"ask: rule ID is a
-        breakpoint; approvals are not built yet"``, ``"policy: rule ID matches methods or
+        breakpoint"``, ``"policy: rule ID matches methods or
         paths, which a tunnel hides; it needs `inspect = true`"`` or ``"policy: unspecified
         address"``; rule_id ``None`` when no rule applied; ``inspect`` True when the tunnel
         is to be TLS-inspected and each request in it decided by :meth:`decide_request`.

@@ -79,10 +79,6 @@ def _warnings(default: str, mode: str, rules: list[dict[str, Any]]) -> list[str]
     if mode == "report":
         warnings.append('mode = "report": the gate allows every request and only records what '
                         "enforce mode would have denied")
-    asks = [r["id"] for r in rules if r["action"] == "ask"] + (["the default"] if default == "ask" else [])
-    if asks:
-        warnings.append(f'action "ask" denies for now ({", ".join(asks)}): approvals are not built yet, '
-                        "so a breakpoint is carried out as a denial")
     for r in rules:
         if (r["methods"] or r["path"]) and not r["inspect"] and "https" in (r["schemes"] or ["https"]):
             what = "is skipped on them" if r["action"] == "allow" else "denies the whole tunnel"
@@ -211,7 +207,7 @@ def decision_lines(d: Decision) -> list[str]:
     elif d.scheme == "https":
         lines.append("  https: the tunnel is inspected; this request was decided on its method and path")
     if d.decision == "ask":
-        lines.append("  ask: a breakpoint; approvals are not built yet, so the gate denies it (403)")
+        lines.append("  ask: a breakpoint; the gate holds the request until a human answers (gatewrap approvals) or its timeout denies it")
     if d.userinfo is not None:
         pw = " and a password" if d.userinfo["password"] else ""
         lines.append(f"  userinfo (user {d.userinfo['user']!r}{pw}) is ignored for matching")

@@ -61,8 +61,8 @@ impl Admission {
             let who = d.rule.as_ref().map_or("the policy's default".to_string(), |id| format!("rule {id}"));
             return respond::forbidden(format!(
                 "gatewrap: egress to {hp} needs approval: {who} is a breakpoint (action = \"ask\").\n\
-                 Approvals are not built yet, so the gate denies it; to let it through, make the \
-                 action \"allow\".\n"
+                 This gate has no approvals store, so it denies it (`gatewrap run` opens one whenever \
+                 the policy has an ask rule; --state URL names it).\n"
             ));
         }
         let plain = d.default_applied() || d.fixed || d.rule.as_ref().is_some_and(|id| d.reason == format!("policy: rule {id}"));

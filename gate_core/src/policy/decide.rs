@@ -8,8 +8,8 @@ use super::canon::{Host, HostPattern};
 use super::path::{canonical_path, without_query, PathError};
 use super::rules::{Action, Decision, Policy, RequestFacts, Rule, Scheme, REASON_UNSPECIFIED};
 
-/// Reason prefix of an `ask` decision: approvals are not built, so the gate denies it.
-pub const ASK_NOT_BUILT: &str = "is a breakpoint; approvals are not built yet";
+/// Reason of an `ask` decision after its prefix: the gate holds the request for a human (gate/hold.rs).
+pub const ASK_REASON: &str = "is a breakpoint";
 
 impl Decision {
     fn unspecified() -> Decision {
@@ -27,7 +27,7 @@ impl Decision {
     /// `rule` decides with its action.
     fn by_rule(rule: &Rule) -> Decision {
         let reason = match rule.action {
-            Action::Ask => format!("ask: rule {} {ASK_NOT_BUILT}", rule.id),
+            Action::Ask => format!("ask: rule {} {ASK_REASON}", rule.id),
             _ => format!("policy: rule {}", rule.id),
         };
         let allows = rule.action == Action::Allow;
@@ -44,7 +44,7 @@ impl Decision {
 
     fn by_default(default: Action) -> Decision {
         let reason = match default {
-            Action::Ask => format!("ask: the default {ASK_NOT_BUILT}"),
+            Action::Ask => format!("ask: the default {ASK_REASON}"),
             a => format!("policy: default {}", a.as_str()),
         };
         Decision { action: default, reason, rule: None, fixed: false, allow_private: false, inspect: false, budget: None }

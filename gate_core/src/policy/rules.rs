@@ -14,8 +14,8 @@ pub const WEB_PORTS: [u16; 2] = [80, 443];
 pub enum Action {
     Allow,
     Deny,
-    /// A breakpoint: a human would approve or reject. Approvals are not built yet, so the
-    /// gate carries an `ask` out as a denial (audit decision `denied`, reason `ask: ...`).
+    /// A breakpoint: the gate holds the request until a human approves, edits or rejects it,
+    /// or its timeout denies it (gate/hold.rs); a gate without an approvals store denies it.
     Ask,
 }
 

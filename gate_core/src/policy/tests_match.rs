@@ -64,7 +64,7 @@ fn request(p: &Policy, scheme: Scheme, method: &str, host: &str, path: &str) -> 
 fn requests_match_on_method_path_and_scheme() {
     use Scheme::{Http, Https};
     let p = policy();
-    let ask1 = "ask: rule p.toml:rule[1] is a breakpoint; approvals are not built yet";
+    let ask1 = "ask: rule p.toml:rule[1] is a breakpoint";
     let table: &[(&str, Scheme, &str, &str, &str, Action, &str)] = &[
         ("a listed method asks", Https, "POST", "api.github.com", "/repos/x/pulls", Action::Ask, ask1),
         ("each listed method asks", Https, "DELETE", "api.github.com", "/x", Action::Ask, ask1),
@@ -160,7 +160,7 @@ action = "ask"
          "policy: rule t.toml:rule[7]"),
         ("an http-only rule does not cover a tunnel", "plain-only.test", Action::Deny, false, None, "policy: default deny"),
         ("an ask rule decides a tunnel as ask", "asked.test", Action::Ask, false, None,
-         "ask: rule t.toml:rule[9] is a breakpoint; approvals are not built yet"),
+         "ask: rule t.toml:rule[9] is a breakpoint"),
     ];
     for (case, host, action, inspect, budget, reason) in table {
         let d = p.decide_connect(&canonical_host(host).unwrap_or_else(|e| panic!("{e}")), 443);
@@ -216,7 +216,7 @@ action = "allow"
 fn ask_as_the_default_is_a_breakpoint_too() {
     let p = from_toml("default = \"ask\"\n", "p.toml").unwrap_or_else(|e| panic!("{e}"));
     let (action, reason) = request(&p, Scheme::Http, "GET", "x.test", "/");
-    assert_eq!((action, reason.as_str()), (Action::Ask, "ask: the default is a breakpoint; approvals are not built yet"));
+    assert_eq!((action, reason.as_str()), (Action::Ask, "ask: the default is a breakpoint"));
 }
 
 #[test]
