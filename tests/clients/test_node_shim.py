@@ -33,13 +33,14 @@ def test_http_get_goes_to_the_gate_in_absolute_form(gatewrap, url, first_line):
 
 
 def test_a_no_proxy_host_is_dialled_directly_and_its_eperm_names_gatewrap(gatewrap):
-    # the jail's /etc/hosts names localhost 127.0.0.1 and ::1 whatever the host's says; Node
-    # tries both (autoSelectFamily) and reports the last refusal
+    # the jail's /etc/hosts names localhost 127.0.0.1 and ::1 whatever the host's says; Node 20
+    # tries both (autoSelectFamily) and reports the last refusal, Debian 12's Node 18 one
     r = gatewrap(["/usr/bin/node", "-e", HTTP_GET, "http://localhost:8000/"], allow=["allowed.test"])
     assert re.match(r"error: EPERM: connect EPERM: egress to (127\.0\.0\.1|\[::1\]):8000 was blocked by gatewrap",
                     r.stdout), r.stdout + r.stderr
     assert r.records(event="request") == []
-    assert {rec["dst_ip"] for rec in r.records(event="direct_egress", dst_port=8000)} == {"127.0.0.1", "::1"}
+    tried = {rec["dst_ip"] for rec in r.records(event="direct_egress", dst_port=8000)}
+    assert tried and tried <= {"127.0.0.1", "::1"}, tried
 
 
 def test_the_users_node_options_are_kept(gatewrap):
