@@ -105,6 +105,18 @@ def test_a_decision_on_an_ended_run_is_refused_and_history_stays_listed(run, sto
     assert "token" not in listed[0] and "body" not in listed[0]
 
 
+def test_a_decision_after_gatewrap_was_killed_is_refused_and_nothing_is_sent(run, store_url, net):
+    a = run.pending()
+    run.proc.kill()  # SIGKILL: gatewrap cannot end its run in the store
+    run.proc.communicate(timeout=30)
+    assert run.store.get(a["id"])["status"] == "pending"
+    r = cli("approve", a["id"], "--state", store_url, "--json")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert json.loads(r.stdout)["why"] == "run ended"
+    assert run.store.get(a["id"])["status"] == "cancelled"
+    assert net.access_entries(method="POST", path="/echo") == []
+
+
 def test_unknown_ids_exit_1_and_an_unopenable_store_exits_125(store_url, tmp_path):
     r = cli("show", "ap-aaaaaaaaaaaaaaaaaaaa", "--state", store_url)
     assert r.returncode == 1 and "no approval ap-aaaaaaaaaaaaaaaaaaaa" in r.stderr

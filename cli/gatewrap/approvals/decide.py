@@ -67,6 +67,29 @@ def authority(url: str) -> str:
     return urllib.parse.urlsplit(url).netloc.lower()
 
 
+def fence_dead_run(store: Any, approval: dict[str, Any]) -> None:
+    """End the approval's run in the store if its gatewrap died without ending it (SIGKILL,
+    a crash, a power cut): a run of this host (``runs.host`` = /proc/sys/kernel/hostname)
+    that the store calls active but whose run lock no process holds
+    (:func:`gatewrap.sandbox.registry.alive`). A decision on it is then refused as
+    ``run ended`` instead of being recorded as a yes that no gate will ever send. Runs of
+    other hosts (a shared PostgreSQL store) are theirs to fence. Store errors propagate
+    (OSError, ValueError)."""
+    from ..sandbox import registry
+
+    run_id = approval.get("run_id")
+    if not run_id or approval.get("status") != "pending":
+        return
+    try:
+        with open("/proc/sys/kernel/hostname", encoding="ascii") as f:
+            here = f.read().strip()
+    except OSError:
+        return
+    for r in store.runs(active=True):
+        if r["run_id"] == run_id and r["host"] == here and not registry.alive(run_id):
+            store.end_run(run_id)
+
+
 def current(store: Any, approval_id: str) -> dict[str, Any]:
     """The approval, or :class:`Refused` ``not found`` naming how to list them."""
     a = store.get(approval_id)
@@ -89,6 +112,7 @@ def decide(store: Any, approval_id: str, verdict: str, *, by: str, version: int 
     from .. import _gate_core as core
 
     a = current(store, approval_id)
+    fence_dead_run(store, a)
     seen_version = a["version"] if version is None else version
     seen_digest = a["digest"] if digest is None else digest
     g = None
@@ -117,6 +141,7 @@ def edit(store: Any, approval_id: str, *, by: str, version: int, digest: str,
     """
     from .. import _gate_core as core
 
+    fence_dead_run(store, current(store, approval_id))
     try:
         return store.edit(approval_id, version=version, digest=digest, by=by, headers=headers, body=body)
     except core.StaleDecision as e:
