@@ -104,9 +104,9 @@ fn dedup_by_digest_and_idempotency_key() {
         let mut k1 = req(&r, b"three");
         k1.idem_key = Some("key-1".into());
         let (d, _) = s.ask(&k1).unwrap();
-        let mut k2 = req(&r, b"three, retried with another body");
-        k2.idem_key = Some("key-1".into());
-        let (e, new) = s.ask(&k2).unwrap();
+        let mut k1b = req(&r, b"three");
+        k1b.idem_key = Some("key-1".into());
+        let (e, new) = s.ask(&k1b).unwrap();
         assert!(!new);
         assert_eq!(e.id, d.id);
         // Another run never joins.
@@ -114,6 +114,41 @@ fn dedup_by_digest_and_idempotency_key() {
         let (f, new) = s.ask(&req(&other, b"one")).unwrap();
         assert!(new && f.id != a.id);
         assert_eq!(s.leave(&a.id).unwrap(), 1);
+    });
+}
+
+/// An approval answers only the request it shows: the same Idempotency-Key on another body,
+/// or the same body with other headers, is another request (else the agent could have a
+/// human approve one body and send another under the approval).
+#[test]
+fn another_request_never_joins_or_reuses_an_approval() {
+    on_each(|s| {
+        let r = run(s);
+        let mut shown = req(&r, b"to=me");
+        shown.idem_key = Some("k".into());
+        let (a, _) = s.ask(&shown).unwrap();
+        let mut swapped = req(&r, b"to=all-customers");
+        swapped.idem_key = Some("k".into());
+        let (b, new) = s.ask(&swapped).unwrap();
+        assert!(new && b.id != a.id, "a different body under the same key is a new approval");
+        let mut reheaded = req(&r, b"to=me");
+        reheaded.idem_key = Some("k".into());
+        reheaded.headers.push(("X-HTTP-Method-Override".into(), "DELETE".into()));
+        let (c, new) = s.ask(&reheaded).unwrap();
+        assert!(new && c.id != a.id, "other headers are a new approval");
+        assert_eq!(s.get(&a.id).unwrap().unwrap().waiters, 1);
+        // hold = "return": a retry finds only the approval of the same request.
+        s.decide(&a.id, a.version, &a.digest, Verdict::Approve, "t", None, None).unwrap();
+        assert_ne!(s.latest(&swapped).unwrap().map(|x| x.id), Some(a.id.clone()));
+        assert_eq!(s.latest(&shown).unwrap().map(|x| x.id), Some(a.id.clone()));
+        // After an edit the agent's original request still finds it (by its key).
+        let mut o = req(&r, b"orig");
+        o.idem_key = Some("k2".into());
+        let (x, _) = s.ask(&o).unwrap();
+        let e = s.edit(&x.id, x.version, &x.digest, "t", &x.headers, b"edited").unwrap();
+        let (y, new) = s.ask(&o).unwrap();
+        assert!(!new && y.id == e.id);
+        assert_eq!(s.latest(&o).unwrap().map(|x| x.id), Some(e.id.clone()));
     });
 }
 
