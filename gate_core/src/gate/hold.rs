@@ -266,9 +266,7 @@ where
     let asked = ap
         .call(move |s| {
             if mode == Hold::Return {
-                let bd = digest::sha256_hex(&new.body);
-                let dg = digest::request_digest(&new.method, &new.url, &bd);
-                if let Some(a) = s.latest(&new.run_id, &dg, new.idem_key.as_deref())? {
+                if let Some(a) = s.latest(&new)? {
                     if a.status != status::CANCELLED {
                         return Ok((a, false));
                     }
