@@ -351,7 +351,12 @@ fn redaction_list() {
         assert!(redact::is_credential(n), "{n}");
         assert!(!redact::is_editable(n), "{n}");
     }
-    for n in ["Content-Type", "Accept", "User-Agent", "X-Request-Id"] {
+    // Credential headers of common APIs that carry none of the first words: Azure Functions,
+    // Datadog, CoinMarketCap, Parse, JSONBin, and the generic ones.
+    for n in ["X-Functions-Key", "DD-Application-Key", "X-CMC_PRO_API_KEY", "X-Parse-Master-Key", "X-Access-Key", "X-Credential", "X-JWT-Assertion", "X-Passwd"] {
+        assert!(redact::is_credential(n), "{n}");
+    }
+    for n in ["Content-Type", "Accept", "User-Agent", "X-Request-Id", "Idempotency-Key", "Sec-WebSocket-Key"] {
         assert!(!redact::is_credential(n), "{n}");
         assert!(redact::is_editable(n), "{n}");
     }
