@@ -264,17 +264,19 @@ fn grants_match_scope_and_expire() {
         let d = s.decide(&a.id, 1, &a.digest, Verdict::Approve, "ann", None, Some(&g)).unwrap();
         let gid = d.grant_id.clone().unwrap();
         assert!(gid.starts_with("gr-"));
-        assert_eq!(s.use_grant(&r, "POST", "mail.test", "/v3/send").unwrap().map(|g| g.id), Some(gid.clone()));
-        assert!(s.use_grant(&r, "GET", "mail.test", "/v3/send").unwrap().is_none());
-        assert!(s.use_grant(&r, "POST", "mail.test", "/v30").unwrap().is_none());
-        assert!(s.use_grant(&r, "POST", "other.test", "/v3/send").unwrap().is_none());
+        assert_eq!(s.use_grant(&r, "http", "POST", "mail.test", "/v3/send").unwrap().map(|g| g.id), Some(gid.clone()));
+        assert!(s.use_grant(&r, "http", "GET", "mail.test", "/v3/send").unwrap().is_none());
+        assert!(s.use_grant(&r, "http", "POST", "mail.test", "/v30").unwrap().is_none());
+        assert!(s.use_grant(&r, "http", "POST", "other.test", "/v3/send").unwrap().is_none());
+        // Asked over http: https to the same authority (443, not 80) is another service.
+        assert!(s.use_grant(&r, "https", "POST", "mail.test", "/v3/send").unwrap().is_none(), "a grant keeps its scheme");
         let other = run(s);
-        assert!(s.use_grant(&other, "POST", "mail.test", "/v3/send").unwrap().is_none(), "a grant never leaks to another run");
+        assert!(s.use_grant(&other, "http", "POST", "mail.test", "/v3/send").unwrap().is_none(), "a grant never leaks to another run");
         assert_eq!(s.counts(&r).unwrap().by_grant, 1);
         assert_eq!(s.grants(Some(&r), true).unwrap().len(), 1);
         let rv = s.revoke_grant(&gid, "bob").unwrap();
         assert_eq!(rv.revoked_by.as_deref(), Some("bob"));
-        assert!(s.use_grant(&r, "POST", "mail.test", "/v3/send").unwrap().is_none());
+        assert!(s.use_grant(&r, "http", "POST", "mail.test", "/v3/send").unwrap().is_none());
         assert!(s.grants(Some(&r), true).unwrap().is_empty());
         assert_eq!(s.grants(Some(&r), false).unwrap().len(), 1);
         // Expired.
@@ -282,7 +284,7 @@ fn grants_match_scope_and_expire() {
         let short = GrantSpec { seconds: 0.001, ..g.clone() };
         s.decide(&b.id, 1, &b.digest, Verdict::Approve, "ann", None, Some(&short)).unwrap();
         std::thread::sleep(std::time::Duration::from_millis(20));
-        assert!(s.use_grant(&r, "POST", "mail.test", "/v3/send").unwrap().is_none());
+        assert!(s.use_grant(&r, "http", "POST", "mail.test", "/v3/send").unwrap().is_none());
         // A rule with grants = false.
         let mut q = req(&r, b"z");
         q.grants_allowed = false;
@@ -310,7 +312,7 @@ fn end_run_fences() {
         assert_eq!(s.get(&a.id).unwrap().unwrap().status, "cancelled");
         assert_eq!(s.get(&b.id).unwrap().unwrap().status, "cancelled");
         assert_eq!(stale_why(s.decide(&a.id, 2, &a.digest, Verdict::Approve, "ann", None, None)), "run ended");
-        assert!(s.use_grant(&r, "POST", "mail.test", "/v3/send").unwrap().is_none(), "a grant ends with its run");
+        assert!(s.use_grant(&r, "http", "POST", "mail.test", "/v3/send").unwrap().is_none(), "a grant ends with its run");
         assert!(s.run(&r).unwrap().unwrap().ended.is_some());
         assert!(s.runs(Some(false)).unwrap().iter().any(|x| x.run_id == r));
         assert!(!s.runs(Some(true)).unwrap().iter().any(|x| x.run_id == r));
