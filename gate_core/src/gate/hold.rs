@@ -235,7 +235,7 @@ where
         if let Ok(path) = canonical_path(without_query(pq)) {
             let host = digest::authority(scheme, &adm.host, adm.port);
             let (r, m) = (run.clone(), method.clone());
-            match ap.call(move |s| s.use_grant(&r, &m, &host, &path)).await {
+            match ap.call(move |s| s.use_grant(&r, scheme.as_str(), &m, &host, &path)).await {
                 Ok(Some(g)) => {
                     rec.decision = f::ALLOWED;
                     rec.reason = Some(format!("grant: {}", g.id));

@@ -689,11 +689,20 @@ impl Store {
         Ok(self.query(&sql, &params)?.iter().map(|r| grant_from(r)).collect())
     }
 
-    /// The first active grant of `run_id` that covers the request ([`Grant::covers`]), its
-    /// use counted. `path` is canonical, without query.
-    pub fn use_grant(&mut self, run_id: &str, method: &str, host: &str, path: &str) -> Result<Option<Grant>> {
+    /// The first active grant of `run_id` that covers the request ([`Grant::covers`]) and
+    /// was made on a request of the same `scheme` (`http` | `https`: the authority `host`
+    /// leaves out the scheme's default port, so `http://h` and `https://h` share it), its use
+    /// counted. `path` is canonical, without query.
+    pub fn use_grant(&mut self, run_id: &str, scheme: &str, method: &str, host: &str, path: &str) -> Result<Option<Grant>> {
         let t = now();
-        let found = self.grants(Some(run_id), true)?.into_iter().find(|g| g.covers(method, host, path, t));
+        let origin = format!("{scheme}://");
+        let mut found = None;
+        for g in self.grants(Some(run_id), true)?.into_iter().filter(|g| g.covers(method, host, path, t)) {
+            if self.get(&g.approval_id)?.is_some_and(|a| a.url.starts_with(&origin)) {
+                found = Some(g);
+                break;
+            }
+        }
         if let Some(g) = &found {
             self.exec("UPDATE grants SET uses = uses + 1 WHERE id = ?1", &[(&g.id).into()])?;
         }
