@@ -160,9 +160,12 @@ fn store_failed(ctx: &Ctx, rec: GateRecord, e: &StoreError) -> Held {
 }
 
 /// The headers to send: the agent's own for everything an edit may not touch (credentials
-/// above all), the approval's current list for the rest.
+/// above all), the approval's current list for the rest: what the human saw, also when this
+/// request (a retry sharing the approval) came with other headers.
 fn send_headers(original: &HeaderMap, a: &Approval) -> HeaderMap {
-    if !a.edited {
+    let mine: Vec<(String, String)> =
+        original.iter().map(|(n, v)| (n.as_str().to_string(), String::from_utf8_lossy(v.as_bytes()).into_owned())).collect();
+    if !a.edited && redact::redact(&mine) == a.headers {
         return original.clone();
     }
     let mut out = HeaderMap::new();

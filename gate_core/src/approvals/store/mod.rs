@@ -213,16 +213,17 @@ fn run_from(r: &[Val]) -> Run {
     }
 }
 
-/// Whether approval `a` is the request of digest `dg` with (redacted) `headers`, as the
-/// agent first sent it (before any edit): an approval answers only the request the human was
-/// shown, so a retry under the same Idempotency-Key with another body or other headers is
-/// another request, never sent under this approval's decision.
-fn is_request(a: &Approval, dg: &str, headers: &[(String, String)]) -> bool {
+/// Whether approval `a` answers a request of digest `dg` (method, URL, whole body) as the
+/// agent first sent it, before any edit: an approval answers only the request the human was
+/// shown, so a retry under the same Idempotency-Key with another body is another request,
+/// never sent under this approval's decision. (Other headers may differ, as a client's
+/// retry counter does: the gate then sends the headers the human saw, `hold.rs`.)
+fn is_request(a: &Approval, dg: &str) -> bool {
     let first = match (&a.orig_body, a.edited) {
         (Some(body), true) => digest::request_digest(&a.method, &a.url, &digest::sha256_hex(body)),
         _ => a.digest.clone(),
     };
-    first == dg && a.orig_headers.as_deref().unwrap_or(&a.headers) == headers
+    first == dg
 }
 
 /// `url` with any password replaced by `***` (for messages and [`Store::url`]).
@@ -382,7 +383,6 @@ impl Store {
     pub fn ask(&mut self, req: &NewApproval) -> Result<(Approval, bool)> {
         let body_digest = digest::sha256_hex(&req.body);
         let dg = digest::request_digest(&req.method, &req.url, &body_digest);
-        let shown = redact(&req.headers);
         let t = now();
         let joined = self.tx(|s| {
             let sql = format!(
@@ -390,7 +390,7 @@ impl Store {
                  AND (digest = ?3 OR (idem_key IS NOT NULL AND idem_key = ?4)) ORDER BY created"
             );
             let found = s.query(&sql, &[(&req.run_id).into(), t.into(), (&dg).into(), req.idem_key.clone().into()])?;
-            let Some(a) = found.iter().map(|r| approval_from(r)).find(|a| is_request(a, &dg, &shown)) else { return Ok(None) };
+            let Some(a) = found.iter().map(|r| approval_from(r)).find(|a| is_request(a, &dg)) else { return Ok(None) };
             s.exec("UPDATE approvals SET waiters = waiters + 1 WHERE id = ?1", &[(&a.id).into()])?;
             Ok(Some(Approval { waiters: a.waiters + 1, ..a }))
         })?;
@@ -406,7 +406,7 @@ impl Store {
             rule: req.rule.clone(),
             method: req.method.clone(),
             url: req.url.clone(),
-            headers: shown,
+            headers: redact(&req.headers),
             body: req.body[..keep].to_vec(),
             body_len: req.body.len() as i64,
             body_digest,
@@ -457,18 +457,17 @@ impl Store {
         Ok((a, true))
     }
 
-    /// The newest approval of the run of `req` that is the same request ([`is_request`]:
+    /// The newest approval of the run of `req` that answers it ([`is_request`]:
     /// found by its current digest or the same Idempotency-Key), whatever its status: what a
     /// `hold = "return"` retry is answered by.
     pub fn latest(&mut self, req: &NewApproval) -> Result<Option<Approval>> {
         let dg = digest::request_digest(&req.method, &req.url, &digest::sha256_hex(&req.body));
-        let shown = redact(&req.headers);
         let sql = format!(
             "SELECT {APPROVAL_COLS} FROM approvals WHERE run_id = ?1 AND (digest = ?2 OR (idem_key IS NOT NULL AND idem_key = ?3)) \
              ORDER BY created DESC"
         );
         let rows = self.query(&sql, &[(&req.run_id).into(), (&dg).into(), req.idem_key.clone().into()])?;
-        Ok(rows.iter().map(|r| approval_from(r)).find(|a| is_request(a, &dg, &shown)))
+        Ok(rows.iter().map(|r| approval_from(r)).find(|a| is_request(a, &dg)))
     }
 
     /// Why a guarded move of `id` (made on `version`/`digest`) changed nothing.
