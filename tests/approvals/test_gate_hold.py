@@ -223,3 +223,42 @@ def test_the_wait_endpoint_knows_only_this_runs_approvals(net, tmp_path):
     s = Session(net, tmp_path, script)
     r = s.finish()
     assert r.stdout.strip().endswith("404")
+
+
+def test_an_approval_is_never_sent_with_another_body_under_its_idempotency_key(net, tmp_path):
+    """The human approves the body they saw; a retry under the same Idempotency-Key with
+    another body is another request (a new approval), never sent under the first one."""
+    key = ("-H", "Idempotency-Key: k-swap")
+    wait = "curl -sS --noproxy '*' --max-time 70 http://127.0.0.1:3128/.well-known/gatewrap/approvals/$id?wait=60"
+    script = "; ".join([
+        f"{post('/echo?t=swap', 'to=pricing-team', '-D', '/tmp/h', *key)} > /tmp/first",
+        "id=$(sed -n 's/^gatewrap-approval: *//Ip' /tmp/h | tr -d '\\r')",
+        f"{wait}; echo",
+        post("/echo?t=swap", "to=all-customers", *key),
+    ])
+    s = Session(net, tmp_path, script, hold="return")
+    (a,) = s.pending()
+    assert a["body"] == b"to=pricing-team"
+    s.decide(a, "approve")
+    r = s.finish()
+    assert s.upstream("/echo?t=swap") == [], "nothing the human did not see is sent"
+    assert "all-customers" not in r.stdout and r.stdout.strip().endswith("409")
+    swapped = [x for x in s.store.list() if x["id"] != a["id"]]
+    assert [x["body"] for x in swapped] == [b"to=all-customers"], "the other body waits for its own approval"
+
+
+def test_a_retry_with_other_headers_is_sent_with_the_headers_the_human_saw(net, tmp_path):
+    key = ("-H", "Idempotency-Key: k-hdr")
+    wait = "curl -sS --noproxy '*' --max-time 70 http://127.0.0.1:3128/.well-known/gatewrap/approvals/$id?wait=60"
+    script = "; ".join([
+        f"{post('/echo?t=hdr', 'same', '-D', '/tmp/h', *key)} > /tmp/first",
+        "id=$(sed -n 's/^gatewrap-approval: *//Ip' /tmp/h | tr -d '\\r')",
+        f"{wait}; echo",
+        post("/echo?t=hdr", "same", *key, "-H", "X-HTTP-Method-Override: DELETE"),
+    ])
+    s = Session(net, tmp_path, script, hold="return")
+    (a,) = s.pending()
+    s.decide(a, "approve")
+    r = s.finish()
+    assert len(s.upstream("/echo?t=hdr")) == 1 and r.stdout.strip().endswith("200")
+    assert "method-override" not in r.stdout.lower(), "a header the human never saw is not sent"

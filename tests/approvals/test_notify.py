@@ -74,6 +74,24 @@ def test_hostile_values_cannot_mention_link_or_close_the_code_block():
     assert excerpt.count("```") == 2 and "&lt;https://evil.test|click&gt; &amp;amp;" in excerpt
 
 
+def test_escaping_never_takes_a_block_past_slacks_limits():
+    """Block Kit refuses a section text over 3000 characters (a field's over 2000): the agent
+    must not be able to keep the human from being told by a URL or body of ``&``s."""
+    a = approval(url="https://mail.test/?" + "a&" * 1500, body=b"&" * 5000, body_len=5000)
+    body = notify.slack_body(a, "http://127.0.0.1:8377")
+    section, excerpt = body["blocks"][1], body["blocks"][2]
+    assert len(section["text"]["text"]) <= 3000 and len(excerpt["text"]["text"]) <= 3000
+    assert all(len(f["text"]) <= 2000 for f in section["fields"])
+    assert "&amp;" in section["text"]["text"] and not section["text"]["text"].rstrip("*…").endswith(("&", "&a", "&am"))
+
+
+def test_credentials_in_the_query_do_not_leave_the_host():
+    a = approval(url="https://api.test/v1/send?key=AIzaSECRET1&to=x&access_token=SECRET2&X-Amz-Signature=SECRET3")
+    text = json.dumps(notify.slack_body(a, "http://127.0.0.1:8377"))
+    assert "SECRET" not in text
+    assert "to=x" in text and "key=[redacted]" in text
+
+
 def test_a_long_body_is_cut_and_says_how_long_it_was():
     a = approval(body=b"x" * 5000, body_len=200_000, body_truncated=True)
     excerpt = notify.slack_body(a, "http://127.0.0.1:8377")["blocks"][2]["text"]["text"]

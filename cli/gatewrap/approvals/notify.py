@@ -60,11 +60,39 @@ def review_link(review_url: str, a: dict[str, Any]) -> str:
 
 def _mrkdwn(s: str, limit: int) -> str:
     """``s`` escaped for Slack's mrkdwn (``&amp;``, ``&lt;``, ``&gt;``: the three it
-    reserves), controls escaped, cut to ``limit`` characters."""
-    s = printable(s)
+    reserves), controls escaped, then cut to ``limit`` characters (never inside an entity):
+    cut after escaping, so a value of ``&``s cannot take a block past Block Kit's limits."""
+    s = printable(s).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
     if len(s) > limit:
-        s = s[: limit - 1] + "…"
-    return s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+        s = s[: limit - 1]
+        amp = s.rfind("&", len(s) - 4)
+        if amp >= 0 and ";" not in s[amp:]:
+            s = s[:amp]
+        s += "…"
+    return s
+
+
+#: Query parameters whose value is a credential (API keys, OAuth tokens and codes, presigned
+#: URL signatures): a name containing one of these words, or one of the short names.
+_QUERY_SECRET_WORDS = ("key", "token", "secret", "passw", "auth", "session", "signature", "credential", "jwt")
+_QUERY_SECRET_NAMES = ("sig", "code", "pwd", "pass")
+
+
+def shown_url(url: str) -> str:
+    """``url`` as the webhook shows it (it leaves the host): the values of query parameters
+    that carry credentials replaced with ``[redacted]``, a userinfo password dropped; the
+    rest as it is (the human must see what is sent)."""
+    u = urllib.parse.urlsplit(url)
+    netloc = u.netloc
+    if u.password is not None:
+        netloc = netloc.replace(":" + u.password + "@", ":[redacted]@", 1)
+    parts = []
+    for part in u.query.split("&") if u.query else []:
+        name, eq, _ = part.partition("=")
+        low = urllib.parse.unquote_plus(name).lower()
+        secret = low in _QUERY_SECRET_NAMES or any(w in low for w in _QUERY_SECRET_WORDS)
+        parts.append(f"{name}=[redacted]" if eq and secret else part)
+    return urllib.parse.urlunsplit((u.scheme, netloc, u.path, "&".join(parts), u.fragment))
 
 
 def _excerpt(a: dict[str, Any]) -> str:
@@ -94,9 +122,10 @@ def check_webhook_url(url: str) -> str:
 def slack_body(a: dict[str, Any], review_url: str) -> dict[str, Any]:
     """The webhook's JSON body for approval ``a`` (Slack incoming-webhook format)."""
     link = review_link(review_url, a)
-    request = _mrkdwn(f"{a['method']} {a['url']}", 2000)
+    url = shown_url(a["url"])
+    request = _mrkdwn(f"{a['method']} {url}", 2000)
     return {
-        "text": _mrkdwn(f"gatewrap: run {a['run_id']} asks to send {a['method']} {a['url']} (rule {a['rule']}); "
+        "text": _mrkdwn(f"gatewrap: run {a['run_id']} asks to send {a['method']} {url} (rule {a['rule']}); "
                         f"approval {a['id']} waits until {when(a['deadline'])}", 2900),
         "blocks": [
             {"type": "header", "text": {"type": "plain_text", "text": "gatewrap: an agent asks for approval"}},

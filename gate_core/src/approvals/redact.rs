@@ -4,7 +4,8 @@
 //! No standard list of credential headers exists (RFC 9110 §11 names Authorization and
 //! Proxy-Authorization, RFC 6265 Cookie and Set-Cookie); the names below are those plus the
 //! API-key and token headers HTTP client loggers commonly redact (`x-api-key`, `api-key`,
-//! `x-auth-token`, ...), and any name containing a credential word: redacting too much only
+//! `x-auth-token`, ...), and any name containing a credential word (`key` included:
+//! `x-functions-key`, `dd-application-key`, `x-cmc_pro_api_key`): redacting too much only
 //! hides a value from the reviewer, too little would store a secret.
 
 /// What a redacted value is replaced with.
@@ -23,7 +24,12 @@ const CREDENTIAL_NAMES: [&str; 10] = [
     "ocp-apim-subscription-key",
 ];
 
-const CREDENTIAL_WORDS: [&str; 8] = ["auth", "token", "secret", "password", "apikey", "api-key", "session", "cookie"];
+const CREDENTIAL_WORDS: [&str; 10] =
+    ["auth", "token", "secret", "passw", "key", "session", "cookie", "credential", "jwt", "bearer"];
+
+/// Names holding a credential word that carry none: the request's own key (shown, fixed)
+/// and the WebSocket handshake nonce (RFC 6455 §4.1).
+const NOT_CREDENTIALS: [&str; 2] = ["idempotency-key", "sec-websocket-key"];
 
 /// Headers a human may not change in an edit, besides credentials: they describe the hop or
 /// the framing (RFC 9110 §7.6.1, RFC 9112 §6), or the destination (`host`, which is the
@@ -46,7 +52,7 @@ const FIXED_NAMES: [&str; 12] = [
 /// Whether header `name` (any case) carries a credential.
 pub fn is_credential(name: &str) -> bool {
     let n = name.to_ascii_lowercase();
-    CREDENTIAL_NAMES.contains(&n.as_str()) || CREDENTIAL_WORDS.iter().any(|w| n.contains(w))
+    CREDENTIAL_NAMES.contains(&n.as_str()) || (!NOT_CREDENTIALS.contains(&n.as_str()) && CREDENTIAL_WORDS.iter().any(|w| n.contains(w)))
 }
 
 /// Whether header `name` may be changed, added or removed in an edit.

@@ -104,9 +104,9 @@ fn dedup_by_digest_and_idempotency_key() {
         let mut k1 = req(&r, b"three");
         k1.idem_key = Some("key-1".into());
         let (d, _) = s.ask(&k1).unwrap();
-        let mut k2 = req(&r, b"three, retried with another body");
-        k2.idem_key = Some("key-1".into());
-        let (e, new) = s.ask(&k2).unwrap();
+        let mut k1b = req(&r, b"three");
+        k1b.idem_key = Some("key-1".into());
+        let (e, new) = s.ask(&k1b).unwrap();
         assert!(!new);
         assert_eq!(e.id, d.id);
         // Another run never joins.
@@ -114,6 +114,41 @@ fn dedup_by_digest_and_idempotency_key() {
         let (f, new) = s.ask(&req(&other, b"one")).unwrap();
         assert!(new && f.id != a.id);
         assert_eq!(s.leave(&a.id).unwrap(), 1);
+    });
+}
+
+/// An approval answers only the request it shows: the same Idempotency-Key on another body
+/// is another request (else the agent could have a human approve one body and send another
+/// under the approval).
+#[test]
+fn another_request_never_joins_or_reuses_an_approval() {
+    on_each(|s| {
+        let r = run(s);
+        let mut shown = req(&r, b"to=me");
+        shown.idem_key = Some("k".into());
+        let (a, _) = s.ask(&shown).unwrap();
+        let mut swapped = req(&r, b"to=all-customers");
+        swapped.idem_key = Some("k".into());
+        let (b, new) = s.ask(&swapped).unwrap();
+        assert!(new && b.id != a.id, "a different body under the same key is a new approval");
+        let mut reheaded = req(&r, b"to=me");
+        reheaded.idem_key = Some("k".into());
+        reheaded.headers.push(("X-HTTP-Method-Override".into(), "DELETE".into()));
+        let (c, new) = s.ask(&reheaded).unwrap();
+        assert!(!new && c.id == a.id, "other headers share it (the gate sends the headers shown)");
+        assert_eq!(s.get(&a.id).unwrap().unwrap().waiters, 2);
+        // hold = "return": a retry finds only the approval of the same request.
+        s.decide(&a.id, a.version, &a.digest, Verdict::Approve, "t", None, None).unwrap();
+        assert_ne!(s.latest(&swapped).unwrap().map(|x| x.id), Some(a.id.clone()));
+        assert_eq!(s.latest(&shown).unwrap().map(|x| x.id), Some(a.id.clone()));
+        // After an edit the agent's original request still finds it (by its key).
+        let mut o = req(&r, b"orig");
+        o.idem_key = Some("k2".into());
+        let (x, _) = s.ask(&o).unwrap();
+        let e = s.edit(&x.id, x.version, &x.digest, "t", &x.headers, b"edited").unwrap();
+        let (y, new) = s.ask(&o).unwrap();
+        assert!(!new && y.id == e.id);
+        assert_eq!(s.latest(&o).unwrap().map(|x| x.id), Some(e.id.clone()));
     });
 }
 
@@ -229,17 +264,19 @@ fn grants_match_scope_and_expire() {
         let d = s.decide(&a.id, 1, &a.digest, Verdict::Approve, "ann", None, Some(&g)).unwrap();
         let gid = d.grant_id.clone().unwrap();
         assert!(gid.starts_with("gr-"));
-        assert_eq!(s.use_grant(&r, "POST", "mail.test", "/v3/send").unwrap().map(|g| g.id), Some(gid.clone()));
-        assert!(s.use_grant(&r, "GET", "mail.test", "/v3/send").unwrap().is_none());
-        assert!(s.use_grant(&r, "POST", "mail.test", "/v30").unwrap().is_none());
-        assert!(s.use_grant(&r, "POST", "other.test", "/v3/send").unwrap().is_none());
+        assert_eq!(s.use_grant(&r, "http", "POST", "mail.test", "/v3/send").unwrap().map(|g| g.id), Some(gid.clone()));
+        assert!(s.use_grant(&r, "http", "GET", "mail.test", "/v3/send").unwrap().is_none());
+        assert!(s.use_grant(&r, "http", "POST", "mail.test", "/v30").unwrap().is_none());
+        assert!(s.use_grant(&r, "http", "POST", "other.test", "/v3/send").unwrap().is_none());
+        // Asked over http: https to the same authority (443, not 80) is another service.
+        assert!(s.use_grant(&r, "https", "POST", "mail.test", "/v3/send").unwrap().is_none(), "a grant keeps its scheme");
         let other = run(s);
-        assert!(s.use_grant(&other, "POST", "mail.test", "/v3/send").unwrap().is_none(), "a grant never leaks to another run");
+        assert!(s.use_grant(&other, "http", "POST", "mail.test", "/v3/send").unwrap().is_none(), "a grant never leaks to another run");
         assert_eq!(s.counts(&r).unwrap().by_grant, 1);
         assert_eq!(s.grants(Some(&r), true).unwrap().len(), 1);
         let rv = s.revoke_grant(&gid, "bob").unwrap();
         assert_eq!(rv.revoked_by.as_deref(), Some("bob"));
-        assert!(s.use_grant(&r, "POST", "mail.test", "/v3/send").unwrap().is_none());
+        assert!(s.use_grant(&r, "http", "POST", "mail.test", "/v3/send").unwrap().is_none());
         assert!(s.grants(Some(&r), true).unwrap().is_empty());
         assert_eq!(s.grants(Some(&r), false).unwrap().len(), 1);
         // Expired.
@@ -247,7 +284,7 @@ fn grants_match_scope_and_expire() {
         let short = GrantSpec { seconds: 0.001, ..g.clone() };
         s.decide(&b.id, 1, &b.digest, Verdict::Approve, "ann", None, Some(&short)).unwrap();
         std::thread::sleep(std::time::Duration::from_millis(20));
-        assert!(s.use_grant(&r, "POST", "mail.test", "/v3/send").unwrap().is_none());
+        assert!(s.use_grant(&r, "http", "POST", "mail.test", "/v3/send").unwrap().is_none());
         // A rule with grants = false.
         let mut q = req(&r, b"z");
         q.grants_allowed = false;
@@ -275,7 +312,7 @@ fn end_run_fences() {
         assert_eq!(s.get(&a.id).unwrap().unwrap().status, "cancelled");
         assert_eq!(s.get(&b.id).unwrap().unwrap().status, "cancelled");
         assert_eq!(stale_why(s.decide(&a.id, 2, &a.digest, Verdict::Approve, "ann", None, None)), "run ended");
-        assert!(s.use_grant(&r, "POST", "mail.test", "/v3/send").unwrap().is_none(), "a grant ends with its run");
+        assert!(s.use_grant(&r, "http", "POST", "mail.test", "/v3/send").unwrap().is_none(), "a grant ends with its run");
         assert!(s.run(&r).unwrap().unwrap().ended.is_some());
         assert!(s.runs(Some(false)).unwrap().iter().any(|x| x.run_id == r));
         assert!(!s.runs(Some(true)).unwrap().iter().any(|x| x.run_id == r));
@@ -316,7 +353,12 @@ fn redaction_list() {
         assert!(redact::is_credential(n), "{n}");
         assert!(!redact::is_editable(n), "{n}");
     }
-    for n in ["Content-Type", "Accept", "User-Agent", "X-Request-Id"] {
+    // Credential headers of common APIs that carry none of the first words: Azure Functions,
+    // Datadog, CoinMarketCap, Parse, JSONBin, and the generic ones.
+    for n in ["X-Functions-Key", "DD-Application-Key", "X-CMC_PRO_API_KEY", "X-Parse-Master-Key", "X-Access-Key", "X-Credential", "X-JWT-Assertion", "X-Passwd"] {
+        assert!(redact::is_credential(n), "{n}");
+    }
+    for n in ["Content-Type", "Accept", "User-Agent", "X-Request-Id", "Idempotency-Key", "Sec-WebSocket-Key"] {
         assert!(!redact::is_credential(n), "{n}");
         assert!(redact::is_editable(n), "{n}");
     }

@@ -160,9 +160,12 @@ fn store_failed(ctx: &Ctx, rec: GateRecord, e: &StoreError) -> Held {
 }
 
 /// The headers to send: the agent's own for everything an edit may not touch (credentials
-/// above all), the approval's current list for the rest.
+/// above all), the approval's current list for the rest: what the human saw, also when this
+/// request (a retry sharing the approval) came with other headers.
 fn send_headers(original: &HeaderMap, a: &Approval) -> HeaderMap {
-    if !a.edited {
+    let mine: Vec<(String, String)> =
+        original.iter().map(|(n, v)| (n.as_str().to_string(), String::from_utf8_lossy(v.as_bytes()).into_owned())).collect();
+    if !a.edited && redact::redact(&mine) == a.headers {
         return original.clone();
     }
     let mut out = HeaderMap::new();
@@ -235,7 +238,7 @@ where
         if let Ok(path) = canonical_path(without_query(pq)) {
             let host = digest::authority(scheme, &adm.host, adm.port);
             let (r, m) = (run.clone(), method.clone());
-            match ap.call(move |s| s.use_grant(&r, &m, &host, &path)).await {
+            match ap.call(move |s| s.use_grant(&r, scheme.as_str(), &m, &host, &path)).await {
                 Ok(Some(g)) => {
                     rec.decision = f::ALLOWED;
                     rec.reason = Some(format!("grant: {}", g.id));
@@ -266,9 +269,7 @@ where
     let asked = ap
         .call(move |s| {
             if mode == Hold::Return {
-                let bd = digest::sha256_hex(&new.body);
-                let dg = digest::request_digest(&new.method, &new.url, &bd);
-                if let Some(a) = s.latest(&new.run_id, &dg, new.idem_key.as_deref())? {
+                if let Some(a) = s.latest(&new)? {
                     if a.status != status::CANCELLED {
                         return Ok((a, false));
                     }

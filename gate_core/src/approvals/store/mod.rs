@@ -213,6 +213,19 @@ fn run_from(r: &[Val]) -> Run {
     }
 }
 
+/// Whether approval `a` answers a request of digest `dg` (method, URL, whole body) as the
+/// agent first sent it, before any edit: an approval answers only the request the human was
+/// shown, so a retry under the same Idempotency-Key with another body is another request,
+/// never sent under this approval's decision. (Other headers may differ, as a client's
+/// retry counter does: the gate then sends the headers the human saw, `hold.rs`.)
+fn is_request(a: &Approval, dg: &str) -> bool {
+    let first = match (&a.orig_body, a.edited) {
+        (Some(body), true) => digest::request_digest(&a.method, &a.url, &digest::sha256_hex(body)),
+        _ => a.digest.clone(),
+    };
+    first == dg
+}
+
 /// `url` with any password replaced by `***` (for messages and [`Store::url`]).
 pub fn redact_url(url: &str) -> String {
     match url::Url::parse(url) {
@@ -374,10 +387,10 @@ impl Store {
         let joined = self.tx(|s| {
             let sql = format!(
                 "SELECT {APPROVAL_COLS} FROM approvals WHERE run_id = ?1 AND status = 'pending' AND deadline > ?2 \
-                 AND (digest = ?3 OR (idem_key IS NOT NULL AND idem_key = ?4)) ORDER BY created LIMIT 1"
+                 AND (digest = ?3 OR (idem_key IS NOT NULL AND idem_key = ?4)) ORDER BY created"
             );
             let found = s.query(&sql, &[(&req.run_id).into(), t.into(), (&dg).into(), req.idem_key.clone().into()])?;
-            let Some(a) = found.first().map(|r| approval_from(r)) else { return Ok(None) };
+            let Some(a) = found.iter().map(|r| approval_from(r)).find(|a| is_request(a, &dg)) else { return Ok(None) };
             s.exec("UPDATE approvals SET waiters = waiters + 1 WHERE id = ?1", &[(&a.id).into()])?;
             Ok(Some(Approval { waiters: a.waiters + 1, ..a }))
         })?;
@@ -444,14 +457,17 @@ impl Store {
         Ok((a, true))
     }
 
-    /// The newest approval of `run_id` for the same request (`digest`, or the same
-    /// Idempotency-Key), whatever its status: what a `hold = "return"` retry is answered by.
-    pub fn latest(&mut self, run_id: &str, digest: &str, idem_key: Option<&str>) -> Result<Option<Approval>> {
+    /// The newest approval of the run of `req` that answers it ([`is_request`]:
+    /// found by its current digest or the same Idempotency-Key), whatever its status: what a
+    /// `hold = "return"` retry is answered by.
+    pub fn latest(&mut self, req: &NewApproval) -> Result<Option<Approval>> {
+        let dg = digest::request_digest(&req.method, &req.url, &digest::sha256_hex(&req.body));
         let sql = format!(
             "SELECT {APPROVAL_COLS} FROM approvals WHERE run_id = ?1 AND (digest = ?2 OR (idem_key IS NOT NULL AND idem_key = ?3)) \
-             ORDER BY created DESC LIMIT 1"
+             ORDER BY created DESC"
         );
-        Ok(self.query(&sql, &[run_id.into(), digest.into(), idem_key.into()])?.first().map(|r| approval_from(r)))
+        let rows = self.query(&sql, &[(&req.run_id).into(), (&dg).into(), req.idem_key.clone().into()])?;
+        Ok(rows.iter().map(|r| approval_from(r)).find(|a| is_request(a, &dg)))
     }
 
     /// Why a guarded move of `id` (made on `version`/`digest`) changed nothing.
@@ -672,11 +688,20 @@ impl Store {
         Ok(self.query(&sql, &params)?.iter().map(|r| grant_from(r)).collect())
     }
 
-    /// The first active grant of `run_id` that covers the request ([`Grant::covers`]), its
-    /// use counted. `path` is canonical, without query.
-    pub fn use_grant(&mut self, run_id: &str, method: &str, host: &str, path: &str) -> Result<Option<Grant>> {
+    /// The first active grant of `run_id` that covers the request ([`Grant::covers`]) and
+    /// was made on a request of the same `scheme` (`http` | `https`: the authority `host`
+    /// leaves out the scheme's default port, so `http://h` and `https://h` share it), its use
+    /// counted. `path` is canonical, without query.
+    pub fn use_grant(&mut self, run_id: &str, scheme: &str, method: &str, host: &str, path: &str) -> Result<Option<Grant>> {
         let t = now();
-        let found = self.grants(Some(run_id), true)?.into_iter().find(|g| g.covers(method, host, path, t));
+        let origin = format!("{scheme}://");
+        let mut found = None;
+        for g in self.grants(Some(run_id), true)?.into_iter().filter(|g| g.covers(method, host, path, t)) {
+            if self.get(&g.approval_id)?.is_some_and(|a| a.url.starts_with(&origin)) {
+                found = Some(g);
+                break;
+            }
+        }
         if let Some(g) = &found {
             self.exec("UPDATE grants SET uses = uses + 1 WHERE id = ?1", &[(&g.id).into()])?;
         }
