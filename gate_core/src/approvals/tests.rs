@@ -360,8 +360,10 @@ fn redaction_list() {
     }
     for n in ["Content-Type", "Accept", "User-Agent", "X-Request-Id", "Idempotency-Key", "Sec-WebSocket-Key"] {
         assert!(!redact::is_credential(n), "{n}");
-        assert!(redact::is_editable(n), "{n}");
     }
+    // shown, but fixed: the request's own key names the approval a retry may join
+    assert!(!redact::is_editable("Idempotency-Key"));
+    assert!(redact::is_editable("X-Request-Id"));
 }
 
 #[test]
