@@ -5,7 +5,7 @@
 //! Sources: <https://www.sqlite.org/wal.html>, <https://www.sqlite.org/pragma.html>.
 
 use std::fs;
-use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::os::unix::net::UnixDatagram;
 use std::path::Path;
 use std::time::Duration;
@@ -58,11 +58,15 @@ impl Lite {
                 fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(OpenError::Io)?;
             }
         }
-        let fresh = !path.exists();
-        let conn = Connection::open(path).map_err(|e| OpenError::Db(e.to_string()))?;
-        if fresh {
-            fs::set_permissions(path, fs::Permissions::from_mode(0o600)).map_err(OpenError::Io)?;
+        // A new file is made 0600 at creation (O_CREAT|O_EXCL, open(2)), before SQLite opens
+        // it: no moment in which another user could open it and keep the descriptor. SQLite
+        // gives the -wal and -shm files the database file's permissions.
+        match fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(OpenError::Io(e)),
         }
+        let conn = Connection::open(path).map_err(|e| OpenError::Db(e.to_string()))?;
         let db = |e: rusqlite::Error| OpenError::Db(e.to_string());
         conn.busy_timeout(Duration::from_secs(5)).map_err(db)?;
         let mode: String = conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0)).map_err(db)?;
