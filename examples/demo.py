@@ -40,7 +40,9 @@ def main() -> int:
               "(TEST-NET-2), 2001:db8:1::/64 and 2001:db8:100::/48 free on this host.", file=sys.stderr)
         return 1
     with contextlib.closing(net):
-        env = dict(os.environ, REQUESTS_CA_BUNDLE=net.ca_path)
+        # the gatewrap of this checkout's .venv first, as examples/breakpoint/run.py does
+        env = dict(os.environ, REQUESTS_CA_BUNDLE=net.ca_path,
+                   PATH=f"{ROOT}/.venv/bin:{os.environ['PATH']}")
         # The fake internet's CA is under /tmp, which the jail replaces: show it read-only.
         cmd = ["gatewrap", "run", "--allow", "allowed.test", "--resolver", net.dns_server,
                "--ro-bind", net.tmpdir, "--audit-log", audit,
@@ -50,9 +52,9 @@ def main() -> int:
         print("$ " + " ".join(cmd), flush=True)
         rc = subprocess.run(cmd, env=env).returncode
         print(f"\n$ gatewrap audit --format table --log {audit}", flush=True)
-        subprocess.run(["gatewrap", "audit", "--format", "table", "--log", audit])
+        subprocess.run(["gatewrap", "audit", "--format", "table", "--log", audit], env=env)
         print(f"\n$ gatewrap audit --denied --json --log {audit}", flush=True)
-        subprocess.run(["gatewrap", "audit", "--denied", "--json", "--log", audit])
+        subprocess.run(["gatewrap", "audit", "--denied", "--json", "--log", audit], env=env)
     shutil.rmtree(shown, ignore_errors=True)
     return rc
 
