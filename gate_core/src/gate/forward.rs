@@ -13,7 +13,7 @@ use crate::audit::fields as f;
 use crate::policy::{canonical_host, Host, RequestFacts, Scheme};
 
 use super::admit::admit_request;
-use super::hold::{self, Held};
+use super::hold;
 use super::respond::{self, Body};
 use super::ctx::Pending;
 use super::target::{
@@ -190,17 +190,10 @@ pub async fn handle(ctx: Arc<Ctx>, peer: SocketAddr, req: Request<Incoming>) -> 
     let mut sending = None;
     if hold::applies(&ctx, &adm) {
         let (mut parts, body) = req.into_parts();
-        let (held, held_rec) = hold::hold(&ctx, &adm, rec, &parts, body, Scheme::Http, pq.as_str(), hold::HOLD_BODY_LIMIT).await;
-        rec = held_rec;
-        let Held::Go { headers, body, sending: s } = held else {
-            let Held::Answer(resp) = held else { unreachable!() };
-            return resp;
+        let (body, s) = match hold::hold_request(&ctx, &adm, &mut rec, &mut parts, body, Scheme::Http, pq.as_str(), hold::HOLD_BODY_LIMIT).await {
+            Ok(go) => go,
+            Err(answer) => return answer,
         };
-        parts.headers = headers;
-        rec.decision = f::ALLOWED;
-        if let Some(s) = &s {
-            rec.reason = Some(s.reason());
-        }
         sending = s;
         req = Request::from_parts(parts, Full::new(body).map_err(|never| match never {}).boxed());
     } else if !adm.proceed {

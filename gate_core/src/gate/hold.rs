@@ -210,9 +210,33 @@ where
     })
 }
 
+/// [`hold`] for a request path: on a yes, `parts` gets the approved headers and `rec` is
+/// marked allowed (reason: the approval's), and the approved body comes back with the
+/// [`Sending`] that records `sent`; otherwise the answer for the agent (403, 409, 503).
+#[allow(clippy::too_many_arguments)]
+pub async fn hold_request<B>(ctx: &Arc<Ctx>, adm: &Admission, rec: &mut GateRecord, parts: &mut Parts, body: B, scheme: Scheme, pq: &str, limit: usize) -> Result<(Bytes, Option<Sending>), Response<Body>>
+where
+    B: hyper::body::Body<Data = Bytes> + Send + 'static,
+    B::Error: std::fmt::Display + Send + 'static,
+{
+    let (held, held_rec) = hold(ctx, adm, std::mem::take(rec), parts, body, scheme, pq, limit).await;
+    *rec = held_rec;
+    match held {
+        Held::Answer(resp) => Err(resp),
+        Held::Go { headers, body, sending } => {
+            parts.headers = headers;
+            rec.decision = f::ALLOWED;
+            if let Some(s) = &sending {
+                rec.reason = Some(s.reason());
+            }
+            Ok((body, sending))
+        }
+    }
+}
+
 /// Hold the request (`parts`, `body`) that `adm` (an `ask`) decided, `rec` its record.
 #[allow(clippy::too_many_arguments)]
-pub async fn hold<B>(ctx: &Arc<Ctx>, adm: &Admission, mut rec: GateRecord, parts: &Parts, body: B, scheme: Scheme, pq: &str, limit: usize) -> (Held, GateRecord)
+async fn hold<B>(ctx: &Arc<Ctx>, adm: &Admission, mut rec: GateRecord, parts: &Parts, body: B, scheme: Scheme, pq: &str, limit: usize) -> (Held, GateRecord)
 where
     B: hyper::body::Body<Data = Bytes> + Send + 'static,
     B::Error: std::fmt::Display + Send + 'static,

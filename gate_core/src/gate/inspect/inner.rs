@@ -23,7 +23,7 @@ use crate::audit::fields as f;
 use crate::policy::{canonical_host, Host, RequestFacts, Scheme};
 
 use super::super::admit::{admit_request, Admission};
-use super::super::hold::{self, Held};
+use super::super::hold;
 use super::super::dial::DialError;
 use super::super::ctx::Pending;
 use super::super::respond::{self, Body};
@@ -128,17 +128,10 @@ pub(super) async fn handle(ctx: Arc<Ctx>, tunnel: Arc<Tunnel>, req: Request<Inco
     let mut sending = None;
     if hold::applies(&ctx, &adm) {
         let (mut parts, body) = req.into_parts();
-        let (held, held_rec) = hold::hold(&ctx, &adm, rec, &parts, body, Scheme::Https, pq.as_str(), limit as usize).await;
-        rec = held_rec;
-        let Held::Go { headers, body, sending: s } = held else {
-            let Held::Answer(resp) = held else { unreachable!() };
-            return resp;
+        let (body, s) = match hold::hold_request(&ctx, &adm, &mut rec, &mut parts, body, Scheme::Https, pq.as_str(), limit as usize).await {
+            Ok(go) => go,
+            Err(answer) => return answer,
         };
-        parts.headers = headers;
-        rec.decision = f::ALLOWED;
-        if let Some(s) = &s {
-            rec.reason = Some(s.reason());
-        }
         sending = s;
         let full = http_body_util::Full::new(body).map_err(|never| -> Box<dyn std::error::Error + Send + Sync> { match never {} });
         req = Request::from_parts(parts, full.boxed_unsync());
