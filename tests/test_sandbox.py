@@ -169,6 +169,28 @@ def test_a_missing_command_exits_127(gatewrap):
     assert r.audit() == []  # refused before any sandbox was set up: nothing to leave behind
 
 
+def test_a_command_outside_the_view_exits_127_and_names_the_bind(gatewrap):
+    """A virtualenv's python3 the host finds but the jail does not show: refused before the
+    run, with the --ro-bind that shows it (not a bare 127 from nsjail's execve)."""
+    import shutil
+    import tempfile
+    top = tempfile.mkdtemp(prefix="gw-venv-")
+    try:
+        os.chmod(top, 0o755)
+        os.makedirs(f"{top}/venv/bin")
+        open(f"{top}/venv/pyvenv.cfg", "w").close()
+        os.symlink("/usr/bin/python3", f"{top}/venv/bin/python3")
+        r = gatewrap([f"{top}/venv/bin/python3", "-c", "print('ran')"])
+        assert r.returncode == 127, r.stderr
+        assert f"--ro-bind {top}/venv" in r.stderr
+        assert r.audit() == []
+        shown = gatewrap([f"{top}/venv/bin/python3", "-c", "print('ran')"], extra=["--ro-bind", f"{top}/venv"])
+        assert shown.returncode == 0, shown.stderr
+        assert shown.stdout == "ran\n"
+    finally:
+        shutil.rmtree(top)
+
+
 def test_sigkill_of_gatewrap_fails_closed_and_gc_removes_the_sandbox(net, tmp_path):
     audit = tmp_path / "audit.jsonl"
     env = dict(os.environ, SUDO_UID="65534", SUDO_GID="65534")

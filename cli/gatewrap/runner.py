@@ -217,6 +217,19 @@ def _resolve_command(argv: list[str], env: dict[str, str], target: user.Target) 
     return [found, *argv[1:]]
 
 
+def _as_found(prog: str, found: str) -> str:
+    """``prog`` as the user typed it, with the host path it was found at when they differ."""
+    return found if prog == found else f"{prog} ({found} on the host)"
+
+
+def _tree_hint(program: str) -> str:
+    """The folder to name for ``program``: a virtualenv's root for ``VENV/bin/python3`` (its
+    ``pyvenv.cfg`` marks it, venv(5)), else the program's own folder."""
+    folder = os.path.dirname(program)
+    parent = os.path.dirname(folder)
+    return parent if os.path.exists(os.path.join(parent, "pyvenv.cfg")) else folder
+
+
 def _public_range_warnings(ranges: list[str]) -> list[str]:
     """Warn about --public-range values that open the host's own loopback or private networks
     to every allowed name (the gate dials from the host)."""
@@ -323,6 +336,12 @@ def run(opts: RunOptions, stderr: TextIO | None = None) -> RunResult:
     if not user.can_enter(cwd, target):
         raise GatewrapError(f"the agent's user {target.name} cannot enter its working directory {cwd} "
                             "(a folder on the way is closed to it); choose another with --workdir")
+    if opts.jail == "nsjail" and not view.shows(view.build(cwd, target.home, target, ro_binds, rw_binds), argv[0]):
+        raise GatewrapError(
+            f"command not found in the jail: {_as_found(opts.argv[0], argv[0])} is outside the "
+            "agent's file system view (/usr, /etc, the working directory and the paths named with "
+            f"--ro-bind/--bind); show it with --ro-bind {_tree_hint(argv[0])}, or use a program "
+            "under /usr (e.g. /usr/bin/python3)", exit_code=EXIT_NOT_FOUND)
     try:
         audit = core.AuditLog(opts.audit_log, max_size=opts.audit_max_size, keep=opts.audit_keep)
     except OSError as e:

@@ -222,6 +222,22 @@ def socket_notice(mounts: list[Mount], home: str) -> str | None:
             f"(read-only does not stop connect): {found[0]}{more}; bind a folder without it to hide it")
 
 
+def shows(mounts: list[Mount], path: str) -> bool:
+    """Whether host file ``path`` (absolute) is in the view at the same path, as execve(2) in
+    the jail will look for it: the folder holding it and the file it finally resolves to
+    (symbolic links followed, as a virtualenv's ``bin/python3`` links to ``/usr/bin``) each lie
+    below a read-only or writable mount, and not below a deeper tmpfs (the private home)."""
+    def covered(p: str) -> bool:
+        p = in_jail(p)
+        best: Mount | None = None
+        for m in mounts:
+            if m.kind in ("ro", "rw", "tmpfs") and _inside(p, m.dst) and (best is None or _depth(m.dst) >= _depth(best.dst)):
+                best = m
+        return best is not None and best.kind != "tmpfs"
+    folder = os.path.realpath(os.path.dirname(path))
+    return covered(os.path.join(folder, os.path.basename(path))) and covered(os.path.realpath(path))
+
+
 def notes(mounts: list[Mount], cwd: str, home: str) -> list[str]:
     """What to tell the user about the view, one line each: a bound path that holds a unix
     socket (:func:`socket_notice`), and a working directory that is the user's home (whose
