@@ -203,8 +203,18 @@ vagrant_check() {
 	rm -rf "$scratch"
 }
 
+state_dir() {
+	# An older gatewrap made /var/lib/gatewrap 0700, closing the inspection CA (ca/) to the
+	# agent's user; what is secret in it is closed on its own (audit/, ca/private, state.db).
+	local d=/var/lib/gatewrap
+	if [ -d "$d" ] && [ ! -L "$d" ] && [ "$(stat -c %u "$d")" = 0 ] && [ "$(stat -c %a "$d")" = 700 ]; then
+		say "state folder: $d 0700 (an older gatewrap's) -> 0755"; chmod 0755 "$d"
+	fi
+}
+
 install() {
 	apt_packages
+	state_dir
 	rust_toolchain
 	kernel_headers
 	python_env

@@ -141,3 +141,16 @@ def test_audit_follow_prints_records_as_they_are_written(tmp_path):
     finally:
         p.kill()
         p.wait()
+
+
+def test_doctor_says_how_to_open_a_state_folder_an_older_version_closed(tmp_path):
+    from gatewrap.doctor import _state_dir
+
+    old = tmp_path / "gatewrap"
+    old.mkdir(mode=0o700)
+    old.chmod(0o700)
+    check = _state_dir(str(old))
+    assert (check.status, check.fix) == ("warn", f"chmod 0755 {old}")
+    old.chmod(0o755)
+    assert _state_dir(str(old)).status == "ok"
+    assert _state_dir(str(tmp_path / "absent")).status == "ok"

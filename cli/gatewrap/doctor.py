@@ -58,6 +58,26 @@ def _landlock() -> Check:
     return Check("landlock", "ok", f"ABI {abi}")
 
 
+#: gatewrap's state folder: the inspection CA the agent reads (ca/) and root's files, each
+#: closed on its own (audit/ 0700, ca/private 0700, state.db 0600).
+STATE_DIR = "/var/lib/gatewrap"
+
+
+def _state_dir(path: str = STATE_DIR) -> Check:
+    """An older gatewrap made ``path`` 0700, which closes ``ca/`` to the agent's user (its
+    HTTPS clients then cannot read the inspection CA); new installs make it 0755."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return Check("state folder", "ok", f"{path} (made on the first run)")
+    if st.st_mode & 0o005 != 0o005:
+        return Check("state folder", "warn",
+                     f"{path} is {st.st_mode & 0o777:04o}: the agent's user cannot reach the inspection CA in {path}/ca "
+                     "(an older gatewrap made it so; each file in it is closed on its own)",
+                     f"chmod 0755 {path}")
+    return Check("state folder", "ok", f"{path} {st.st_mode & 0o777:04o}")
+
+
 def checks() -> list[Check]:
     """Run every check; cheap and side-effect free (nothing is compiled or mounted)."""
     out = []
@@ -90,6 +110,7 @@ def checks() -> list[Check]:
     except Exception as e:
         out.append(Check("bcc", "fail", str(e), "apt-get install python3-bpfcc"))
     out.append(_headers())
+    out.append(_state_dir())
     bpffs = os.path.ismount("/sys/fs/bpf")
     out.append(Check("bpffs", "ok" if bpffs else "warn",
                      "mounted at /sys/fs/bpf" if bpffs else "not mounted (gatewrap run mounts it)",
