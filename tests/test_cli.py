@@ -154,3 +154,14 @@ def test_doctor_says_how_to_open_a_state_folder_an_older_version_closed(tmp_path
     old.chmod(0o755)
     assert _state_dir(str(old)).status == "ok"
     assert _state_dir(str(tmp_path / "absent")).status == "ok"
+
+
+def test_a_gate_extension_older_than_the_package_is_named_with_the_rebuild(monkeypatch, capsys):
+    import gatewrap._gate_core as core
+    from gatewrap import cli
+
+    monkeypatch.delattr(core, "landlock_abi")  # as a stale build of the extension lacks a newer function
+    with pytest.raises(SystemExit) as e:
+        cli.main(["doctor"])
+    assert e.value.code == 125
+    assert "older than this checkout" in capsys.readouterr().err

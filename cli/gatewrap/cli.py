@@ -697,6 +697,21 @@ from .approvals.commands import approvals as _approvals  # noqa: E402 — regist
 cli.add_command(_approvals)
 
 
+def _stale_extension(e: AttributeError | ImportError) -> str | None:
+    """What to say when the Python package asks the built gate extension for something it
+    lacks (a checkout pulled, not rebuilt: ``from ._gate_core import X`` raises ImportError,
+    ``core.X`` AttributeError), or when it is not built at all; None for any other error."""
+    if isinstance(e, ImportError):
+        if e.name != "gatewrap._gate_core":
+            return None
+        what = "is not built" if isinstance(e, ModuleNotFoundError) else "is older than this checkout's Python code"
+    elif getattr(getattr(e, "obj", None), "__name__", "") == "gatewrap._gate_core":
+        what = f"has no {e.name!r}: it is older than this checkout's Python code"
+    else:
+        return None
+    return f"the gate extension (gatewrap._gate_core) {what}; rebuild it with `sudo scripts/setup.sh install`"
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: usage errors and gatewrap's failures exit 125 with a message on stderr."""
     try:
@@ -712,6 +727,11 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(e.exit_code)
     except click.ClickException as e:
         e.show()
+        sys.exit(EXIT_GATEWRAP)
+    except (AttributeError, ImportError) as e:
+        if _stale_extension(e) is None:
+            raise
+        click.echo(f"gatewrap: {_stale_extension(e)}", err=True)
         sys.exit(EXIT_GATEWRAP)
     sys.exit(code if isinstance(code, int) else 0)
 
