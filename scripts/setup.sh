@@ -212,8 +212,18 @@ state_dir() {
 	fi
 }
 
+localhost_name() {
+	# Debian's installer writes these lines (netcfg); a debootstrap-made system or a container
+	# image may lack them, and then "localhost" (which chromedriver's clients and npm dial)
+	# goes to DNS and fails.
+	getent ahosts localhost | grep -qE '^(127\.0\.0\.1|::1) ' && return 0
+	say "/etc/hosts: adding localhost (127.0.0.1, ::1), which this system lacks"
+	printf '127.0.0.1\tlocalhost\n::1\t\tlocalhost ip6-localhost ip6-loopback\n' >> /etc/hosts
+}
+
 install() {
 	apt_packages
+	localhost_name
 	state_dir
 	rust_toolchain
 	kernel_headers

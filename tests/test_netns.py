@@ -18,9 +18,11 @@ def test_a_new_netns_has_only_lo_up_with_both_loopback_addresses_and_goes_away()
     path = netns.create(name)
     try:
         assert path == netns.path_of(name) and name in netns.list_gatewrap()
-        links = subprocess.run(["ip", "-n", name, "-o", "link"], capture_output=True, text=True, check=True).stdout
+        # nsenter enters the netns only: `ip -n` also remounts / as a slave, which fails where /
+        # is not a mount point (a chroot, as tools/fresh-debian's).
+        links = subprocess.run(["nsenter", f"--net={path}", "ip", "-o", "link"], capture_output=True, text=True, check=True).stdout
         assert len(links.splitlines()) == 1 and "lo:" in links and ",UP" in links, links
-        addrs = subprocess.run(["ip", "-n", name, "-o", "addr"], capture_output=True, text=True, check=True).stdout
+        addrs = subprocess.run(["nsenter", f"--net={path}", "ip", "-o", "addr"], capture_output=True, text=True, check=True).stdout
         assert "127.0.0.1/8" in addrs and "::1/128" in addrs, addrs
         # Another netns than gatewrap's own.
         assert os.stat(path).st_ino != os.stat("/proc/self/ns/net").st_ino

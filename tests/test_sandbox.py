@@ -257,7 +257,9 @@ def test_an_audit_log_that_is_a_symlink_is_refused_and_its_target_untouched(tmp_
     victim.write_text("precious\n")
     link = tmp_path / "audit.jsonl"
     link.symlink_to(victim)
-    p = subprocess.run(gatewrap_cmd("run", "--audit-log", str(link), "--", "/bin/true"),
+    # --workdir /tmp: the checkout may lie in a home the agent's user cannot enter (Debian 13's
+    # useradd makes 0700 homes), which is refused before the audit log is opened.
+    p = subprocess.run(gatewrap_cmd("run", "--audit-log", str(link), "--workdir", "/tmp", "--", "/bin/true"),
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 125
     assert f"audit log {link} is a symbolic link (never followed), not a regular file" in p.stderr

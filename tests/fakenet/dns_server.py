@@ -88,7 +88,7 @@ class Resolver:
                         reply.add_answer(RR(q.qname, QTYPE.A, ttl=self.ttl, rdata=A(a)))
                         answers.append(a)
                     elif ip.version == 6 and q.qtype in (QTYPE.AAAA, QTYPE.ANY):
-                        reply.add_answer(RR(q.qname, QTYPE.AAAA, ttl=self.ttl, rdata=AAAA(ip.exploded)))  # dnslib cannot parse "::ffff:1.2.3.4"
+                        reply.add_answer(RR(q.qname, QTYPE.AAAA, ttl=self.ttl, rdata=AAAA(tuple(ip.packed))))  # 16 bytes, not text: dnslib cannot parse "::ffff:1.2.3.4", a form Python 3.13 writes for v4-mapped addresses (the failure was a DNS answer never sent: the gate saw 504)
                         answers.append(a)
         # Logged before dnslib sends the reply: once a client has its answer, the line is there.
         peer = handler.client_address
