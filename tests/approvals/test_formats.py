@@ -102,6 +102,24 @@ def test_a_grant_on_a_port_names_the_port():
         decide.parse_grant("POST mail.test/", "1h", a)
 
 
+def test_a_grant_on_a_rule_with_grants_false_is_forbidden_whatever_its_spec():
+    for spec in ("POST mail.test/v3/send", "POST evil.test/"):
+        with pytest.raises(decide.GrantForbidden, match=r"forbids grants \(grants = false\)"):
+            decide.parse_grant(spec, "30m", approval(grants_allowed=0))
+
+
+@pytest.mark.parametrize("case, over, expected", [
+    ("the request's own method, host and path", {}, "POST mail.test/v3/send"),
+    ("without the query", {"url": "https://mail.test/v3/send?to=all"}, "POST mail.test/v3/send"),
+    ("a port off the default is named", {"url": "http://mail.test:8025/send"}, "POST mail.test:8025/send"),
+    ("a tunnel is its host and port", {"method": "CONNECT", "url": "mail.test:443"}, "CONNECT mail.test:443"),
+])
+def test_the_suggested_grant_is_the_narrowest_that_covers_the_request_and_parses(case, over, expected):
+    a = approval(**over)
+    assert decide.suggested_grant(a) == expected
+    decide.parse_grant(expected, "30m", a)  # what the page starts with is a grant the check takes
+
+
 @pytest.mark.parametrize("case, flag, env, config, expected", [
     ("the flag wins", "sqlite:/a.db", "sqlite:/b.db", {"state": {"url": "sqlite:/c.db"}}, "sqlite:/a.db"),
     ("then the environment", None, "sqlite:/b.db", {"state": {"url": "sqlite:/c.db"}}, "sqlite:/b.db"),
