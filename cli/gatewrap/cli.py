@@ -439,12 +439,14 @@ def audit_key() -> int:
 @cli.command(context_settings=CONTEXT)
 @click.option("--json", "as_json", is_flag=True, help="Print the runs as a JSON array.")
 def ps(as_json: bool) -> int:
-    """List the live runs: id, gatewrap's pid, the agent's user, uptime, counts so far, command.
+    """List the live runs: id, gatewrap's pid, the agent's user, uptime, pending approvals,
+    counts so far, command.
 
     \b
     Counts are the run's own records in its audit log so far (read from where the log
-    ended when the run started). Pending approvals do not exist yet. Needs root (the run
-    registry, /run/gatewrap/runs, is root's).
+    ended when the run started); PENDING is its approvals asked and not answered yet
+    (gatewrap approvals list --run ID shows them). Needs root (the run registry,
+    /run/gatewrap/runs, is root's).
 
     \b
     Example:
