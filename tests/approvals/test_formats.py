@@ -49,6 +49,20 @@ def test_the_edit_file_shows_fixed_headers_as_comments_and_gives_them_back_uncha
     assert body == b'{"to": "me@example.com", "subject": "hello"}'
 
 
+def test_an_edit_of_the_body_alone_gives_the_headers_back_in_their_order():
+    """Fixed and editable headers interleaved (as urllib sends them): an unchanged head comes
+    back as it was, so the diff shows the body's change and nothing else."""
+    a = approval(headers=[["accept-encoding", "identity"], ["content-length", "52"], ["host", "mail.test"],
+                          ["user-agent", "Python-urllib/3.11"], ["content-type", "application/json"],
+                          ["authorization", "[redacted]"], ["connection", "close"]])
+    text = editor.to_text(a).replace("customer@example.com", "me@example.com")
+    headers, _ = editor.from_text(text, a)
+    assert headers == [tuple(h) for h in a["headers"]]
+    headers, _ = editor.from_text(text.replace("user-agent: Python-urllib/3.11\n", ""), a)
+    assert headers == [("accept-encoding", "identity"), ("content-length", "52"), ("host", "mail.test"),
+                       ("content-type", "application/json"), ("authorization", "[redacted]"), ("connection", "close")]
+
+
 @pytest.mark.parametrize("case, head, error", [
     ("a credential cannot be added", "Authorization: Bearer x", "Authorization cannot be edited"),
     ("Host cannot be changed", "Host: evil.test", "Host cannot be edited"),
