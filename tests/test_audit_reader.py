@@ -13,6 +13,7 @@ import select
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -94,6 +95,20 @@ def test_filters_alone_and_combined(log, args, expected):
     assert [json.loads(line)["n"] for line in p.stdout.splitlines()] == expected
     if not expected:
         assert b"no matching records" in p.stderr
+
+
+def test_event_takes_the_schemas_events_and_refuses_others(log):
+    """--event's choices are the schema's event enum (schema/audit.schema.json), approval_* too:
+    a misspelt event is a usage error naming the choices, not a filter that matches nothing."""
+    schema = json.loads((Path(__file__).resolve().parents[1] / "schema" / "audit.schema.json").read_text())
+    events = schema["properties"]["event"]["enum"]
+    assert "approval_asked" in events
+    helped = _gw("audit", "--help", text=True).stdout
+    assert all(e in " ".join(helped.split()) for e in events)
+    p = _gw("audit", "--event", "approval_asked", "--json", "--log", str(log))
+    assert p.returncode == 0 and p.stdout == b""
+    bad = _gw("audit", "--event", "direct-egress", "--log", str(log), text=True)
+    assert bad.returncode == 125 and "'direct-egress' is not one of" in bad.stderr and "approval_sent" in bad.stderr
 
 
 def test_relative_since_counts_back_from_now(tmp_path):

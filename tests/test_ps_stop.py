@@ -72,9 +72,10 @@ def test_ps_shows_a_live_run_with_its_command_user_and_uptime(runs):
     r = _live(p.pid, lambda r: r["argv"] is not None)
     assert r["argv"] == ["/bin/sleep", "300"] and r["user"] == "nobody" and r["uid"] == AGENT_UID
     assert r["run"].startswith("gw-") and r["audit_log"] == str(audit) and r["uptime_s"] >= 0
-    assert (r["allowed"], r["denied"], r["direct_egress"], r["failed"]) == (0, 0, 0, 0)
+    assert (r["pending_approvals"], r["allowed"], r["denied"], r["direct_egress"], r["failed"]) == (0, 0, 0, 0, 0)
     table = _gw("ps").stdout.splitlines()
-    assert table[0].split() == ["RUN", "PID", "USER", "UPTIME", "ALLOWED", "DENIED", "DIRECT", "FAILED", "COMMAND"]
+    assert table[0].split() == ["RUN", "PID", "USER", "UPTIME", "PENDING", "ALLOWED", "DENIED", "DIRECT", "FAILED",
+                                "COMMAND"]
     row = next(line for line in table if line.startswith(r["run"]))
     assert row.split()[1:3] == [str(p.pid), "nobody"] and row.endswith("/bin/sleep 300")
 

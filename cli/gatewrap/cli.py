@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from . import __version__
+from . import __version__, audit_schema
 from .syslog_facility import FACILITIES
 from .errors import EXIT_GATEWRAP, GatewrapError
 
@@ -161,8 +161,9 @@ def _time_option(name: str, what: str):  # type: ignore[no-untyped-def]
 
 @cli.group("audit", context_settings=CONTEXT, invoke_without_command=True)
 @click.option("--run", "run_id", metavar="ID", help="Only records of run ID (gw-...).")
-@click.option("--event", "events", multiple=True, metavar="EVENT",
-              help="Only EVENT records: run_start, run_end, request, connect, dns, direct_egress. Repeatable.")
+@click.option("--event", "events", multiple=True, metavar="EVENT", type=click.Choice(audit_schema.events()),
+              help=f"Only EVENT records, one of (schema/audit.schema.json): {', '.join(audit_schema.events())}. "
+                   "Repeatable.")
 @click.option("--decision", "decisions", multiple=True, type=click.Choice(["allowed", "denied", "failed"]),
               help="Only records with this decision (schema/audit.schema.json). Repeatable.")
 @click.option("--denied", is_flag=True, help="Only denials (by policy, at the kernel, rejected, expired).")
@@ -438,12 +439,14 @@ def audit_key() -> int:
 @cli.command(context_settings=CONTEXT)
 @click.option("--json", "as_json", is_flag=True, help="Print the runs as a JSON array.")
 def ps(as_json: bool) -> int:
-    """List the live runs: id, gatewrap's pid, the agent's user, uptime, counts so far, command.
+    """List the live runs: id, gatewrap's pid, the agent's user, uptime, pending approvals,
+    counts so far, command.
 
     \b
     Counts are the run's own records in its audit log so far (read from where the log
-    ended when the run started). Pending approvals do not exist yet. Needs root (the run
-    registry, /run/gatewrap/runs, is root's).
+    ended when the run started); PENDING is its approvals asked and not answered yet
+    (gatewrap approvals list --run ID shows them). Needs root (the run registry,
+    /run/gatewrap/runs, is root's).
 
     \b
     Example:

@@ -4,8 +4,10 @@ A live run is one whose lock file a gatewrap process holds (sandbox/registry.py)
 runs and as whom come from its ``run_start`` record; its counts so far from its own
 records in its audit log, read from where the log ended when the run started (the lock
 file's ``audit_offset``): exact, and costs a read of what was written since then (every
-run's records in that log), never the whole log. Pending approvals do not exist yet, so
-they are not shown.
+run's records in that log), never the whole log. Its pending approvals are counted from
+the same records: an ``approval_asked`` whose approval has no ``approval_approved``,
+``_rejected``, ``_expired`` or ``_cancelled`` record yet (``gatewrap approvals list --run
+ID`` reads the store itself).
 """
 
 from __future__ import annotations
@@ -41,10 +43,12 @@ class LiveRun:
     uptime_s: float | None
     audit_log: str | None
     counts: RunCounts = field(default_factory=lambda: RunCounts(""))
+    #: Approvals asked and not answered yet, as the run's audit records say so far.
+    pending_approvals: int = 0
 
     def as_record(self) -> dict[str, Any]:
-        """``{run, pid, argv, user, uid, started, uptime_s, audit_log, allowed, denied,
-        direct_egress, failed}`` (``started``: Unix seconds)."""
+        """``{run, pid, argv, user, uid, started, uptime_s, audit_log, pending_approvals,
+        allowed, denied, direct_egress, failed}`` (``started``: Unix seconds)."""
         c = self.counts
         rec = {k: v for k, v in asdict(self).items() if k != "counts"}
         rec.update(allowed=c.allowed, denied=c.denied, direct_egress=c.direct_egress, failed=c.failed)
@@ -91,16 +95,27 @@ def _own_records(run_id: str, info: dict[str, Any], **filters: Any) -> Iterator[
         return
 
 
+#: The events that answer an approval (``approval_sent`` follows an ``approval_approved``).
+ANSWERED = frozenset({"approval_approved", "approval_rejected", "approval_expired", "approval_cancelled"})
+
+
 def live_run(run_id: str, now: float | None = None) -> LiveRun | None:
     """The live run ``run_id``, or None when no gatewrap process owns it."""
     info = registry.info(run_id)
     if info is None or not registry.alive(run_id):
         return None
     counts, start = RunCounts(run_id), None
+    asked: set[str] = set()
+    answered: set[str] = set()
     for rec in _own_records(run_id, info):
         counts.add(rec)
-        if rec.get("event") == "run_start":
+        event = rec.get("event")
+        if event == "run_start":
             start = rec
+        elif event == "approval_asked" and isinstance(rec.get("approval"), str):
+            asked.add(rec["approval"])
+        elif event in ANSWERED and isinstance(rec.get("approval"), str):
+            answered.add(rec["approval"])
     started = info.get("started")
     if not isinstance(started, (int, float)):
         try:
@@ -113,7 +128,7 @@ def live_run(run_id: str, now: float | None = None) -> LiveRun | None:
     return LiveRun(run=run_id, pid=pid if isinstance(pid, int) else 0, argv=start.get("argv") if start else None,
                    user=_user(uid), uid=uid if isinstance(uid, int) else None, started=started,
                    uptime_s=None if started is None else max(0.0, now - started),
-                   audit_log=info.get("audit_log"), counts=counts)
+                   audit_log=info.get("audit_log"), counts=counts, pending_approvals=len(asked - answered))
 
 
 def live_runs() -> list[LiveRun]:
@@ -137,12 +152,14 @@ def uptime(seconds: float | None) -> str:
 
 def ps_lines(runs: list[LiveRun]) -> list[str]:
     """The table of ``gatewrap ps`` (the agent's command escaped)."""
-    out = [f"{'RUN':<14} {'PID':>7} {'USER':<10} {'UPTIME':>7} {'ALLOWED':>7} {'DENIED':>7} {'DIRECT':>7} {'FAILED':>7}  COMMAND"]
+    out = [f"{'RUN':<14} {'PID':>7} {'USER':<10} {'UPTIME':>7} {'PENDING':>7} {'ALLOWED':>7} {'DENIED':>7} "
+           f"{'DIRECT':>7} {'FAILED':>7}  COMMAND"]
     for r in runs:
         c = r.counts
         cmd = " ".join(r.argv) if r.argv else "(starting)"
-        out.append(f"{r.run:<14} {r.pid:>7} {printable(r.user or '-'):<10} {uptime(r.uptime_s):>7} {c.allowed:>7} "
-                   f"{c.denied:>7} {c.direct_egress:>7} {c.failed:>7}  {printable(cmd)}")
+        out.append(f"{r.run:<14} {r.pid:>7} {printable(r.user or '-'):<10} {uptime(r.uptime_s):>7} "
+                   f"{r.pending_approvals:>7} {c.allowed:>7} {c.denied:>7} {c.direct_egress:>7} {c.failed:>7}  "
+                   f"{printable(cmd)}")
     return out
 
 

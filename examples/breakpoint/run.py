@@ -4,10 +4,15 @@ agent run under gatewrap with policy.toml, and a human answering its approval fr
     sudo .venv/bin/python examples/breakpoint/run.py                  # approve
     sudo .venv/bin/python examples/breakpoint/run.py --reject 'not to all customers'
     sudo .venv/bin/python examples/breakpoint/run.py --edit           # edit the recipient, then approve
+    sudo .venv/bin/python examples/breakpoint/run.py --by-hand        # you answer, from another terminal
 
-It prints the session as a terminal would show it (``$ command`` then its output). Nothing
-leaves the machine (tests/fakenet: documentation addresses, its own DNS). The approvals store
-is a fresh SQLite file in a temporary folder (GATEWRAP_STATE), not the host's.
+It prints the session as a terminal would show it (``$ command`` then its output). With
+``--by-hand`` it answers nothing: it prints the approval's line and the ``export
+GATEWRAP_STATE=...`` to type in a second terminal (as root), then waits while you answer with
+``gatewrap approvals list|show|edit|approve|reject`` or the review pages (``gatewrap approvals
+serve``), until the run ends (the rule's timeout is 10 minutes: then the send is denied).
+Nothing leaves the machine (tests/fakenet: documentation addresses, its own DNS). The approvals
+store is a fresh SQLite file in a temporary folder (GATEWRAP_STATE), not the host's.
 """
 
 from __future__ import annotations
@@ -56,7 +61,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reject", metavar="REASON", help="reject instead of approving")
     ap.add_argument("--edit", action="store_true", help="edit the recipient to one person, then approve")
+    ap.add_argument("--by-hand", action="store_true",
+                    help="answer nothing: wait while a human answers from another terminal")
     args = ap.parse_args()
+    if args.by_hand and (args.reject or args.edit):
+        ap.error("--by-hand answers nothing itself: it takes neither --reject nor --edit")
     lock = hold_host_lock("example")  # noqa: F841 (held until the example exits)
     cleanup_leftovers()
     work = tempfile.mkdtemp(prefix="gatewrap-breakpoint-")
@@ -80,16 +89,10 @@ def main() -> int:
             a = wait_pending(env)
             time.sleep(0.2)  # let the gate's line reach the terminal before ours
             print(flush=True)
-            shown(["gatewrap", "approvals", "list"], env)
-            shown(["gatewrap", "approvals", "show", a["id"]], env)
-            if args.reject:
-                shown(["gatewrap", "approvals", "reject", a["id"], "--reason", args.reject], env)
+            if args.by_hand:
+                code = by_hand(run, a, env)
             else:
-                if args.edit:
-                    editor = "sed -i s/all-customers@example.com/pricing-team@example.com/"
-                    shown(["gatewrap", "approvals", "edit", a["id"]], {**env, "EDITOR": editor})
-                shown(["gatewrap", "approvals", "approve", a["id"]], env)
-            code = run.wait(timeout=120)
+                code = answer(run, a, env, args)
         print(flush=True)
         shown(["gatewrap", "audit", "--log", f"{work}/audit.jsonl", "--format", "table"], env)
         mails = net.access_entries(event="mail")
@@ -97,6 +100,34 @@ def main() -> int:
               f"{', '.join(m['to'] for m in mails) or 'none'})")
     shutil.rmtree(work, ignore_errors=True)
     return code
+
+
+def by_hand(run: subprocess.Popen, a: dict, env: dict[str, str]) -> int:
+    """Wait for the run to end while a human answers approval ``a`` from another terminal;
+    the run's exit code."""
+    until = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(a["deadline"]))
+    print(f"example: approval {a['id']} waits for you until {until}. In another terminal, as root:\n"
+          f"    export GATEWRAP_STATE={shlex.quote(env['GATEWRAP_STATE'])} PATH={shlex.quote(str(ROOT))}/.venv/bin:$PATH\n"
+          f"    gatewrap approvals list\n"
+          f"    gatewrap approvals show {a['id']}\n"
+          f"    gatewrap approvals approve {a['id']}    # or edit ID, reject ID --reason TEXT, serve\n"
+          "example: waiting for the run to end (Ctrl-C ends it)", flush=True)
+    return run.wait()
+
+
+def answer(run: subprocess.Popen, a: dict, env: dict[str, str], args: argparse.Namespace) -> int:
+    """Answer approval ``a`` as ``args`` say (approve; ``--edit`` first; or ``--reject``),
+    each command shown; the run's exit code."""
+    shown(["gatewrap", "approvals", "list"], env)
+    shown(["gatewrap", "approvals", "show", a["id"]], env)
+    if args.reject:
+        shown(["gatewrap", "approvals", "reject", a["id"], "--reason", args.reject], env)
+    else:
+        if args.edit:
+            editor = "sed -i s/all-customers@example.com/pricing-team@example.com/"
+            shown(["gatewrap", "approvals", "edit", a["id"]], {**env, "EDITOR": editor})
+        shown(["gatewrap", "approvals", "approve", a["id"]], env)
+    return run.wait(timeout=120)
 
 
 if __name__ == "__main__":

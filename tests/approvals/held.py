@@ -97,21 +97,24 @@ class HeldRun:
 
 
 def start(net, tmp_path: Path, store_url: str, *, body: str = BODY, timeout: str = "10m",
-          extra: tuple[str, ...] = (), env: dict | None = None) -> HeldRun:
-    """Start the run (see the module's docstring) with its approvals in ``store_url``."""
+          extra: tuple[str, ...] = (), env: dict | None = None, agent: str = AGENT,
+          agent_args: tuple[str, ...] | None = None) -> HeldRun:
+    """Start the run (see the module's docstring) with its approvals in ``store_url``:
+    ``agent`` (Python source) run with ``agent_args`` (default: ``body``)."""
     from gatewrap import _gate_core as core
 
     # the agent's user cannot enter pytest's 0700 tmp dirs: its files go to a folder it can read
     work = Path(tempfile.mkdtemp(prefix="gwt-appr-"))
     os.chmod(work, 0o755)
     (work / "policy.toml").write_text(POLICY.format(timeout=timeout))
-    (work / "agent.py").write_text(textwrap.dedent(AGENT))
+    (work / "agent.py").write_text(textwrap.dedent(agent))
     for p in work.iterdir():
         os.chmod(p, 0o644)
     audit = tmp_path / "audit.jsonl"
     cmd = gatewrap_cmd("run", "--audit-log", str(audit), "--resolver", net.dns_server, "--workdir", "/tmp",
                        "--ro-bind", str(work), *PUBLIC_RANGES, "--policy", str(work / "policy.toml"),
-                       "--state", store_url, *extra, "--", AGENT_PYTHON, str(work / "agent.py"), body)
+                       "--state", store_url, *extra, "--", AGENT_PYTHON, str(work / "agent.py"),
+                       *((body,) if agent_args is None else agent_args))
     e = dict(os.environ, SUDO_UID=str(AGENT_UID), SUDO_GID=str(AGENT_UID), **(env or {}))
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=e, cwd=ROOT)
     return HeldRun(proc, core.ApprovalStore(store_url), audit, work=work)

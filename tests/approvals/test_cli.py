@@ -5,13 +5,30 @@ upstream), the same tests on SQLite and PostgreSQL: approve, reject, edit, stale
 from __future__ import annotations
 
 import json
+import subprocess
+import time
 
 import pytest
+
+from conftest import ROOT, gatewrap_cmd
 
 from . import held
 from .held import cli
 
 pytestmark = pytest.mark.kernel
+
+
+def _ps_pending(run_id: str, until: int, wait: float = 30) -> int:
+    """``pending_approvals`` of ``run_id`` in ``gatewrap ps --json``, polled until it is
+    ``until`` (its audit record may follow the store's row by a moment; a bound, not a timing
+    assertion)."""
+    end = time.monotonic() + wait
+    while True:
+        ps = subprocess.run(gatewrap_cmd("ps", "--json"), capture_output=True, text=True, timeout=60, cwd=ROOT)
+        (live,) = [r for r in json.loads(ps.stdout) if r["run"] == run_id]
+        if live["pending_approvals"] == until or time.monotonic() > end:
+            return live["pending_approvals"]
+        time.sleep(0.2)
 
 
 @pytest.fixture
@@ -25,6 +42,7 @@ def run(net, tmp_path, store_url):
 def test_approve_sends_the_request_once_and_the_agent_gets_the_answer(run, store_url, net):
     a = run.pending()
     assert net.access_entries(method="POST", path="/echo") == []  # nothing upstream before the yes
+    assert _ps_pending(a["run_id"], until=1) == 1, "gatewrap ps counts the held approval"
     listed = cli("list", "--state", store_url)
     assert listed.returncode == 0 and a["id"] in listed.stdout and "POST http://allowed.test/echo" in listed.stdout
     shown = cli("show", a["id"], "--state", store_url)

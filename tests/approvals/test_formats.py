@@ -49,6 +49,20 @@ def test_the_edit_file_shows_fixed_headers_as_comments_and_gives_them_back_uncha
     assert body == b'{"to": "me@example.com", "subject": "hello"}'
 
 
+def test_an_edit_of_the_body_alone_gives_the_headers_back_in_their_order():
+    """Fixed and editable headers interleaved (as urllib sends them): an unchanged head comes
+    back as it was, so the diff shows the body's change and nothing else."""
+    a = approval(headers=[["accept-encoding", "identity"], ["content-length", "52"], ["host", "mail.test"],
+                          ["user-agent", "Python-urllib/3.11"], ["content-type", "application/json"],
+                          ["authorization", "[redacted]"], ["connection", "close"]])
+    text = editor.to_text(a).replace("customer@example.com", "me@example.com")
+    headers, _ = editor.from_text(text, a)
+    assert headers == [tuple(h) for h in a["headers"]]
+    headers, _ = editor.from_text(text.replace("user-agent: Python-urllib/3.11\n", ""), a)
+    assert headers == [("accept-encoding", "identity"), ("content-length", "52"), ("host", "mail.test"),
+                       ("content-type", "application/json"), ("authorization", "[redacted]"), ("connection", "close")]
+
+
 @pytest.mark.parametrize("case, head, error", [
     ("a credential cannot be added", "Authorization: Bearer x", "Authorization cannot be edited"),
     ("Host cannot be changed", "Host: evil.test", "Host cannot be edited"),
@@ -100,6 +114,24 @@ def test_a_grant_on_a_port_names_the_port():
     assert decide.parse_grant("POST mail.test:8025/", "1h", a)["host"] == "mail.test:8025"
     with pytest.raises(ValueError, match=r"own host only \(mail.test:8025\)"):
         decide.parse_grant("POST mail.test/", "1h", a)
+
+
+def test_a_grant_on_a_rule_with_grants_false_is_forbidden_whatever_its_spec():
+    for spec in ("POST mail.test/v3/send", "POST evil.test/"):
+        with pytest.raises(decide.GrantForbidden, match=r"forbids grants \(grants = false\)"):
+            decide.parse_grant(spec, "30m", approval(grants_allowed=0))
+
+
+@pytest.mark.parametrize("case, over, expected", [
+    ("the request's own method, host and path", {}, "POST mail.test/v3/send"),
+    ("without the query", {"url": "https://mail.test/v3/send?to=all"}, "POST mail.test/v3/send"),
+    ("a port off the default is named", {"url": "http://mail.test:8025/send"}, "POST mail.test:8025/send"),
+    ("a tunnel is its host and port", {"method": "CONNECT", "url": "mail.test:443"}, "CONNECT mail.test:443"),
+])
+def test_the_suggested_grant_is_the_narrowest_that_covers_the_request_and_parses(case, over, expected):
+    a = approval(**over)
+    assert decide.suggested_grant(a) == expected
+    decide.parse_grant(expected, "30m", a)  # what the page starts with is a grant the check takes
 
 
 @pytest.mark.parametrize("case, flag, env, config, expected", [

@@ -1,12 +1,15 @@
 """The review pages (`gatewrap approvals serve`) in headless Chromium, on approvals made through
 the store's API as the gate makes them (tests/approvals/test_cli.py has the run end to end):
-approve, edit then approve, reject, a stale decision told why, hostile bodies escaped; and
-requests a browser of another site could make (no CSRF token, a wrong one, a foreign Origin,
-a wrong approval token) refused. SQLite and PostgreSQL."""
+approve, edit then approve, reject, a stale decision told why, hostile bodies escaped; a grant
+made on the page, through a real run (the next matching request passes, another path is asked),
+and refused when stale, too wide or forbidden by the rule; and requests a browser of another
+site could make (no CSRF token, a wrong one, a foreign Origin, a wrong approval token) refused.
+SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 import requests
@@ -25,12 +28,12 @@ RUN = "gw-00000000b1"
 class Asked:
     """One pending approval made with ``ApprovalStore.ask``."""
 
-    def __init__(self, store, body: str):
+    def __init__(self, store, body: str, grants_allowed: bool = True):
         store.start_run(RUN)
         self.store = store
         self.a, _ = store.ask(RUN, rule="policy.toml:rule[1]", method="POST", url="http://allowed.test/echo",
                               headers=[("Content-Type", "application/json"), ("Authorization", "Bearer sk-secret-1")],
-                              body=body.encode())
+                              body=body.encode(), grants_allowed=grants_allowed)
 
     def pending(self):
         return self.a
@@ -134,6 +137,116 @@ def test_a_hostile_body_is_shown_as_text_and_runs_nothing(run, server, chromium)
     assert "&lt;script&gt;" in chromium.page_source
 
 
+#: The grant test's agent: a POST to each path given, in turn; then {path: status} as one line
+#: (a path twice: its second status under the same key with a "#2").
+GRANT_AGENT = """\
+import json, sys, urllib.error, urllib.request
+out = {}
+for path in sys.argv[1:]:
+    req = urllib.request.Request("http://allowed.test" + path, data=b'{"n": 1}', method="POST",
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=600) as r:
+            status = r.status
+    except urllib.error.HTTPError as e:
+        status = e.code
+    out[path if path not in out else path + "#2"] = status
+print(json.dumps(out), flush=True)
+"""
+
+
+def _pending_other_than(run, seen: str, timeout: float = 60) -> dict:
+    """The run's next pending approval after ``seen`` (polled: a bound, not a timing assertion)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        got = [x for x in run.store.list(status="pending") if x["id"] != seen]
+        if got:
+            return got[0]
+        if run.proc.poll() is not None:
+            raise AssertionError(f"the run ended before asking again: {run.finish()}")
+        time.sleep(0.1)
+    raise AssertionError("no second approval appeared")
+
+
+@pytest.mark.kernel
+def test_a_grant_on_the_page_lets_the_next_matching_request_through_and_not_another_path(
+        net, tmp_path, store_url, server, chromium):
+    net.clear_logs()
+    run = held.start(net, tmp_path, store_url, agent=GRANT_AGENT, agent_args=("/echo/a", "/echo/a", "/echo/b"))
+    try:
+        a = run.pending()
+        chromium.get(server.base + a["review_path"])
+        form = chromium.find_element(By.ID, "grant")
+        assert form.find_element(By.NAME, "grant").get_property("value") == "POST allowed.test/echo/a"
+        assert form.find_element(By.NAME, "for").get_property("value") == "30m"
+        _decide(chromium, "grant", **{"for": "10m"})
+        assert chromium.find_element(By.ID, "message").text.startswith("Approved with a grant")
+        (g,) = run.store.grants(run_id=a["run_id"])
+        assert (g["method"], g["host"], g["path_prefix"], g["created_by"]) == \
+            ("POST", "allowed.test", "/echo/a", "bob (web)")
+        assert 590 <= g["expires"] - g["created"] <= 610
+        assert g["id"] in chromium.find_element(By.ID, "granted").text  # the page's facts name it now
+        # the same request again passes by the grant; /echo/b (under the same ask rule) is asked
+        other = _pending_other_than(run, a["id"])
+        assert other["url"] == "http://allowed.test/echo/b"
+        assert len(net.access_entries(method="POST", path="/echo/a")) == 2
+        assert net.access_entries(method="POST", path="/echo/b") == []
+        run.store.decide(other["id"], version=other["version"], digest=other["digest"], verdict="reject",
+                         by="tester", reason="not granted")
+        out = run.finish()
+        # 404: the fake internet's own answer (it serves /echo, not /echo/a), so both went upstream;
+        # 403: the gate's, with the human's reason
+        assert out["agent"] == {"/echo/a": 404, "/echo/a#2": 404, "/echo/b": 403}, out
+        assert run.store.grants(run_id=a["run_id"], active=False)[0]["uses"] == 1
+        assert "2 approvals asked (1 approved, 1 rejected, 1 granted for later), 1 answered by grants" in out["stderr"], out["stderr"]
+    finally:
+        run.stop()
+
+
+def _grant_page(chromium, server, a, spec: str | None = None) -> None:
+    chromium.get(server.base + a["review_path"])
+    fields = {"grant": spec} if spec else {}
+    _decide(chromium, "grant", **fields)
+
+
+def test_a_grant_wider_than_the_requests_host_is_refused_on_the_page(run, server, chromium):
+    a = run.pending()
+    _grant_page(chromium, server, a, "POST evil.test/")
+    msg = chromium.find_element(By.ID, "message").text
+    assert "own host only (allowed.test)" in msg, msg
+    assert chromium.find_element(By.ID, "status").text == "pending"
+    assert run.store.get(a["id"])["status"] == "pending" and run.store.grants(active=False) == []
+
+
+def test_a_grant_on_a_page_answered_elsewhere_meanwhile_is_refused_as_stale(run, server, chromium, store_url):
+    a = run.pending()
+    chromium.get(server.base + a["review_path"])
+    assert cli("reject", a["id"], "--reason", "from the CLI", "--state", store_url).returncode == 0
+    _decide(chromium, "grant")
+    msg = chromium.find_element(By.ID, "message").text
+    assert msg.startswith("refused as stale (decided)") and "rejected by alice" in msg, msg
+    assert chromium.find_elements(By.ID, "grant") == [] and run.store.grants(active=False) == []
+
+
+@pytest.fixture
+def no_grants(store):
+    return Asked(store, held.BODY, grants_allowed=False)
+
+
+def test_a_rule_with_grants_false_has_no_grant_form_and_a_grant_posted_anyway_is_refused(no_grants, server,
+                                                                                         chromium):
+    a = no_grants.pending()
+    chromium.get(server.base + a["review_path"])
+    assert chromium.find_elements(By.ID, "grant") == []
+    assert "forbids grants" in chromium.find_element(By.ID, "no-grant").text
+    assert chromium.find_elements(By.ID, "approve") != []  # approving it alone still works
+    good = {"csrf": server.csrf(a["token"]), "version": str(a["version"]), "digest": a["digest"], "name": "mallory",
+            "grant": "POST allowed.test/echo", "for": "30m"}
+    r = _post(server, a["review_path"] + "/grant", good)
+    assert r.status_code == 403 and "forbids grants (grants = false)" in r.text
+    assert no_grants.store.get(a["id"])["status"] == "pending" and no_grants.store.grants(active=False) == []
+
+
 def _post(server, path, data, headers=None):
     return requests.post(server.base + path, data=data, headers=headers or {}, allow_redirects=False, timeout=30)
 
@@ -141,7 +254,7 @@ def _post(server, path, data, headers=None):
 def test_forms_without_the_csrf_token_or_from_another_site_are_refused(run, server):
     a = run.pending()
     page = requests.get(server.base + a["review_path"], timeout=30)
-    assert page.status_code == 200 and page.headers["Referrer-Policy"] == "same-origin"
+    assert page.status_code == 200 and page.headers["Referrer-Policy"] == "no-referrer"
     assert "script-src" not in page.headers["Content-Security-Policy"]  # default-src 'none': no script at all
     good = {"csrf": server.csrf(a["token"]), "version": str(a["version"]), "digest": a["digest"], "name": "mallory"}
     path = a["review_path"] + "/approve"
@@ -162,6 +275,9 @@ def test_forms_without_the_csrf_token_or_from_another_site_are_refused(run, serv
     assert _post(server, "/a/" + "A" * 43 + "/approve", {**good, "csrf": server.csrf("A" * 43)}).status_code == 404
     assert requests.get(server.base + "/a/" + a["token"][:-1] + "B", timeout=30).status_code == 404
     assert requests.get(server.base + "/l/wrong", timeout=30).status_code == 404
-    # and the right form goes through
-    assert _post(server, path, good).status_code == 303
+    # and the right form goes through, also with the Origin: null that browsers send under
+    # Referrer-Policy: no-referrer, if Sec-Fetch-Site says it came from this origin
+    r = _post(server, path, good, {"Origin": "null", "Sec-Fetch-Site": "same-origin"})
+    assert r.status_code == 303 and r.headers["Referrer-Policy"] == "no-referrer"
     assert run.store.get(a["id"])["decided_by"] == "mallory (web)"
+    assert requests.get(f"{server.base}/l/{server.list_key}", timeout=30).headers["Referrer-Policy"] == "no-referrer"

@@ -32,6 +32,10 @@ TOKEN = "t" * 43
     ("a wrong CSRF token", {"csrf": "0" * 64, "name": "m"}, {}, 403),
     ("a form from another origin", "OK", {"Origin": "http://evil.test"}, 403),
     ("a cross-site fetch", "OK", {"Sec-Fetch-Site": "cross-site"}, 403),
+    ("Origin: null without Sec-Fetch-Site", "OK", {"Origin": "null"}, 403),
+    ("Origin: null from a sandboxed frame of another site", "OK", {"Origin": "null", "Sec-Fetch-Site": "cross-site"},
+     403),
+    ("Origin: null from a page the user opened", "OK", {"Origin": "null", "Sec-Fetch-Site": "none"}, 403),
     ("plain text, not a form", "OK", {"Content-Type": "text/plain"}, 403),
 ])
 def test_a_form_that_is_not_this_pages_is_refused_before_the_store_is_read(server, case, data, headers, status):
@@ -43,6 +47,15 @@ def test_a_form_that_is_not_this_pages_is_refused_before_the_store_is_read(serve
                       timeout=30)
     assert r.status_code == status, case
     assert r.headers["Cache-Control"] == "no-store"
+    assert r.headers["Referrer-Policy"] == "no-referrer"
+
+
+def test_every_page_is_sent_with_referrer_policy_no_referrer(server):
+    """The URL holds a secret (the list key, an approval's token): no Referer may carry it,
+    not even to this origin (a logging proxy in front of --allow-remote would keep it)."""
+    for path in ("/", "/l/wrong", "/static/x"):
+        r = requests.get(server.base + path, timeout=30)
+        assert r.headers["Referrer-Policy"] == "no-referrer", path
 
 
 def test_the_list_needs_its_key_and_nothing_else_is_served(server):

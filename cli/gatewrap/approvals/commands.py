@@ -196,8 +196,9 @@ def edit(approval_id: str, state_url: str | None, as_json: bool) -> int:
     The edit makes a new version: a decision on the old one is refused as stale.
 
     \b
-    Example:
-      EDITOR=nano sudo -E gatewrap approvals edit ap-...
+    Examples:
+      EDITOR=nano gatewrap approvals edit ap-...        # as root
+      sudo EDITOR=nano gatewrap approvals edit ap-...   # through sudo
     """
     from . import editor
 

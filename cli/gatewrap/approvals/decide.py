@@ -23,7 +23,8 @@ class Refused(GatewrapError):
     """A decision the store refused (stale, expired, run ended, not found): exit 1.
 
     ``why`` is the store's (``decided``, ``edited``, ``expired``, ``run ended``, ``digest``,
-    ``not found``) or ``"invalid"`` for a decision refused before it reached the store.
+    ``not found``), or, for a decision refused before it reached the store, ``"invalid"``
+    (a malformed or too wide grant) or ``"forbidden"`` (a grant the rule forbids).
     """
 
     def __init__(self, message: str, why: str) -> None:
@@ -39,23 +40,45 @@ def seconds(text: str) -> int:
     return int(m.group(1)) * _UNIT[m.group(2)]
 
 
+class GrantForbidden(ValueError):
+    """The approval's rule forbids grants (``grants = false`` in the policy)."""
+
+
 def parse_grant(spec: str, duration: str, approval: dict[str, Any]) -> dict[str, Any]:
     """``'POST mail.test/v3/'`` + ``'30m'`` -> the store's grant dict
-    ``{"method", "host", "path_prefix", "seconds"}``.
+    ``{"method", "host", "path_prefix", "seconds"}``. The one check of a grant a human asks
+    for, by ``approve --grant ... --for ...`` and by the review page's grant form alike (the
+    store checks again: gate_core approvals ``check_grant``).
 
     Raises:
+        GrantForbidden: the approval's rule has ``grants = false`` (or the approval does not
+            say: fail closed).
         ValueError: malformed, or wider than the request's host (a grant never is).
     """
+    if not approval.get("grants_allowed"):
+        raise GrantForbidden(f"rule {approval.get('rule')} forbids grants (grants = false): approve this request "
+                             "alone, without a grant")
     m = _GRANT.fullmatch(spec.strip())
     if not m:
-        raise ValueError(f"--grant {spec!r}: give 'METHOD host/path-prefix', e.g. 'POST mail.test/v3/'")
+        raise ValueError(f"grant {spec!r}: give 'METHOD host/path-prefix', e.g. 'POST mail.test/v3/'")
     method, host, prefix = m.group(1), m.group(2).lower(), m.group(3) or "/"
     own = authority(approval["url"])
     if host != own:
-        raise ValueError(f"--grant {spec!r}: a grant covers the request's own host only ({own})")
+        raise ValueError(f"grant {spec!r}: a grant covers the request's own host only ({own})")
     if method != approval["method"] and approval["method"] == "CONNECT":
-        raise ValueError(f"--grant {spec!r}: this approval is a tunnel (CONNECT); a grant on it is 'CONNECT {own}'")
+        raise ValueError(f"grant {spec!r}: this approval is a tunnel (CONNECT); a grant on it is 'CONNECT {own}'")
     return {"method": method, "host": host, "path_prefix": prefix, "seconds": seconds(duration)}
+
+
+def suggested_grant(approval: dict[str, Any]) -> str:
+    """The narrowest grant spec that covers ``approval``'s own request, as
+    :func:`parse_grant` takes it: ``'POST mail.test/v3/mail/send'`` (the path without its
+    query), ``'CONNECT host:port'`` for a tunnel. What the review page's form starts with."""
+    own = authority(approval["url"])
+    if approval["method"] == "CONNECT" or "://" not in approval["url"]:
+        return f"{approval['method']} {own}"
+    path = urllib.parse.urlsplit(approval["url"]).path or "/"
+    return f"{approval['method']} {own}{path}"
 
 
 def authority(url: str) -> str:
@@ -107,7 +130,7 @@ def decide(store: Any, approval_id: str, verdict: str, *, by: str, version: int 
     after ``show``). ``grant``: ``(spec, duration)`` for :func:`parse_grant`.
 
     Raises:
-        Refused: stale, expired, run ended, not found, or an invalid grant.
+        Refused: stale, expired, run ended, not found, or a grant invalid or forbidden.
     """
     from .. import _gate_core as core
 
@@ -119,8 +142,10 @@ def decide(store: Any, approval_id: str, verdict: str, *, by: str, version: int 
     if grant is not None:
         try:
             g = parse_grant(grant[0], grant[1], a)
+        except GrantForbidden as e:
+            raise Refused(f"refused: {e}", "forbidden") from None
         except ValueError as e:
-            raise Refused(str(e), "invalid") from None
+            raise Refused(f"refused: {e}", "invalid") from None
     try:
         return store.decide(approval_id, version=seen_version, digest=seen_digest, verdict=verdict, by=by,
                             reason=reason, grant=g)

@@ -61,7 +61,8 @@ def to_text(a: dict[str, Any]) -> str:
 
 def from_text(text: str, a: dict[str, Any]) -> tuple[list[tuple[str, str]], bytes] | None:
     """Parse an edited file back: ``(headers, body)`` (the fixed headers in their places, the
-    edited ones where the first editable one was), or None if it was emptied.
+    edited ones in the editable ones' places, in order, any added after the last of them), or
+    None if it was emptied.
 
     Raises:
         ValueError: a header line that is not ``Name: value`` (names the line).
@@ -84,12 +85,18 @@ def from_text(text: str, a: dict[str, Any]) -> tuple[list[tuple[str, str]], byte
         if any(c in value for c in "\r\0"):
             raise ValueError(f"line {n}: the value of {name} holds a control character")
         edited.append((name, value.strip()))
-    # the fixed headers keep their places; the edited ones take the place of the first editable one
+    # the fixed headers keep their places; the edited ones fill the editable ones' places in
+    # order (an edit of values only changes no order), and any more follow the last such place
     headers: list[tuple[str, str]] = []
+    slots = sum(1 for n, _ in a["headers"] if not is_fixed(n))
     for n, v in a["headers"]:
         if is_fixed(n):
             headers.append((str(n), str(v)))
-        elif edited:
+            continue
+        slots -= 1
+        if edited:
+            headers.append(edited.pop(0))
+        if slots == 0:
             headers += edited
             edited = []
     headers += edited

@@ -6,18 +6,24 @@ Routes (everything else is 404):
   by ``serve``: every local user can reach a loopback port, so the list is not open to them.
 - ``GET /a/<token>``: one approval (its token is its own secret, 32 random bytes, compared in
   constant time by the store). Shows the exact request, the diff after an edit, and the
-  Approve / Edit / Reject forms.
-- ``POST /a/<token>/approve|reject|edit``: a decision. Each form carries a CSRF token (an
-  HMAC of the approval's token under this server's random key, compared with
+  Approve / Grant / Edit / Reject forms (no Grant form if the rule says ``grants = false``).
+- ``POST /a/<token>/approve|grant|reject|edit``: a decision. Each form carries a CSRF token
+  (an HMAC of the approval's token under this server's random key, compared with
   ``hmac.compare_digest``), the version and digest the page showed, and the decider's name.
-  A request with a missing or wrong CSRF token, a foreign ``Origin``, or another content
-  type is refused (403) before anything is read from the store. A stale decision answers
-  409 with the why.
+  A request with a missing or wrong CSRF token, a foreign ``Origin`` or ``Sec-Fetch-Site``,
+  or another content type is refused (403) before anything is read from the store. A stale
+  decision answers 409 with the why; a malformed one (a grant wider than the request's host,
+  checked by :func:`decide.parse_grant` as for ``approve --grant``) 400; a grant the rule
+  forbids 403.
 
 Every value shown is HTML-escaped (approval bodies are the agent's, i.e. hostile). Pages are
 sent with a Content-Security-Policy that allows no script at all, ``Referrer-Policy:
-same-origin`` (the token is in the URL: no other site sees it; ``no-referrer`` would make
-browsers send ``Origin: null`` on the forms) and ``Cache-Control: no-store``.
+no-referrer`` (the URL holds the token or the list key: not even this origin's own pages, nor
+a logging proxy in front of ``--allow-remote``, get it in a ``Referer``) and ``Cache-Control:
+no-store``. Under ``no-referrer`` a browser sends ``Origin: null`` on a form (Fetch standard,
+"append a request Origin header"), so a form with ``Origin: null`` passes only with
+``Sec-Fetch-Site: same-origin`` (W3C Fetch Metadata), which browsers set whatever the
+referrer policy; the CSRF token is checked either way.
 """
 
 from __future__ import annotations
@@ -142,7 +148,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:  # noqa: N802
         parts = urllib.parse.urlsplit(self.path).path.strip("/").split("/")
-        if len(parts) != 3 or parts[0] != "a" or parts[2] not in ("approve", "reject", "edit"):
+        if len(parts) != 3 or parts[0] != "a" or parts[2] not in ("approve", "grant", "reject", "edit"):
             return self._not_found()
         token, action = parts[1], parts[2]
         form = self._form()
@@ -171,6 +177,9 @@ class Handler(BaseHTTPRequestHandler):
                     return self._page(a, HTTPStatus.OK, ("Nothing was changed (the edit was empty).", False))
                 dec.edit(self.server.store, a["id"], by=by, version=version, digest=digest,
                                  headers=parsed[0], body=parsed[1])
+            elif action == "grant":
+                dec.decide(self.server.store, a["id"], "approve", by=by, version=version, digest=digest,
+                           grant=(form.get("grant", ""), form.get("for", "")))
             else:
                 reason = form.get("reason", "").strip() or None
                 if action == "reject" and not reason:
@@ -180,9 +189,12 @@ class Handler(BaseHTTPRequestHandler):
         except ValueError as err:
             return self._page(a, HTTPStatus.BAD_REQUEST, (f"Not changed: {err}", True))
         except dec.Refused as err:
+            if err.why in ("invalid", "forbidden"):  # refused before the store: the page as it was
+                code = HTTPStatus.FORBIDDEN if err.why == "forbidden" else HTTPStatus.BAD_REQUEST
+                return self._page(a, code, (str(err), True))
             fresh = self.server.store.get(a["id"]) or a
             return self._page(fresh, HTTPStatus.CONFLICT, (str(err), True))
-        done = {"approve": "approved", "reject": "rejected"}.get(action, "edited")
+        done = {"approve": "approved", "grant": "granted", "reject": "rejected"}.get(action, "edited")
         self.send_response(HTTPStatus.SEE_OTHER)
         self.send_header("Location", f"/a/{token}?done={done}")
         self.send_header("Content-Length", "0")
@@ -200,12 +212,15 @@ class Handler(BaseHTTPRequestHandler):
 
     def _form(self) -> dict[str, str] | None:
         """The urlencoded form of a POST, or None after answering 403/413."""
-        origin = self.headers.get("Origin")
-        if origin is not None and origin != self.server.base:
+        origin, site = self.headers.get("Origin"), self.headers.get("Sec-Fetch-Site")
+        if site not in (None, "same-origin", "none"):
             self._send(HTTPStatus.FORBIDDEN, "refused", "<p>Refused: a form from another site.</p>")
             return None
-        if self.headers.get("Sec-Fetch-Site") not in (None, "same-origin", "none"):
-            self._send(HTTPStatus.FORBIDDEN, "refused", "<p>Refused: a form from another site.</p>")
+        # Origin: null is what our own pages' forms send under Referrer-Policy: no-referrer;
+        # it is also what a sandboxed frame of any site sends: only Sec-Fetch-Site tells them apart.
+        if origin is not None and origin != self.server.base and not (origin == "null" and site == "same-origin"):
+            self._send(HTTPStatus.FORBIDDEN, "refused", "<p>Refused: a form from another site (or from a browser "
+                       "that sends <code>Origin: null</code> without <code>Sec-Fetch-Site</code>).</p>")
             return None
         ctype = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
         if ctype != "application/x-www-form-urlencoded":
@@ -244,6 +259,8 @@ class Handler(BaseHTTPRequestHandler):
                  ("version", a["version"]), ("digest", a["digest"])]
         if a.get("decided_by"):
             facts.append(("decided by", f"{a['decided_by']} at {render.when(a.get('decided_at'))}"))
+        if a.get("grant_id"):
+            facts.append(("granted", self._grant_fact(a)))
         if a.get("reason"):
             facts.append(("reason", a["reason"]))
         if a.get("waiters", 0) > 1:
@@ -271,6 +288,33 @@ class Handler(BaseHTTPRequestHandler):
             out.append(self._forms(a, token))
         self._send(status, f"gatewrap approval {a['id']}", "".join(out))
 
+    def _grant_fact(self, a: dict[str, Any]) -> str:
+        """The approval's grant in one line: what it lets through, until when, its use."""
+        g = next((g for g in self.server.store.grants(run_id=a["run_id"], active=False) if g["id"] == a["grant_id"]),
+                 None)
+        if g is None:
+            return str(a["grant_id"])
+        state = (f"revoked {render.when(g['revoked'])} by {g.get('revoked_by')}" if g.get("revoked")
+                 else f"until {render.when(g['expires'])}")
+        return (f"{g['id']}: {g['method']} {g['host']}{g['path_prefix']} of run {g['run_id']}, {state}, "
+                f"used {g.get('uses', 0)}x (gatewrap approvals revoke {g['id']} ends it)")
+
+    def _grant_form(self, a: dict[str, Any], token: str, hidden: str, name: str) -> str:
+        """Approve with a grant: the spec starts as the narrowest one covering this request
+        (:func:`decide.suggested_grant`); the server checks what comes back as ``approve
+        --grant`` does. If the rule forbids grants, a line that says so instead."""
+        if not a.get("grants_allowed"):
+            return (f"<p id=\"no-grant\">Rule {e(a['rule'])} forbids grants (<code>grants = false</code>): each "
+                    "of its requests is asked for.</p>")
+        return (f"<form method=\"post\" action=\"/a/{e(token)}/grant\" id=\"grant\">{hidden}{name}"
+                f"<p>Approve, and let run {e(a['run_id'])} send later requests like this one without asking: "
+                "this method, this host (never another, never another run) and a path prefix, for a while.</p>"
+                f"<label>Grant <input name=\"grant\" required maxlength=\"500\" size=\"50\" "
+                f"value=\"{e(dec.suggested_grant(a))}\"></label> "
+                "<label>for <input name=\"for\" required maxlength=\"12\" size=\"5\" value=\"30m\" "
+                "pattern=\"[0-9]+[smhd]\" title=\"N and a unit: 90s, 30m, 2h, 1d\"></label> "
+                "<button type=\"submit\">Approve and grant</button></form>")
+
     def _forms(self, a: dict[str, Any], token: str) -> str:
         hidden = (f"<input type=\"hidden\" name=\"csrf\" value=\"{e(self.server.csrf(token))}\">"
                   f"<input type=\"hidden\" name=\"version\" value=\"{e(a['version'])}\">"
@@ -279,6 +323,7 @@ class Handler(BaseHTTPRequestHandler):
         forms = [
             f"<form method=\"post\" action=\"/a/{e(token)}/approve\" id=\"approve\">{hidden}{name}"
             "<button type=\"submit\">Approve and send</button></form>",
+            self._grant_form(a, token, hidden, name),
             f"<form method=\"post\" action=\"/a/{e(token)}/reject\" id=\"reject\">{hidden}{name}"
             "<label>Reason (the agent is told) <input name=\"reason\" required maxlength=\"500\"></label> "
             "<button type=\"submit\">Reject</button></form>",
@@ -300,7 +345,7 @@ class Handler(BaseHTTPRequestHandler):
     def _security_headers(self) -> None:
         self.send_header("Content-Security-Policy", "default-src 'none'; style-src 'sha256-"
                          + _style_hash() + "'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
-        self.send_header("Referrer-Policy", "same-origin")
+        self.send_header("Referrer-Policy", "no-referrer")
         self.send_header("Cache-Control", "no-store")
         self.send_header("X-Content-Type-Options", "nosniff")
         self.send_header("X-Frame-Options", "DENY")
@@ -331,6 +376,9 @@ def _style_hash() -> str:
 def done_message(done: str) -> tuple[str, bool] | None:
     """The line shown after a decision went through (the redirect's ``?done=``)."""
     return {"approved": ("Approved: the request is sent to upstream once.", False),
+            "granted": ("Approved with a grant: the request is sent to upstream once, and the run's later "
+                        "requests the grant covers go through without asking until it expires or is revoked.",
+                        False),
             "rejected": ("Rejected: the agent gets 403 with your reason.", False),
             "edited": ("Edited: look at the diff, then approve or reject the edited request.", False),
             }.get(done)
