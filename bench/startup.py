@@ -2,7 +2,10 @@
 """Start-up of ``gatewrap run -- /bin/true`` against its peers, side by side in one run.
 
 Warm: the hooks are pinned and attached (as after any earlier run). Cold: the hooks are
-unloaded before each run (``loader.unload``: compile, load, pin, attach). The commands are
+unloaded before each run (``loader.unload``: compile, load, pin, attach). Cold cache: the
+hooks stay pinned, the page cache is dropped before each run (``echo 3 >
+/proc/sys/vm/drop_caches``, proc(5)): every file of the interpreter, the package, nsjail and
+their libraries is read from disk again, as on the first run after boot. The commands are
 run in turns (one of each, then again), so that a busy neighbour slows them alike; each
 figure is the median wall time of ``--runs`` runs, output to /dev/null. Ratios are against
 ``firejail --noprofile --net=none true`` (issue 13, target 1: warm <= 2.5x) and against the
@@ -12,7 +15,7 @@ Needs root. Peers missing from PATH are skipped (Debian: firejail, bubblewrap, u
 nsjail at /usr/local/bin). Usage::
 
     sudo flock /tmp/gatewrap-kernel.lock .venv/bin/python bench/startup.py [--runs 20] [--cold 3]
-        [--gatewrap PATH]... [--json bench/results/startup.json]
+        [--cold-cache 3] [--gatewrap PATH]... [--json bench/results/startup.json]
 
 Each ``--gatewrap`` adds a build to compare (e.g. another worktree's .venv/bin/gatewrap);
 the default is the one beside this interpreter.
@@ -84,6 +87,8 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=20, help="runs of each command (warm)")
     ap.add_argument("--cold", type=int, default=3, help="cold runs of each gatewrap build (0: none)")
     ap.add_argument("--gatewrap", action="append", help="a gatewrap console script (repeatable)")
+    ap.add_argument("--cold-cache", type=int, default=0,
+                    help="runs of each gatewrap build after dropping the page cache (0: none)")
     ap.add_argument("--no-jail", action="store_true", help="also time each build with --jail none")
     ap.add_argument("--json", default=str(ROOT / "bench/results/startup.json"), help="where to write the figures")
     args = ap.parse_args()
@@ -113,6 +118,12 @@ def main() -> int:
         for gw in builds:
             subprocess.run([python_of(gw), "-c", UNLOAD], check=True)
             cold.setdefault(gw, []).append(wall([gw, "run", "--audit-log", log, "--", "/bin/true"]))
+    cold_cache: dict[str, list[float]] = {}
+    for _ in range(args.cold_cache):
+        for gw in builds:
+            os.sync()
+            Path("/proc/sys/vm/drop_caches").write_text("3\n")
+            cold_cache.setdefault(gw, []).append(wall([gw, "run", "--audit-log", log, "--", "/bin/true"]))
     med = {k: statistics.median(v) for k, v in times.items()}
     fj = med.get("firejail --noprofile --net=none")
     py = med[f"{python_of(builds[0])} -c pass"]
@@ -123,10 +134,14 @@ def main() -> int:
               f"  {name}")
     for gw, v in cold.items():
         print(f"cold, median of {len(v)}: {statistics.median(v) * 1000:8.1f} ms  {gw}")
+    for gw, v in cold_cache.items():
+        print(f"cold cache, median of {len(v)}: {statistics.median(v) * 1000:8.1f} ms  {gw}")
     out = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host": os.uname().nodename,
            "cpus": os.cpu_count(), "runs": args.runs, "warm_s": times, "warm_median_s": med,
            "warm_cpu_median_s": {k: statistics.median(v) for k, v in cpu.items()},
-           "cold_s": cold, "cold_median_s": {k: statistics.median(v) for k, v in cold.items()}}
+           "cold_s": cold, "cold_median_s": {k: statistics.median(v) for k, v in cold.items()},
+           "cold_cache_s": cold_cache,
+           "cold_cache_median_s": {k: statistics.median(v) for k, v in cold_cache.items()}}
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
     return 0

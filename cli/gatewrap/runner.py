@@ -370,7 +370,8 @@ def run(opts: RunOptions, stderr: TextIO | None = None) -> RunResult:
         # (~10 ms, bpf(2) MAP_UPDATE_ELEM on a map of maps): done on a thread while the netns
         # and the gate start; joined before the kernel-denial reader starts, so before any spawn.
         configuring = _OnThread(hooks.configure, cgroup_id, GATE_IP4, GATE_IP6, [opts.port, DNS_PORT], [DNS_PORT])
-        undo.callback(_release_configured, configuring)
+        releasing: list[_OnThread] = []  # the release started at the run's end, if it got there
+        undo.callback(_release_configured, configuring, releasing)
         ns_path = netns.create(run_id)
         undo.callback(netns.remove, run_id)
         inspecting = any(r.get("inspect") for r in policy.describe())
@@ -457,9 +458,13 @@ def run(opts: RunOptions, stderr: TextIO | None = None) -> RunResult:
         cgroup.kill_and_remove(leaf)
         _reap(pid)
         denials.stop()
+        lost = run_hooks.lost() + denials.unrecorded
+        # Removing the run's ring buffer from the map of maps waits an RCU grace period
+        # (~10 ms): on a thread, beside the gate's stop, the run_end record and the removal
+        # of the staged files and the netns; joined by the undo registered with the install.
+        releasing.append(_OnThread(run_hooks.release))
         gate.stop()
         counts = gate.counts()
-        lost = run_hooks.lost() + denials.unrecorded
         asked = None
         if breakpoints is not None:
             _end_run(breakpoints.store, run_id, err)
@@ -482,7 +487,7 @@ class _OnThread:
     def __init__(self, fn: Any, *args: Any) -> None:
         self._value: Any = None
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, args=(fn, args), name="gatewrap-configure")
+        self._thread = threading.Thread(target=self._run, args=(fn, args), name=f"gatewrap-{getattr(fn, '__name__', 'step')}")
         self._thread.start()
 
     def _run(self, fn: Any, args: tuple[Any, ...]) -> None:
@@ -498,9 +503,13 @@ class _OnThread:
         return self._value
 
 
-def _release_configured(configuring: _OnThread) -> None:
-    """Undo of the run's hook configuration: wait for it, then release it (nothing to release
+def _release_configured(configuring: _OnThread, started: list[_OnThread]) -> None:
+    """Undo of the run's hook configuration: wait for the release the run's end ``started``
+    (raising its error), else wait for the configuration, then release it (nothing to release
     if it failed; its error was raised where the run needed it)."""
+    if started:
+        started[0].result()
+        return
     try:
         run_hooks = configuring.result()
     except BaseException:
@@ -527,13 +536,14 @@ def _approvals(opts: RunOptions, policy: Any, run_id: str, audit: Any, err: Text
         GatewrapError: the store cannot be opened, the config file is invalid, or the webhook
             is not an http(s) URL.
     """
-    from .approvals import notify, state
+    from .approvals import state
 
     config = state.load_config()
     url = state.explicit_url(opts.state, config)
     has_ask = policy.default == "ask" or any(r["action"] == "ask" for r in policy.describe())
     if url is None and not has_ask:
         return None
+    from .approvals import notify  # urllib.request, http.client, ssl: ~10-20 ms, only for a run with a store
     url = url or state.DEFAULT_STATE
     store = state.open_store(url)
     notify_cfg = config.get("notify", {})

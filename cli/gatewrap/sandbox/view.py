@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections import deque
 from dataclasses import dataclass
 
 from ..errors import GatewrapError
@@ -188,21 +189,38 @@ def nsjail_args(mounts: list[Mount]) -> list[str]:
 
 def sockets_under(paths: list[str], hidden: list[str] = (), limit: int = SOCKET_SCAN_LIMIT) -> list[str]:
     """Unix sockets below ``paths`` (not following symlinks; folders in ``hidden`` skipped),
-    looking at no more than ``limit`` entries in all. A socket is connectable in the jail
-    even on a read-only mount (connect(2) needs write permission on the socket file, not a
-    writable file system; unix(7))."""
+    looking at no more than ``limit`` entries that are not folders in all, top-down. A socket
+    is connectable in the jail even on a read-only mount (connect(2) needs write permission
+    on the socket file, not a writable file system; unix(7)).
+
+    The type of each entry comes from its folder listing (``d_type`` of getdents(2), through
+    :func:`os.scandir`): only an entry that is neither a folder, a regular file nor a link
+    (or whose type the file system does not say) costs an lstat(2). A folder that cannot be
+    read is skipped (the agent's user may still reach nothing in it either)."""
     found: list[str] = []
     seen = 0
+    skip = set(hidden)
     for top in paths:
-        for root, dirs, files in os.walk(top, followlinks=False):
-            dirs[:] = [d for d in dirs if os.path.join(root, d) not in hidden]
-            for name in files:
-                seen += 1
-                if seen > limit:
-                    return found
+        pending = deque([top])
+        while pending:
+            folder = pending.popleft()
+            try:
+                entries = list(os.scandir(folder))
+            except OSError:
+                continue
+            for entry in entries:
                 try:
-                    if stat.S_ISSOCK(os.lstat(os.path.join(root, name)).st_mode):
-                        found.append(os.path.join(root, name))
+                    if entry.is_dir(follow_symlinks=False):
+                        if entry.path not in skip:
+                            pending.append(entry.path)
+                        continue
+                    seen += 1
+                    if seen > limit:
+                        return found
+                    if entry.is_file(follow_symlinks=False) or entry.is_symlink():
+                        continue
+                    if stat.S_ISSOCK(entry.stat(follow_symlinks=False).st_mode):
+                        found.append(entry.path)
                 except OSError:
                     continue
     return found
