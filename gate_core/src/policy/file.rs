@@ -307,6 +307,7 @@ impl Reader<'_> {
         };
         let mut policy = Policy::new(default);
         policy.mode = mode;
+        policy.reserve_file_rules(file.rule.len());
         for (i, r) in file.rule.iter().enumerate() {
             policy.push_rule(self.rule(i, r)?);
         }

@@ -286,6 +286,11 @@ impl Policy {
         &self.file_rules
     }
 
+    /// Make room for `n` more file rules (a file's, before [`Policy::push_rule`]s them).
+    pub(super) fn reserve_file_rules(&mut self, n: usize) {
+        self.file_rules.reserve_exact(n);
+    }
+
     /// Add `rule` after the others of its [`Origin`] (a command-line rule still comes before
     /// every file rule), and index it by host.
     pub(super) fn push_rule(&mut self, rule: Rule) {
