@@ -112,7 +112,12 @@ def _policy(r: dict) -> list[str]:
             for g, cases in r["median_ns"].items() for c, v in cases.items()]
     out = ["**Policy decisions** (criterion medians, ns; rules named h{i}.example.com or *.d{i}.example.com; "
            "first/last rule's host, or none).", ""]
-    return out + _table(["decision", "host", "10 rules", "1,000", "100,000", "100k ÷ 10"], rows)
+    out += _table(["decision", "host", "10 rules", "1,000", "100,000", "100k ÷ 10"], rows)
+    load = [[kind] + [_f(v.get(n), 3) for n in ("10", "1000", "100000")] for kind, v in r.get("load_ms", {}).items()]
+    if load:
+        out += ["Loading those policies (from_toml: parse, check, index; criterion medians, ms).", ""]
+        out += _table(["rules", "10 rules", "1,000", "100,000"], load)
+    return out
 
 
 def _audit(r: dict) -> list[str]:

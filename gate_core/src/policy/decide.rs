@@ -85,7 +85,21 @@ impl Policy {
     ///    closed): an `allow` rule is skipped (it might not match); a `deny` or `ask` rule
     ///    denies the tunnel, the reason saying it needs `inspect = true`.
     /// 6. No rule decided: the policy's `default` (reason `policy: default ...`).
+    ///
+    /// Rules whose host cannot match are not looked at ([`Policy::candidates`]).
     pub fn decide_connect(&self, host: &Host, port: u16) -> Decision {
+        self.decide_connect_among(self.candidates(host), host, port)
+    }
+
+    /// [`Policy::decide_connect`] looking at every rule: the oracle of tests_index.rs.
+    #[cfg(test)]
+    pub(super) fn decide_connect_linear(&self, host: &Host, port: u16) -> Decision {
+        self.decide_connect_among(self.rules(), host, port)
+    }
+
+    /// [`Policy::decide_connect`] on `rules` (in evaluation order; any rule left out must not
+    /// match `host`).
+    fn decide_connect_among<'a>(&self, rules: impl Iterator<Item = &'a Rule>, host: &Host, port: u16) -> Decision {
         if host.is_unspecified() {
             return Decision::unspecified();
         }
@@ -94,7 +108,7 @@ impl Policy {
             Action::Allow => schemes.iter().all(|s| r.covers_scheme(*s)),
             _ => schemes.iter().any(|s| r.covers_scheme(*s)),
         };
-        let considered = self.rules().filter(|r| r.matches(host, port) && covers(r));
+        let considered = rules.filter(|r| r.matches(host, port) && covers(r));
         for rule in considered {
             if !rule.needs_request() {
                 let mut d = Decision::by_rule(rule);
@@ -139,12 +153,25 @@ impl Policy {
     ///    [`canonical_path`] refuses (encoded `/`, dot segments, ...), denies the request
     ///    (reason `method: ...` / `path: ...`, naming the rule): fail closed, no guessing.
     /// 5. No rule matched: the policy's `default`.
+    ///
+    /// Rules whose host cannot match are not looked at ([`Policy::candidates`]).
     pub fn decide_request(&self, req: &RequestFacts<'_>) -> Decision {
+        self.decide_request_among(self.candidates(req.host), req)
+    }
+
+    /// [`Policy::decide_request`] looking at every rule: the oracle of tests_index.rs.
+    #[cfg(test)]
+    pub(super) fn decide_request_linear(&self, req: &RequestFacts<'_>) -> Decision {
+        self.decide_request_among(self.rules(), req)
+    }
+
+    /// [`Policy::decide_request`] on `rules` (as [`Policy::decide_connect_among`]).
+    fn decide_request_among<'a>(&self, rules: impl Iterator<Item = &'a Rule>, req: &RequestFacts<'_>) -> Decision {
         if req.host.is_unspecified() {
             return Decision::unspecified();
         }
         let mut path: Option<Result<String, PathError>> = None;
-        for rule in self.rules().filter(|r| r.matches(req.host, req.port) && r.covers_scheme(req.scheme)) {
+        for rule in rules.filter(|r| r.matches(req.host, req.port) && r.covers_scheme(req.scheme)) {
             if let Some(methods) = &rule.methods {
                 if !is_upper_method(req.method) {
                     return Decision::refused(
@@ -179,9 +206,20 @@ impl Policy {
     /// whichever host resolved to it: the agent could ask for the address directly anyway.
     pub fn names_ip(&self, ip: IpAddr, port: u16) -> Option<&str> {
         let host = Host::from(ip);
-        self.rules()
-            .find(|r| r.matches(&host, port))
-            .filter(|r| r.action == Action::Allow && r.host == HostPattern::Exact(host.clone()))
+        Self::names_ip_among(self.candidates(&host), &host, port)
+    }
+
+    /// [`Policy::names_ip`] looking at every rule: the oracle of tests_index.rs.
+    #[cfg(test)]
+    pub(super) fn names_ip_linear(&self, ip: IpAddr, port: u16) -> Option<&str> {
+        let host = Host::from(ip);
+        Self::names_ip_among(self.rules(), &host, port)
+    }
+
+    fn names_ip_among<'a>(mut rules: impl Iterator<Item = &'a Rule>, host: &Host, port: u16) -> Option<&'a str> {
+        rules
+            .find(|r| r.matches(host, port))
+            .filter(|r| r.action == Action::Allow && matches!(&r.host, HostPattern::Exact(h) if h == host))
             .map(|r| r.id.as_str())
     }
 }

@@ -305,11 +305,15 @@ impl Reader<'_> {
                 }
             },
         };
-        let file_rules =
-            file.rule.iter().enumerate().map(|(i, r)| self.rule(i, r)).collect::<Result<_, _>>()?;
-        let sandbox = self.sandbox(file.sandbox.as_ref())?;
-        let notify = self.notify(file.notify.as_ref())?;
-        Ok(Policy { default, mode, cli_rules: Vec::new(), file_rules, sandbox, notify })
+        let mut policy = Policy::new(default);
+        policy.mode = mode;
+        policy.reserve_file_rules(file.rule.len());
+        for (i, r) in file.rule.iter().enumerate() {
+            policy.push_rule(self.rule(i, r)?);
+        }
+        policy.sandbox = self.sandbox(file.sandbox.as_ref())?;
+        policy.notify = self.notify(file.notify.as_ref())?;
+        Ok(policy)
     }
 }
 

@@ -5,12 +5,15 @@ pub mod canon;
 pub mod decide;
 pub mod duration;
 pub mod file;
+mod index;
 pub mod path;
 pub mod rules;
 pub mod sandbox;
 pub mod ssrf;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_index;
 #[cfg(test)]
 mod tests_match;
 #[cfg(test)]
@@ -52,7 +55,7 @@ impl Policy {
                 _ => return Err(PolicyError::Port { value: p.to_string() }),
             },
         };
-        self.cli_rules.push(Rule::new(origin.to_string(), host, ports, action, Origin::Cli));
+        self.push_rule(Rule::new(origin.to_string(), host, ports, action, Origin::Cli));
         Ok(())
     }
 }

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use super::budget::Budget;
 use super::canon::{Host, HostPattern};
+use super::index::{HostIndex, Slot};
 use super::path::PathPattern;
 use super::sandbox::Sandbox;
 
@@ -241,9 +242,11 @@ pub struct Policy {
     pub default: Action,
     pub mode: Mode,
     /// Rules from `--allow`/`--deny`, in the order added.
-    pub cli_rules: Vec<Rule>,
+    cli_rules: Vec<Rule>,
     /// Rules from the policy file, in file order.
-    pub file_rules: Vec<Rule>,
+    file_rules: Vec<Rule>,
+    /// Both lists by host; [`Policy::push_rule`], the only way a rule comes in, keeps it.
+    index: HostIndex,
     /// The file's `[sandbox]` paths (for the jail, not for decisions).
     pub sandbox: Sandbox,
     /// The file's `[notify]` table.
@@ -257,6 +260,7 @@ impl Policy {
             mode: Mode::Enforce,
             cli_rules: Vec::new(),
             file_rules: Vec::new(),
+            index: HostIndex::default(),
             sandbox: Sandbox::default(),
             notify: Notify::default(),
         }
@@ -270,5 +274,43 @@ impl Policy {
     /// All rules in evaluation order.
     pub fn rules(&self) -> impl Iterator<Item = &Rule> {
         self.cli_rules.iter().chain(self.file_rules.iter())
+    }
+
+    /// Rules from `--allow`/`--deny`, in the order added.
+    pub fn cli_rules(&self) -> &[Rule] {
+        &self.cli_rules
+    }
+
+    /// Rules from the policy file, in file order.
+    pub fn file_rules(&self) -> &[Rule] {
+        &self.file_rules
+    }
+
+    /// Make room for `n` more file rules (a file's, before [`Policy::push_rule`]s them).
+    pub(super) fn reserve_file_rules(&mut self, n: usize) {
+        self.file_rules.reserve_exact(n);
+    }
+
+    /// Add `rule` after the others of its [`Origin`] (a command-line rule still comes before
+    /// every file rule), and index it by host.
+    pub(super) fn push_rule(&mut self, rule: Rule) {
+        let (list, slot): (_, fn(usize) -> Slot) = match rule.origin {
+            Origin::Cli => (&mut self.cli_rules, Slot::Cli),
+            Origin::File => (&mut self.file_rules, Slot::File),
+        };
+        self.index.insert(slot(list.len()), &rule.host);
+        list.push(rule);
+    }
+
+    pub(super) fn index(&self) -> &HostIndex {
+        &self.index
+    }
+
+    /// The rule at `slot` (a slot from [`Policy::index`]).
+    pub(super) fn at(&self, slot: Slot) -> &Rule {
+        match slot {
+            Slot::Cli(i) => &self.cli_rules[i],
+            Slot::File(i) => &self.file_rules[i],
+        }
     }
 }

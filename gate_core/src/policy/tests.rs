@@ -173,7 +173,7 @@ fn default_allow_and_report_mode() {
 #[test]
 fn file_rules_carry_line_numbers() {
     let p = from_toml(FILE, "policy.toml").expect("parses");
-    let lines: Vec<_> = p.file_rules.iter().map(|r| r.line).collect();
+    let lines: Vec<_> = p.file_rules().iter().map(|r| r.line).collect();
     assert_eq!(lines, vec![Some(5), Some(9), Some(13), Some(18)]);
 }
 
@@ -223,7 +223,7 @@ fn bad_cli_rules_name_the_value() {
             Err(e) => assert_eq!(e.to_string(), *want, "{case}"),
         }
     }
-    assert!(p.cli_rules.is_empty());
+    assert!(p.cli_rules().is_empty());
     assert!(matches!(p.add_rule("a.test", "maybe", "--x"), Err(PolicyError::Action { .. })));
 }
 
@@ -245,7 +245,7 @@ fn rules_naming_an_unspecified_address_are_refused() {
                 Err(e) => assert!(e.to_string().ends_with(why), "{spelling}: --allow {spec}: {e}"),
             }
         }
-        assert!(p.cli_rules.is_empty(), "{spelling}");
+        assert!(p.cli_rules().is_empty(), "{spelling}");
         let text = format!("default = \"deny\"\n\n[[rule]]\nhost = \"{spelling}\"\naction = \"deny\"\n");
         match from_toml(&text, "p.toml") {
             Ok(_) => panic!("{spelling}: file rule accepted"),
@@ -283,7 +283,7 @@ fn allow_private_is_carried_by_allow_decisions() {
     let text = "default = \"allow\"\n\n[[rule]]\nhost = \"*.corp.test\"\naction = \"allow\"\nallow_private = true\n\n\
                 [[rule]]\nhost = \"plain.test\"\naction = \"allow\"\nallow_private = false\n";
     let p = from_toml(text, "p.toml").expect("parses");
-    assert_eq!(p.file_rules.iter().map(|r| r.allow_private).collect::<Vec<_>>(), vec![true, false]);
+    assert_eq!(p.file_rules().iter().map(|r| r.allow_private).collect::<Vec<_>>(), vec![true, false]);
     let d = |h: &str| p.decide_connect(&Host::Name(h.into()), 443).allow_private;
     assert!(d("git.corp.test"));
     assert!(!d("plain.test"));

@@ -222,7 +222,7 @@ fn ask_as_the_default_is_a_breakpoint_too() {
 #[test]
 fn new_keys_are_parsed_with_their_units() {
     let p = policy();
-    let r = &p.file_rules;
+    let r = p.file_rules();
     assert_eq!(r[0].methods.as_deref(), Some(&["POST".to_string(), "PATCH".into(), "DELETE".into()][..]));
     assert_eq!(r[0].timeout, Some(Duration::from_secs(600)));
     assert_eq!(r[3].budget, Some(Budget { count: 6, per: Duration::from_secs(600) }));
