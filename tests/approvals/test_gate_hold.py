@@ -29,10 +29,10 @@ hold = "{hold}"
 class Session:
     """One ``gatewrap run --state`` started in the background."""
 
-    def __init__(self, net, tmp_path, script: str, *, timeout="60s", hold="wait"):
+    def __init__(self, net, tmp_path, script: str, *, timeout="60s", hold="wait", extra=""):
         self.net = net
         policy = tmp_path / "policy.toml"
-        policy.write_text(POLICY.format(timeout=timeout, hold=hold))
+        policy.write_text(POLICY.format(timeout=timeout, hold=hold) + extra)
         self.state = f"sqlite:{tmp_path / 'state.db'}"
         self.store = ApprovalStore(self.state)
         self.audit = tmp_path / "audit.jsonl"

@@ -38,7 +38,7 @@ def request_lines(method: str, url: str, headers: list[Any], body: bytes) -> lis
     """The request as it would go upstream, one list item per line: the request line
     (origin-form), ``Host`` and the headers in order, an empty line, the body. Escaped."""
     u = urllib.parse.urlsplit(url)
-    target = (u.path or "/") + (f"?{u.query}" if u.query else "") if u.scheme else url
+    target = (u.path or "/") + (f"?{u.query}" if u.query else "") if u.scheme in ("http", "https") else url
     lines = [printable(f"{method} {target} HTTP/1.1")]
     if u.netloc and not any(str(n).lower() == "host" for n, _ in headers):
         lines.append(printable(f"Host: {u.netloc}"))

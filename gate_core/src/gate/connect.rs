@@ -1,5 +1,5 @@
-//! CONNECT tunnels: decide, write the `admit` record, dial, answer 200, then copy bytes
-//! both ways; or, when the rule says `inspect = true`, answer 200 and inspect the tunnel
+//! CONNECT tunnels: decide (an `ask` is held for a human, `hold`), write the `admit`
+//! record, dial, answer 200, then copy bytes both ways; or, when the rule says `inspect = true`, answer 200 and inspect the tunnel
 //! (`inspect`).
 
 use std::net::SocketAddr;
@@ -22,7 +22,7 @@ use super::server::Slot;
 use super::respond::{self, Body};
 use super::ctx::Pending;
 use super::target::{split_authority, InvalidPort};
-use super::{guard, inspect, splice, Ctx};
+use super::{guard, hold, inspect, splice, Ctx};
 
 /// A CONNECT that did not open a tunnel ends the connection: what the client sends next
 /// (typically a TLS ClientHello) is not HTTP.
@@ -48,7 +48,14 @@ async fn open(ctx: Arc<Ctx>, peer: SocketAddr, mut req: Request<Incoming>) -> Re
         Err(e) => return ctx.refuse(rec, &format!("protocol: {e}"), &format!("gatewrap gate: {e}")),
     };
     adm.fill(&mut rec);
-    if !adm.proceed {
+    // An `ask`: held until a human decides on the tunnel itself (`hold`); a yes opens it once.
+    let mut sending = None;
+    if hold::applies(&ctx, &adm) {
+        match hold::hold_tunnel(&ctx, &adm, &mut rec, req.headers()).await {
+            Ok(s) => sending = s,
+            Err(answer) => return answer,
+        }
+    } else if !adm.proceed {
         return adm.forbid(&ctx, rec);
     }
     let target = adm.host.with_port(port);
@@ -66,6 +73,9 @@ async fn open(ctx: Arc<Ctx>, peer: SocketAddr, mut req: Request<Incoming>) -> Re
             rec.dst_ip = Some(addr.ip().to_string());
             rec.status = Some(StatusCode::OK.as_u16());
             pending.finish();
+            if let Some(s) = sending.as_mut() {
+                s.status = Some(StatusCode::OK.as_u16());
+            }
             let slot = req.extensions().get::<Slot>().cloned();
             tokio::spawn(tunnel(hyper::upgrade::on(&mut req), upstream, peer, target, slot, ctx.idle_timeout));
             Response::new(respond::empty())

@@ -55,6 +55,9 @@ pub struct Ctx {
     pub(super) upstream: super::pool::Pool<super::respond::Body>,
     /// Approvals (breakpoints); `None`: an `ask` is a denial.
     pub(super) approvals: Option<Arc<super::hold::Approvals>>,
+    /// The proxy port's own addresses in the sandbox netns (`127.0.0.1:PORT`, `[::1]:PORT`):
+    /// an absolute-form request to one of them is for the gate itself (`wait_endpoint`).
+    pub(super) listen_addrs: Vec<SocketAddr>,
 }
 
 impl Ctx {

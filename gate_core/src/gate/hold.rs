@@ -6,8 +6,12 @@
 //! redacted copies). Rejected, expired, cancelled: 403. The store is the truth; wake-ups
 //! only shorten the wait (it is re-read at least every second). A store that cannot be
 //! read or written denies the request (recorded): nothing is sent without it.
+//! An uninspected CONNECT is held the same way, the approval being for the tunnel itself
+//! ([`hold_tunnel`]). The bodies held at once are bounded over the whole gate (the policy's
+//! `[approvals] held_bytes`): past it a request is answered 503, nothing asked nor sent.
 
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -45,6 +49,8 @@ pub struct Approvals {
     /// Approval events written already by this gate ((id, event)): one record per step
     /// even when several requests share the approval.
     written: Mutex<HashSet<(String, &'static str)>>,
+    /// Bytes of request bodies the gate's holds keep in memory now (see [`Reserved`]).
+    held_bytes: Arc<AtomicU64>,
     _listener: wake::Listener,
 }
 
@@ -62,6 +68,7 @@ impl Approvals {
             wakes,
             on_asked: on_asked.map(Arc::new),
             written: Mutex::new(HashSet::new()),
+            held_bytes: Arc::new(AtomicU64::new(0)),
             _listener: listener,
         })
     }
@@ -185,11 +192,36 @@ fn send_headers(original: &HeaderMap, a: &Approval) -> HeaderMap {
     out
 }
 
-type Collected = Result<Bytes, (StatusCode, String)>;
+/// Bytes of one held body counted in the gate's total (`Approvals::held_bytes`), given
+/// back when dropped: when the hold ends (sent, answered, or the agent left).
+struct Reserved {
+    total: Arc<AtomicU64>,
+    n: u64,
+}
 
-/// The whole body, at most `limit` bytes (413 beyond, 400 when it breaks off). Boxed: the
-/// body's error type is erased here, not in the caller's future.
-fn collect<B>(body: B, limit: usize) -> std::pin::Pin<Box<dyn std::future::Future<Output = Collected> + Send>>
+impl Reserved {
+    /// Count `k` more bytes, unless the total would then pass `cap`.
+    fn grow(&mut self, k: u64, cap: u64) -> bool {
+        let ok = self.total.fetch_update(Ordering::AcqRel, Ordering::Acquire, |cur| cur.checked_add(k).filter(|t| *t <= cap)).is_ok();
+        if ok {
+            self.n += k;
+        }
+        ok
+    }
+}
+
+impl Drop for Reserved {
+    fn drop(&mut self) {
+        self.total.fetch_sub(self.n, Ordering::AcqRel);
+    }
+}
+
+type Collected = (Result<Bytes, (StatusCode, String)>, Reserved);
+
+/// The whole body, at most `limit` bytes (413 beyond, 400 when it breaks off), each chunk
+/// counted in `held` first: past `cap` bytes held by the whole gate, 503 (nothing is held
+/// nor sent). Boxed: the body's error type is erased here, not in the caller's future.
+fn collect<B>(body: B, limit: usize, mut held: Reserved, cap: u64) -> std::pin::Pin<Box<dyn std::future::Future<Output = Collected> + Send>>
 where
     B: hyper::body::Body<Data = Bytes> + Send + 'static,
     B::Error: std::fmt::Display + Send + 'static,
@@ -198,15 +230,24 @@ where
         let mut body = std::pin::pin!(body);
         let mut out = bytes::BytesMut::new();
         while let Some(frame) = body.frame().await {
-            let frame = frame.map_err(|e| (StatusCode::BAD_REQUEST, format!("downstream: the request body could not be read: {e}")))?;
+            let frame = match frame {
+                Ok(f) => f,
+                Err(e) => return (Err((StatusCode::BAD_REQUEST, format!("downstream: the request body could not be read: {e}"))), held),
+            };
             if let Ok(data) = frame.into_data() {
                 if out.len() + data.len() > limit {
-                    return Err((StatusCode::PAYLOAD_TOO_LARGE, format!("limit: request body over {limit} bytes (held for approval)")));
+                    return (Err((StatusCode::PAYLOAD_TOO_LARGE, format!("limit: request body over {limit} bytes (held for approval)"))), held);
+                }
+                if !held.grow(data.len() as u64, cap) {
+                    let why = format!(
+                        "limit: the gate holds {cap} bytes of request bodies for approvals at most ([approvals] held_bytes), and they are taken; this request was neither held nor sent"
+                    );
+                    return (Err((StatusCode::SERVICE_UNAVAILABLE, why)), held);
                 }
                 out.extend_from_slice(&data);
             }
         }
-        Ok(out.freeze())
+        (Ok(out.freeze()), held)
     })
 }
 
@@ -219,7 +260,7 @@ where
     B: hyper::body::Body<Data = Bytes> + Send + 'static,
     B::Error: std::fmt::Display + Send + 'static,
 {
-    let (held, held_rec) = hold(ctx, adm, std::mem::take(rec), parts, body, scheme, pq, limit).await;
+    let (held, held_rec) = hold(ctx, adm, std::mem::take(rec), &parts.method, &parts.headers, body, Some((scheme, pq)), limit).await;
     *rec = held_rec;
     match held {
         Held::Answer(resp) => Err(resp),
@@ -234,31 +275,58 @@ where
     }
 }
 
-/// Hold the request (`parts`, `body`) that `adm` (an `ask`) decided, `rec` its record.
+/// [`hold`] for an uninspected CONNECT tunnel (`headers` its request's): the approval is
+/// for the tunnel itself (method `CONNECT`, URL `host:port`, no body; no grants: a grant
+/// names a method and path a tunnel hides). `Ok`: open the tunnel once, `rec` marked
+/// allowed, the [`Sending`] to give the tunnel's status; `Err`: the answer (403, 409, 503).
+pub async fn hold_tunnel(ctx: &Arc<Ctx>, adm: &Admission, rec: &mut GateRecord, headers: &HeaderMap) -> Result<Option<Sending>, Response<Body>> {
+    let empty = http_body_util::Empty::<Bytes>::new();
+    let (held, held_rec) = hold(ctx, adm, std::mem::take(rec), &hyper::Method::CONNECT, headers, empty, None, 0).await;
+    *rec = held_rec;
+    match held {
+        Held::Answer(resp) => Err(resp),
+        Held::Go { sending, .. } => {
+            rec.decision = f::ALLOWED;
+            if let Some(s) = &sending {
+                rec.reason = Some(s.reason());
+            }
+            Ok(sending)
+        }
+    }
+}
+
+/// Hold the request (`method`, `headers`, `body`) that `adm` (an `ask`) decided, `rec` its
+/// record; `target` its scheme and origin-form target, `None` for a CONNECT tunnel.
 #[allow(clippy::too_many_arguments)]
-async fn hold<B>(ctx: &Arc<Ctx>, adm: &Admission, mut rec: GateRecord, parts: &Parts, body: B, scheme: Scheme, pq: &str, limit: usize) -> (Held, GateRecord)
+async fn hold<B>(ctx: &Arc<Ctx>, adm: &Admission, mut rec: GateRecord, method: &hyper::Method, headers: &HeaderMap, body: B, target: Option<(Scheme, &str)>, limit: usize) -> (Held, GateRecord)
 where
     B: hyper::body::Body<Data = Bytes> + Send + 'static,
     B::Error: std::fmt::Display + Send + 'static,
 {
     let ap = ctx.approvals.clone().expect("hold without approvals");
     let rule = adm.decision.rule.clone().unwrap_or_else(|| "default".into());
-    let (timeout, mode, grants_ok) = {
+    let (timeout, mode, grants_ok, cap) = {
         let p = ctx.policy.read().unwrap_or_else(|p| p.into_inner());
-        p.rule(&rule).map_or((DEFAULT_ASK_TIMEOUT, Hold::Wait, true), |r| (r.timeout.unwrap_or(DEFAULT_ASK_TIMEOUT), r.hold, r.grants))
+        let (t, m, g) = p.rule(&rule).map_or((DEFAULT_ASK_TIMEOUT, Hold::Wait, true), |r| (r.timeout.unwrap_or(DEFAULT_ASK_TIMEOUT), r.hold, r.grants));
+        (t, m, g, p.approvals.held_bytes)
     };
     let run = ctx.run_id.clone();
-    let method = parts.method.to_string();
-    let url = digest::canonical_url(scheme, &adm.host, adm.port, pq);
-    let bytes = match collect(body, limit).await {
-        Ok(b) => b,
-        Err((code, why)) => {
+    let method = method.to_string();
+    let url = match target {
+        Some((scheme, pq)) => digest::canonical_url(scheme, &adm.host, adm.port, pq),
+        None => adm.host.with_port(adm.port),
+    };
+    let grants_ok = grants_ok && target.is_some();
+    // Counted until this hold ends (`_held` dropped with this future).
+    let (bytes, _held) = match collect(body, limit, Reserved { total: ap.held_bytes.clone(), n: 0 }, cap).await {
+        (Ok(b), held) => (b, held),
+        (Err((code, why)), _) => {
             let text = format!("gatewrap gate: {why}\n");
             return (deny(ctx, rec.clone(), code, why, text), rec);
         }
     };
     // A grant of this run covering the request lets it through.
-    if grants_ok {
+    if let (true, Some((scheme, pq))) = (grants_ok, target) {
         if let Ok(path) = canonical_path(without_query(pq)) {
             let host = digest::authority(scheme, &adm.host, adm.port);
             let (r, m) = (run.clone(), method.clone());
@@ -267,22 +335,22 @@ where
                     rec.decision = f::ALLOWED;
                     rec.reason = Some(format!("grant: {}", g.id));
                     rec.grant = Some(g.id);
-                    return (Held::Go { headers: parts.headers.clone(), body: bytes, sending: None }, rec);
+                    return (Held::Go { headers: headers.clone(), body: bytes, sending: None }, rec);
                 }
                 Ok(None) => {}
                 Err(e) => return (store_failed(ctx, rec.clone(), &e), rec),
             }
         }
     }
-    let headers: Vec<(String, String)> =
-        parts.headers.iter().map(|(n, v)| (n.as_str().to_string(), String::from_utf8_lossy(v.as_bytes()).into_owned())).collect();
-    let idem = parts.headers.get("idempotency-key").and_then(|v| v.to_str().ok()).map(str::to_string);
+    let shown: Vec<(String, String)> =
+        headers.iter().map(|(n, v)| (n.as_str().to_string(), String::from_utf8_lossy(v.as_bytes()).into_owned())).collect();
+    let idem = headers.get("idempotency-key").and_then(|v| v.to_str().ok()).map(str::to_string);
     let new = NewApproval {
         run_id: run.clone(),
         rule: rule.clone(),
         method,
         url,
-        headers,
+        headers: shown,
         body: bytes.to_vec(),
         idem_key: idem,
         timeout: timeout.as_secs_f64(),
@@ -330,23 +398,36 @@ where
             tokio::task::spawn_blocking(move || cb(&copy));
         }
     }
-    let a = if mode == Hold::Return { a } else { wait(ctx, &ap, a).await };
-    (outcome(ctx, &ap, a, rec.clone(), &parts.headers, bytes).await, rec)
+    let (a, claimed) = if mode == Hold::Return { (a, None) } else { wait(ctx, &ap, a).await };
+    (outcome(ctx, &ap, a, claimed, rec.clone(), headers, bytes).await, rec)
 }
 
 /// Wait until `a` is no longer pending (re-read on a wake-up or every second), expiring
 /// it at its deadline. If the agent leaves (this future is dropped), the approval is
-/// cancelled when no other request shares it.
-async fn wait(ctx: &Arc<Ctx>, ap: &Arc<Approvals>, mut a: Approval) -> Approval {
+/// cancelled when no other request shares it. An approval found approved is claimed in the
+/// same trip to the store (one blocking-thread hop less between the human's yes and the
+/// send): `Some(won)` is that [`Store::claim`]'s answer.
+async fn wait(ctx: &Arc<Ctx>, ap: &Arc<Approvals>, mut a: Approval) -> (Approval, Option<approvals::Result<bool>>) {
     let mut leaving = Leaving { ap: ap.clone(), ctx: ctx.clone(), id: Some(a.id.clone()) };
+    let mut claimed = None;
     loop {
         let woken = ap.wakes.notified();
         tokio::pin!(woken);
         woken.as_mut().enable();
         let id = a.id.clone();
-        match ap.call(move |s| s.get(&id)).await {
-            Ok(Some(now)) => a = now,
-            Ok(None) | Err(_) => {}
+        let read = ap
+            .call(move |s| {
+                let now = s.get(&id)?;
+                let claim = match &now {
+                    Some(n) if n.status == status::APPROVED => Some(s.claim(&id)),
+                    _ => None,
+                };
+                Ok((now, claim))
+            })
+            .await;
+        if let Ok((Some(now), claim)) = read {
+            a = now;
+            claimed = claim;
         }
         if a.status != status::PENDING {
             break;
@@ -360,7 +441,7 @@ async fn wait(ctx: &Arc<Ctx>, ap: &Arc<Approvals>, mut a: Approval) -> Approval 
         let _ = tokio::time::timeout(REREAD.min(Duration::from_secs_f64(left)), woken).await;
     }
     leaving.id = None;
-    a
+    (a, claimed)
 }
 
 /// Cancels a held approval whose last waiting request went away.
@@ -391,8 +472,9 @@ impl Drop for Leaving {
     }
 }
 
-/// Carry out the decision of `a` for this request.
-async fn outcome(ctx: &Arc<Ctx>, ap: &Arc<Approvals>, a: Approval, rec: GateRecord, headers: &HeaderMap, body: Bytes) -> Held {
+/// Carry out the decision of `a` for this request; `claimed`: the [`Store::claim`] made
+/// already when `a` was read (else it is made here).
+async fn outcome(ctx: &Arc<Ctx>, ap: &Arc<Approvals>, a: Approval, claimed: Option<approvals::Result<bool>>, rec: GateRecord, headers: &HeaderMap, body: Bytes) -> Held {
     let id = a.id.clone();
     match a.status.as_str() {
         status::PENDING => {
@@ -419,7 +501,11 @@ async fn outcome(ctx: &Arc<Ctx>, ap: &Arc<Approvals>, a: Approval, rec: GateReco
         }
         status::APPROVED => {
             let cid = id.clone();
-            match ap.call(move |s| s.claim(&cid)).await {
+            let won = match claimed {
+                Some(won) => won,
+                None => ap.call(move |s| s.claim(&cid)).await,
+            };
+            match won {
                 Ok(true) => {
                     if a.edited && ap.first(&id, f::EVENT_APPROVAL_EDITED) {
                         let mut m = event(ctx, f::EVENT_APPROVAL_EDITED, &a);

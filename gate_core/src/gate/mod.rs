@@ -149,7 +149,7 @@ impl Gate {
         let inspector = inspect::Inspector::new(&config.inspect)?.map(Arc::new);
         let listeners = netns::listeners(&config.netns_path, config.listen_port)?;
         let dns = if config.dns_stub { Some(netns::dns_sockets(&config.netns_path)?) } else { None };
-        let listen_addrs = listeners.iter().filter_map(|l| l.local_addr().ok()).collect();
+        let listen_addrs: Vec<SocketAddr> = listeners.iter().filter_map(|l| l.local_addr().ok()).collect();
         let next = AtomicUsize::new(0);
         // Built on the caller's thread, so its workers are in the host netns.
         let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -182,6 +182,7 @@ impl Gate {
                 dns_rate: Default::default(),
                 upstream: pool::Pool::new(pool::IDLE_TIMEOUT, pool::MAX_IDLE_PER_KEY),
                 approvals,
+                listen_addrs: listen_addrs.clone(),
             })
         };
         let open = server::Cap::new(server::MAX_CONNECTIONS, "open connections");

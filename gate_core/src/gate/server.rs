@@ -175,6 +175,9 @@ async fn route(ctx: Arc<Ctx>, peer: SocketAddr, req: Request<Incoming>) -> Respo
     if req.method() == Method::CONNECT {
         return connect::handle(ctx, peer, req).await;
     }
+    if super::wait_endpoint::wants(&ctx, &req) {
+        return super::wait_endpoint::handle(ctx, req).await;
+    }
     match req.uri().scheme_str() {
         Some("http") => forward::handle(ctx, peer, req).await,
         Some(other) => {
@@ -182,7 +185,6 @@ async fn route(ctx: Arc<Ctx>, peer: SocketAddr, req: Request<Incoming>) -> Respo
             let rec = ctx.record_for(f::EVENT_REQUEST, f::PROTO_HTTP, peer, &req);
             ctx.refuse(rec, &format!("protocol: {other}:// is not forwarded"), &msg)
         }
-        None if super::wait_endpoint::wants(&req) => super::wait_endpoint::handle(ctx, req).await,
         None => {
             let rec = ctx.record_for(f::EVENT_REQUEST, f::PROTO_HTTP, peer, &req);
             ctx.refuse(rec, "protocol: origin-form request to the gate", respond::ORIGIN_FORM)

@@ -1,9 +1,13 @@
 //! The agent's wait on an approval, on the gate's own listener:
-//! `GET /.well-known/gatewrap/approvals/ID[?wait=SECONDS]` (origin form) answers JSON
+//! `GET /.well-known/gatewrap/approvals/ID[?wait=SECONDS]`, in origin form or in absolute
+//! form to the gate's own listen address (`GET http://127.0.0.1:3128/.well-known/...`, what
+//! a client with `HTTP_PROXY` set sends; any other authority is an ordinary request, for
+//! the policy), answers JSON
 //! `{"id", "status", "reason", "version", "deadline"}` of an approval of this run (any other
 //! id: 404), at once or, with `wait` (at most 60 s), once it is no longer pending. Nothing
-//! else on the gate is reachable in origin form. Not egress, so not an audit record.
+//! else on the gate is reachable that way. Not egress, so not an audit record.
 
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -21,9 +25,26 @@ use super::Ctx;
 /// The path prefix of the endpoint.
 pub const PREFIX: &str = "/.well-known/gatewrap/approvals/";
 
-/// Whether `req` is for this endpoint (GET, origin form, under [`PREFIX`]).
-pub fn wants<B>(req: &Request<B>) -> bool {
-    req.method() == Method::GET && req.uri().scheme().is_none() && req.uri().path().starts_with(PREFIX)
+/// Whether `req` is for this endpoint: GET under [`PREFIX`], in origin form, or in absolute
+/// form `http://` to one of `ctx`'s listen addresses (an IP literal and port, no userinfo).
+pub fn wants<B>(ctx: &Ctx, req: &Request<B>) -> bool {
+    if req.method() != Method::GET || !req.uri().path().starts_with(PREFIX) {
+        return false;
+    }
+    match (req.uri().scheme_str(), req.uri().authority()) {
+        (None, None) => true,
+        (Some("http"), Some(a)) => to_gate(a.as_str(), &ctx.listen_addrs),
+        _ => false,
+    }
+}
+
+/// `authority` (`IP:PORT`, `[IPv6]:PORT`, or an IP without port: 80) is one of `listen`.
+fn to_gate(authority: &str, listen: &[SocketAddr]) -> bool {
+    let addr = authority.parse::<SocketAddr>().ok().or_else(|| {
+        let ip = authority.strip_prefix('[').and_then(|a| a.strip_suffix(']')).unwrap_or(authority);
+        ip.parse::<IpAddr>().ok().map(|ip| SocketAddr::new(ip, 80))
+    });
+    addr.is_some_and(|a| listen.contains(&a))
 }
 
 fn json(status: StatusCode, v: serde_json::Value) -> Response<Body> {
@@ -69,5 +90,23 @@ pub async fn handle<B>(ctx: Arc<Ctx>, req: Request<B>) -> Response<Body> {
             );
         }
         let _ = tokio::time::timeout((until - now).min(Duration::from_secs(1)), woken).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::to_gate;
+
+    #[test]
+    fn only_the_gates_own_address_is_the_gate() {
+        let listen = ["127.0.0.1:3128".parse().unwrap(), "[::1]:3128".parse().unwrap()];
+        assert!(to_gate("127.0.0.1:3128", &listen));
+        assert!(to_gate("[::1]:3128", &listen));
+        assert!(!to_gate("127.0.0.1:3129", &listen));
+        assert!(!to_gate("127.0.0.1", &listen));
+        assert!(!to_gate("localhost:3128", &listen));
+        assert!(!to_gate("u@127.0.0.1:3128", &listen));
+        assert!(!to_gate("198.51.100.1:3128", &listen));
+        assert!(to_gate("[::1]", &["[::1]:80".parse().unwrap()]));
     }
 }

@@ -25,6 +25,9 @@
 //! [notify]               # optional: where approvals are announced (gatewrap's Python side)
 //! webhook = "https://hooks.example/T0"
 //!
+//! [approvals]            # optional: limits of the gate's holds
+//! held_bytes = 268435456 # most bytes of request bodies held in memory at once (256 MiB)
+//!
 //! [sandbox]              # optional: host paths shown in the agent's jail (`sandbox.rs`)
 //! ro_bind = ["/opt/tools"]   # read-only, as `gatewrap run --ro-bind`
 //! bind = ["/srv/scratch"]    # writable, as `gatewrap run --bind`
@@ -40,7 +43,7 @@ use super::canon::{canonical_pattern, Host, HostPattern};
 use super::decide::is_upper_method;
 use super::duration::parse_duration;
 use super::path::PathPattern;
-use super::rules::{Action, Hold, Mode, Notify, Origin, Policy, Ports, Rule, Scheme};
+use super::rules::{Action, ApprovalLimits, Hold, Mode, Notify, Origin, Policy, Ports, Rule, Scheme};
 use super::sandbox::{path_problem, Sandbox, SandboxPath};
 use super::PolicyError;
 
@@ -56,6 +59,13 @@ struct FileSchema {
     rule: Vec<Spanned<RuleSchema>>,
     sandbox: Option<SandboxSchema>,
     notify: Option<NotifySchema>,
+    approvals: Option<ApprovalsSchema>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ApprovalsSchema {
+    held_bytes: Option<Spanned<i64>>,
 }
 
 #[derive(Deserialize)]
@@ -281,6 +291,15 @@ impl Reader<'_> {
         }
     }
 
+    /// The `[approvals]` table: `held_bytes` a positive integer (bytes).
+    fn approvals(&self, a: Option<&ApprovalsSchema>) -> Result<ApprovalLimits, PolicyError> {
+        let Some(n) = a.and_then(|a| a.held_bytes.as_ref()) else { return Ok(ApprovalLimits::default()) };
+        match u64::try_from(*n.get_ref()) {
+            Ok(v) if v > 0 => Ok(ApprovalLimits { held_bytes: v }),
+            _ => Err(self.err(n.span().start, format!("invalid held_bytes {}: expected a positive number of bytes", n.get_ref()))),
+        }
+    }
+
     fn policy(&self) -> Result<Policy, PolicyError> {
         let file: FileSchema = toml::from_str(self.text).map_err(|e| self.toml_err(&e))?;
         if let Some(v) = &file.version {
@@ -313,6 +332,7 @@ impl Reader<'_> {
         }
         policy.sandbox = self.sandbox(file.sandbox.as_ref())?;
         policy.notify = self.notify(file.notify.as_ref())?;
+        policy.approvals = self.approvals(file.approvals.as_ref())?;
         Ok(policy)
     }
 }

@@ -27,7 +27,7 @@ pub use canon::{canonical_host, canonical_pattern, Host, HostError, HostPattern}
 pub use budget::{Budget, Budgets, Spend};
 pub use path::{canonical_path, PathError, PathPattern};
 pub use sandbox::{Sandbox, SandboxPath};
-pub use rules::{Action, Decision, Hold, Mode, Notify, Origin, Policy, Ports, RequestFacts, Rule, Scheme, DEFAULT_ASK_TIMEOUT, REASON_UNSPECIFIED};
+pub use rules::{Action, ApprovalLimits, Decision, Hold, Mode, Notify, Origin, Policy, Ports, RequestFacts, Rule, Scheme, DEFAULT_ASK_TIMEOUT, DEFAULT_HELD_BYTES, REASON_UNSPECIFIED};
 
 /// A policy that cannot be used: bad file or bad flag value.
 #[derive(Debug, thiserror::Error)]

@@ -69,6 +69,23 @@ impl Hold {
     }
 }
 
+/// Default of `[approvals] held_bytes`: 256 MiB.
+pub const DEFAULT_HELD_BYTES: u64 = 256 * 1024 * 1024;
+
+/// The policy's `[approvals]` table: limits of the gate's holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ApprovalLimits {
+    /// `held_bytes = N`: most bytes of request bodies one gate holds in memory for
+    /// approvals at once, over all its pending holds ([`DEFAULT_HELD_BYTES`]).
+    pub held_bytes: u64,
+}
+
+impl Default for ApprovalLimits {
+    fn default() -> Self {
+        ApprovalLimits { held_bytes: DEFAULT_HELD_BYTES }
+    }
+}
+
 /// The policy's `[notify]` table (used by gatewrap's Python side).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Notify {
@@ -251,6 +268,8 @@ pub struct Policy {
     pub sandbox: Sandbox,
     /// The file's `[notify]` table.
     pub notify: Notify,
+    /// The file's `[approvals]` table.
+    pub approvals: ApprovalLimits,
 }
 
 impl Policy {
@@ -263,6 +282,7 @@ impl Policy {
             index: HostIndex::default(),
             sandbox: Sandbox::default(),
             notify: Notify::default(),
+            approvals: ApprovalLimits::default(),
         }
     }
 

@@ -313,3 +313,17 @@ fn names_ip_needs_an_allow_rule_naming_the_address_and_port() {
     cli.add_rule("[fd00:ec2::254]:80", "allow", "--allow [fd00:ec2::254]:80").expect("rule");
     assert_eq!(cli.names_ip(ip("fd00:ec2::254"), 80), Some("--allow [fd00:ec2::254]:80"));
 }
+
+#[test]
+fn approvals_held_bytes_defaults_to_256_mib_and_must_be_positive() {
+    let p = from_toml("", "p.toml").expect("parses");
+    assert_eq!(p.approvals.held_bytes, super::DEFAULT_HELD_BYTES);
+    assert_eq!(super::DEFAULT_HELD_BYTES, 256 * 1024 * 1024);
+    let p = from_toml("[approvals]\nheld_bytes = 1000\n", "p.toml").expect("parses");
+    assert_eq!(p.approvals.held_bytes, 1000);
+    for bad in ["0", "-1"] {
+        let e = from_toml(&format!("[approvals]\nheld_bytes = {bad}\n"), "p.toml").expect_err("refused");
+        assert!(e.to_string().contains("held_bytes"), "{e}");
+    }
+    assert!(from_toml("[approvals]\nheld = 1\n", "p.toml").is_err(), "unknown keys are refused");
+}
