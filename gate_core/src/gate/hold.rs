@@ -435,7 +435,14 @@ async fn wait(ctx: &Arc<Ctx>, ap: &Arc<Approvals>, mut a: Approval) -> (Approval
         let left = a.deadline - approvals::now();
         if left <= 0.0 {
             let id = a.id.clone();
-            let _ = ap.call(move |s| s.expire(&id)).await;
+            if ap.call(move |s| s.expire(&id)).await.is_err() {
+                // The store cannot record the expiry (full disk, lost server): the deadline
+                // has passed all the same, and a timeout is never a yes. Deny now rather than
+                // ask the failing store again in a loop; the approval left pending there has
+                // no request behind it any more, so a later yes sends nothing.
+                a.status = status::EXPIRED.to_string();
+                break;
+            }
             continue;
         }
         let _ = tokio::time::timeout(REREAD.min(Duration::from_secs_f64(left)), woken).await;

@@ -110,7 +110,7 @@ impl Policy {
         };
         let considered = rules.filter(|r| r.matches(host, port) && covers(r));
         for rule in considered {
-            if !rule.needs_request() {
+            if !rule.needs_request() && !(rule.inspect && rule.action == Action::Ask) {
                 let mut d = Decision::by_rule(rule);
                 if rule.inspect && rule.action == Action::Allow {
                     d.inspect = true;
@@ -118,6 +118,9 @@ impl Policy {
                 }
                 return d;
             }
+            // Conditions on the request, or an ask rule that inspects: the tunnel opens
+            // inspected and each inner request is decided (and, for ask, held) on its own,
+            // so the human sees the method, path and body, not only host:port.
             if rule.inspect {
                 return Decision {
                     action: Action::Allow,

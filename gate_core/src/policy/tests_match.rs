@@ -141,6 +141,11 @@ action = "allow"
 [[rule]]
 host = "asked.test"
 action = "ask"
+
+[[rule]]
+host = "asked-inside.test"
+action = "ask"
+inspect = true
 "#;
     let p = from_toml(text, "t.toml").unwrap_or_else(|e| panic!("{e}"));
     let budget = Some(Budget { count: 1, per: Duration::from_secs(60) });
@@ -161,6 +166,8 @@ action = "ask"
         ("an http-only rule does not cover a tunnel", "plain-only.test", Action::Deny, false, None, "policy: default deny"),
         ("an ask rule decides a tunnel as ask", "asked.test", Action::Ask, false, None,
          "ask: rule t.toml:rule[9] is a breakpoint"),
+        ("an ask rule with inspect inspects the tunnel: each inner request is asked", "asked-inside.test",
+         Action::Allow, true, None, "policy: rule t.toml:rule[10] inspects the tunnel"),
     ];
     for (case, host, action, inspect, budget, reason) in table {
         let d = p.decide_connect(&canonical_host(host).unwrap_or_else(|e| panic!("{e}")), 443);
