@@ -491,9 +491,11 @@ async fn outcome(ctx: &Arc<Ctx>, ap: &Arc<Approvals>, a: Approval, claimed: Opti
                 format!(
                     "gatewrap gate: this request waits for approval {id} (rule {}, until {}).\nRetry the same request \
                      (same body, or the same Idempotency-Key) after a human approved it; to wait without polling upstream:\n  \
-                     curl --proxy '' http://127.0.0.1:3128/.well-known/gatewrap/approvals/{id}?wait=60\n",
+                     curl --proxy '' http://{gate}/.well-known/gatewrap/approvals/{id}?wait=60\n",
                     a.rule,
-                    approvals::rfc3339(a.deadline)
+                    approvals::rfc3339(a.deadline),
+                    gate = ctx.listen_addrs.iter().find(|l| l.is_ipv4()).or(ctx.listen_addrs.first())
+                        .map_or_else(|| "127.0.0.1:3128".to_string(), |l| l.to_string()),
                 ),
             );
             resp.headers_mut().insert(RETRY_AFTER, HeaderValue::from_static("5"));
