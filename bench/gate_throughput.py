@@ -1,23 +1,29 @@
 #!/usr/bin/env python3
-"""The gate's throughput against Squid's, on one machine, against one local upstream.
+"""The gate's throughput against Squid's, on one machine, against one local upstream address.
 
-nginx (Debian's) serves a 100-byte file and a 1 GiB one on 127.0.0.1:18080 of the host.
-The gate (this interpreter's ``gatewrap._gate_core``, started alone: no jail, no hooks)
-listens on 127.0.0.1:3128 in a netns of its own and dials from the host, as in a run;
-Squid listens on the host's 127.0.0.1:13128 with no cache. ``ab -X`` (apache2-utils) sends
-100-byte GETs through each, HTTP/1.0 without keep-alive as ab does by default, at 1, 64
-and 256 connections for ROUND seconds each, alternating gate and Squid; then each is
-loaded for SUSTAIN seconds at 64 connections, and the TIME_WAIT sockets to or from the
-upstream's port are counted at the end (``ss``). Bulk: curl downloads the 1 GiB file
-directly, through a CONNECT tunnel of each proxy (``-p``) and through the gate in absolute
-form, N times each in turn (medians). Prints and writes one JSON object (bench/results/gate_throughput.json, or OUT).
+The pieces are the harness's (bench/harness/): nginx on 127.0.0.1 serves a 100-byte body
+at ``/`` on :18080 (plain) and :443 (TLS), and a 1 GiB file at ``/big``; the gate (this
+interpreter's ``gatewrap._gate_core``, alone: no jail, no hooks) listens on 127.0.0.1:3128
+in a netns of its own and dials from the host, as in a run, writing its audit log; with
+``--inspect``, a second gate on :3129 TLS-inspects :443; Squid listens on the host's
+127.0.0.1:13128 with no cache. Two parts (``--parts``):
 
-Only loopback and a netns this script makes are used; root is needed (netns, setns).
-The gate writes its audit log (two records a request, hash-chained) as in a run.
+- ``load``: hey (Go's client: absolute-form for http://, a CONNECT tunnel and TLS for
+  https://) sends 100-byte GETs through each proxy for SECONDS seconds at each of CONNS
+  connections, for each protocol (``http``, ``connect_tls``) and keep-alive mode, the
+  proxies one after another (each round starts once the upstream ports' TIME_WAIT sockets
+  are under 100; they last 60 s, tcp(7)). Each round samples, every 2 s, the host's
+  TIME_WAIT sockets to or from the upstream ports and all of the host's
+  (``ss -tan state time-wait``), and reports the maxima; requests/s and p99 as ratios
+  gate/Squid.
+- ``bulk``: curl downloads the 1 GiB file directly, through a CONNECT tunnel of each
+  proxy (``-p``) and through the gate in absolute form, BULK_REPS times each in turn
+  (medians, MB/s = 10^6 bytes/s); the gate's clients run in its netns, the others on the
+  host's loopback.
 
-Usage: sudo .venv/bin/python bench/gate_throughput.py [--round S] [--sustain S] [--bulk-reps N] [--out PATH]
-       (--round 0 / --sustain 0 skip those parts)
-       (run it with another build's interpreter, e.g. /work/main/.venv/bin/python, for before/after)
+Only loopback and a netns this script makes are used; root is needed (netns, setns). Run it
+with another build's interpreter (e.g. /work/main/.venv/bin/python) for a before figure.
+Prints and writes one JSON object (bench/results/gate_throughput.json, or OUT).
 """
 
 from __future__ import annotations
@@ -25,168 +31,179 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
+import resource
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from contextlib import ExitStack
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-UP_PORT, GATE_PORT, SQUID_PORT = 18080, 3128, 13128
-BIG = 1 << 30
+sys.path.insert(0, os.path.join(ROOT, "bench"))
 
-NGINX_CONF = """
-daemon off; worker_processes 1; pid {tmp}/nginx.pid; error_log {tmp}/nginx.err;
-events {{ worker_connections 4096; }}
-http {{
-  access_log off; sendfile on; tcp_nopush on;
-  keepalive_timeout 75s; keepalive_requests 10000000;
-  client_body_temp_path {tmp}/nginx; proxy_temp_path {tmp}/nginx; fastcgi_temp_path {tmp}/nginx;
-  uwsgi_temp_path {tmp}/nginx; scgi_temp_path {tmp}/nginx;
-  server {{ listen 127.0.0.1:{port}; root {tmp}/www; }}
-}}
-"""
+from harness.common import median, ratio  # noqa: E402
+from harness.gate import Gate, Netns  # noqa: E402
+from harness.load import curl_bulk, hey  # noqa: E402
+from harness.peers_proxy import Squid  # noqa: E402
+from harness.upstream import HTTP_PORT, TLS_PORT, Nginx  # noqa: E402
 
-SQUID_CONF = """
-http_port 127.0.0.1:{port}
-http_access allow all
-cache deny all
-access_log none
-cache_log {tmp}/squid/cache.log
-pid_filename {tmp}/squid/squid.pid
-coredump_dir {tmp}/squid
-shutdown_lifetime 0 seconds
-workers 1
-"""
-
-POLICY = f'default = "deny"\n\n[[rule]]\nhost = "127.0.0.1"\nport = {UP_PORT}\naction = "allow"\n'
+URLS = {"http": f"http://127.0.0.1:{HTTP_PORT}/", "connect_tls": "https://127.0.0.1/"}
+BIG = f"http://127.0.0.1:{HTTP_PORT}/big"
 
 
-def wait_port(port: int, ns: list[str] | None = None) -> None:
-    for _ in range(200):
-        p = subprocess.run([*(ns or []), "bash", "-c", f"exec 3<>/dev/tcp/127.0.0.1/{port}"], capture_output=True)
-        if p.returncode == 0:
-            return
-        time.sleep(0.05)
-    raise SystemExit(f"nothing listens on 127.0.0.1:{port}")
-
-
-def ab(ns: list[str], proxy_port: int, conns: int, seconds: float) -> dict:
-    cmd = [*ns, "ab", "-q", "-r", "-s", "30", "-t", str(seconds), "-n", "100000000", "-c", str(conns),
-           "-X", f"127.0.0.1:{proxy_port}", f"http://127.0.0.1:{UP_PORT}/small"]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 120).stdout
-    field = lambda rx: float(m.group(1)) if (m := re.search(rx, out)) else None  # noqa: E731
-    return {"conns": conns, "rps": field(r"Requests per second:\s+([\d.]+)"),
-            "p50_ms": field(r"\n\s+50%\s+(\d+)"), "p99_ms": field(r"\n\s+99%\s+(\d+)"),
-            "failed": field(r"Failed requests:\s+(\d+)"), "non_2xx": field(r"Non-2xx responses:\s+(\d+)") or 0}
-
-
-def time_wait() -> int:
-    p = subprocess.run(["ss", "-Htan", "state", "time-wait", f"( sport = :{UP_PORT} or dport = :{UP_PORT} )"],
-                       capture_output=True, text=True)
+def time_wait(upstream_only: bool) -> int:
+    """TIME_WAIT TCP sockets of the host netns (ss(8)): to or from the upstream's ports, or all."""
+    filt = [f"( sport = :{HTTP_PORT} or dport = :{HTTP_PORT} or sport = :{TLS_PORT} or dport = :{TLS_PORT} )"]
+    p = subprocess.run(["ss", "-Htan", "state", "time-wait", *(filt if upstream_only else [])],
+                       capture_output=True, text=True, check=True)
     return len(p.stdout.splitlines())
 
 
-def ss_summary() -> str:
-    return next((ln.strip() for ln in subprocess.run(["ss", "-s"], capture_output=True, text=True).stdout.splitlines()
-                 if ln.startswith("TCP:")), "")
-
-
-def wait_time_wait_gone(limit: float = 70) -> None:
-    """TIME_WAIT lasts 60 s on Linux: start each sustained run from (nearly) none."""
-    end = time.time() + limit
-    while time_wait() > 100 and time.time() < end:
+def drain(limit: int = 100, timeout: float = 65) -> None:
+    t0 = time.monotonic()
+    while time_wait(True) > limit and time.monotonic() - t0 < timeout:
         time.sleep(2)
 
 
-def download(ns: list[str], extra: list[str]) -> float:
-    cmd = [*ns, "curl", "-sS", "-o", "/dev/null", "-w", "%{speed_download}", *extra, f"http://127.0.0.1:{UP_PORT}/big"]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    if p.returncode != 0:
-        raise SystemExit(f"{cmd}: {p.stderr}")
-    return round(float(p.stdout) / 1e6, 1)
+def round_(url: str, port: int, wrap: list[str], conns: int, secs: float, keepalive: bool) -> dict:
+    """One hey round with the TIME_WAIT maxima sampled every 2 s while it runs."""
+    drain()
+    samples: list[tuple[int, int]] = []
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(2):
+            samples.append((time_wait(True), time_wait(False)))
+
+    t = threading.Thread(target=sample)
+    t.start()
+    try:
+        r = hey(url, port, conns, secs, keepalive, wrap)
+    finally:
+        done.set()
+        t.join()
+    r.update(time_wait_upstream_max=max((s[0] for s in samples), default=0),
+             time_wait_host_max=max((s[1] for s in samples), default=0))
+    return r
+
+
+def load(proxies: dict, protos: list[str], conns_list: list[int], modes: list[bool], secs: float) -> dict:
+    out: dict = {}
+    for proto in protos:
+        for ka in modes:
+            for conns in conns_list:
+                cells = {}
+                for name, (port, wrap) in proxies.items():
+                    if proto == "http" and name == "gate (inspect)":
+                        continue
+                    cells[name] = round_(URLS[proto], port, wrap, conns, secs, ka)
+                    print(proto, "keepalive" if ka else "close", conns, name, cells[name], file=sys.stderr, flush=True)
+                sq = cells.get("squid")
+                for name, c in cells.items():
+                    if sq and name != "squid":
+                        c["rps_vs_squid"] = ratio(c["rps"], sq["rps"])
+                        c["p99_vs_squid"] = ratio(c["p99_ms"], sq["p99_ms"])
+                out.setdefault(proto, {}).setdefault("keepalive" if ka else "close", {})[str(conns)] = cells
+    return out
+
+
+def cpu_s(pids: list[int]) -> float:
+    """User + system CPU seconds of the processes ``pids`` (all their threads), proc(5)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
+    return total / tick
+
+
+def nginx_pids() -> list[int]:
+    return [int(p) for p in subprocess.run(["pgrep", "-x", "nginx"], capture_output=True, text=True).stdout.split()]
+
+
+def timed_bulk(port: int | None, tunnel: bool, wrap: list[str] | None, squid: list[int]) -> dict:
+    """One download (curl_bulk) with the CPU seconds it cost each process on the way:
+    curl's (a waited-for child), nginx's, this process's (the gate's threads) and Squid's.
+    Softirq work is charged to whichever of them ran it (loopback delivers in the sender)."""
+    others = {"nginx": nginx_pids(), "squid": squid}
+    before = {k: cpu_s(v) for k, v in others.items()}
+    me0, kids0 = os.times(), resource.getrusage(resource.RUSAGE_CHILDREN)
+    mbps = curl_bulk(BIG, port, tunnel, wrap)
+    me1, kids1 = os.times(), resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = {k: round(cpu_s(v) - before[k], 2) for k, v in others.items()}
+    cpu["curl"] = round(kids1.ru_utime + kids1.ru_stime - kids0.ru_utime - kids0.ru_stime, 2)
+    cpu["gate"] = round(me1.user + me1.system - me0.user - me0.system, 2)
+    return {"MBps": mbps, "cpu_s": cpu}
+
+
+BULK_WAYS = ("direct", "gate tunnel", "gate absolute-form", "squid tunnel")
+
+
+def bulk(proxies: dict, reps: int, squid: list[int], ways: list[str]) -> dict:
+    """``ways`` of BULK_WAYS, each downloaded ``reps`` times in turn."""
+    how = {"direct": (None, False, None), "gate tunnel": (proxies["gate"][0], True, proxies["gate"][1]),
+           "gate absolute-form": (proxies["gate"][0], False, proxies["gate"][1]),
+           "squid tunnel": (proxies["squid"][0], True, [])}
+    runs: dict[str, list[dict]] = {}
+    for _ in range(reps):  # alternating, so a busy moment costs each way alike
+        for way in ways:
+            runs.setdefault(way, []).append(timed_bulk(*how[way], squid))
+        print("bulk", {k: v[-1] for k, v in runs.items()}, file=sys.stderr, flush=True)
+    out: dict = {k: {"median": median([r["MBps"] for r in v]), "runs": v} for k, v in runs.items()}
+    if "gate tunnel" in out and "direct" in out:
+        out["gate_tunnel_vs_direct"] = ratio(out["gate tunnel"]["median"], out["direct"]["median"])
+    return out
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--round", type=float, default=10)
-    ap.add_argument("--sustain", type=float, default=60)
-    ap.add_argument("--bulk-reps", type=int, default=5)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--parts", default="bulk,load", help="comma-separated: bulk, load (default both)")
+    ap.add_argument("--seconds", type=float, default=60, help="length of each load round, s (default 60)")
+    ap.add_argument("--conns", default="1,64,256", help="connections of the load rounds (default 1,64,256)")
+    ap.add_argument("--protos", default="http,connect_tls", help="http, connect_tls (default both)")
+    ap.add_argument("--keepalive", choices=("on", "off", "both"), default="both", help="hey's keep-alive (default both)")
+    ap.add_argument("--inspect", action="store_true", help="also a TLS-inspecting gate in the connect_tls rounds")
+    ap.add_argument("--ways", default=",".join(BULK_WAYS), help=f"bulk downloads, of: {', '.join(BULK_WAYS)}")
+    ap.add_argument("--bulk-reps", type=int, default=5, help="downloads of each way (default 5)")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "gate_throughput.json"))
     args = ap.parse_args()
-    for tool in ("nginx", "squid", "ab", "curl", "ss"):
-        if not shutil.which(tool) and not os.path.exists(f"/usr/sbin/{tool}"):
-            raise SystemExit(f"{tool} is missing: apt-get install nginx-light squid apache2-utils curl iproute2")
-    from gatewrap import _gate_core as core
-
-    ns_name = f"gwb-gate-{os.getpid()}"
-    ns = ["ip", "netns", "exec", ns_name]
-    procs: list[subprocess.Popen] = []
-    gate = None
-    with tempfile.TemporaryDirectory(prefix="gwb-") as tmp:
-        try:
-            os.chmod(tmp, 0o755)  # nginx's workers read www/ as their own user
-            os.makedirs(f"{tmp}/www")
-            os.makedirs(f"{tmp}/nginx")  # nginx gives its temp paths to its workers' user
-            with open(f"{tmp}/www/small", "wb") as f:
-                f.write(b"x" * 99 + b"\n")
-            with open(f"{tmp}/www/big", "wb") as f:
-                f.truncate(BIG)
-            with open(f"{tmp}/nginx.conf", "w") as f:
-                f.write(NGINX_CONF.format(tmp=tmp, port=UP_PORT))
-            with open(f"{tmp}/squid.conf", "w") as f:
-                f.write(SQUID_CONF.format(tmp=tmp, port=SQUID_PORT))
-            procs.append(subprocess.Popen(["nginx", "-c", f"{tmp}/nginx.conf"]))
-            os.makedirs(f"{tmp}/squid")
-            os.chmod(f"{tmp}/squid", 0o777)  # squid drops to its own user and writes its log here
-            procs.append(subprocess.Popen(["squid", "-N", "-f", f"{tmp}/squid.conf"]))
-            subprocess.run(["ip", "netns", "add", ns_name], check=True)
-            subprocess.run(["ip", "-n", ns_name, "link", "set", "lo", "up"], check=True)
-            audit = core.AuditLog(f"{tmp}/audit.jsonl", key=None)
-            gate = core.Gate(run_id="bench", netns_path=f"/run/netns/{ns_name}", policy=core.Policy.from_toml(POLICY, "bench.toml"),
-                             audit=audit, listen_port=GATE_PORT)
-            wait_port(UP_PORT)
-            wait_port(SQUID_PORT)
-            wait_port(GATE_PORT, ns)
-            subprocess.run(["cat", f"{tmp}/www/big"], stdout=subprocess.DEVNULL)  # page cache warm
-            out: dict = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "python": sys.executable,
-                         "machine": f"{os.cpu_count()} cores, {os.uname().release}", "round_s": args.round,
-                         "rounds": {"gate": [], "squid": []}}
-            for conns in (1, 64, 256) if args.round else ():
-                out["rounds"]["gate"].append(ab(ns, GATE_PORT, conns, args.round))
-                out["rounds"]["squid"].append(ab([], SQUID_PORT, conns, args.round))
-                print(conns, out["rounds"]["gate"][-1], out["rounds"]["squid"][-1], file=sys.stderr)
-            out["sustained"] = {}
-            for who, n, port in (("gate", ns, GATE_PORT), ("squid", [], SQUID_PORT)) if args.sustain else ():
-                wait_time_wait_gone()
-                before = time_wait()
-                r = ab(n, port, 64, args.sustain)
-                r.update(time_wait_before=before, time_wait_after=time_wait(), ss_s=ss_summary(), seconds=args.sustain)
-                out["sustained"][who] = r
-                print("sustained", who, r, file=sys.stderr)
-            ways = {"direct": ([], []),
-                    "gate_tunnel": (ns, ["-p", "-x", f"http://127.0.0.1:{GATE_PORT}"]),
-                    "squid_tunnel": ([], ["-p", "-x", f"http://127.0.0.1:{SQUID_PORT}"]),
-                    "gate_absolute_form": (ns, ["-x", f"http://127.0.0.1:{GATE_PORT}"])}
-            runs: dict[str, list[float]] = {k: [] for k in ways}
-            for _ in range(args.bulk_reps):  # alternating, so a busy moment costs each way alike
-                for k, (n, extra) in ways.items():
-                    runs[k].append(download(n, extra))
-            out["bulk_MBps"] = {k: {"median": statistics.median(v), "runs": v} for k, v in runs.items()}
-            print("bulk", out["bulk_MBps"], file=sys.stderr)
-            out["gate_counts"] = gate.counts()
-        finally:
-            if gate is not None:
-                gate.stop()
-            for p in procs:
-                p.terminate()
-                try:
-                    p.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-            subprocess.run(["ip", "netns", "del", ns_name], capture_output=True)
+    parts = args.parts.split(",")
+    for tool in ("nginx", "squid", "hey", "curl", "ss", "openssl"):
+        if not shutil.which(tool):
+            raise SystemExit(f"{tool} is missing: bench/install_peers.sh installs the peers")
+    tmp = tempfile.mkdtemp(prefix="gwb-throughput-")
+    os.chmod(tmp, 0o755)  # nginx's workers read the files as their own user
+    out: dict = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "python": sys.executable,
+                 "machine": f"{os.cpu_count()} cores, {os.uname().release}", "load_s": args.seconds,
+                 "loadavg_start": os.getloadavg()}
+    try:
+        with ExitStack() as stack:
+            nginx = stack.enter_context(Nginx(tmp))
+            ns = stack.enter_context(Netns(f"gwb-{os.getpid()}"))
+            proxies: dict[str, tuple[int, list[str]]] = {}
+            gates = {}
+            for name, inspect in (("gate", False), ("gate (inspect)", True)) if args.inspect else (("gate", False),):
+                gates[name] = stack.enter_context(Gate(ns, tmp, inspect, nginx.ca))
+                proxies[name] = (gates[name].port, ns.exec([]))
+            squid = stack.enter_context(Squid(tmp))
+            proxies["squid"] = (squid.port, [])
+            assert squid.proc is not None
+            squid_pids = [int(p) for p in subprocess.run(["pgrep", "-s", str(squid.proc.pid)], capture_output=True,
+                                                         text=True).stdout.split()]
+            subprocess.run(["cat", f"{tmp}/big"], stdout=subprocess.DEVNULL, check=True)  # page cache warm
+            if "bulk" in parts:
+                out["bulk_MBps"] = bulk(proxies, args.bulk_reps, squid_pids, args.ways.split(","))
+            if "load" in parts:
+                modes = {"on": [True], "off": [False], "both": [True, False]}[args.keepalive]
+                out["load"] = load(proxies, args.protos.split(","), [int(c) for c in args.conns.split(",")], modes,
+                                   args.seconds)
+            out["gate_counts"] = {name: g.counts() for name, g in gates.items()}
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    out["loadavg_end"] = os.getloadavg()
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(out, f, indent=1)

@@ -33,7 +33,10 @@ def sections(quick: bool) -> dict:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(prog="bench/run")
+    ap = argparse.ArgumentParser(prog="bench/run", formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 description="Measure gatewrap against its peers (issue 13); root. Installs the peers\n"
+                                 "(bench/install_peers.sh), then writes bench/results/latest.{json,md}.\n"
+                                 "GATEWRAP_PYTHON=path picks the build measured (default: .venv/bin/python).")
     ap.add_argument("--only", help="comma-separated sections (default: all)")
     ap.add_argument("--quick", action="store_true", help="small sizes, a smoke test of the harness (~4 min)")
     ap.add_argument("--readme", action="store_true", help="also put the table in the README's Benchmarks section")

@@ -209,6 +209,29 @@ fn inner_requests_are_decided_forwarded_and_audited_one_by_one() {
     assert!(at("admit", &t("/ok")) < at("request", &t("/ok")), "admit before the request's record");
 }
 
+/// Inspected requests of different tunnels to one host go upstream on one kept TLS
+/// connection (the pool), each request still decided and recorded with its address.
+#[test]
+fn tunnels_to_one_host_share_a_kept_upstream_connection() {
+    let s = setup("insp-pool");
+    let (g, ca, port) = (s.gate.listen_addrs()[0], s.gate_ca.clone(), s.good);
+    let answers = in_netns(s.ns.path(), move || {
+        let target = format!("127.0.0.1:{port}");
+        (0..3)
+            .map(|i| {
+                let mut tls = open(g, &target, &ca, "127.0.0.1").1.expect("tls");
+                ask(&mut tls, &format!("GET /t{i} HTTP/1.1\r\nHost: {target}\r\n\r\n"))
+            })
+            .collect::<Vec<_>>()
+    });
+    s.gate.stop();
+    let conns: Vec<Option<&str>> = answers.iter().map(|a| a.lines().find_map(|l| l.strip_prefix("x-conn: "))).collect();
+    assert_eq!(conns, vec![Some("1"); 3], "{answers:#?}");
+    let recs = records(&s.audit, "https");
+    assert_eq!(recs.len(), 3);
+    assert!(recs.iter().all(|r| r["decision"] == "allowed" && r["status"] == 200 && r["dst_ip"] == "127.0.0.1"), "{recs:#?}");
+}
+
 #[test]
 fn refusals_inside_a_tunnel_say_why() {
     let s = setup("insp-refuse");

@@ -108,7 +108,6 @@ fn inspect_tunnel(ctx: Arc<Ctx>, peer: SocketAddr, mut req: Request<Incoming>, m
         port: adm.port,
         peer,
         inspector,
-        upstream: tokio::sync::Mutex::new(None),
     };
     tokio::spawn(inspect::serve(ctx, hyper::upgrade::on(&mut req), tunnel, slot));
     Response::new(respond::empty())

@@ -53,6 +53,8 @@ pub struct Ctx {
     pub(super) dns_rate: super::dns_stub::RecordRate,
     /// Kept upstream connections of plain-http requests (see `pool`).
     pub(super) upstream: super::pool::Pool<super::respond::Body>,
+    /// Kept upstream TLS connections of inspected requests (see `pool`, `inspect`).
+    pub(super) inspected: super::pool::Pool<super::inspect::UpBody>,
     /// Approvals (breakpoints); `None`: an `ask` is a denial.
     pub(super) approvals: Option<Arc<super::hold::Approvals>>,
     /// The proxy port's own addresses in the sandbox netns (`127.0.0.1:PORT`, `[::1]:PORT`):

@@ -34,14 +34,6 @@ pub async fn vetted(ctx: &Ctx, adm: &Admission) -> Result<Vec<IpAddr>, DialError
     screen_for(ctx, adm, ips)
 }
 
-/// True when `ip`, an address the gate is already connected to (an inspected tunnel keeps
-/// its upstream connection), may carry the request `adm` decided: the guard is applied
-/// again, since the request that opened the connection may have been allowed by another
-/// rule (`allow_private`, or a rule naming the address).
-pub fn permits(ctx: &Ctx, adm: &Admission, ip: IpAddr) -> bool {
-    screen_for(ctx, adm, vec![ip]).is_ok()
-}
-
 fn screen_for(ctx: &Ctx, adm: &Admission, ips: Vec<IpAddr>) -> Result<Vec<IpAddr>, DialError> {
     let policy = ctx.policy.read().unwrap_or_else(|p| p.into_inner());
     let allow_private = adm.decision.allow_private && matches!(adm.host, Host::Name(_));

@@ -181,6 +181,7 @@ impl Gate {
                 clients: Arc::new(client::Clients::new(config.run_cgroup)),
                 dns_rate: Default::default(),
                 upstream: pool::Pool::new(pool::IDLE_TIMEOUT, pool::MAX_IDLE_PER_KEY),
+                inspected: pool::Pool::new(pool::IDLE_TIMEOUT, pool::MAX_IDLE_PER_KEY),
                 approvals,
                 listen_addrs: listen_addrs.clone(),
             })

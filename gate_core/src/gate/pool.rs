@@ -9,7 +9,9 @@
 //!   ([`dial::connect_any`]). A name that now resolves elsewhere (DNS rebinding, a new
 //!   deployment) gets a new connection to its new, vetted address (contract 4).
 //! - A connection is kept under a [`Key`]: scheme, host the request was decided for,
-//!   deciding rule and peer address; each gate (one run, one policy) has its own pool.
+//!   deciding rule and peer address; each gate (one run, one policy) has its own pool, and
+//!   one more for the TLS connections of inspected tunnels (`inspect/inner.rs`, scheme
+//!   `https`, host the TLS server name), shared by all of the run's tunnels to that host.
 //! - A kept connection is given back only once hyper has read its response to the end and
 //!   the connection can carry another request (`SendRequest::ready`); it is dropped after
 //!   [`IDLE_TIMEOUT`] unused, beyond [`MAX_IDLE_PER_KEY`], when upstream closes it, or
@@ -22,7 +24,7 @@
 
 use std::collections::HashMap;
 use std::io;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -144,6 +146,12 @@ where
         Pool { shared: self.shared.clone(), idle_timeout: self.idle_timeout, max_idle: self.max_idle }
     }
 
+    /// The kept connection for the first of `ips` (the addresses the SSRF guard kept for
+    /// this request, in its order; `port` theirs) that has one under `key(addr)`, with its key.
+    pub fn take_vetted(&self, ips: &[IpAddr], port: u16, key: impl Fn(SocketAddr) -> Key) -> Option<(Key, SendRequest<B>)> {
+        ips.iter().map(|ip| key(SocketAddr::new(*ip, port))).find_map(|k| self.take(&k).map(|s| (k, s)))
+    }
+
     /// Connections kept now, over all keys (tests).
     #[cfg(test)]
     fn kept(&self) -> usize {
@@ -193,11 +201,8 @@ pub struct Conn<'p> {
 pub async fn checkout<'p>(ctx: &Ctx, pool: &'p Pool<ReqBody>, adm: &Admission) -> Result<Conn<'p>, DialError> {
     let kept = guard::vetted(ctx, adm).await?;
     let key = |addr| Key { scheme: "http", host: adm.host.clone(), rule: adm.decision.rule.clone(), addr };
-    for ip in &kept {
-        let key = key(SocketAddr::new(*ip, adm.port));
-        if let Some(sender) = pool.take(&key) {
-            return Ok(Conn { pool, key, sender, reused: true, connect_timeout: ctx.connect_timeout });
-        }
+    if let Some((key, sender)) = pool.take_vetted(&kept, adm.port, key) {
+        return Ok(Conn { pool, key, sender, reused: true, connect_timeout: ctx.connect_timeout });
     }
     let (tcp, addr) = dial::connect_any(&kept, adm.port, ctx.connect_timeout).await?;
     let sender = handshake(tcp, addr).await?;

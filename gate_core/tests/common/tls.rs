@@ -73,7 +73,8 @@ fn read_request(s: &mut impl Read) -> Option<(String, Vec<u8>)> {
 }
 
 /// A TLS upstream on 127.0.0.1 serving `pki`'s leaf. Each request is answered 200 with
-/// `METHOD PATH host=HOST body=N`; the connection is kept until the client closes.
+/// `METHOD PATH host=HOST body=N` and the header `x-conn: K`, K counting the TCP
+/// connections it accepted from 1; the connection is kept until the client closes.
 pub fn upstream(pki: &Pki) -> SocketAddr {
     let config = ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
@@ -85,7 +86,7 @@ pub fn upstream(pki: &Pki) -> SocketAddr {
     let l = TcpListener::bind("127.0.0.1:0").expect("bind tls upstream");
     let addr = l.local_addr().expect("addr");
     std::thread::spawn(move || {
-        for s in l.incoming().flatten() {
+        for (k, s) in l.incoming().flatten().enumerate() {
             let config = config.clone();
             std::thread::spawn(move || {
                 let Ok(conn) = ServerConnection::new(config) else { return };
@@ -96,7 +97,7 @@ pub fn upstream(pki: &Pki) -> SocketAddr {
                     let (method, path) = (words.next().unwrap_or_default(), words.next().unwrap_or_default());
                     let host = head.lines().find_map(|l| l.strip_prefix("host: ").or(l.strip_prefix("Host: "))).unwrap_or("-");
                     let text = format!("{method} {path} host={host} body={}", body.len());
-                    let resp = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{text}", text.len());
+                    let resp = format!("HTTP/1.1 200 OK\r\nx-conn: {}\r\nContent-Length: {}\r\n\r\n{text}", k + 1, text.len());
                     if tls.write_all(resp.as_bytes()).and_then(|_| tls.flush()).is_err() {
                         return;
                     }

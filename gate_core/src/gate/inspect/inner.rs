@@ -8,7 +8,7 @@
 //! record stays `allowed` (with the limit as `error`): part of it has reached upstream.
 
 use std::error::Error as _;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use http_body_util::{BodyExt, LengthLimitError, Limited};
@@ -22,9 +22,10 @@ use hyper_util::rt::TokioIo;
 use crate::audit::fields as f;
 use crate::policy::{canonical_host, Host, RequestFacts, Scheme};
 
-use super::super::admit::{admit_request, Admission};
+use super::super::admit::admit_request;
 use super::super::hold;
-use super::super::dial::DialError;
+use super::super::dial::{self, DialError};
+use super::super::pool::Key;
 use super::super::ctx::Pending;
 use super::super::respond::{self, Body};
 use super::super::target::{split_authority, upstream_target, ASTERISK_REASON, ASTERISK_REFUSED};
@@ -142,16 +143,21 @@ pub(super) async fn handle(ctx: Arc<Ctx>, tunnel: Arc<Tunnel>, req: Request<Inco
         return unrecorded;
     }
     let mut pending = Pending::new(ctx.clone(), rec);
-    let mut slot = tunnel.upstream.lock().await;
-    // A kept connection serves this request only if the SSRF guard would let it dial there.
-    let (mut sender, addr) = match slot.take().filter(|(s, a)| s.is_ready() && guard::permits(&ctx, &adm, a.ip())) {
-        Some(kept) => kept,
-        None => match connect(&ctx, &tunnel, &adm).await {
-            Ok(fresh) => fresh,
+    // The SSRF guard on every request; a kept connection only to an address it kept now.
+    let vetted = match guard::vetted(&ctx, &adm).await {
+        Ok(ips) => ips,
+        Err(e) => return pending.fail(&adm, &e),
+    };
+    let key = |addr| Key { scheme: "https", host: host.clone(), rule: adm.decision.rule.clone(), addr };
+    let (sender, key, reused) = match ctx.inspected.take_vetted(&vetted, port, key) {
+        Some((key, sender)) => (sender, key, true),
+        None => match connect(&ctx, &tunnel, &vetted).await {
+            Ok((sender, addr)) => (sender, key(addr), false),
             Err(Failure::Dial(e)) => return pending.fail(&adm, &e),
             Err(Failure::After(addr, cause)) => return after_dial(pending, &host.with_port(port), addr, cause),
         },
     };
+    let addr = key.addr;
     pending.rec().dst_ip = Some(addr.ip().to_string());
     let down_upgrade = (asked == Asked::WebSocket).then(|| hyper::upgrade::on(&mut req));
     let (mut parts, body) = req.into_parts();
@@ -168,9 +174,9 @@ pub(super) async fn handle(ctx: Arc<Ctx>, tunnel: Arc<Tunnel>, req: Request<Inco
     if let Ok(h) = HeaderValue::from_str(&authority_of(host, port)) {
         parts.headers.insert(HOST, h);
     }
-    let result = sender.send_request(Request::from_parts(parts, body)).await;
+    let result = send(&ctx, &tunnel, sender, reused, addr, Request::from_parts(parts, body)).await;
     match result {
-        Ok(resp) => {
+        Ok((resp, sender)) => {
             pending.rec().status = Some(resp.status().as_u16());
             if let Some(s) = sending.as_mut() {
                 s.status = Some(resp.status().as_u16());
@@ -181,14 +187,15 @@ pub(super) async fn handle(ctx: Arc<Ctx>, tunnel: Arc<Tunnel>, req: Request<Inco
                     upgrade::switch(down, resp, ctx.idle_timeout, host.with_port(port))
                 }
                 _ => {
-                    *slot = Some((sender, addr));
+                    ctx.inspected.give_back(key, sender);
                     let (mut parts, body) = resp.into_parts();
                     strip_hop_by_hop(&mut parts.headers);
                     Response::from_parts(parts, body.boxed())
                 }
             }
         }
-        Err(e) if e.source().is_some_and(|s| s.downcast_ref::<LengthLimitError>().is_some()) => {
+        Err(Sent::Dial(addr, cause)) => after_dial(pending, &host.with_port(port), addr, cause),
+        Err(Sent::Http(e)) if e.source().is_some_and(|s| s.downcast_ref::<LengthLimitError>().is_some()) => {
             // Found while streaming: the head and up to `limit` bytes of the body have gone
             // upstream, so the record stays `allowed` (it must not say nothing left).
             let (reason, body) = too_large(limit);
@@ -198,7 +205,37 @@ pub(super) async fn handle(ctx: Arc<Ctx>, tunnel: Arc<Tunnel>, req: Request<Inco
             pending.finish();
             respond::text(StatusCode::PAYLOAD_TOO_LARGE, "denied", body)
         }
-        Err(e) => pending.send_failed(&host.with_port(port), forward::send_failure(&e)),
+        Err(Sent::Http(e)) => pending.send_failed(&host.with_port(port), forward::send_failure(&e)),
+    }
+}
+
+/// Why a request got no response: a kept connection upstream had closed and the new one
+/// to the same address failed (as [`Failure::After`]), or the exchange itself failed.
+enum Sent {
+    Dial(SocketAddr, String),
+    Http(hyper::Error),
+}
+
+/// Send `req` on `sender` (to `addr`); a kept connection (`reused`) that upstream closed
+/// before the request was written is replaced by a new one to the same address, once
+/// (hyper hands the request back: nothing of it reached upstream). Returns the response
+/// head and the connection it came on.
+async fn send(ctx: &Ctx, tunnel: &Tunnel, mut sender: Sender, reused: bool, addr: SocketAddr, req: Request<UpBody>)
+    -> Result<(Response<Incoming>, Sender), Sent> {
+    match sender.try_send_request(req).await {
+        Ok(resp) => Ok((resp, sender)),
+        Err(mut e) => match e.take_message() {
+            Some(req) if reused => {
+                tracing::debug!(dst.ip = %addr, error = %e.error(), "kept connection closed; dialling again");
+                let (mut fresh, _) = connect(ctx, tunnel, &[addr.ip()]).await.map_err(|f| match f {
+                    Failure::Dial(d) => Sent::Dial(addr, d.to_string()),
+                    Failure::After(a, cause) => Sent::Dial(a, cause),
+                })?;
+                let resp = fresh.send_request(req).await.map_err(Sent::Http)?;
+                Ok((resp, fresh))
+            }
+            _ => Err(Sent::Http(e.into_error())),
+        },
     }
 }
 
@@ -209,9 +246,10 @@ enum Failure {
     After(SocketAddr, String),
 }
 
-/// Dial the vetted address (SSRF guard), then TLS and an HTTP/1.1 connection to it.
-async fn connect(ctx: &Ctx, tunnel: &Tunnel, adm: &Admission) -> Result<(Sender, SocketAddr), Failure> {
-    let (tcp, addr) = guard::dial(ctx, adm).await.map_err(Failure::Dial)?;
+/// Dial the first of `vetted` (addresses the SSRF guard kept) that answers, then TLS and an
+/// HTTP/1.1 connection to it.
+async fn connect(ctx: &Ctx, tunnel: &Tunnel, vetted: &[IpAddr]) -> Result<(Sender, SocketAddr), Failure> {
+    let (tcp, addr) = dial::connect_any(vetted, tunnel.port, ctx.connect_timeout).await.map_err(Failure::Dial)?;
     let handshake = upstream::handshake(&tunnel.inspector.upstream, &tunnel.host, tcp);
     let tls = match tokio::time::timeout(ctx.connect_timeout, handshake).await {
         Ok(done) => done.map_err(|cause| Failure::After(addr, cause))?,

@@ -2,13 +2,15 @@
 //! 200, accepts TLS from the client with a leaf certificate of its own CA made for the
 //! CONNECT target ([`ca`], [`leaf`], [`accept`]), serves the HTTP/1.1 requests inside
 //! ([`inner`]), deciding each one, and forwards the allowed ones over TLS it verifies
-//! ([`upstream`]).
+//! ([`upstream`]), on connections kept between requests and tunnels (`pool`).
 
 pub mod accept;
 pub mod ca;
 mod inner;
 pub mod leaf;
 pub mod upstream;
+
+pub(crate) use inner::UpBody;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -85,8 +87,6 @@ pub(super) struct Tunnel {
     pub port: u16,
     pub peer: SocketAddr,
     pub inspector: Arc<Inspector>,
-    /// The upstream connection, kept between requests of the tunnel.
-    pub upstream: tokio::sync::Mutex<Option<(inner::Sender, SocketAddr)>>,
 }
 
 /// Run an inspected tunnel to its end: TLS with the client, then its requests.
