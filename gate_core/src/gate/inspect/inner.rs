@@ -14,7 +14,7 @@ use std::sync::Arc;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
-use hyper::header::{HeaderValue, CONNECTION, CONTENT_LENGTH, HOST};
+use hyper::header::{HeaderValue, CONTENT_LENGTH, HOST};
 use hyper::http::uri::Authority;
 use hyper::{Method, Request, Response, StatusCode, Uri, Version};
 use hyper_util::rt::TokioIo;
@@ -161,15 +161,14 @@ pub(super) async fn handle(ctx: Arc<Ctx>, tunnel: Arc<Tunnel>, req: Request<Inco
     pending.rec().dst_ip = Some(addr.ip().to_string());
     let down_upgrade = (asked == Asked::WebSocket).then(|| hyper::upgrade::on(&mut req));
     let (mut parts, body) = req.into_parts();
-    // The client's last request is the upstream connection's last too (RFC 9112 §9.6).
-    let last = parts.headers.get_all(CONNECTION).iter().any(|v| v.to_str().is_ok_and(|v| v.to_ascii_lowercase().contains("close")));
+    // `Connection: close` from the client ends the client's own connection (hop-by-hop,
+    // RFC 9110 §7.6.1): the upstream one is pooled for the run's other tunnels, as on the
+    // plain path.
     parts.uri = Uri::from(pq);
     parts.version = Version::HTTP_11;
     strip_hop_by_hop(&mut parts.headers);
     if down_upgrade.is_some() {
         upgrade::keep_websocket(&mut parts.headers);
-    } else if last {
-        parts.headers.insert(CONNECTION, HeaderValue::from_static("close"));
     }
     if let Ok(h) = HeaderValue::from_str(&authority_of(host, port)) {
         parts.headers.insert(HOST, h);
