@@ -43,7 +43,7 @@ from contextlib import ExitStack
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 
-from harness.common import median, ratio  # noqa: E402
+from harness.common import median, ratio, versus_squid  # noqa: E402
 from harness.gate import Gate, Netns  # noqa: E402
 from harness.load import curl_bulk, hey  # noqa: E402
 from harness.peers_proxy import Squid  # noqa: E402
@@ -100,11 +100,7 @@ def load(proxies: dict, protos: list[str], conns_list: list[int], modes: list[bo
                         continue
                     cells[name] = round_(URLS[proto], port, wrap, conns, secs, ka)
                     print(proto, "keepalive" if ka else "close", conns, name, cells[name], file=sys.stderr, flush=True)
-                sq = cells.get("squid")
-                for name, c in cells.items():
-                    if sq and name != "squid":
-                        c["rps_vs_squid"] = ratio(c["rps"], sq["rps"])
-                        c["p99_vs_squid"] = ratio(c["p99_ms"], sq["p99_ms"])
+                versus_squid(cells)
                 out.setdefault(proto, {}).setdefault("keepalive" if ka else "close", {})[str(conns)] = cells
     return out
 

@@ -59,3 +59,13 @@ def ratio(a: float | None, b: float | None) -> float | None:
     if a is None or not b:
         return None
     return round(a / b, 2)
+
+
+def versus_squid(cells: dict[str, dict]) -> None:
+    """Add ``rps_vs_squid`` and ``p99_vs_squid`` (ratios) to every cell of ``cells``
+    (``{proxy: {"rps", "p99_ms", ...}}``) but Squid's, when Squid has one."""
+    sq = cells.get("squid")
+    for name, c in cells.items():
+        if sq and name != "squid":
+            c["rps_vs_squid"] = ratio(c["rps"], sq["rps"])
+            c["p99_vs_squid"] = ratio(c["p99_ms"], sq["p99_ms"])

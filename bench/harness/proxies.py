@@ -24,7 +24,7 @@ import threading
 import time
 from contextlib import ExitStack
 
-from .common import Missing, median, ratio
+from .common import Missing, median, ratio, versus_squid
 from .gate import Gate, Netns
 from .load import curl_bulk, hey
 from .peers_proxy import Squid, Tinyproxy
@@ -65,11 +65,7 @@ def matrix(proxies: dict[str, tuple[int, list[str]]], reps: int, secs: float) ->
                             continue
                         rounds.setdefault(name, []).append(hey(url, port, conns, secs, ka, wrap))
                 cells = {name: _cell(rs) for name, rs in rounds.items()}
-                sq = cells.get("squid")
-                for name, c in cells.items():
-                    if sq and name != "squid":
-                        c["rps_vs_squid"] = ratio(c["rps"], sq["rps"])
-                        c["p99_vs_squid"] = ratio(c["p99_ms"], sq["p99_ms"])
+                versus_squid(cells)
                 out.setdefault(proto, {}).setdefault("keepalive" if ka else "close", {})[str(conns)] = cells
     return out
 
