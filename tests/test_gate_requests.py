@@ -79,9 +79,9 @@ def test_an_agent_cannot_hold_more_than_1024_connections_to_the_gate(gatewrap):
         import resource, socket, requests
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-        held = [socket.create_connection(("127.0.0.1", 3128), timeout=5) for _ in range(1024)]
-        extra = socket.create_connection(("127.0.0.1", 3128), timeout=5)
-        extra.settimeout(5)
+        held = [socket.create_connection(("127.0.0.1", 3128), timeout=30) for _ in range(1024)]
+        extra = socket.create_connection(("127.0.0.1", 3128), timeout=30)
+        extra.settimeout(30)  # a bound, not a timing: a loaded host (2 cores) took over 5 s
         print("extra closed" if extra.recv(1) == b"" else "extra open")
         for s in held:
             s.close()
