@@ -191,6 +191,36 @@ def test_a_command_outside_the_view_exits_127_and_names_the_bind(gatewrap):
         shutil.rmtree(top)
 
 
+def test_a_relative_command_is_the_working_directorys(gatewrap):
+    """``--workdir D -- ./agent.sh``: the jail's execve looks for ./agent.sh in D (nsjail
+    changes there first), so that is the file checked and run, not one in gatewrap's own
+    working directory (the tests run gatewrap from the repository, which has none); one
+    outside the view is still refused with the --ro-bind that shows it."""
+    import shutil
+    import tempfile
+    top = tempfile.mkdtemp(prefix="gw-rel-")
+    try:
+        os.chmod(top, 0o755)
+        with open(f"{top}/agent.sh", "w") as f:
+            f.write("#!/bin/sh\necho ran in $PWD\n")
+        os.chmod(f"{top}/agent.sh", 0o755)
+        r = gatewrap(["./agent.sh"], extra=["--workdir", top])
+        assert r.returncode == 0, r.stderr
+        assert r.stdout == f"ran in {top}\n"
+        os.makedirs(f"{top}/sub")
+        os.chmod(f"{top}/sub", 0o755)
+        outside = tempfile.mkdtemp(prefix="gw-rel-out-")
+        os.chmod(outside, 0o755)
+        shutil.copy(f"{top}/agent.sh", f"{outside}/agent.sh")
+        os.symlink(f"{outside}/agent.sh", f"{top}/sub/agent.sh")
+        r = gatewrap(["sub/agent.sh"], extra=["--workdir", top])
+        assert r.returncode == 127, r.stderr
+        assert f"--ro-bind {outside}" in r.stderr
+        shutil.rmtree(outside)
+    finally:
+        shutil.rmtree(top)
+
+
 def test_sigkill_of_gatewrap_fails_closed_and_gc_removes_the_sandbox(net, tmp_path):
     audit = tmp_path / "audit.jsonl"
     env = dict(os.environ, SUDO_UID="65534", SUDO_GID="65534")

@@ -196,15 +196,18 @@ def _wait_forwarding_signals(pid: int, timeout: float | None, leaf: str, err: Te
             os.kill(_signal_target(pid), info.si_signo)
 
 
-def _resolve_command(argv: list[str], env: dict[str, str], target: user.Target) -> list[str]:
+def _resolve_command(argv: list[str], env: dict[str, str], target: user.Target, cwd: str) -> list[str]:
     """``argv`` with its program looked up on the agent's PATH, so a missing or
-    non-executable command is reported (127/126) before the jail starts.
+    non-executable command is reported (127/126) before the jail starts. A relative path
+    (``./agent.sh``, ``bin/tool``) is the agent's working directory ``cwd``'s, where the
+    jail's execve(2) will look for it (nsjail changes to ``--cwd`` first), not gatewrap's own
+    working directory; it is returned as given.
 
     Raises:
         GatewrapError: not found (127) or not executable by the agent's user (126).
     """
     prog = argv[0]
-    found = shutil.which(prog, path=env.get("PATH", os.defpath)) if "/" not in prog else prog
+    found = shutil.which(prog, path=env.get("PATH", os.defpath)) if "/" not in prog else os.path.join(cwd, prog)
     if found is None or not os.path.exists(found):
         raise GatewrapError(f"command not found: {prog}", exit_code=EXIT_NOT_FOUND)
     if os.path.isdir(found) or not os.access(found, os.X_OK):
@@ -214,7 +217,7 @@ def _resolve_command(argv: list[str], env: dict[str, str], target: user.Target) 
             f"permission denied: {found} cannot be executed by {target.name}, the agent's user (a folder on "
             "its path is closed to it, e.g. a tool installed under /root); use a system-wide path such as "
             "/usr/bin/python3, or --user", exit_code=EXIT_CANNOT_EXEC)
-    return [found, *argv[1:]]
+    return [prog if "/" in prog else found, *argv[1:]]
 
 
 def _as_found(prog: str, found: str) -> str:
@@ -326,7 +329,7 @@ def run(opts: RunOptions, stderr: TextIO | None = None) -> RunResult:
         env.update(HOME=target.home, USER=target.name, LOGNAME=target.name)
     cwd = opts.cwd or os.getcwd()
     env["PWD"] = cwd
-    argv = _resolve_command(opts.argv, env, target)
+    argv = _resolve_command(opts.argv, env, target, cwd)
     file_ro, file_rw = sandbox_binds(policy, opts.policy_file)
     ro_binds, rw_binds = [*opts.ro_binds, *file_ro], [*opts.rw_binds, *file_rw]
     for path in (*ro_binds, *rw_binds):
@@ -336,11 +339,16 @@ def run(opts: RunOptions, stderr: TextIO | None = None) -> RunResult:
     if not user.can_enter(cwd, target):
         raise GatewrapError(f"the agent's user {target.name} cannot enter its working directory {cwd} "
                             "(a folder on the way is closed to it); choose another with --workdir")
-    if opts.jail == "nsjail" and not view.shows(view.build(cwd, target.home, target, ro_binds, rw_binds), argv[0]):
+    program = os.path.join(cwd, argv[0])  # where the jail's execve looks (a relative one: in cwd)
+    mounts = view.build(cwd, target.home, target, ro_binds, rw_binds) if opts.jail == "nsjail" else []
+    if opts.jail == "nsjail" and not view.shows(mounts, program):
+        # Name the folder the jail lacks: the program's, or (a shown link to a file outside
+        # the view) its target's.
+        missing = os.path.realpath(program) if view.shows(mounts, os.path.dirname(program)) else program
         raise GatewrapError(
-            f"command not found in the jail: {_as_found(opts.argv[0], argv[0])} is outside the "
+            f"command not found in the jail: {_as_found(opts.argv[0], program)} is outside the "
             "agent's file system view (/usr, /etc, the working directory and the paths named with "
-            f"--ro-bind/--bind); show it with --ro-bind {_tree_hint(argv[0])}, or use a program "
+            f"--ro-bind/--bind); show it with --ro-bind {_tree_hint(missing)}, or use a program "
             "under /usr (e.g. /usr/bin/python3)", exit_code=EXIT_NOT_FOUND)
     try:
         audit = core.AuditLog(opts.audit_log, max_size=opts.audit_max_size, keep=opts.audit_keep)

@@ -132,3 +132,25 @@ def test_bodies_held_past_the_gates_bound_are_503_and_never_sent(net, tmp_path):
     assert len(s.upstream("/echo?t=cap1")) == 1 and s.upstream("/echo?t=cap2") == []
     (refused,) = [x for x in r.records(event="request") if x.get("status") == 503]
     assert refused["decision"] == "denied" and refused["reason"].startswith("limit: ") and "held_bytes" in refused["reason"]
+
+
+def test_two_tunnels_waiting_on_one_approval_open_once(net, tmp_path):
+    """Two CONNECTs to the same host:port while one is held share its approval (the same
+    digest: CONNECT host:port, no body); one yes opens one tunnel, the other is 409 (at most
+    once), never a second tunnel."""
+    before = tls_connections(net)
+    one, two = get_https(net, "/echo?t=twin1"), get_https(net, "/echo?t=twin2")
+    s = Session(net, tmp_path, f"{one} > /tmp/one & {two} > /tmp/two; wait; cat /tmp/one /tmp/two")
+    (a,) = s.pending()
+    deadline = time.monotonic() + 30
+    while s.store.get(a["id"])["waiters"] < 2:
+        assert time.monotonic() < deadline, "the second CONNECT did not join the approval"
+        time.sleep(0.05)
+    assert len(s.store.list()) == 1
+    s.decide(s.store.get(a["id"]), "approve")
+    r = s.finish()
+    assert sorted(line.split()[0] for line in r.stdout.splitlines() if line.startswith("connect=")) \
+        == ["connect=200", "connect=409"], r.stdout
+    assert tls_connections(net) == before + 1, "one approval, one tunnel"
+    recs = r.records(event="connect", approval=a["id"])
+    assert sorted(x["status"] for x in recs) == [200, 409]

@@ -200,13 +200,19 @@ struct Reserved {
 }
 
 impl Reserved {
-    /// Count `k` more bytes, unless the total would then pass `cap`.
-    fn grow(&mut self, k: u64, cap: u64) -> bool {
-        let ok = self.total.fetch_update(Ordering::AcqRel, Ordering::Acquire, |cur| cur.checked_add(k).filter(|t| *t <= cap)).is_ok();
-        if ok {
-            self.n += k;
-        }
-        ok
+    /// Count between `least` and `most` more bytes, as many as the total has room for
+    /// under `cap`: how many, or `None` (nothing counted) if not even `least` fit.
+    fn grow_between(&mut self, least: u64, most: u64, cap: u64) -> Option<u64> {
+        let mut got = 0;
+        self.total
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |cur| {
+                let k = most.min(cap.checked_sub(cur)?);
+                got = k;
+                (k >= least).then_some(cur + k)
+            })
+            .ok()?;
+        self.n += got;
+        Some(got)
     }
 }
 
@@ -218,36 +224,71 @@ impl Drop for Reserved {
 
 type Collected = (Result<Bytes, (StatusCode, String)>, Reserved);
 
-/// The whole body, at most `limit` bytes (413 beyond, 400 when it breaks off), each chunk
-/// counted in `held` first: past `cap` bytes held by the whole gate, 503 (nothing is held
-/// nor sent). Boxed: the body's error type is erased here, not in the caller's future.
-fn collect<B>(body: B, limit: usize, mut held: Reserved, cap: u64) -> std::pin::Pin<Box<dyn std::future::Future<Output = Collected> + Send>>
+/// A held body as it is read: its bytes, and the memory they take counted in the gate's
+/// total (`held.n` is at least `buf.capacity()`: what is allocated, not only what is used;
+/// a buffer left to grow on its own doubles, so a body could take up to twice what was
+/// counted, and `held_bytes` would bound half the memory it promises).
+struct HeldBody {
+    buf: Vec<u8>,
+    held: Reserved,
+}
+
+impl HeldBody {
+    /// Append `data` (the caller checked the body's own `limit`, bytes). The buffer grows
+    /// by doubling while the gate's total stays within `cap` bytes, else to the exact size
+    /// needed; false (nothing appended) when even that would pass `cap`.
+    fn push(&mut self, data: &[u8], limit: usize, cap: u64) -> bool {
+        let need = self.buf.len() + data.len();
+        if need > self.buf.capacity() {
+            let doubled = need.max(self.buf.capacity().saturating_mul(2)).min(limit.max(need)) as u64;
+            // Room for `need` at least, for `doubled` if the gate's total has it (taking what
+            // is left near the bound: no reallocation per chunk there).
+            let counted = self.held.n;
+            if doubled > counted && self.held.grow_between((need as u64).saturating_sub(counted), doubled - counted, cap).is_none() {
+                return false;
+            }
+            self.buf.reserve_exact(self.held.n as usize - self.buf.len());
+            // The allocator may round up: count what it gave (or give up on it).
+            let got = self.buf.capacity() as u64;
+            if got > self.held.n && self.held.grow_between(got - self.held.n, got - self.held.n, cap).is_none() {
+                return false;
+            }
+        }
+        self.buf.extend_from_slice(data);
+        true
+    }
+}
+
+/// The whole body, at most `limit` bytes (413 beyond, 400 when it breaks off), the memory
+/// it takes counted in `held` first ([`HeldBody`]): past `cap` bytes held by the whole
+/// gate, 503 (nothing is held nor sent). Boxed: the body's error type is erased here, not
+/// in the caller's future.
+fn collect<B>(body: B, limit: usize, held: Reserved, cap: u64) -> std::pin::Pin<Box<dyn std::future::Future<Output = Collected> + Send>>
 where
     B: hyper::body::Body<Data = Bytes> + Send + 'static,
     B::Error: std::fmt::Display + Send + 'static,
 {
     Box::pin(async move {
         let mut body = std::pin::pin!(body);
-        let mut out = bytes::BytesMut::new();
+        let mut out = HeldBody { buf: Vec::new(), held };
         while let Some(frame) = body.frame().await {
             let frame = match frame {
                 Ok(f) => f,
-                Err(e) => return (Err((StatusCode::BAD_REQUEST, format!("downstream: the request body could not be read: {e}"))), held),
+                Err(e) => return (Err((StatusCode::BAD_REQUEST, format!("downstream: the request body could not be read: {e}"))), out.held),
             };
             if let Ok(data) = frame.into_data() {
-                if out.len() + data.len() > limit {
-                    return (Err((StatusCode::PAYLOAD_TOO_LARGE, format!("limit: request body over {limit} bytes (held for approval)"))), held);
+                if out.buf.len() + data.len() > limit {
+                    return (Err((StatusCode::PAYLOAD_TOO_LARGE, format!("limit: request body over {limit} bytes (held for approval)"))), out.held);
                 }
-                if !held.grow(data.len() as u64, cap) {
+                if !out.push(&data, limit, cap) {
                     let why = format!(
                         "limit: the gate holds {cap} bytes of request bodies for approvals at most ([approvals] held_bytes), and they are taken; this request was neither held nor sent"
                     );
-                    return (Err((StatusCode::SERVICE_UNAVAILABLE, why)), held);
+                    return (Err((StatusCode::SERVICE_UNAVAILABLE, why)), out.held);
                 }
-                out.extend_from_slice(&data);
             }
         }
-        (Ok(out.freeze()), held)
+        (Ok(Bytes::from(out.buf)), out.held)
     })
 }
 
@@ -588,4 +629,50 @@ fn sent_once(ctx: &Ctx, rec: GateRecord, id: &str) -> Held {
         format!("ask: approval {id} already sent once (at most once)"),
         format!("gatewrap gate: approval {id} was already sent once (at most once); ask again with a new request\n"),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+
+    use super::{HeldBody, Reserved};
+
+    fn body(total: &Arc<AtomicU64>) -> HeldBody {
+        HeldBody { buf: Vec::new(), held: Reserved { total: total.clone(), n: 0 } }
+    }
+
+    /// The gate's count covers the memory a held body takes (its buffer's capacity), not
+    /// only its length, whatever the chunks; a body that fits the bound exactly is still
+    /// taken (grown to the exact size), and dropping it gives everything back.
+    #[test]
+    fn held_bytes_count_the_memory_a_body_takes() {
+        let total = Arc::new(AtomicU64::new(0));
+        for (chunk, n, cap) in [(1000usize, 3usize, 3500u64), (1, 5000, 6000), (4096, 40, 1 << 20), (700, 10, 7000), (3, 1, 3)] {
+            let mut b = body(&total);
+            for _ in 0..n {
+                assert!(b.push(&vec![7u8; chunk], usize::MAX, cap), "{chunk}x{n} within {cap}");
+                assert!(b.held.n >= b.buf.capacity() as u64, "counted {} < allocated {}", b.held.n, b.buf.capacity());
+                assert!(total.load(Ordering::Acquire) <= cap);
+            }
+            assert_eq!(b.buf.len(), chunk * n);
+            drop(b);
+            assert_eq!(total.load(Ordering::Acquire), 0, "given back");
+        }
+    }
+
+    /// Past the bound nothing is appended, and what the gate's other holds keep counts too.
+    #[test]
+    fn a_body_past_the_bound_is_refused() {
+        let total = Arc::new(AtomicU64::new(0));
+        let mut first = body(&total);
+        assert!(first.push(&[1u8; 600], usize::MAX, 1000));
+        let mut second = body(&total);
+        assert!(!second.push(&[2u8; 600], usize::MAX, 1000));
+        assert!(second.buf.is_empty());
+        assert!(total.load(Ordering::Acquire) <= 1000);
+        drop(first);
+        assert!(second.push(&[2u8; 600], usize::MAX, 1000), "room again once the first hold ended");
+        assert!(total.load(Ordering::Acquire) >= second.buf.capacity() as u64);
+    }
 }

@@ -108,5 +108,11 @@ mod tests {
         assert!(!to_gate("u@127.0.0.1:3128", &listen));
         assert!(!to_gate("198.51.100.1:3128", &listen));
         assert!(to_gate("[::1]", &["[::1]:80".parse().unwrap()]));
+        // Other spellings of the loopback are not the gate's address: ordinary requests,
+        // for the policy (and the SSRF guard, which denies loopback).
+        for other in ["[::ffff:127.0.0.1]:3128", "127.1:3128", "0x7f000001:3128", "2130706433:3128", "127.0.0.1.:3128",
+                      "LOCALHOST:3128", "127.0.0.1:3128@other.test", "[::1%lo]:3128", "[0:0:0:0:0:0:0:1]:3129", "127.0.0.1:"] {
+            assert!(!to_gate(other, &listen), "{other}");
+        }
     }
 }
