@@ -122,3 +122,18 @@ def test_the_socket_notice_counts_the_sockets_once(tmp_path):
     finally:
         for s in socks:
             s.close()
+
+
+def test_the_socket_scan_counts_folders_toward_its_limit(tmp_path):
+    # A tree of empty folders must not make the scan (on every run's start) unbounded.
+    for i in range(50):
+        (tmp_path / f"d{i}").mkdir()
+    import socket
+
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(str(tmp_path / "d49" / "late.sock"))
+    try:
+        assert view.sockets_under([str(tmp_path)], limit=10) == []
+        assert view.sockets_under([str(tmp_path)]) == [str(tmp_path / "d49" / "late.sock")]
+    finally:
+        s.close()

@@ -189,7 +189,7 @@ def nsjail_args(mounts: list[Mount]) -> list[str]:
 
 def sockets_under(paths: list[str], hidden: list[str] = (), limit: int = SOCKET_SCAN_LIMIT) -> list[str]:
     """Unix sockets below ``paths`` (not following symlinks; folders in ``hidden`` skipped),
-    looking at no more than ``limit`` entries that are not folders in all, top-down. A socket
+    looking at no more than ``limit`` entries (folders too) in all, top-down. A socket
     is connectable in the jail even on a read-only mount (connect(2) needs write permission
     on the socket file, not a writable file system; unix(7)).
 
@@ -209,14 +209,14 @@ def sockets_under(paths: list[str], hidden: list[str] = (), limit: int = SOCKET_
             except OSError:
                 continue
             for entry in entries:
+                seen += 1
+                if seen > limit:
+                    return found
                 try:
                     if entry.is_dir(follow_symlinks=False):
                         if entry.path not in skip:
                             pending.append(entry.path)
                         continue
-                    seen += 1
-                    if seen > limit:
-                        return found
                     if entry.is_file(follow_symlinks=False) or entry.is_symlink():
                         continue
                     if stat.S_ISSOCK(entry.stat(follow_symlinks=False).st_mode):
