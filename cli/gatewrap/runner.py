@@ -340,11 +340,11 @@ def run(opts: RunOptions, stderr: TextIO | None = None) -> RunResult:
         raise GatewrapError(f"the agent's user {target.name} cannot enter its working directory {cwd} "
                             "(a folder on the way is closed to it); choose another with --workdir")
     program = os.path.join(cwd, argv[0])  # where the jail's execve looks (a relative one: in cwd)
-    mounts = view.build(cwd, target.home, target, ro_binds, rw_binds) if opts.jail == "nsjail" else []
-    if opts.jail == "nsjail" and not view.shows(mounts, program):
+    bound = view.build(cwd, target.home, target, ro_binds, rw_binds) if opts.jail == "nsjail" else []
+    if opts.jail == "nsjail" and not view.shows(bound, program):
         # Name the folder the jail lacks: the program's, or (a shown link to a file outside
         # the view) its target's.
-        missing = os.path.realpath(program) if view.shows(mounts, os.path.dirname(program)) else program
+        missing = os.path.realpath(program) if view.shows(bound, os.path.dirname(program)) else program
         raise GatewrapError(
             f"command not found in the jail: {_as_found(opts.argv[0], program)} is outside the "
             "agent's file system view (/usr, /etc, the working directory and the paths named with "
