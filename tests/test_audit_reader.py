@@ -387,3 +387,13 @@ def test_stats_count_a_folded_kernel_denial_as_its_attempts():
     rec = s.as_record(10)
     assert rec["runs"][0]["direct_egress"] == 50002
     assert rec["top_denied"] == [{"destination": "tcp 198.51.100.148:80", "count": 50002}]
+
+
+def test_stats_give_checkpoints_no_row_of_their_own():
+    from gatewrap import audit_stats
+
+    s = audit_stats.stats([{"run": "gw-a", "event": "run_start", "time": "2026-12-02T07:01:55Z"},
+                           {"event": "checkpoint", "size": 1, "note": "host/gatewrap-audit\n1\n..."},
+                           {"run": "gw-a", "event": "run_end", "exit_code": 0}])
+    assert [r["run"] for r in s.as_record(10)["runs"]] == ["gw-a"]
+    assert not any("running or died" in line for line in s.lines(10))

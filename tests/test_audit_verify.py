@@ -51,7 +51,15 @@ def test_a_checkpointed_log_verifies(signed):
     f = rep["files"][0]
     assert (rep["ok"], f["records"], f["checkpoints"], f["unverified_tail"]) == (True, 28, 3, 0), f
     text = _verify("--key", key, str(path))
-    assert text.returncode == 0 and "chain verified: 28 records, 3 checkpoints" in text.stdout, text.stdout
+    assert text.returncode == 0 and "chain verified: 28 records, 3 checkpoints (the last at line 28, size 27)" in text.stdout, text.stdout
+
+
+def test_one_checkpoint_is_said_in_the_singular(signed):
+    log, path, key = signed
+    _write(log, 3)
+    log.checkpoint()
+    text = _verify("--key", key, str(path))
+    assert text.returncode == 0 and "chain verified: 4 records, 1 checkpoint (the last at line 4, size 3)" in text.stdout, text.stdout
 
 
 def test_a_flipped_byte_names_its_line(signed):

@@ -69,6 +69,12 @@ def test_help_teaches_with_examples():
     assert "Example" in p.stdout and "--allow" in p.stdout
 
 
+def test_serve_help_names_the_four_forms_of_a_page():
+    p = _gw("approvals", "serve", "--help")
+    assert p.returncode == 0
+    assert all(form in p.stdout for form in ("Approve", "Grant", "Edit", "Reject")), p.stdout
+
+
 def test_audit_lists_denials_as_json_and_table(tmp_path):
     log = tmp_path / "audit.jsonl"
     recs = [

@@ -464,3 +464,13 @@ def test_an_inspected_https_url_is_decided_as_its_request(capsys, policy_file, m
     rec = json.loads(out)
     assert (code, rec["decision"], rec["stage"], rec["reason"]) == (
         {"allow": 0, "ask": 2}[decision], decision, "request", reason.format(p=path))
+
+
+@pytest.mark.parametrize("example", ["examples/agent-policy.toml", "examples/breakpoint/policy.toml"])
+def test_the_example_policies_check_without_warnings(example):
+    """A reader copies the examples: they must not teach a rule `policy check` warns about."""
+    from pathlib import Path
+    path = Path(__file__).resolve().parent.parent / example
+    p = subprocess.run([sys.executable, "-m", "gatewrap", "policy", "check", str(path)],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and "warning" not in p.stderr, p.stderr

@@ -80,8 +80,11 @@ class Stats:
     other_denied: int = 0
 
     def add(self, rec: dict[str, Any]) -> None:
-        """Count one record."""
-        run = str(rec.get("run", "-"))
+        """Count one record. A record of no run (a ``checkpoint``: the chain's, not a run's)
+        is no row of its own."""
+        if "run" not in rec:
+            return
+        run = str(rec["run"])
         counts = self.runs.get(run)
         if counts is None:
             counts = self.runs[run] = RunCounts(run)

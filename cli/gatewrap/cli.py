@@ -417,9 +417,10 @@ def audit_verify(files: tuple[str, ...], keys: tuple[str, ...], notes: tuple[str
         if r.broken:
             click.echo(f"{r.path}:{r.broken[0]}: {r.broken[1]}")
             continue
-        cp = (f"the last at line {r.last_checkpoint_line} (size {r.last_checkpoint_size})"
+        cp = (f"the last at line {r.last_checkpoint_line}, size {r.last_checkpoint_size}"
               if r.last_checkpoint_line else "none")
-        click.echo(f"{r.path}: chain verified: {r.records} records, {r.checkpoints} checkpoints ({cp})"
+        click.echo(f"{r.path}: chain verified: {r.records} records, {r.checkpoints} "
+                   f"checkpoint{'' if r.checkpoints == 1 else 's'} ({cp})"
                    + (f", {r.unchained} older lines before the chain" if r.unchained else "")
                    + (f", from record {r.first_seq} (continues {r.continues})" if r.continues else ""))
         if r.tail:

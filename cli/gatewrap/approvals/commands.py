@@ -275,8 +275,9 @@ def revoke(grant_id: str, state_url: str | None, as_json: bool) -> int:
 @_common
 def serve(listen: str | None, allow_remote: bool, state_url: str | None, as_json: bool) -> int:
     """Serve the review pages on the host: a list of approvals and one page per approval
-    (its link holds the approval's own secret token) with Approve, Edit and Reject. Every
-    form carries a CSRF token and the version and digest it showed; the name you type is
+    (its link holds the approval's own secret token) with Approve, Grant (approve, and let
+    the run's later requests of a method, host and path prefix through for a while), Edit
+    and Reject. Every form carries a CSRF token and the version and digest it showed; the name you type is
     recorded with the decision. Never reachable from a sandbox (it listens on the host).
 
     \b
