@@ -218,6 +218,28 @@ def test_hold_return_answers_409_and_the_retry_goes_through_once(net, tmp_path):
     assert "\n409" in r.stdout and "\n200" in r.stdout and "already sent once" in r.stdout
 
 
+def test_hold_return_after_an_edit_and_a_grant_sends_the_edited_request(net, tmp_path):
+    """The retry joins its approval before any grant is looked at: the grant made with the
+    yes must not carry the agent's unedited request past the human's edit (found by the
+    new-user trial)."""
+    wait = "curl -sS --noproxy '*' --max-time 70 http://127.0.0.1:3128/.well-known/gatewrap/approvals/$id?wait=60"
+    script = "; ".join([
+        f"{post('/echo?t=eg', 'to=all@customers', '-D', '/tmp/h')} > /tmp/first",
+        "id=$(sed -n 's/^gatewrap-approval: *//Ip' /tmp/h | tr -d '\\r')",
+        f"{wait}; echo",
+        post("/echo?t=eg", "to=all@customers"),
+    ])
+    s = Session(net, tmp_path, script, hold="return")
+    (a,) = s.pending()
+    e = s.store.edit(a["id"], version=a["version"], digest=a["digest"], by="tester",
+                     headers=[tuple(h) for h in a["headers"]], body=b"to=me@test")
+    s.decide(e, "approve", grant={"method": "POST", "host": "allowed.test", "path_prefix": "/echo", "seconds": 60})
+    r = s.finish()
+    assert len(s.upstream("/echo?t=eg")) == 1
+    assert "to=me@test" in r.stdout and "all@customers" not in r.stdout, r.stdout
+    assert events(r, "approval_sent") and not [x for x in r.records(event="request") if x.get("grant")]
+
+
 def test_the_wait_endpoint_knows_only_this_runs_approvals(net, tmp_path):
     script = "curl -sS --noproxy '*' -w '\\n%{http_code}\\n' http://127.0.0.1:3128/.well-known/gatewrap/approvals/ap-aaaaaaaaaaaaaaaaaaaa"
     s = Session(net, tmp_path, script)

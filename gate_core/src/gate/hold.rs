@@ -366,8 +366,33 @@ where
             return (deny(ctx, rec.clone(), code, why, text), rec);
         }
     };
+    let shown: Vec<(String, String)> =
+        headers.iter().map(|(n, v)| (n.as_str().to_string(), String::from_utf8_lossy(v.as_bytes()).into_owned())).collect();
+    let idem = headers.get("idempotency-key").and_then(|v| v.to_str().ok()).map(str::to_string);
+    let new = NewApproval {
+        run_id: run.clone(),
+        rule: rule.clone(),
+        method: method.clone(),
+        url,
+        headers: shown,
+        body: bytes.to_vec(),
+        idem_key: idem,
+        timeout: timeout.as_secs_f64(),
+        hold: mode.as_str().into(),
+        grants_allowed: grants_ok,
+        body_limit: approvals::DEFAULT_BODY_LIMIT,
+    };
+    // With hold = "return", a retry joins the approval it already has (the human may have
+    // edited it: the edited request is what goes on a yes), before any grant is looked at.
+    let joins = mode == Hold::Return && {
+        let n = new.clone();
+        match ap.call(move |s| s.latest(&n)).await {
+            Ok(a) => a.is_some_and(|a| a.status != status::CANCELLED),
+            Err(e) => return (store_failed(ctx, rec.clone(), &e), rec),
+        }
+    };
     // A grant of this run covering the request lets it through.
-    if let (true, Some((scheme, pq))) = (grants_ok, target) {
+    if let (false, true, Some((scheme, pq))) = (joins, grants_ok, target) {
         if let Ok(path) = canonical_path(without_query(pq)) {
             let host = digest::authority(scheme, &adm.host, adm.port);
             let (r, m) = (run.clone(), method.clone());
@@ -383,22 +408,6 @@ where
             }
         }
     }
-    let shown: Vec<(String, String)> =
-        headers.iter().map(|(n, v)| (n.as_str().to_string(), String::from_utf8_lossy(v.as_bytes()).into_owned())).collect();
-    let idem = headers.get("idempotency-key").and_then(|v| v.to_str().ok()).map(str::to_string);
-    let new = NewApproval {
-        run_id: run.clone(),
-        rule: rule.clone(),
-        method,
-        url,
-        headers: shown,
-        body: bytes.to_vec(),
-        idem_key: idem,
-        timeout: timeout.as_secs_f64(),
-        hold: mode.as_str().into(),
-        grants_allowed: grants_ok,
-        body_limit: approvals::DEFAULT_BODY_LIMIT,
-    };
     let asked = ap
         .call(move |s| {
             if mode == Hold::Return {

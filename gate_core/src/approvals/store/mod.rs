@@ -458,12 +458,13 @@ impl Store {
     }
 
     /// The newest approval of the run of `req` that answers it ([`is_request`]:
-    /// found by its current digest or the same Idempotency-Key), whatever its status: what a
+    /// found by its current digest, its first one (an edited approval: the agent retries what it
+    /// sent, not the edit) or the same Idempotency-Key), whatever its status: what a
     /// `hold = "return"` retry is answered by.
     pub fn latest(&mut self, req: &NewApproval) -> Result<Option<Approval>> {
         let dg = digest::request_digest(&req.method, &req.url, &digest::sha256_hex(&req.body));
         let sql = format!(
-            "SELECT {APPROVAL_COLS} FROM approvals WHERE run_id = ?1 AND (digest = ?2 OR (idem_key IS NOT NULL AND idem_key = ?3)) \
+            "SELECT {APPROVAL_COLS} FROM approvals WHERE run_id = ?1 AND (digest = ?2 OR edited <> 0 OR (idem_key IS NOT NULL AND idem_key = ?3)) \
              ORDER BY created DESC"
         );
         let rows = self.query(&sql, &[(&req.run_id).into(), (&dg).into(), req.idem_key.clone().into()])?;
