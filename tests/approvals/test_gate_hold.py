@@ -66,6 +66,12 @@ class Session:
         return self.net.access_entries(server="http", event="request", path=path)
 
 
+#: Shell steps of a hold = "return" agent: the approval id from the 409's headers (saved with
+#: ``curl -D /tmp/h``), then the wait on the gate's own endpoint until it is answered.
+ID_OF_THE_409 = "id=$(sed -n 's/^gatewrap-approval: *//Ip' /tmp/h | tr -d '\\r')"
+WAIT = "curl -sS --noproxy '*' --max-time 70 http://127.0.0.1:3128/.well-known/gatewrap/approvals/$id?wait=60"
+
+
 def post(path: str, data: str, *extra: str) -> str:
     return shlex.join(["curl", "-sS", "--max-time", "60", "-w", "\\n%{http_code}\\n", "-X", "POST",
                        "--data", data, *extra, f"http://allowed.test{path}"])
@@ -198,11 +204,10 @@ def test_an_expired_grant_lets_nothing_through(net, tmp_path):
 
 
 def test_hold_return_answers_409_and_the_retry_goes_through_once(net, tmp_path):
-    wait = "curl -sS --noproxy '*' --max-time 70 http://127.0.0.1:3128/.well-known/gatewrap/approvals/$id?wait=60"
     script = "; ".join([
         f"{post('/echo?t=ret', 'later', '-D', '/tmp/h')} > /tmp/first",
-        "id=$(sed -n 's/^gatewrap-approval: *//Ip' /tmp/h | tr -d '\\r')",
-        f"{wait}; echo",
+        ID_OF_THE_409,
+        f"{WAIT}; echo",
         post("/echo?t=ret", "later"),
         post("/echo?t=ret", "later"),
         "cat /tmp/first",
@@ -222,11 +227,10 @@ def test_hold_return_after_an_edit_and_a_grant_sends_the_edited_request(net, tmp
     """The retry joins its approval before any grant is looked at: the grant made with the
     yes must not carry the agent's unedited request past the human's edit (found by the
     new-user trial)."""
-    wait = "curl -sS --noproxy '*' --max-time 70 http://127.0.0.1:3128/.well-known/gatewrap/approvals/$id?wait=60"
     script = "; ".join([
         f"{post('/echo?t=eg', 'to=all@customers', '-D', '/tmp/h')} > /tmp/first",
-        "id=$(sed -n 's/^gatewrap-approval: *//Ip' /tmp/h | tr -d '\\r')",
-        f"{wait}; echo",
+        ID_OF_THE_409,
+        f"{WAIT}; echo",
         post("/echo?t=eg", "to=all@customers"),
     ])
     s = Session(net, tmp_path, script, hold="return")
@@ -251,11 +255,10 @@ def test_an_approval_is_never_sent_with_another_body_under_its_idempotency_key(n
     """The human approves the body they saw; a retry under the same Idempotency-Key with
     another body is another request (a new approval), never sent under the first one."""
     key = ("-H", "Idempotency-Key: k-swap")
-    wait = "curl -sS --noproxy '*' --max-time 70 http://127.0.0.1:3128/.well-known/gatewrap/approvals/$id?wait=60"
     script = "; ".join([
         f"{post('/echo?t=swap', 'to=pricing-team', '-D', '/tmp/h', *key)} > /tmp/first",
-        "id=$(sed -n 's/^gatewrap-approval: *//Ip' /tmp/h | tr -d '\\r')",
-        f"{wait}; echo",
+        ID_OF_THE_409,
+        f"{WAIT}; echo",
         post("/echo?t=swap", "to=all-customers", *key),
     ])
     s = Session(net, tmp_path, script, hold="return")
@@ -271,11 +274,10 @@ def test_an_approval_is_never_sent_with_another_body_under_its_idempotency_key(n
 
 def test_a_retry_with_other_headers_is_sent_with_the_headers_the_human_saw(net, tmp_path):
     key = ("-H", "Idempotency-Key: k-hdr")
-    wait = "curl -sS --noproxy '*' --max-time 70 http://127.0.0.1:3128/.well-known/gatewrap/approvals/$id?wait=60"
     script = "; ".join([
         f"{post('/echo?t=hdr', 'same', '-D', '/tmp/h', *key)} > /tmp/first",
-        "id=$(sed -n 's/^gatewrap-approval: *//Ip' /tmp/h | tr -d '\\r')",
-        f"{wait}; echo",
+        ID_OF_THE_409,
+        f"{WAIT}; echo",
         post("/echo?t=hdr", "same", *key, "-H", "X-HTTP-Method-Override: DELETE"),
     ])
     s = Session(net, tmp_path, script, hold="return")
