@@ -748,9 +748,10 @@ def main(argv: list[str] | None = None) -> None:
         e.show()
         sys.exit(EXIT_GATEWRAP)
     except (AttributeError, ImportError) as e:
-        if _stale_extension(e) is None:
+        stale = _stale_extension(e)
+        if stale is None:
             raise
-        click.echo(f"gatewrap: {_stale_extension(e)}", err=True)
+        click.echo(f"gatewrap: {stale}", err=True)
         sys.exit(EXIT_GATEWRAP)
     sys.exit(code if isinstance(code, int) else 0)
 

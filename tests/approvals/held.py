@@ -57,11 +57,12 @@ class HeldRun:
     work: Path
     out: dict = field(default_factory=dict)
 
-    def pending(self, timeout: float = 60) -> dict:
-        """The run's pending approval (polls the store; a bound, not a timing assertion)."""
+    def pending(self, timeout: float = 60, other_than: str | None = None) -> dict:
+        """The run's pending approval, or its next one but ``other_than`` (an approval id);
+        polls the store: a bound, not a timing assertion."""
         end = time.monotonic() + timeout
         while time.monotonic() < end:
-            items = self.store.list(status="pending")
+            items = [x for x in self.store.list(status="pending") if x["id"] != other_than]
             if items:
                 return items[0]
             if self.proc.poll() is not None:

@@ -9,7 +9,6 @@ SQLite and PostgreSQL."""
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 import requests
@@ -155,19 +154,6 @@ print(json.dumps(out), flush=True)
 """
 
 
-def _pending_other_than(run, seen: str, timeout: float = 60) -> dict:
-    """The run's next pending approval after ``seen`` (polled: a bound, not a timing assertion)."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        got = [x for x in run.store.list(status="pending") if x["id"] != seen]
-        if got:
-            return got[0]
-        if run.proc.poll() is not None:
-            raise AssertionError(f"the run ended before asking again: {run.finish()}")
-        time.sleep(0.1)
-    raise AssertionError("no second approval appeared")
-
-
 @pytest.mark.kernel
 def test_a_grant_on_the_page_lets_the_next_matching_request_through_and_not_another_path(
         net, tmp_path, store_url, server, chromium):
@@ -187,7 +173,7 @@ def test_a_grant_on_the_page_lets_the_next_matching_request_through_and_not_anot
         assert 590 <= g["expires"] - g["created"] <= 610
         assert g["id"] in chromium.find_element(By.ID, "granted").text  # the page's facts name it now
         # the same request again passes by the grant; /echo/b (under the same ask rule) is asked
-        other = _pending_other_than(run, a["id"])
+        other = run.pending(other_than=a["id"])
         assert other["url"] == "http://allowed.test/echo/b"
         assert len(net.access_entries(method="POST", path="/echo/a")) == 2
         assert net.access_entries(method="POST", path="/echo/b") == []
