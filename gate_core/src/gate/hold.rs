@@ -384,15 +384,17 @@ where
     };
     // With hold = "return", a retry joins the approval it already has (the human may have
     // edited it: the edited request is what goes on a yes), before any grant is looked at.
-    let joins = mode == Hold::Return && {
+    let joined = if mode == Hold::Return {
         let n = new.clone();
         match ap.call(move |s| s.latest(&n)).await {
-            Ok(a) => a.is_some_and(|a| a.status != status::CANCELLED),
+            Ok(a) => a.filter(|a| a.status != status::CANCELLED),
             Err(e) => return (store_failed(ctx, rec.clone(), &e), rec),
         }
+    } else {
+        None
     };
     // A grant of this run covering the request lets it through.
-    if let (false, true, Some((scheme, pq))) = (joins, grants_ok, target) {
+    if let (None, true, Some((scheme, pq))) = (&joined, grants_ok, target) {
         if let Ok(path) = canonical_path(without_query(pq)) {
             let host = digest::authority(scheme, &adm.host, adm.port);
             let (r, m) = (run.clone(), method.clone());
@@ -408,18 +410,23 @@ where
             }
         }
     }
-    let asked = ap
-        .call(move |s| {
-            if mode == Hold::Return {
-                if let Some(a) = s.latest(&new)? {
-                    if a.status != status::CANCELLED {
-                        return Ok((a, false));
+    // Not joined yet: asked, unless an identical retry made its approval meanwhile (looked
+    // up again in the same store trip as the ask).
+    let asked = match joined {
+        Some(a) => Ok((a, false)),
+        None => ap
+            .call(move |s| {
+                if mode == Hold::Return {
+                    if let Some(a) = s.latest(&new)? {
+                        if a.status != status::CANCELLED {
+                            return Ok((a, false));
+                        }
                     }
                 }
-            }
-            s.ask(&new)
-        })
-        .await;
+                s.ask(&new)
+            })
+            .await,
+    };
     let (a, fresh) = match asked {
         Ok(ok) => ok,
         Err(e) => return (store_failed(ctx, rec.clone(), &e), rec),
