@@ -24,7 +24,7 @@ class _Group(click.Group):
     approvals group's pull in re, urllib.parse, datetime and difflib: ~8 ms of every start)."""
 
     #: Command name -> ``module:attribute`` of its click command.
-    LAZY = {"approvals": "gatewrap.approvals.commands:approvals"}
+    LAZY = {"approvals": "gatewrap.approvals.commands:approvals", "daemon": "gatewrap.shared.commands:daemon"}
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*super().list_commands(ctx), *self.LAZY})
@@ -116,13 +116,17 @@ def cli() -> None:
               help="POST each approval the run asks for to URL (a Slack incoming webhook takes it as it is), "
                    "signed as Standard Webhooks do with the secret in /etc/gatewrap/webhook-secret. "
                    "Default: the policy's [notify] webhook, else the config file's.")
+@click.option("--shared", is_flag=True, envvar="GATEWRAP_SHARED",
+              help="Let the host's one gatewrap daemon set up and serve the sandbox (started on demand; "
+                   "see gatewrap daemon --help): a run then costs ~1 MB of gatewrap's memory instead of a "
+                   "Python process of its own. Also $GATEWRAP_SHARED=1.")
 @click.option("--json", "as_json", is_flag=True, help="Print the closing summary as one JSON object on stderr.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def run(allow: tuple[str, ...], deny: tuple[str, ...], policy_file: str | None, user: str | None,
         audit_log: str, audit_max_size: int, audit_keep: int | None, nameservers: tuple[str, ...], public_ranges: tuple[str, ...], port: int, workdir: str | None, jail: str,
         ro_binds: tuple[str, ...], rw_binds: tuple[str, ...], timeout: float | None, memory: int | None,
         cpus: float | None, pids: int | None, ca_dir: str, upstream_ca: tuple[str, ...], state: str | None,
-        notify_webhook: str | None, as_json: bool, command: tuple[str, ...]) -> int:
+        notify_webhook: str | None, shared: bool, as_json: bool, command: tuple[str, ...]) -> int:
     """Run COMMAND in a sandbox whose only egress is the gate.
 
     \b
@@ -146,7 +150,7 @@ def run(allow: tuple[str, ...], deny: tuple[str, ...], policy_file: str | None, 
     Example:
       sudo gatewrap run --allow pypi.org --allow files.pythonhosted.org -- python agent.py
     """
-    from .runner import RunOptions, run as do_run, summary_line
+    from .run_types import RunOptions
     from .sandbox.limits import Limits
 
     opts = RunOptions(argv=list(command), allow=list(allow), deny=list(deny), policy_file=policy_file,
@@ -157,6 +161,14 @@ def run(allow: tuple[str, ...], deny: tuple[str, ...], policy_file: str | None, 
                       limits=Limits(memory=memory, cpus=cpus, pids=pids), public_ranges=list(public_ranges),
                       ca_dir=os.path.abspath(ca_dir), upstream_ca=[os.path.abspath(p) for p in upstream_ca],
                       state=state, notify_webhook=notify_webhook)
+    if shared:
+        from .runner import require_root
+        from .shared import client
+
+        require_root()
+        return client.run(opts, "json" if as_json else "text")
+    from .runner import run as do_run, summary_line
+
     result = do_run(opts)
     if as_json:
         click.echo(json.dumps(result.as_record()), err=True)

@@ -148,8 +148,10 @@ class KernelDenials:
 
     def __init__(self, hooks: RunHooks, audit: Any, run_id: str, gate_url: str,
                  stderr: TextIO | None = None, run_cgroup: str | None = None,
-                 audit_command: str | None = None) -> None:
+                 audit_command: str | None = None, reader: "SharedReader | None" = None) -> None:
         self._hooks = hooks
+        #: The one thread that polls every run's buffer (the daemon's); None: a thread of our own.
+        self._reader = reader
         self._audit = audit
         self._run_id = run_id
         #: The command that shows the run's records (``gatewrap audit --run ID [--log PATH]``).
@@ -193,9 +195,12 @@ class KernelDenials:
                   file=self._stderr, flush=True)
 
     def start(self) -> None:
-        """Open the ring buffer and start polling."""
+        """Open the ring buffer and start polling (on the shared reader, if given)."""
         self._hooks.open(self._on_event)
-        self._thread.start()
+        if self._reader is not None:
+            self._reader.add(self._hooks.fileno(), self._hooks.drain)
+        else:
+            self._thread.start()
 
     def _loop(self) -> None:
         poller = select.poll()
@@ -210,6 +215,8 @@ class KernelDenials:
     def stop(self) -> None:
         """Stop polling, deliver what the buffer still holds, then the attempts still
         folded in the kernel. Call it once the run's cgroup is empty. Idempotent."""
+        if self._reader is not None and self._wake >= 0:
+            self._reader.remove(self._hooks.fileno())
         if self._wake >= 0:
             os.eventfd_write(self._wake, 1)
             if self._thread.is_alive():
@@ -218,6 +225,49 @@ class KernelDenials:
             self._wake = -1
         self._hooks.drain()
         self._hooks.flush(self._on_event)
+
+
+class SharedReader:
+    """One thread that polls the ring buffers of many runs (the daemon's): each run adds its
+    buffer's fd with the function that drains it, and removes it before its last drain.
+
+    epoll(7): fds are added and removed from any thread while the poller waits.
+    """
+
+    def __init__(self) -> None:
+        self._epoll = select.epoll()
+        self._drains: dict[int, Callable[[], None]] = {}
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._loop, name="gatewrap-kernel-denials", daemon=True)
+        self._thread.start()
+
+    def add(self, fd: int, drain: Callable[[], None]) -> None:
+        """Call ``drain`` whenever ``fd`` polls readable (until :meth:`remove`)."""
+        with self._lock:
+            self._drains[fd] = drain
+        self._epoll.register(fd, select.EPOLLIN)
+
+    def remove(self, fd: int) -> None:
+        """Stop polling ``fd``; a drain already under way may still finish after this returns,
+        which the run's own lock on its buffer makes harmless (RunHooks.drain)."""
+        with self._lock:
+            self._drains.pop(fd, None)
+        try:
+            self._epoll.unregister(fd)
+        except (OSError, ValueError):
+            pass
+
+    def _loop(self) -> None:
+        while True:
+            try:
+                ready = self._epoll.poll(1.0)
+            except InterruptedError:
+                continue
+            for fd, _ in ready:
+                with self._lock:
+                    drain = self._drains.get(fd)
+                if drain is not None:
+                    drain()
 
 
 def salvage(hooks: Any, audit_factory: Callable[[str], Any], run_id: str, cgroup_id: int,

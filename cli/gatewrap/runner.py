@@ -13,27 +13,25 @@ import errno
 import ipaddress
 import os
 import resource
-import shlex
 import shutil
 import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TextIO
 
 from . import attribution, shims
 from .bpf import loader
-from .errors import EXIT_CANNOT_EXEC, EXIT_NOT_FOUND, EXIT_TIMEOUT, GatewrapError, NeedRoot
+from .errors import EXIT_CANNOT_EXEC, EXIT_GATEWRAP, EXIT_NOT_FOUND, EXIT_TIMEOUT, GatewrapError, NeedRoot
 from .kernel_denials import KernelDenials
 from .policy import build_policy, sandbox_binds
+from .run_types import DEFAULT_AUDIT_LOG, DEFAULT_CA_DIR, RunOptions, RunResult, audit_command, summary_line
+
+__all__ = ["DEFAULT_AUDIT_LOG", "RunOptions", "RunResult", "Sandbox", "plan", "run", "spawn", "summary_line"]
 from .sandbox import cgroup, gc, jail, limits, netns, registry, user, view
 from .sandbox.mounts import mount_table
 
-DEFAULT_AUDIT_LOG = "/var/log/gatewrap/audit.jsonl"
-#: The TLS inspection CA of this host install (``ca.crt``; the key in ``private/``, hidden
-#: from every agent).
-DEFAULT_CA_DIR = "/var/lib/gatewrap/ca"
 #: The audit log's checkpoint signing key (gate_core audit/note.rs DEFAULT_KEY).
 DEFAULT_AUDIT_KEY = "/var/lib/gatewrap/audit/signing-key"
 GATE_IP4 = "127.0.0.1"
@@ -44,67 +42,6 @@ DNS_PORT = 53
 #: terminal), so Ctrl-C reaches it only through gatewrap.
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 PR_SET_CHILD_SUBREAPER = 36
-
-
-@dataclass
-class RunOptions:
-    """What ``gatewrap run`` was asked to do."""
-
-    argv: list[str]
-    allow: list[str] = field(default_factory=list)
-    deny: list[str] = field(default_factory=list)
-    policy_file: str | None = None
-    user: str | None = None
-    audit_log: str = DEFAULT_AUDIT_LOG
-    #: Rotate the audit log past this many bytes (0: never); keep this many segments (None: all).
-    audit_max_size: int = 100 << 20
-    audit_keep: int | None = None
-    nameservers: list[str] | None = None
-    port: int = 3128
-    cwd: str | None = None
-    jail: str = "nsjail"
-    ro_binds: list[str] = field(default_factory=list)
-    rw_binds: list[str] = field(default_factory=list)
-    timeout: float | None = None
-    limits: limits.Limits = field(default_factory=limits.Limits)
-    public_ranges: list[str] = field(default_factory=list)
-    ca_dir: str = DEFAULT_CA_DIR
-    upstream_ca: list[str] = field(default_factory=list)
-    #: The approvals store (``--state``); None: resolved as ``approvals.state`` says, and
-    #: used only when one is named or the policy has a breakpoint.
-    state: str | None = None
-    #: ``--notify-webhook``: where an approval is announced (else the policy's ``[notify]
-    #: webhook``, else the config file's).
-    notify_webhook: str | None = None
-
-
-@dataclass
-class RunResult:
-    """How the run ended: the agent's exit code and the counts of the summary line."""
-
-    run_id: str
-    exit_code: int
-    allowed: int
-    denied: int
-    failed: int
-    direct_egress: int
-    lost: int
-    audit_log: str
-    #: Tunnels the gate TLS-inspected (their requests are counted in allowed/denied/failed).
-    inspected: int = 0
-    #: Let through by report mode, denied in enforce mode (also counted in ``allowed``).
-    would_deny: int = 0
-    #: The run's approvals (``ApprovalStore.counts``: asked, approved, rejected, expired,
-    #: granted, by_grant), or None when the run had no approvals store.
-    approvals: dict[str, int] | None = None
-
-    def as_record(self) -> dict[str, Any]:
-        """The summary with the audit log's field names (as in its ``run_end`` record)."""
-        return {"run": self.run_id, "exit_code": self.exit_code, "allowed": self.allowed,
-                "denied": self.denied, "failed": self.failed, "direct_egress": self.direct_egress,
-                "inspected": self.inspected, "would_deny": self.would_deny,
-                "lost_events": self.lost, "audit_log": self.audit_log,
-                **({"approvals": self.approvals} if self.approvals is not None else {})}
 
 
 def new_run_id() -> str:
@@ -129,14 +66,14 @@ def _exit_code(status: int) -> int:
     return os.waitstatus_to_exitcode(status)
 
 
-def _become_subreaper() -> None:
+def become_subreaper() -> None:
     """Make orphans of the agent's tree our children (PR_SET_CHILD_SUBREAPER, prctl(2)), so we reap them."""
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
         raise GatewrapError(f"prctl(PR_SET_CHILD_SUBREAPER) failed: {os.strerror(ctypes.get_errno())}")
 
 
-def _raise_fd_limit() -> None:
+def raise_fd_limit() -> None:
     """The gate holds two fds per tunnel (up to 1024 connections per run): raise gatewrap's
     soft RLIMIT_NOFILE to its hard limit (getrlimit(2)). The agent's is set by the jail."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -171,7 +108,7 @@ def _signal_target(pid: int) -> int:
     return int(children[0]) if is_jail and len(children) == 1 else pid
 
 
-def _wait_forwarding_signals(pid: int, timeout: float | None, leaf: str, err: TextIO) -> int:
+def wait_forwarding_signals(pid: int, timeout: float | None, leaf: str, err: TextIO) -> int:
     """Wait for the agent, forwarding signals to it and reaping orphans; returns its exit code.
 
     After ``timeout`` seconds the whole tree is killed and the code is 124 (as timeout(1)).
@@ -306,7 +243,11 @@ def _readonly_paths(audit_log: str, jail_mode: str, writable: list[str]) -> list
 def run(opts: RunOptions, stderr: TextIO | None = None) -> RunResult:
     """Run ``opts.argv`` in a fresh sandbox whose only egress is the gate.
 
-    Returns when the agent has exited and the sandbox is gone.
+    Returns when the agent has exited and the sandbox is gone. The phases: :func:`plan`
+    (everything checked, nothing set up), :class:`Sandbox` (set up; each step's undo
+    registered before the next), the spawn, the wait, :meth:`Sandbox.finish` (tear down in
+    the order the run's end needs, then ``run_end``). The shared mode's daemon runs the same
+    phases, with the spawn and the wait in the client (:mod:`gatewrap.shared`).
 
     Raises:
         NeedRoot: not root.
@@ -314,17 +255,65 @@ def run(opts: RunOptions, stderr: TextIO | None = None) -> RunResult:
             (126/127) the command could not be executed / was not found.
     """
     require_root()
+    err = stderr or sys.stderr
+    planned = plan(opts, err)
+    # Block the signals we wait for before any thread exists, so every thread
+    # (bcc's, the gate's) inherits the mask and they reach sigtimedwait.
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, set(FORWARDED) | {signal.SIGCHLD})
+    try:
+        become_subreaper()
+        raise_fd_limit()
+        with Sandbox(planned, err) as box:
+            pid = spawn(box.spawn_spec())
+            exit_code = wait_forwarding_signals(pid, opts.timeout, box.leaf, err)
+            return box.finish(exit_code, reap=pid)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+
+
+@dataclass
+class Plan:
+    """A run checked and ready to set up (:func:`plan`): nothing of the sandbox exists yet,
+    but the audit log and the approvals store are open."""
+
+    opts: RunOptions
+    run_id: str
+    policy: Any
+    target: user.Target
+    #: The agent's environment (the shims' variables added by :class:`Sandbox`).
+    env: dict[str, str]
+    #: The user's proxy variables gatewrap replaced (said on stderr).
+    overridden: list[str]
+    cwd: str
+    #: The command, its program looked up on the agent's PATH.
+    argv: list[str]
+    ro_binds: list[str]
+    rw_binds: list[str]
+    audit: Any
+    breakpoints: "_Breakpoints | None"
+
+    @property
+    def gate_url(self) -> str:
+        return f"http://{GATE_IP4}:{self.opts.port}"
+
+
+def plan(opts: RunOptions, err: TextIO) -> Plan:
+    """Check what the run is asked to do (policy, user, command, paths, view), and open its
+    audit log and approvals store; nothing of the sandbox is made yet.
+
+    Raises:
+        GatewrapError: as :func:`run` says, before anything was set up.
+    """
     from . import _gate_core as core
 
-    err = stderr or sys.stderr
+    environ = opts.env()
     policy = build_policy(opts.policy_file, opts.allow, opts.deny)
-    target = user.resolve(opts.user)
+    target = user.resolve(opts.user, environ)
     if opts.jail == "nsjail":
         jail.refuse_root(target.uid)
     run_id = new_run_id()
-    gate_url = f"http://{GATE_IP4}:{opts.port}"
     # What the agent runs, where and with what: checked before anything is set up.
-    env, overridden = shims.agent_env(dict(os.environ), GATE_IP4, opts.port)
+    env, overridden = shims.agent_env(dict(environ), GATE_IP4, opts.port)
     if target.uid != os.getuid():
         env.update(HOME=target.home, USER=target.name, LOGNAME=target.name)
     cwd = opts.cwd or os.getcwd()
@@ -357,135 +346,223 @@ def run(opts: RunOptions, stderr: TextIO | None = None) -> RunResult:
     except ValueError as e:  # not a regular file, or an unsafe directory: the message says what to do
         raise GatewrapError(str(e)) from e
     breakpoints = _approvals(opts, policy, run_id, audit, err)
-    # Block the signals we wait for before any thread exists, so every thread
-    # (bcc's, the gate's) inherits the mask and they reach sigtimedwait.
-    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, set(FORWARDED) | {signal.SIGCHLD})
-    with contextlib.ExitStack() as undo:
-        undo.callback(signal.pthread_sigmask, signal.SIG_SETMASK, old_mask)
-        _become_subreaper()
-        _raise_fd_limit()
-        lock_fd = registry.claim(run_id, opts.audit_log)
+    return Plan(opts, run_id, policy, target, env, overridden, cwd, argv, ro_binds, rw_binds, audit, breakpoints)
+
+
+class Sandbox:
+    """One run's sandbox, set up by ``with Sandbox(plan, err) as box`` and torn down on leaving
+    it (however it is left: every step registers its undo before the next starts).
+
+    Args:
+        planned: the run (:func:`plan`).
+        err: where the run's notices go (the user's terminal).
+        hooks: the loaded hooks to use (the daemon's); None: load or reuse them, and first
+            remove stale sandboxes (a run of its own).
+        owner_pid: the process ``gatewrap stop`` signals for this run (registry); None: this one.
+        shared_runtime: the gate runs on the process's one runtime (the daemon) instead of
+            one of its own.
+        notice_fd: the fd the gate's live notices go to (None: this process's stderr).
+        reader: the :class:`~gatewrap.kernel_denials.SharedReader` that polls the run's ring
+            buffer (the daemon's); None: a thread of the run's own.
+    """
+
+    def __init__(self, planned: Plan, err: TextIO, hooks: loader.Hooks | None = None,
+                 owner_pid: int | None = None, shared_runtime: bool = False,
+                 notice_fd: int | None = None, reader: Any = None) -> None:
+        self.plan = planned
+        self.err = err
+        self._hooks = hooks
+        self._owner_pid = owner_pid
+        self._shared_runtime = shared_runtime
+        self._notice_fd = notice_fd
+        self._reader = reader
+        self._undo = contextlib.ExitStack()
+        self._spec: dict[str, Any] = {}
+        self.leaf = ""
+
+    def __enter__(self) -> "Sandbox":
+        try:
+            self._set_up()
+        except BaseException:
+            self._undo.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._undo.close()
+
+    def _set_up(self) -> None:
+        from . import _gate_core as core
+
+        p, opts, err, undo = self.plan, self.plan.opts, self.err, self._undo
+        run_id = p.run_id
+        lock_fd = registry.claim(run_id, opts.audit_log, pid=self._owner_pid)
         undo.callback(registry.release, run_id, lock_fd)
         parent = cgroup.parent_dir()
-        hooks = loader.load_or_reuse(parent)
-        undo.callback(hooks.close)
-        for stale in gc.collect(parent, _salvager(hooks)).runs:
-            print(f"gatewrap: removed stale sandbox {stale} (its gatewrap had died)", file=err)
+        hooks = self._hooks
+        if hooks is None:
+            hooks = loader.load_or_reuse(parent)
+            undo.callback(hooks.close)
+            for stale in gc.collect(parent, salvager(hooks)).runs:
+                print(f"gatewrap: removed stale sandbox {stale} (its gatewrap had died)", file=err)
         leaf, cgroup_id = cgroup.create_leaf(parent, run_id)
+        self.leaf = leaf
         undo.callback(cgroup.kill_and_remove, leaf)
         limits.apply(leaf, opts.limits)
         # Installing the run's ring buffer in the map of maps waits out an RCU grace period
         # (~10 ms, bpf(2) MAP_UPDATE_ELEM on a map of maps): done on a thread while the netns
         # and the gate start; joined before the kernel-denial reader starts, so before any spawn.
         configuring = _OnThread(hooks.configure, cgroup_id, GATE_IP4, GATE_IP6, [opts.port, DNS_PORT], [DNS_PORT])
-        releasing: list[_OnThread] = []  # the release started at the run's end, if it got there
-        undo.callback(_release_configured, configuring, releasing)
+        self._releasing: list[_OnThread] = []  # the release started at the run's end, if it got there
+        undo.callback(_release_configured, configuring, self._releasing)
         ns_path = netns.create(run_id)
         undo.callback(netns.remove, run_id)
-        inspecting = any(r.get("inspect") for r in policy.describe())
+        inspecting = any(r.get("inspect") for r in p.policy.describe())
         ca_cert = None
         if inspecting:
             try:
                 ca_cert = core.ensure_ca(opts.ca_dir)
             except core.GateError as e:
                 raise GatewrapError(f"{e} (--ca-dir DIR to use another)") from e
+        breakpoints = p.breakpoints
         if breakpoints is not None:
             undo.callback(_end_run, breakpoints.store, run_id, err)
+        shared = {} if not self._shared_runtime else {"shared_runtime": True, "notice_fd": self._notice_fd}
         try:
-            gate = core.Gate(run_id=run_id, netns_path=ns_path, policy=policy, audit=audit,
+            gate = core.Gate(run_id=run_id, netns_path=ns_path, policy=p.policy, audit=p.audit,
                              listen_port=opts.port, nameservers=opts.nameservers,
                              public_ranges=opts.public_ranges, notices=True, dns_stub=True,
                              ca_dir=opts.ca_dir if inspecting else None,
-                             upstream_ca=opts.upstream_ca or None, run_cgroup=leaf,
+                             upstream_ca=opts.upstream_ca or None, run_cgroup=leaf, **shared,
                              **({} if breakpoints is None else
                                 {"state": breakpoints.url, "on_asked": breakpoints.notifier}))
         except core.GateError as e:
             raise GatewrapError(f"the gate could not start: {e}") from e
         except ValueError as e:
             raise GatewrapError(f"--public-range: {str(e).removeprefix('public_ranges: ')}") from e
+        self._gate = gate
         undo.callback(gate.stop)
-        run_hooks = configuring.result()
-        denials = KernelDenials(run_hooks, audit, run_id, gate_url, err,
+        self._run_hooks = configuring.result()
+        denials = KernelDenials(self._run_hooks, p.audit, run_id, p.gate_url, err,
                                 run_cgroup=attribution.cgroup_path(leaf, cgroup.cgroup2_mount() or "/"),
-                                audit_command=audit_command(run_id, opts.audit_log))
+                                audit_command=audit_command(run_id, opts.audit_log), reader=self._reader)
         denials.start()
+        self._denials = denials
         undo.callback(denials.stop)
         for warning in _public_range_warnings(opts.public_ranges):
             print(warning, file=err)
         loader.verify_attached(parent, hooks.pin_dir)
-        staged, mounts, replaced, notes = shims.stage_run(run_id, opts.jail == "nsjail", ca_cert, env)
+        staged, mounts, replaced, notes = shims.stage_run(run_id, opts.jail == "nsjail", ca_cert, p.env)
         undo.callback(shutil.rmtree, staged, True)
-        overridden += replaced
         for note in notes:
             print(note, file=err)
-
-        if overridden:
-            print(f"gatewrap: replaced your {', '.join(overridden)} so the agent uses the gate", file=err)
-        if target.uid == 0:
-            print("gatewrap: warning: the agent runs as root, unjailed (no capabilities, but it owns the "
-                  "host's root files); prefer sudo from a user, or --user", file=err)
-        elif opts.user is None and "SUDO_UID" not in os.environ and os.getuid() == 0:
-            print(f"gatewrap: the agent runs as {target.name} (gatewrap was started by root, not "
-                  "through sudo; --user USER to choose)", file=err)
+        self._announce(p.overridden + replaced)
         try:
-            audit.write({"run": run_id, "event": "run_start", "argv": opts.argv, "uid": target.uid,
-                         "cgroup_id": cgroup_id, "gate": gate_url})
+            p.audit.write({"run": run_id, "event": "run_start", "argv": opts.argv, "uid": p.target.uid,
+                           "cgroup_id": cgroup_id, "gate": p.gate_url})
         except OSError as e:
             raise GatewrapError(f"{e.strerror}: a run starts only once its run_start record is written; "
                                 "free space there, or choose another --audit-log") from e
+        self._spec = self._agent(ns_path, staged, mounts)
+
+    def _announce(self, overridden: list[str]) -> None:
+        """Say what gatewrap changed for the agent, and as whom it runs."""
+        p, err = self.plan, self.err
+        if overridden:
+            print(f"gatewrap: replaced your {', '.join(overridden)} so the agent uses the gate", file=err)
+        if p.target.uid == 0:
+            print("gatewrap: warning: the agent runs as root, unjailed (no capabilities, but it owns the "
+                  "host's root files); prefer sudo from a user, or --user", file=err)
+        elif p.opts.user is None and "SUDO_UID" not in p.opts.env() and os.getuid() == 0:
+            print(f"gatewrap: the agent runs as {p.target.name} (gatewrap was started by root, not "
+                  "through sudo; --user USER to choose)", file=err)
+
+    def _agent(self, ns_path: str, staged: str, mounts: list[Any]) -> dict[str, Any]:
+        """The arguments of ``spawn_agent`` for this run: the command wrapped in the jail,
+        the environment with the shims, the paths to hide and to show read-only."""
+        p, opts, err = self.plan, self.plan.opts, self.err
+        env, target, cwd, argv = dict(p.env), p.target, p.cwd, p.argv
         if opts.jail == "nsjail":
-            shims.add_python_shim(env, shims.PYTHON_SHIM_IN_JAIL, gate_url, run_id)
+            shims.add_python_shim(env, shims.PYTHON_SHIM_IN_JAIL, p.gate_url, p.run_id)
             shims.add_node_shim(env, shims.NODE_SHIM_IN_JAIL)
         else:  # the staged copies: the package may be closed to the agent (a 0700 home)
-            shims.add_python_shim(env, os.path.join(staged, "python"), gate_url, run_id)
+            shims.add_python_shim(env, os.path.join(staged, "python"), p.gate_url, p.run_id)
             shims.add_node_shim(env, os.path.join(staged, "node"))
-        env["GATEWRAP_AUDIT"] = audit_command(run_id, opts.audit_log)
+        env["GATEWRAP_AUDIT"] = audit_command(p.run_id, opts.audit_log)
         if not user.can_write(cwd, target):
             print(f"gatewrap: note: the agent's user {target.name} cannot write its working directory "
                   f"{cwd}; choose one with --workdir, or chown it", file=err)
         if opts.jail == "nsjail":
-            fs_view = view.build(cwd, target.home, target, ro_binds, rw_binds, extra=mounts)
+            fs_view = view.build(cwd, target.home, target, p.ro_binds, p.rw_binds, extra=mounts)
             for note in view.notes(fs_view, cwd, target.home):
                 print(note, file=err)
-            argv = jail.wrap(argv, target, cwd, fs_view)
+            argv = jail.wrap(argv, target, cwd, fs_view, nsjail=jail.nsjail_path(opts.env()))
         else:
             print(jail.WITHOUT_JAIL, file=err)
-        try:
-            pid = core.spawn_agent(argv, env, cwd, ns_path, leaf, target.uid, target.gid,
-                                   list(target.groups), hide=_hidden_paths(opts.ca_dir),
-                                   readonly=_readonly_paths(opts.audit_log, opts.jail, [cwd, *opts.rw_binds]),
-                                   jail=opts.jail)
-        except core.SpawnError as e:
-            if e.stage != "exec":
-                raise GatewrapError(f"starting the agent failed: {e.strerror}") from e
-            code = EXIT_NOT_FOUND if e.errno == errno.ENOENT else EXIT_CANNOT_EXEC
-            raise GatewrapError(e.strerror, exit_code=code) from e
-        exit_code = _wait_forwarding_signals(pid, opts.timeout, leaf, err)
-        # Teardown in the order the run's life needs: kill what is left of the tree,
-        # then collect its last denials, then stop the gate (ExitStack runs the rest).
-        cgroup.kill_and_remove(leaf)
-        _reap(pid)
-        denials.stop()
-        lost = run_hooks.lost() + denials.unrecorded
+        return {"argv": argv, "env": env, "cwd": cwd, "netns_path": ns_path, "cgroup_dir": self.leaf,
+                "uid": target.uid, "gid": target.gid, "groups": list(target.groups),
+                "hide": _hidden_paths(opts.ca_dir),
+                "readonly": _readonly_paths(opts.audit_log, opts.jail, [cwd, *opts.rw_binds]),
+                "jail": opts.jail}
+
+    def spawn_spec(self) -> dict[str, Any]:
+        """The keyword arguments of ``gatewrap._gate_core.spawn_agent`` (JSON-able: str,
+        int, lists and a dict of str)."""
+        return self._spec
+
+    def finish(self, exit_code: int | None, reap: int | None = None, reason: str | None = None) -> RunResult:
+        """The run's end once the agent has exited with ``exit_code``: kill what is left of
+        the tree, collect its last kernel denials, stop the gate, count, write ``run_end``
+        (the rest of the teardown is left to leaving the ``with``). ``reap``: the agent's pid,
+        when it is this process's child (reaped here after the kill). ``exit_code`` None: the
+        agent's end is unknown (the shared mode's client went away); ``run_end`` then has no
+        exit_code but ``reason``, and the result says 125."""
+        p, run_id = self.plan, self.plan.run_id
+        cgroup.kill_and_remove(self.leaf)
+        if reap is not None:
+            _reap(reap)
+        self._denials.stop()
+        lost = self._run_hooks.lost() + self._denials.unrecorded
         # Removing the run's ring buffer from the map of maps waits an RCU grace period
         # (~10 ms): on a thread, beside the gate's stop, the run_end record and the removal
         # of the staged files and the netns; joined by the undo registered with the install.
-        releasing.append(_OnThread(run_hooks.release))
-        gate.stop()
-        counts = gate.counts()
+        self._releasing.append(_OnThread(self._run_hooks.release))
+        self._gate.stop()
+        counts = self._gate.counts()
         asked = None
-        if breakpoints is not None:
-            _end_run(breakpoints.store, run_id, err)
-            asked = _approval_counts(breakpoints.store, run_id, err)
-        result = RunResult(run_id, exit_code, counts.get("allowed", 0), counts.get("denied", 0),
-                           counts.get("failed", 0), denials.count, lost, opts.audit_log,
+        if p.breakpoints is not None:
+            _end_run(p.breakpoints.store, run_id, self.err)
+            asked = _approval_counts(p.breakpoints.store, run_id, self.err)
+        result = RunResult(run_id, EXIT_GATEWRAP if exit_code is None else exit_code, counts.get("allowed", 0), counts.get("denied", 0),
+                           counts.get("failed", 0), self._denials.count, lost, p.opts.audit_log,
                            inspected=counts.get("inspected", 0), would_deny=counts.get("would_deny", 0),
                            approvals=asked)
         end = result.as_record()
         del end["audit_log"]
         end.pop("approvals", None)  # the gate's approval_* records hold them; run_end's schema does not
-        _write_run_end(audit, {"run": run_id, "event": "run_end", **end}, err)
-    return result
+        if exit_code is None:
+            del end["exit_code"]
+            end["reason"] = reason or "the agent's end is unknown"
+        _write_run_end(p.audit, {"run": run_id, "event": "run_end", **end}, self.err)
+        return result
+
+
+def spawn(spec: dict[str, Any]) -> int:
+    """Start the agent as :meth:`Sandbox.spawn_spec` says (``spawn_agent``: fork, join the
+    sandbox before exec); returns its pid.
+
+    Raises:
+        GatewrapError: 125 for a failure before exec, 127/126 for the exec itself.
+    """
+    from . import _gate_core as core
+
+    try:
+        return core.spawn_agent(**spec)
+    except core.SpawnError as e:
+        if e.stage != "exec":
+            raise GatewrapError(f"starting the agent failed: {e.strerror}") from e
+        code = EXIT_NOT_FOUND if e.errno == errno.ENOENT else EXIT_CANNOT_EXEC
+        raise GatewrapError(e.strerror, exit_code=code) from e
 
 
 class _OnThread:
@@ -546,8 +623,9 @@ def _approvals(opts: RunOptions, policy: Any, run_id: str, audit: Any, err: Text
     """
     from .approvals import state
 
-    config = state.load_config()
-    url = state.explicit_url(opts.state, config)
+    environ = opts.env()
+    config = state.load_config(state.config_path(environ))
+    url = state.explicit_url(opts.state, config, environ)
     has_ask = policy.default == "ask" or any(r["action"] == "ask" for r in policy.describe())
     if url is None and not has_ask:
         return None
@@ -615,12 +693,12 @@ def collect_stale() -> gc.Collected:
     parent = cgroup.parent_dir()
     hooks = loader.load_or_reuse(parent)
     try:
-        return gc.collect(parent, _salvager(hooks))
+        return gc.collect(parent, salvager(hooks))
     finally:
         hooks.close()
 
 
-def _salvager(hooks: loader.Hooks) -> Any:
+def salvager(hooks: loader.Hooks) -> Any:
     """gc's salvage step: a dead run's last kernel denials go to its own audit log."""
     from . import _gate_core as core
     from .kernel_denials import salvage
@@ -629,32 +707,3 @@ def _salvager(hooks: loader.Hooks) -> Any:
                                              registry.audit_log_of(run_id))
 
 
-def summary_line(r: RunResult) -> str:
-    """The one line printed when a run ends."""
-    lost = f", {r.lost} kernel events LOST (ring buffer full)" if r.lost else ""
-    return (
-        f"gatewrap: run {r.run_id} exited {r.exit_code}: {r.allowed} allowed, "
-        f"{r.denied} denied by the gate, {r.direct_egress} direct egress blocked"
-        f"{f', {r.failed} upstream failed' if r.failed else ''}"
-        f"{f', {r.inspected} tunnels TLS-inspected' if r.inspected else ''}"
-        f"{f', {r.would_deny} would be denied in enforce mode (report mode)' if r.would_deny else ''}{lost}"
-        f"{_approvals_part(r.approvals)}; "
-        f"audit log {r.audit_log} ({audit_command(r.run_id, r.audit_log)})"
-    )
-
-
-def audit_command(run_id: str, audit_log: str) -> str:
-    """The command that shows a run's records: ``gatewrap audit --run ID``, with ``--log PATH``
-    (shell-quoted) when the log is not the default one."""
-    log = "" if os.path.abspath(audit_log) == DEFAULT_AUDIT_LOG else f" --log {shlex.quote(audit_log)}"
-    return f"gatewrap audit --run {run_id}{log}"
-
-
-def _approvals_part(c: dict[str, int] | None) -> str:
-    """The summary's approvals: asked, how they were answered, and the requests grants let through."""
-    if not c or not (c.get("asked") or c.get("by_grant")):
-        return ""
-    answers = [f"{c[k]} {k}" for k in ("approved", "rejected", "expired") if c.get(k)]
-    grants = f", {c['granted']} granted for later" if c.get("granted") else ""
-    return (f", {c.get('asked', 0)} approvals asked ({', '.join(answers) or 'none answered'}{grants}), "
-            f"{c.get('by_grant', 0)} answered by grants")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import pwd
 import tomllib
+from collections.abc import Mapping
 from typing import Any
 
 from ..errors import GatewrapError
@@ -29,9 +30,10 @@ CONFIG_KEYS = {
 }
 
 
-def config_path() -> str:
-    """The config file's path: ``$GATEWRAP_CONFIG`` or ``/etc/gatewrap/config.toml``."""
-    return os.environ.get("GATEWRAP_CONFIG") or DEFAULT_CONFIG
+def config_path(environ: Mapping[str, str] | None = None) -> str:
+    """The config file's path: ``$GATEWRAP_CONFIG`` (of ``environ``, else this process's
+    environment) or ``/etc/gatewrap/config.toml``."""
+    return (os.environ if environ is None else environ).get("GATEWRAP_CONFIG") or DEFAULT_CONFIG
 
 
 def load_config(path: str | None = None) -> dict[str, dict[str, Any]]:
@@ -63,20 +65,24 @@ def load_config(path: str | None = None) -> dict[str, dict[str, Any]]:
     return data
 
 
-def resolve_url(flag: str | None, config: dict[str, dict[str, Any]] | None = None) -> str:
-    """The store URL by the order in this module's docstring."""
+def resolve_url(flag: str | None, config: dict[str, dict[str, Any]] | None = None,
+                environ: Mapping[str, str] | None = None) -> str:
+    """The store URL by the order in this module's docstring (``$GATEWRAP_STATE`` of
+    ``environ``, else of this process's environment)."""
+    env = os.environ if environ is None else environ
     if flag:
         return flag
-    if os.environ.get("GATEWRAP_STATE"):
-        return os.environ["GATEWRAP_STATE"]
+    if env.get("GATEWRAP_STATE"):
+        return env["GATEWRAP_STATE"]
     config = load_config() if config is None else config
     return config.get("state", {}).get("url") or DEFAULT_STATE
 
 
-def explicit_url(flag: str | None, config: dict[str, dict[str, Any]] | None = None) -> str | None:
+def explicit_url(flag: str | None, config: dict[str, dict[str, Any]] | None = None,
+                 environ: Mapping[str, str] | None = None) -> str | None:
     """The store URL if one was named (flag, environment or config file), else None."""
-    url = resolve_url(flag, config)
-    if flag or os.environ.get("GATEWRAP_STATE"):
+    url = resolve_url(flag, config, environ)
+    if flag or (os.environ if environ is None else environ).get("GATEWRAP_STATE"):
         return url
     return url if (config or {}).get("state", {}).get("url") else None
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 
 from ..errors import GatewrapError
@@ -48,9 +49,10 @@ def refuse_root(uid: int) -> None:
             "it as a user (sudo from that user, or --user USER), or add --jail none (weaker: it sees the host)")
 
 
-def nsjail_path() -> str | None:
-    """The nsjail binary: ``$GATEWRAP_NSJAIL``, else ``nsjail`` on PATH, else None."""
-    return os.environ.get("GATEWRAP_NSJAIL") or shutil.which("nsjail")
+def nsjail_path(environ: Mapping[str, str] | None = None) -> str | None:
+    """The nsjail binary: ``$GATEWRAP_NSJAIL`` (of ``environ``, else this process's
+    environment), else ``nsjail`` on PATH, else None."""
+    return (os.environ if environ is None else environ).get("GATEWRAP_NSJAIL") or shutil.which("nsjail")
 
 
 def tini_path() -> str | None:
@@ -58,14 +60,16 @@ def tini_path() -> str | None:
     return shutil.which("tini") or (os.path.exists("/usr/bin/tini") and "/usr/bin/tini") or None
 
 
-def wrap(argv: list[str], target: user.Target, cwd: str, mounts: list[view.Mount]) -> list[str]:
+def wrap(argv: list[str], target: user.Target, cwd: str, mounts: list[view.Mount],
+         nsjail: str | None = None) -> list[str]:
     """The command line that runs ``argv`` in the jail as ``target``, in ``cwd``, with the
     file system view ``mounts`` (:func:`gatewrap.sandbox.view.build`) added to the profile's.
+    ``nsjail``: the binary (default :func:`nsjail_path`).
 
     Raises:
         GatewrapError: nsjail or tini is not installed.
     """
-    nsjail, tini = nsjail_path(), tini_path()
+    nsjail, tini = nsjail or nsjail_path(), tini_path()
     if nsjail is None or tini is None:
         missing = "nsjail" if nsjail is None else "tini (apt-get install tini)"
         raise GatewrapError(

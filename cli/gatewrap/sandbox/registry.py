@@ -20,14 +20,15 @@ def lock_path(run_id: str) -> str:
     return os.path.join(RUNS_DIR, f"{run_id}.lock")
 
 
-def claim(run_id: str, audit_log: str) -> int:
+def claim(run_id: str, audit_log: str, pid: int | None = None) -> int:
     """Create and lock the run's lock file; returns the fd (close it to release).
 
     The file holds ``{"audit_log", "audit_offset", "audit_dev", "audit_ino", "pid", "started"}``:
     where the run's audit log is (for :func:`audit_log_of` after a crash), its size in bytes now
     and the file's device and inode (the run's records all come after that point, so ``gatewrap
-    ps`` reads from there, through the log's rotations since), gatewrap's pid (``gatewrap stop``
-    signals it) and the time (Unix seconds). The fd is close-on-exec, so the agent never
+    ps`` reads from there, through the log's rotations since), the pid of the run's gatewrap
+    (``gatewrap stop`` signals it; ``pid``, default this process: the shared mode's daemon names
+    the client) and the time (Unix seconds). The fd is close-on-exec, so the agent never
     inherits it.
     """
     os.makedirs(RUNS_DIR, mode=0o755, exist_ok=True)
@@ -43,7 +44,7 @@ def claim(run_id: str, audit_log: str) -> int:
         offset, dev, ino = 0, None, None
     os.write(fd, json.dumps({"audit_log": os.path.abspath(audit_log), "audit_offset": offset,
                              "audit_dev": dev, "audit_ino": ino,
-                             "pid": os.getpid(), "started": time.time()}).encode())
+                             "pid": os.getpid() if pid is None else pid, "started": time.time()}).encode())
     os.rename(tmp, lock_path(run_id))
     return fd
 

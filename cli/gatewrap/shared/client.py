@@ -1,0 +1,133 @@
+"""``gatewrap run --shared``: the thin client. It asks the daemon for a sandbox, spawns the
+agent into it itself (so the agent is its child: stdio, signals and exit code as in a run
+of its own), then becomes the native waiter, a process of well under a megabyte, for the
+rest of the run.
+
+The daemon is started on demand: when nothing answers on its socket, the client starts
+``gatewrap daemon`` in a session of its own (its log: ``/var/log/gatewrap/daemon.log``)
+and waits for it, at most :data:`START_TIMEOUT` seconds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from typing import NoReturn
+
+from ..errors import GatewrapError
+from ..run_types import RunOptions
+from . import protocol, waiter
+
+#: How long a client waits for a daemon it started to listen, in seconds.
+START_TIMEOUT = 20.0
+#: The log of a daemon started on demand.
+DAEMON_LOG = "/var/log/gatewrap/daemon.log"
+#: Signals the agent gets through its parent (the waiter), blocked from before the spawn.
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+
+
+def connect(path: str, start: bool = True) -> socket.socket:
+    """A connection to the daemon at ``path``, starting one when none answers and ``start``.
+
+    Raises:
+        GatewrapError: no daemon answers and none could be started (its log's last lines said).
+    """
+    try:
+        return _connect(path)
+    except (FileNotFoundError, ConnectionRefusedError):
+        if not start:
+            raise GatewrapError(f"no gatewrap daemon answers on {path}: start one with sudo gatewrap daemon "
+                                "(or the gatewrap-daemon systemd unit)") from None
+    proc = _start_daemon(path)
+    deadline = time.monotonic() + START_TIMEOUT
+    while True:
+        try:
+            return _connect(path)
+        except (FileNotFoundError, ConnectionRefusedError):
+            code = proc.poll()
+            if (code is not None and code != 0) or time.monotonic() > deadline:
+                raise GatewrapError(f"the gatewrap daemon did not start (see {DAEMON_LOG}): "
+                                    f"{_tail(DAEMON_LOG)}") from None
+            time.sleep(0.02)
+
+
+def _connect(path: str) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        sock.connect(path)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def _start_daemon(path: str) -> subprocess.Popen[bytes]:
+    """``gatewrap daemon --socket PATH`` in a new session, detached from our terminal, with
+    a minimal environment (the runs' own environments come with their requests). A second
+    daemon started at the same time exits 0 when it finds the first holding the lock."""
+    os.makedirs(os.path.dirname(DAEMON_LOG), mode=0o755, exist_ok=True)
+    log = os.open(DAEMON_LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o640)
+    env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "PYTHONPATH")}
+    try:
+        return subprocess.Popen([sys.executable, "-m", "gatewrap", "daemon", "--socket", path, "--quiet-if-running"],
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
+                                start_new_session=True, close_fds=True, cwd="/")
+    finally:
+        os.close(log)
+
+
+def _tail(path: str, lines: int = 3) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return " | ".join(f.read().splitlines()[-lines:]) or "(empty)"
+    except OSError as e:
+        return f"(cannot read it: {e.strerror})"
+
+
+def run(opts: RunOptions, summary: str = "text") -> NoReturn | int:
+    """Run ``opts`` in a sandbox of the daemon's; ``summary``: the closing line as ``text``
+    or ``json``. With the native waiter (``gatewrap-wait``) this never returns: the process
+    becomes the waiter and exits with the agent's code. Without it, this process waits and
+    returns the agent's exit code.
+
+    Raises:
+        GatewrapError: the daemon refused the run or failed (its message, its exit code), or
+            the agent could not be started (125, 126, 127).
+    """
+    opts = dataclasses.replace(opts, environ=dict(os.environ), cwd=opts.cwd or os.getcwd())
+    sock = connect(protocol.socket_path())
+    reader = protocol.Reader(sock)
+    protocol.send(sock, {"op": "run", "opts": dataclasses.asdict(opts), "summary": summary}, fds=[2])
+    reply = reader.message()
+    if reply is None:
+        raise GatewrapError("the gatewrap daemon closed the connection before the sandbox was up "
+                            f"(see {DAEMON_LOG}, or the journal of gatewrap-daemon)")
+    if "error" in reply:
+        raise GatewrapError(str(reply["error"]), exit_code=int(reply.get("exit_code", 125)))
+    spec = reply["spawn"]
+    from .. import runner
+
+    signal.pthread_sigmask(signal.SIG_BLOCK, set(FORWARDED) | {signal.SIGCHLD})
+    runner.become_subreaper()
+    pid = runner.spawn(spec)  # a failure closes the connection: the daemon tears the sandbox down
+    found = waiter.find()
+    if found is not None:
+        waiter.exec_waiter(pid, sock.fileno(), opts.timeout, spec["cgroup_dir"], path=found)
+    code = runner.wait_forwarding_signals(pid, opts.timeout, spec["cgroup_dir"], sys.stderr)
+    summary = b""
+    with contextlib.suppress(OSError):
+        protocol.send_line(sock, f"exit {code}")
+        summary = reader.rest()
+    sys.stderr.write(summary.decode(errors="replace") or GONE + "\n")
+    return code
+
+
+#: What the client says when the daemon is gone at the run's end (the waiter says the same).
+GONE = ("gatewrap: the gatewrap daemon went away before the run's end was recorded; "
+        "sudo gatewrap gc collects the sandbox")

@@ -1,0 +1,80 @@
+"""The ``gatewrap daemon`` command."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from ..errors import GatewrapError
+from . import protocol
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+@click.command(context_settings=CONTEXT)
+@click.option("--socket", "socket_path", metavar="PATH",
+              help=f"Listen on PATH (root's, mode 0600). Default: $GATEWRAP_DAEMON_SOCKET, else {protocol.DEFAULT_SOCKET}.")
+@click.option("--status", is_flag=True, help="Ask the running daemon for its pid and runs, and exit (1: none runs).")
+@click.option("--json", "as_json", is_flag=True, help="With --status: print one JSON object.")
+@click.option("--quiet-if-running", is_flag=True, hidden=True,
+              help="Exit 0 without a word when another daemon already serves the socket (the on-demand start).")
+def daemon(socket_path: str | None, status: bool, as_json: bool, quiet_if_running: bool) -> None:
+    """Serve the sandboxes of every `gatewrap run --shared` on this host, in the foreground.
+
+    \b
+    One process holds the loaded hooks, one runtime for every run's gate and every run's
+    ring-buffer reader; each run costs the host its netns, cgroup, listeners (made inside
+    the run's netns), map entries and jail, and a waiter process of well under 1 MB that
+    keeps the agent its child. `gatewrap run --shared` starts the daemon on demand when
+    none answers (its log: /var/log/gatewrap/daemon.log); a systemd unit is in
+    contrib/systemd/gatewrap-daemon.service.
+
+    \b
+    Fail closed: if the daemon dies, every sandbox keeps its hooks and loses its gate, so
+    it has no egress; its agents run on and their `gatewrap run` says so. SIGTERM or SIGINT
+    stop it the same way. Stale sandboxes are removed at its start (and by gatewrap gc).
+
+    \b
+    Examples:
+      sudo gatewrap daemon
+      sudo gatewrap run --shared --allow pypi.org -- python agent.py
+      sudo gatewrap daemon --status --json
+    """
+    path = socket_path or protocol.socket_path()
+    if status:
+        _status(path, as_json)
+        return
+    from .daemon import Daemon, DaemonRunning
+
+    try:
+        Daemon(path).serve()
+    except DaemonRunning:
+        if quiet_if_running:
+            return
+        raise
+
+
+def _status(path: str, as_json: bool) -> None:
+    from .client import connect
+
+    try:
+        sock = connect(path, start=False)
+    except GatewrapError as e:
+        if as_json:
+            click.echo(json.dumps({"running": False, "socket": path}))
+        else:
+            click.echo(f"gatewrap: {e}", err=True)
+        sys.exit(1)
+    with sock:
+        protocol.send(sock, {"op": "status"})
+        got = protocol.Reader(sock).message() or {}
+    if "error" in got:
+        raise GatewrapError(str(got["error"]), exit_code=int(got.get("exit_code", 125)))
+    if as_json:
+        click.echo(json.dumps({"running": True, "socket": path, **got}))
+    else:
+        runs = got.get("runs", [])
+        click.echo(f"gatewrap daemon pid {got.get('pid')} on {path}: {len(runs)} runs"
+                   + (f" ({', '.join(runs)})" if runs else ""))

@@ -1,0 +1,255 @@
+"""``gatewrap daemon``: one long-lived process that sets up, serves and tears down the sandbox
+of every shared-mode run on the host.
+
+It holds what a run of its own would load each time: the hooks (loaded and attached once),
+one tokio runtime for every run's gate (``Gate(shared_runtime=True)``), and it removes stale
+sandboxes once at its start. Each run costs it a thread waiting on the run's connection, the
+run's gate (listeners made inside the run's netns) and the run's ring-buffer reader.
+
+Fail closed: the hooks stay attached to the ``gatewrap/`` cgroup whatever happens to the
+daemon, and only the gate's listeners are reachable from a sandbox, so a dead daemon leaves
+every sandbox without egress. Its runs' locks go with it; ``gatewrap gc`` (or the next
+daemon's start) then removes their sandboxes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from dataclasses import fields
+from typing import Any, TextIO
+
+from .. import runner
+from ..errors import GatewrapError
+from ..kernel_denials import SharedReader
+from ..run_types import RunOptions, summary_line
+from ..sandbox import cgroup, gc, limits
+from ..bpf import loader
+from . import protocol
+
+#: TEMPORARY until gate_core has it
+SHARED_RUNTIME = False
+#: Connections waiting to be accepted (listen(2) backlog).
+BACKLOG = 512
+
+
+class DaemonRunning(GatewrapError):
+    """Another daemon already serves this socket (it holds the lock beside it)."""
+
+
+class Terminal:
+    """A run's terminal: the client's stderr, received over the socket. Writes that fail (the
+    client went away: EPIPE) are dropped, never raised into the run's teardown."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def write(self, text: str) -> int:
+        data = text.encode(errors="backslashreplace")
+        with contextlib.suppress(OSError):
+            while data:
+                data = data[os.write(self._fd, data):]
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = -1
+
+
+def options(raw: Any) -> RunOptions:
+    """A :class:`RunOptions` from its JSON form (``dataclasses.asdict``).
+
+    Raises:
+        protocol.ProtocolError: not an object, a field this version does not have, or no argv.
+    """
+    if not isinstance(raw, dict):
+        raise protocol.ProtocolError("opts is not an object")
+    known = {f.name for f in fields(RunOptions)}
+    unknown = set(raw) - known
+    if unknown:
+        raise protocol.ProtocolError(f"unknown run options {sorted(unknown)}: is the client another gatewrap version?")
+    raw = dict(raw)
+    if isinstance(raw.get("limits"), dict):
+        raw["limits"] = limits.Limits(**raw["limits"])
+    if not isinstance(raw.get("argv"), list) or not raw["argv"]:
+        raise protocol.ProtocolError("opts.argv must be a non-empty list")
+    return RunOptions(**raw)
+
+
+class Daemon:
+    """The daemon serving ``socket_path``; :meth:`serve` until SIGTERM or SIGINT.
+
+    Raises (from :meth:`serve`):
+        NeedRoot: not root.
+        DaemonRunning: another daemon holds the socket's lock.
+        GatewrapError: the hooks cannot be loaded, or the socket cannot be made.
+    """
+
+    def __init__(self, socket_path: str, log: TextIO | None = None) -> None:
+        self.socket_path = socket_path
+        self.log = log or sys.stderr
+        self.started = time.time()
+        self.runs: dict[str, runner.Sandbox] = {}
+        self._lock = threading.Lock()
+        self.hooks: loader.Hooks | None = None
+        self.reader: SharedReader | None = None
+
+    def say(self, text: str) -> None:
+        print(f"gatewrap daemon: {text}", file=self.log, flush=True)
+
+    def _claim(self) -> int:
+        """Take the lock beside the socket (flock(2), dropped by the kernel when we die)."""
+        folder = os.path.dirname(self.socket_path)
+        os.makedirs(folder, mode=0o755, exist_ok=True)
+        fd = os.open(self.socket_path + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise DaemonRunning(f"a gatewrap daemon already serves {self.socket_path}") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        return fd
+
+    def _listen(self) -> socket.socket:
+        """The listening socket, root's alone (0600), replacing a dead daemon's."""
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.socket_path)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        old = os.umask(0o177)
+        try:
+            sock.bind(self.socket_path)
+        finally:
+            os.umask(old)
+        os.chmod(self.socket_path, 0o600)
+        sock.listen(BACKLOG)
+        return sock
+
+    def serve(self) -> None:
+        runner.require_root("daemon")
+        lock_fd = self._claim()
+        runner.raise_fd_limit()
+        parent = cgroup.parent_dir()
+        self.hooks = loader.load_or_reuse(parent)
+        self.reader = SharedReader()
+        for stale in gc.collect(parent, runner.salvager(self.hooks)).runs:
+            self.say(f"removed stale sandbox {stale} (its gatewrap had died)")
+        listener = self._listen()
+        stopping = threading.Event()
+
+        def stop(signum: int, _frame: Any) -> None:
+            stopping.set()
+            with contextlib.suppress(OSError):
+                listener.shutdown(socket.SHUT_RDWR)
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, stop)
+        self.say(f"serving {self.socket_path} (pid {os.getpid()})")
+        try:
+            while not stopping.is_set():
+                try:
+                    conn, _ = listener.accept()
+                except OSError:
+                    if stopping.is_set():
+                        break
+                    raise
+                threading.Thread(target=self._serve_one, args=(conn,), daemon=True, name="gatewrap-run").start()
+        finally:
+            self.say(f"stopping; {len(self.runs)} runs lose their gate and stay without egress until they end")
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.socket_path)
+            listener.close()
+            os.close(lock_fd)
+
+    def _serve_one(self, conn: socket.socket) -> None:
+        """One connection: check the peer, then answer its one request."""
+        reader = protocol.Reader(conn)
+        try:
+            pid, uid, _ = protocol.peer(conn)
+            if uid != 0:
+                protocol.send(conn, {"error": "only root may ask the gatewrap daemon for a sandbox (sudo gatewrap run ...)",
+                                     "exit_code": 125})
+                return
+            msg = reader.message()
+            if msg is None:
+                return
+            if msg.get("op") == "status":
+                protocol.send(conn, {"pid": os.getpid(), "started": self.started, "runs": sorted(self.runs)})
+            elif msg.get("op") == "run":
+                self._run(conn, reader, msg, pid)
+            else:
+                raise protocol.ProtocolError(f"unknown op {msg.get('op')!r}")
+        except protocol.ProtocolError as e:
+            with contextlib.suppress(OSError):
+                protocol.send(conn, {"error": f"the daemon refused the request: {e}", "exit_code": 125})
+        except OSError as e:
+            self.say(f"a client connection failed: {e}")
+        except Exception as e:  # one run's fault must not take the daemon (and every other run) down
+            self.say(f"internal error serving a client: {e!r}")
+            with contextlib.suppress(OSError):
+                protocol.send(conn, {"error": f"the daemon failed: {e}", "exit_code": 125})
+        finally:
+            for fd in reader.fds:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            conn.close()
+
+    def _run(self, conn: socket.socket, reader: protocol.Reader, msg: dict[str, Any], client_pid: int) -> None:
+        """A run's life on the daemon's side: plan, set up, hand the spawn to the client,
+        wait for its ``exit CODE``, finish, send the summary."""
+        if len(reader.fds) != 1:
+            raise protocol.ProtocolError("a run request carries exactly one fd, the client's stderr")
+        err = Terminal(reader.fds.pop())
+        try:
+            opts = options(msg.get("opts"))
+            try:
+                planned = runner.plan(opts, err)  # type: ignore[arg-type]
+                box = runner.Sandbox(planned, err, hooks=self.hooks, owner_pid=client_pid,  # type: ignore[arg-type]
+                                     shared_runtime=SHARED_RUNTIME, notice_fd=err.fileno(),
+                                     reader=self.reader)
+                box.__enter__()
+            except GatewrapError as e:
+                protocol.send(conn, {"error": str(e), "exit_code": e.exit_code})
+                return
+            run_id = planned.run_id
+            with self._lock:
+                self.runs[run_id] = box
+            try:
+                protocol.send(conn, {"spawn": box.spawn_spec(), "run": run_id})
+                code = _exit_code(reader.line())
+                if code is None:
+                    box.finish(None, reason="the client (gatewrap run) went away before the agent's end")
+                    return
+                result = box.finish(code)
+                text = json.dumps(result.as_record()) if msg.get("summary") == "json" else summary_line(result)
+                with contextlib.suppress(OSError):
+                    protocol.send_line(conn, text)
+            finally:
+                with self._lock:
+                    self.runs.pop(run_id, None)
+                box.__exit__(None, None, None)
+        finally:
+            err.close()
+
+
+def _exit_code(line: bytes | None) -> int | None:
+    """CODE of an ``exit CODE`` line; None for the end of the stream or anything else."""
+    if line is None:
+        return None
+    word, _, code = line.decode(errors="replace").partition(" ")
+    return int(code) if word == "exit" and code.strip().lstrip("-").isdigit() else None

@@ -1,0 +1,125 @@
+"""The daemon's socket and what goes over it.
+
+One connection is one run (or one status question). Messages are JSON objects, one per line
+(UTF-8), except the two plain lines of the run's end, which the native waiter speaks:
+
+1. client -> daemon: ``{"op": "run", "opts": RunOptions as a dict, "summary": "text" | "json"}``,
+   sent with the client's stderr as SCM_RIGHTS (unix(7)): the run's notices go there.
+2. daemon -> client: ``{"spawn": spawn_agent keyword arguments}`` once the sandbox is up, or
+   ``{"error": MESSAGE, "exit_code": N}`` (nothing was left behind).
+3. client -> daemon: ``exit CODE`` once the agent has exited (the waiter, or the client).
+4. daemon -> client: the closing summary (one line), then the daemon closes the connection.
+
+A connection that ends before step 3 (the client died, or could not spawn) has its sandbox
+torn down: its processes killed, its records closed.
+
+``{"op": "status"}`` is answered with ``{"pid", "started", "runs": [run ids]}``.
+
+The socket is root's (mode 0600 in a 0755 /run/gatewrap) and the daemon also checks the
+peer's uid (SO_PEERCRED, socket(7)): only root may ask for a sandbox.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import struct
+from typing import Any
+
+#: Where the daemon listens; ``$GATEWRAP_DAEMON_SOCKET`` names another (tests, a second daemon).
+DEFAULT_SOCKET = "/run/gatewrap/daemon.sock"
+#: The longest message line accepted, in bytes (a run's options with its whole environment).
+MAX_LINE = 4 << 20
+#: File descriptors a message may carry.
+MAX_FDS = 4
+
+
+def socket_path(environ: dict[str, str] | None = None) -> str:
+    """The daemon's socket path: ``$GATEWRAP_DAEMON_SOCKET`` or :data:`DEFAULT_SOCKET`."""
+    return (os.environ if environ is None else environ).get("GATEWRAP_DAEMON_SOCKET") or DEFAULT_SOCKET
+
+
+class ProtocolError(Exception):
+    """The other side sent something this protocol does not have, or too much of it."""
+
+
+def send(sock: socket.socket, message: dict[str, Any], fds: list[int] | None = None) -> None:
+    """Send ``message`` as one JSON line, with ``fds`` attached (SCM_RIGHTS).
+
+    Raises:
+        OSError: the connection is gone (EPIPE, ECONNRESET).
+    """
+    data = json.dumps(message, separators=(",", ":")).encode() + b"\n"
+    sent = socket.send_fds(sock, [data], fds) if fds else sock.send(data)
+    if sent < len(data):
+        sock.sendall(data[sent:])
+
+
+def send_line(sock: socket.socket, text: str) -> None:
+    """Send one plain line (``text`` without its newline)."""
+    sock.sendall(text.encode() + b"\n")
+
+
+class Reader:
+    """Lines from a stream socket, and the descriptors that came with them.
+
+    :meth:`line` returns one line without its newline, or None at the end of the stream.
+    """
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._buf = b""
+        self.fds: list[int] = []
+
+    def line(self) -> bytes | None:
+        """The next line (without ``\\n``); None once the other side has closed.
+
+        Raises:
+            ProtocolError: a line longer than :data:`MAX_LINE`, or more than :data:`MAX_FDS` fds.
+        """
+        while b"\n" not in self._buf:
+            if len(self._buf) > MAX_LINE:
+                raise ProtocolError(f"a message longer than {MAX_LINE} bytes")
+            data, fds, flags, _ = socket.recv_fds(self._sock, 65536, MAX_FDS)
+            self.fds += fds
+            if flags & socket.MSG_CTRUNC or len(self.fds) > MAX_FDS:
+                raise ProtocolError(f"more than {MAX_FDS} file descriptors")
+            if not data:
+                return None
+            self._buf += data
+        line, _, self._buf = self._buf.partition(b"\n")
+        return line
+
+    def message(self) -> dict[str, Any] | None:
+        """The next line as a JSON object; None at the end of the stream.
+
+        Raises:
+            ProtocolError: not a JSON object.
+        """
+        line = self.line()
+        if line is None:
+            return None
+        try:
+            got = json.loads(line)
+        except ValueError as e:
+            raise ProtocolError(f"not JSON: {e}") from None
+        if not isinstance(got, dict):
+            raise ProtocolError("not a JSON object")
+        return got
+
+    def rest(self) -> bytes:
+        """Everything until the other side closes (what is buffered first)."""
+        out, self._buf = self._buf, b""
+        while True:
+            data = self._sock.recv(65536)
+            if not data:
+                return out
+            out += data
+
+
+def peer(sock: socket.socket) -> tuple[int, int, int]:
+    """(pid, uid, gid) of the process at the other end (SO_PEERCRED, socket(7))."""
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, gid = struct.unpack("3i", raw)
+    return pid, uid, gid

@@ -1,0 +1,64 @@
+"""A gatewrap daemon of the tests' own, on a socket of its own."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import subprocess
+import time
+
+import pytest
+
+from conftest import gatewrap_cmd
+
+
+class Daemon:
+    """``gatewrap daemon`` started by a test: ``env`` makes a ``gatewrap run`` use it."""
+
+    def __init__(self) -> None:
+        self.socket = f"/run/gatewrap/test-daemon-{secrets.token_hex(3)}.sock"
+        self.env = {"GATEWRAP_SHARED": "1", "GATEWRAP_DAEMON_SOCKET": self.socket}
+        self.log = f"/tmp/gwt-daemon-{secrets.token_hex(3)}.log"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> "Daemon":
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(gatewrap_cmd("daemon", "--socket", self.socket),
+                                         stdout=log, stderr=log, start_new_session=True)
+        deadline = time.monotonic() + 60
+        while not os.path.exists(self.socket):
+            assert self.proc.poll() is None, self.log_text()
+            assert time.monotonic() < deadline, self.log_text()
+            time.sleep(0.05)
+        return self
+
+    def status(self) -> dict:
+        import json
+
+        out = subprocess.run(gatewrap_cmd("daemon", "--socket", self.socket, "--status", "--json"),
+                             capture_output=True, text=True, timeout=30)
+        return json.loads(out.stdout)
+
+    def log_text(self) -> str:
+        with open(self.log, errors="replace") as f:
+            return f.read()
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        self.kill(signal.SIGTERM)
+        for leftover in (self.socket, self.socket + ".lock"):
+            if os.path.exists(leftover):
+                os.unlink(leftover)
+
+
+@pytest.fixture(scope="module")
+def daemon():
+    """A daemon for the module's runs."""
+    d = Daemon().start()
+    yield d
+    d.stop()

@@ -1,0 +1,193 @@
+"""The shared mode: one ``gatewrap daemon`` sets up and serves every run's sandbox, each
+``gatewrap run --shared`` stays its agent's parent, and the contracts hold as in a run of its
+own: complete mediation, fail closed when the daemon dies, a sandbox torn down when its
+client dies, the exit code the agent's."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import AGENT_PYTHON, AGENT_UID, PUBLIC_RANGES, gatewrap_cmd
+
+from .conftest import Daemon
+
+pytestmark = pytest.mark.kernel
+
+CURL = ["curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}\n", "--max-time", "10"]
+
+
+def _run_cmd(net, audit, argv, *, allow=(), extra=()):
+    cmd = gatewrap_cmd("run", "--audit-log", str(audit), "--resolver", net.dns_server, "--workdir", "/tmp",
+                       "--ro-bind", net.tmpdir, *PUBLIC_RANGES)
+    for a in allow:
+        cmd += ["--allow", a]
+    return [*cmd, *extra, "--", *argv]
+
+
+def _env(d: Daemon, **more) -> dict:
+    return {**os.environ, **d.env, "SUDO_UID": str(AGENT_UID), "SUDO_GID": str(AGENT_UID), **more}
+
+
+def _records(audit) -> list[dict]:
+    return [json.loads(line) for line in audit.read_text().splitlines() if line.strip()]
+
+
+def _leftovers(run_id: str) -> list[str]:
+    from gatewrap.sandbox import cgroup, netns
+
+    return [*(n for n in netns.list_gatewrap() if n == run_id),
+            *(c for c in cgroup.list_leaves(cgroup.parent_dir()) if c == run_id)]
+
+
+def test_a_shared_run_decides_like_a_run_of_its_own_and_keeps_the_agents_exit_code(net, daemon, tmp_path):
+    audit = tmp_path / "audit.jsonl"
+    probe = ("import socket, subprocess, sys\n"
+             "print(subprocess.run(" + repr(CURL) + " + ['http://allowed.test/'], capture_output=True, text=True).stdout.strip())\n"
+             "print(subprocess.run(" + repr(CURL) + " + ['http://denied.test/'], capture_output=True, text=True).stdout.strip())\n"
+             "s = socket.socket()\n"
+             "try:\n    s.connect(('198.51.100.138', 80))\nexcept OSError as e:\n    print(e.errno)\n"
+             "sys.exit(7)\n")
+    p = subprocess.run(_run_cmd(net, audit, [AGENT_PYTHON, "-c", probe], allow=["allowed.test"]),
+                       capture_output=True, text=True, timeout=120, env=_env(daemon))
+    assert p.returncode == 7, p.stderr
+    assert p.stdout.split() == ["200", "403", "1"], p.stderr  # EPERM = 1
+    assert "gatewrap: denied GET denied.test:80 (policy: default deny)" in p.stderr
+    assert "direct egress" in p.stderr.lower() or "EPERM" in p.stderr
+    assert "exited 7: 1 allowed, 1 denied by the gate, 1 direct egress blocked" in p.stderr
+    recs = _records(audit)
+    run_id = next(r["run"] for r in recs if r["event"] == "run_start")
+    end = [r for r in recs if r["event"] == "run_end"]
+    assert len(end) == 1 and end[0]["exit_code"] == 7 and end[0]["direct_egress"] == 1
+    assert _leftovers(run_id) == []
+
+
+@pytest.fixture
+def shown(tmp_path):
+    """A folder the agent's user can reach (pytest's tmp_path is under a 0700 folder)."""
+    d = tempfile.mkdtemp(prefix="gwt-shared-")
+    os.chmod(d, 0o777)
+    yield Path(d)
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def test_runs_share_one_daemon_and_each_keeps_its_own_policy_and_audit_log(net, daemon, tmp_path, shown):
+    procs = []
+    for i, host in enumerate(("allowed.test", "other.test")):
+        audit = tmp_path / f"audit-{i}.jsonl"
+        # each waits until the test lets it go, so both sandboxes are up at once
+        script = (f"import os, subprocess, time\n"
+                  f"while not os.path.exists('{shown}/go'): time.sleep(0.05)\n"
+                  f"for h in ('allowed.test', 'other.test'):\n"
+                  f"    print(h, subprocess.run({CURL!r} + ['http://' + h + '/'], capture_output=True, text=True).stdout.strip())\n")
+        procs.append((audit, subprocess.Popen(
+            _run_cmd(net, audit, [AGENT_PYTHON, "-c", script], allow=[host], extra=["--ro-bind", str(shown)]),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(daemon))))
+    deadline = time.monotonic() + 60
+    while len(daemon.status()["runs"]) < 2:
+        assert time.monotonic() < deadline, daemon.log_text()
+        time.sleep(0.1)
+    (shown / "go").write_text("")
+    outs = []
+    for audit, p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+        outs.append((out.split(), {r["run"] for r in _records(audit) if "run" in r}))
+    assert outs[0][0] == ["allowed.test", "200", "other.test", "403"]
+    assert outs[1][0] == ["allowed.test", "403", "other.test", "200"]
+    assert len(outs[0][1]) == 1 and len(outs[1][1]) == 1 and outs[0][1] != outs[1][1]
+
+
+def test_a_dead_daemon_leaves_the_sandbox_without_egress_and_the_agent_runs_on(net, tmp_path, shown):
+    d = Daemon().start()
+    try:
+        audit = tmp_path / "audit.jsonl"
+        marker = shown / "dead"
+        script = (f"import os, socket, subprocess, sys, time\n"
+                  f"print('before', subprocess.run({CURL!r} + ['http://allowed.test/'], capture_output=True, text=True).stdout.strip(), flush=True)\n"
+                  f"while not os.path.exists('{marker}'): time.sleep(0.05)\n"
+                  f"print('after', subprocess.run({CURL!r} + ['http://allowed.test/'], capture_output=True, text=True).stdout.strip() or 'none', flush=True)\n"
+                  f"s = socket.socket()\n"
+                  f"try:\n    s.connect(('198.51.100.138', 80)); print('direct CONNECTED')\nexcept OSError as e:\n    print('direct', e.errno)\n"
+                  f"sys.exit(3)\n")
+        p = subprocess.Popen(_run_cmd(net, audit, [AGENT_PYTHON, "-c", script], allow=["allowed.test"],
+                                      extra=["--ro-bind", str(shown)]),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(d))
+        assert p.stdout.readline().split() == ["before", "200"]
+        d.kill(signal.SIGKILL)
+        marker.write_text("")
+        out, err = p.communicate(timeout=120)
+        assert out.split() == ["after", "000", "direct", "1"], err   # curl: no gate to connect to
+        assert p.returncode == 3, err
+        assert "daemon went away" in err
+    finally:
+        d.stop()
+        subprocess.run(gatewrap_cmd("gc"), capture_output=True, timeout=120)
+
+
+def test_a_client_that_dies_has_its_sandbox_torn_down_and_its_run_ended(net, daemon, tmp_path):
+    audit = tmp_path / "audit.jsonl"
+    p = subprocess.Popen(_run_cmd(net, audit, ["/usr/bin/sleep", "300"]), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=_env(daemon))
+    deadline = time.monotonic() + 60
+    while not daemon.status()["runs"]:
+        assert time.monotonic() < deadline, daemon.log_text()
+        time.sleep(0.1)
+    run_id = daemon.status()["runs"][0]
+    time.sleep(0.5)  # let the client spawn and become the waiter
+    p.kill()
+    p.wait(timeout=30)
+    deadline = time.monotonic() + 60
+    while run_id in daemon.status()["runs"] or _leftovers(run_id):
+        assert time.monotonic() < deadline, (daemon.log_text(), _leftovers(run_id))
+        time.sleep(0.1)
+    end = [r for r in _records(audit) if r["event"] == "run_end"]
+    assert len(end) == 1 and "exit_code" not in end[0] and "went away" in end[0]["reason"]
+
+
+def test_sigterm_to_the_client_reaches_the_agent_and_timeout_kills_it(net, daemon, tmp_path):
+    audit = tmp_path / "a.jsonl"
+    p = subprocess.Popen(_run_cmd(net, audit, ["/usr/bin/sleep", "300"]), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=_env(daemon))
+    deadline = time.monotonic() + 60
+    while not any(r.get("event") == "run_start" for r in (_records(audit) if audit.exists() else [])):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    time.sleep(0.5)
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 143, err
+    t = subprocess.run(_run_cmd(net, tmp_path / "b.jsonl", ["/usr/bin/sleep", "300"], extra=["--timeout", "1"]),
+                       capture_output=True, text=True, timeout=120, env=_env(daemon))
+    assert t.returncode == 124, t.stderr
+    assert "--timeout 1 s reached" in t.stderr
+
+
+def test_the_daemon_socket_is_roots_alone_and_a_refused_run_leaves_nothing(net, daemon, tmp_path):
+    st = os.stat(daemon.socket)
+    assert stat.S_IMODE(st.st_mode) == 0o600 and st.st_uid == 0
+    pid = os.fork()
+    if pid == 0:  # a non-root process cannot even connect
+        os.setgid(AGENT_UID)
+        os.setuid(AGENT_UID)
+        s = socket.socket(socket.AF_UNIX)
+        try:
+            s.connect(daemon.socket)
+            os._exit(1)
+        except PermissionError:
+            os._exit(0)
+    assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+    bad = subprocess.run(_run_cmd(net, tmp_path / "audit.jsonl", ["/nonexistent/agent"]),
+                         capture_output=True, text=True, timeout=60, env=_env(daemon))
+    assert bad.returncode == 127 and "command not found" in bad.stderr
+    assert daemon.status()["runs"] == []
