@@ -83,12 +83,12 @@ def shown(tmp_path):
 
 def test_runs_share_one_daemon_and_each_keeps_its_own_policy_and_audit_log(net, daemon, tmp_path, shown):
     procs = []
-    for i, host in enumerate(("allowed.test", "other.test")):
+    for i, host in enumerate(("allowed.test", "evil.test")):
         audit = tmp_path / f"audit-{i}.jsonl"
         # each waits until the test lets it go, so both sandboxes are up at once
         script = (f"import os, subprocess, time\n"
                   f"while not os.path.exists('{shown}/go'): time.sleep(0.05)\n"
-                  f"for h in ('allowed.test', 'other.test'):\n"
+                  f"for h in ('allowed.test', 'evil.test'):\n"
                   f"    print(h, subprocess.run({CURL!r} + ['http://' + h + '/'], capture_output=True, text=True).stdout.strip())\n")
         procs.append((audit, subprocess.Popen(
             _run_cmd(net, audit, [AGENT_PYTHON, "-c", script], allow=[host], extra=["--ro-bind", str(shown)]),
@@ -103,8 +103,8 @@ def test_runs_share_one_daemon_and_each_keeps_its_own_policy_and_audit_log(net, 
         out, err = p.communicate(timeout=120)
         assert p.returncode == 0, err
         outs.append((out.split(), {r["run"] for r in _records(audit) if "run" in r}))
-    assert outs[0][0] == ["allowed.test", "200", "other.test", "403"]
-    assert outs[1][0] == ["allowed.test", "403", "other.test", "200"]
+    assert outs[0][0] == ["allowed.test", "200", "evil.test", "403"]
+    assert outs[1][0] == ["allowed.test", "403", "evil.test", "200"]
     assert len(outs[0][1]) == 1 and len(outs[1][1]) == 1 and outs[0][1] != outs[1][1]
 
 
