@@ -124,6 +124,23 @@ def pytest_runtest_makereport(item, call):
 
 
 @pytest.fixture(scope="session", autouse=True)
+def _shared_mode_daemon():
+    """With ``GATEWRAP_SHARED=1`` in the environment, every ``gatewrap run`` of the session
+    goes through the shared mode (``run --shared`` reads it): the session starts a daemon of
+    its own, on a socket of its own, and stops it at the end."""
+    if os.environ.get("GATEWRAP_SHARED") != "1" or os.environ.get("GATEWRAP_DAEMON_SOCKET"):
+        yield
+        return
+    from shared.conftest import Daemon
+
+    d = Daemon().start()
+    os.environ["GATEWRAP_DAEMON_SOCKET"] = d.socket
+    yield
+    d.stop()
+    del os.environ["GATEWRAP_DAEMON_SOCKET"]
+
+
+@pytest.fixture(scope="session", autouse=True)
 def _no_leftover_fake_internet():
     """Wait for any other session on this host (tests/fakenet/host_lock.py), then remove a
     fake internet a killed earlier session left (a live one is not ours to touch)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import errno
 import ipaddress
 import os
@@ -349,6 +350,26 @@ def plan(opts: RunOptions, err: TextIO) -> Plan:
     return Plan(opts, run_id, policy, target, env, overridden, cwd, argv, ro_binds, rw_binds, audit, breakpoints)
 
 
+def plan_taken_back(run_id: str, opts: RunOptions, err: TextIO) -> Plan:
+    """The plan of a run a restarted daemon takes back (:meth:`Sandbox.take_back`): its
+    policy read again from the same options, its audit log and approvals store opened
+    again; its command, environment and view are the running agent's already.
+
+    Raises:
+        GatewrapError: the policy or the audit log cannot be read or opened now.
+    """
+    from . import _gate_core as core
+
+    policy = build_policy(opts.policy_file, opts.allow, opts.deny)
+    target = user.resolve(opts.user, opts.env())
+    try:
+        audit = core.AuditLog(opts.audit_log, max_size=opts.audit_max_size, keep=opts.audit_keep)
+    except (OSError, ValueError) as e:
+        raise GatewrapError(f"run {run_id}'s audit log cannot be opened again: {e}") from e
+    breakpoints = _approvals(opts, policy, run_id, audit, err)
+    return Plan(opts, run_id, policy, target, {}, [], opts.cwd or "/", list(opts.argv), [], [], audit, breakpoints)
+
+
 class Sandbox:
     """One run's sandbox, set up by ``with Sandbox(plan, err) as box`` and torn down on leaving
     it (however it is left: every step registers its undo before the next starts).
@@ -364,11 +385,12 @@ class Sandbox:
         notice_fd: the fd the gate's live notices go to (None: this process's stderr).
         reader: the :class:`~gatewrap.kernel_denials.SharedReader` that polls the run's ring
             buffer (the daemon's); None: a thread of the run's own.
+        socket: the daemon's socket path (a daemon's run).
     """
 
     def __init__(self, planned: Plan, err: TextIO, hooks: loader.Hooks | None = None,
                  owner_pid: int | None = None, shared_runtime: bool = False,
-                 notice_fd: int | None = None, reader: Any = None) -> None:
+                 notice_fd: int | None = None, reader: Any = None, socket: str | None = None) -> None:
         self.plan = planned
         self.err = err
         self._hooks = hooks
@@ -376,7 +398,10 @@ class Sandbox:
         self._shared_runtime = shared_runtime
         self._notice_fd = notice_fd
         self._reader = reader
+        #: The daemon's socket (kept with the run, so only the daemon of that socket takes it back).
+        self.socket = socket
         self._undo = contextlib.ExitStack()
+        self._releasing: list[_OnThread] = []  # the release started at the run's end, if it got there
         self._spec: dict[str, Any] = {}
         self.leaf = ""
 
@@ -392,8 +417,6 @@ class Sandbox:
         self._undo.close()
 
     def _set_up(self) -> None:
-        from . import _gate_core as core
-
         p, opts, err, undo = self.plan, self.plan.opts, self.err, self._undo
         run_id = p.run_id
         lock_fd = registry.claim(run_id, opts.audit_log, pid=self._owner_pid)
@@ -413,42 +436,12 @@ class Sandbox:
         # (~10 ms, bpf(2) MAP_UPDATE_ELEM on a map of maps): done on a thread while the netns
         # and the gate start; joined before the kernel-denial reader starts, so before any spawn.
         configuring = _OnThread(hooks.configure, cgroup_id, GATE_IP4, GATE_IP6, [opts.port, DNS_PORT], [DNS_PORT])
-        self._releasing: list[_OnThread] = []  # the release started at the run's end, if it got there
         undo.callback(_release_configured, configuring, self._releasing)
         ns_path = netns.create(run_id)
         undo.callback(netns.remove, run_id)
-        inspecting = any(r.get("inspect") for r in p.policy.describe())
-        ca_cert = None
-        if inspecting:
-            try:
-                ca_cert = core.ensure_ca(opts.ca_dir)
-            except core.GateError as e:
-                raise GatewrapError(f"{e} (--ca-dir DIR to use another)") from e
-        breakpoints = p.breakpoints
-        if breakpoints is not None:
-            undo.callback(_end_run, breakpoints.store, run_id, err)
-        shared = {} if not self._shared_runtime else {"shared_runtime": True, "notice_fd": self._notice_fd}
-        try:
-            gate = core.Gate(run_id=run_id, netns_path=ns_path, policy=p.policy, audit=p.audit,
-                             listen_port=opts.port, nameservers=opts.nameservers,
-                             public_ranges=opts.public_ranges, notices=True, dns_stub=True,
-                             ca_dir=opts.ca_dir if inspecting else None,
-                             upstream_ca=opts.upstream_ca or None, run_cgroup=leaf, **shared,
-                             **({} if breakpoints is None else
-                                {"state": breakpoints.url, "on_asked": breakpoints.notifier}))
-        except core.GateError as e:
-            raise GatewrapError(f"the gate could not start: {e}") from e
-        except ValueError as e:
-            raise GatewrapError(f"--public-range: {str(e).removeprefix('public_ranges: ')}") from e
-        self._gate = gate
-        undo.callback(gate.stop)
+        ca_cert = self._start_gate(ns_path)
         self._run_hooks = configuring.result()
-        denials = KernelDenials(self._run_hooks, p.audit, run_id, p.gate_url, err,
-                                run_cgroup=attribution.cgroup_path(leaf, cgroup.cgroup2_mount() or "/"),
-                                audit_command=audit_command(run_id, opts.audit_log), reader=self._reader)
-        denials.start()
-        self._denials = denials
-        undo.callback(denials.stop)
+        self._start_denials()
         for warning in _public_range_warnings(opts.public_ranges):
             print(warning, file=err)
         loader.verify_attached(parent, hooks.pin_dir)
@@ -464,6 +457,95 @@ class Sandbox:
             raise GatewrapError(f"{e.strerror}: a run starts only once its run_start record is written; "
                                 "free space there, or choose another --audit-log") from e
         self._spec = self._agent(ns_path, staged, mounts)
+        if self._shared_runtime:  # a daemon's run: what a restarted daemon needs to take it back
+            registry.save(run_id, {"opts": dataclasses.asdict(opts), "cgroup_id": cgroup_id, "staged": staged,
+                                   "owner_pid": self._owner_pid, "socket": self.socket})
+
+    def take_back(self, saved: dict[str, Any]) -> "Sandbox":
+        """Set up again, in this process, what a dead daemon served of a run whose agent still
+        runs: its gate in its netns (listeners made anew) and the reader of its ring buffer
+        (the kernel kept both the buffer and the hooks' configuration). ``saved``: what
+        :func:`registry.save` kept. The caller leaves the sandbox as after ``with``.
+
+        Raises:
+            GatewrapError: the sandbox is gone or is another (cgroup id), or its gate cannot start.
+        """
+        try:
+            self._take_back(saved)
+        except BaseException:
+            self._undo.close()
+            raise
+        return self
+
+    def _take_back(self, saved: dict[str, Any]) -> None:
+        p, opts, undo = self.plan, self.plan.opts, self._undo
+        run_id = p.run_id
+        assert self._hooks is not None, "a daemon's hooks"
+        lock_fd = registry.claim(run_id, opts.audit_log, pid=self._owner_pid)
+        undo.callback(registry.release, run_id, lock_fd)
+        leaf = os.path.join(cgroup.parent_dir(), run_id)
+        try:
+            same = os.stat(leaf).st_ino == saved.get("cgroup_id")
+        except OSError:
+            same = False
+        if not same or not cgroup.populated(leaf):
+            raise GatewrapError(f"run {run_id} has no sandbox left to take back")
+        self.leaf = leaf
+        undo.callback(cgroup.kill_and_remove, leaf)
+        run_hooks = self._hooks.orphan(saved["cgroup_id"])
+        if run_hooks is None:
+            raise GatewrapError(f"run {run_id}'s ring buffer is gone from the hooks' maps")
+        self._run_hooks = run_hooks
+        undo.callback(_release_configured, None, self._releasing, run_hooks)
+        undo.callback(netns.remove, run_id)
+        if saved.get("staged"):
+            undo.callback(shutil.rmtree, saved["staged"], True)
+        self._start_gate(netns.path_of(run_id))
+        self._start_denials()
+        registry.save(run_id, {**saved, "owner_pid": self._owner_pid})
+
+    def _start_gate(self, ns_path: str) -> str | None:
+        """Start the run's gate in its netns (listeners made there); returns the TLS
+        inspection CA's certificate when the policy inspects (made on first use)."""
+        from . import _gate_core as core
+
+        p, opts, err = self.plan, self.plan.opts, self.err
+        inspecting = any(r.get("inspect") for r in p.policy.describe())
+        ca_cert = None
+        if inspecting:
+            try:
+                ca_cert = core.ensure_ca(opts.ca_dir)
+            except core.GateError as e:
+                raise GatewrapError(f"{e} (--ca-dir DIR to use another)") from e
+        breakpoints = p.breakpoints
+        if breakpoints is not None:
+            self._undo.callback(_end_run, breakpoints.store, p.run_id, err)
+        shared = {} if not self._shared_runtime else {"shared_runtime": True, "notice_fd": self._notice_fd}
+        try:
+            gate = core.Gate(run_id=p.run_id, netns_path=ns_path, policy=p.policy, audit=p.audit,
+                             listen_port=opts.port, nameservers=opts.nameservers,
+                             public_ranges=opts.public_ranges, notices=True, dns_stub=True,
+                             ca_dir=opts.ca_dir if inspecting else None,
+                             upstream_ca=opts.upstream_ca or None, run_cgroup=self.leaf, **shared,
+                             **({} if breakpoints is None else
+                                {"state": breakpoints.url, "on_asked": breakpoints.notifier}))
+        except core.GateError as e:
+            raise GatewrapError(f"the gate could not start: {e}") from e
+        except ValueError as e:
+            raise GatewrapError(f"--public-range: {str(e).removeprefix('public_ranges: ')}") from e
+        self._gate = gate
+        self._undo.callback(gate.stop)
+        return ca_cert
+
+    def _start_denials(self) -> None:
+        """Start recording the run's kernel denials (on the daemon's reader, if shared)."""
+        p, opts = self.plan, self.plan.opts
+        denials = KernelDenials(self._run_hooks, p.audit, p.run_id, p.gate_url, self.err,
+                                run_cgroup=attribution.cgroup_path(self.leaf, cgroup.cgroup2_mount() or "/"),
+                                audit_command=audit_command(p.run_id, opts.audit_log), reader=self._reader)
+        denials.start()
+        self._denials = denials
+        self._undo.callback(denials.stop)
 
     def _announce(self, overridden: list[str]) -> None:
         """Say what gatewrap changed for the agent, and as whom it runs."""
@@ -588,17 +670,19 @@ class _OnThread:
         return self._value
 
 
-def _release_configured(configuring: _OnThread, started: list[_OnThread]) -> None:
+def _release_configured(configuring: _OnThread | None, started: list[_OnThread], run_hooks: Any = None) -> None:
     """Undo of the run's hook configuration: wait for the release the run's end ``started``
-    (raising its error), else wait for the configuration, then release it (nothing to release
-    if it failed; its error was raised where the run needed it)."""
+    (raising its error), else wait for the configuration (or take ``run_hooks``, a run taken
+    back), then release it (nothing to release if it failed; its error was raised where the
+    run needed it)."""
     if started:
         started[0].result()
         return
-    try:
-        run_hooks = configuring.result()
-    except BaseException:
-        return
+    if configuring is not None:
+        try:
+            run_hooks = configuring.result()
+        except BaseException:
+            return
     run_hooks.release()
 
 

@@ -7,7 +7,7 @@ import glob
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from dataclasses import dataclass, field
 
 from ..errors import SandboxError
@@ -31,17 +31,21 @@ def stale_runs(parent: str) -> list[str]:
     return sorted(i for i in ids if not registry.alive(i))
 
 
-def collect(parent: str, salvage: Callable[[str, int], None] | None = None) -> Collected:
-    """Kill and remove every stale sandbox under ``parent``.
+def collect(parent: str, salvage: Callable[[str, int], None] | None = None,
+            keep: Container[str] = ()) -> Collected:
+    """Kill and remove every stale sandbox under ``parent``, but those in ``keep``.
 
     Args:
         parent: the ``gatewrap/`` cgroup directory.
         salvage: called with (run id, cgroup id) once the sandbox's processes are dead and
             before its cgroup is removed: records what its ring buffer still holds and drops
             its BPF map entries (None: leave them; they match no live cgroup).
+        keep: stale runs to leave alone (a restarted daemon's, waiting for their clients).
     """
     out = Collected()
     for run_id in stale_runs(parent):
+        if run_id in keep:
+            continue
         leaf = os.path.join(parent, run_id)
         try:
             if os.path.isdir(leaf):
@@ -55,6 +59,7 @@ def collect(parent: str, salvage: Callable[[str, int], None] | None = None) -> C
                 shutil.rmtree(staged, ignore_errors=True)
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(registry.lock_path(run_id))
+            registry.forget(run_id)
             out.runs.append(run_id)
         except SandboxError as e:
             out.errors.append(f"{run_id}: {e}")

@@ -49,6 +49,39 @@ def claim(run_id: str, audit_log: str, pid: int | None = None) -> int:
     return fd
 
 
+def saved_path(run_id: str) -> str:
+    """Path of what the shared mode's daemon keeps of a run to take it back after a restart."""
+    return os.path.join(RUNS_DIR, f"{run_id}.json")
+
+
+def save(run_id: str, state: dict[str, Any]) -> None:
+    """Keep ``state`` (JSON) for run ``run_id`` until :func:`forget`: root's alone (0600; it
+    holds the run's options and environment), replaced atomically (rename(2))."""
+    tmp = os.path.join(RUNS_DIR, f".{run_id}.json.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(state, f)
+    os.rename(tmp, saved_path(run_id))
+
+
+def saved(run_id: str) -> dict[str, Any] | None:
+    """What :func:`save` kept for ``run_id``; None if nothing (or something unreadable)."""
+    try:
+        with open(saved_path(run_id)) as f:
+            got = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return got if isinstance(got, dict) else None
+
+
+def forget(run_id: str) -> None:
+    """Drop what :func:`save` kept for ``run_id`` (nothing if there is none)."""
+    try:
+        os.unlink(saved_path(run_id))
+    except FileNotFoundError:
+        pass
+
+
 def info(run_id: str) -> dict[str, Any] | None:
     """What :func:`claim` wrote in the run's lock file; None if there is none or it is unreadable."""
     try:
@@ -76,7 +109,8 @@ def live() -> list[str]:
 
 
 def release(run_id: str, fd: int) -> None:
-    """Remove the lock file and release the lock."""
+    """Remove the lock file (and what :func:`save` kept) and release the lock."""
+    forget(run_id)
     try:
         os.unlink(lock_path(run_id))
     except FileNotFoundError:

@@ -30,12 +30,14 @@ from .. import runner
 from ..errors import GatewrapError
 from ..kernel_denials import SharedReader
 from ..run_types import RunOptions, summary_line
-from ..sandbox import cgroup, gc, limits
+from ..sandbox import cgroup, gc, limits, registry
 from ..bpf import loader
 from . import protocol
 
 #: TEMPORARY until gate_core has it
 SHARED_RUNTIME = False
+#: How long a restarted daemon waits for the clients of the runs it can take back, in seconds.
+TAKE_BACK_WINDOW = 30.0
 #: Connections waiting to be accepted (listen(2) backlog).
 BACKLOG = 512
 
@@ -108,6 +110,8 @@ class Daemon:
         self._lock = threading.Lock()
         self.hooks: loader.Hooks | None = None
         self.reader: SharedReader | None = None
+        #: Runs of a dead daemon kept for their clients to come back (see :meth:`_resume`).
+        self.awaiting: set[str] = set()
 
     def say(self, text: str) -> None:
         print(f"gatewrap daemon: {text}", file=self.log, flush=True)
@@ -147,8 +151,14 @@ class Daemon:
         parent = cgroup.parent_dir()
         self.hooks = loader.load_or_reuse(parent)
         self.reader = SharedReader()
-        for stale in gc.collect(parent, runner.salvager(self.hooks)).runs:
+        self.awaiting = self._takeable(parent)
+        for run_id in self.awaiting:
+            self.say(f"run {run_id} of the last daemon still runs: waiting {TAKE_BACK_WINDOW:g} s for its "
+                     "gatewrap run to come back")
+        for stale in gc.collect(parent, runner.salvager(self.hooks), keep=self.awaiting).runs:
             self.say(f"removed stale sandbox {stale} (its gatewrap had died)")
+        if self.awaiting:
+            threading.Timer(TAKE_BACK_WINDOW, self._give_up, args=(parent,)).start()
         listener = self._listen()
         stopping = threading.Event()
 
@@ -176,6 +186,55 @@ class Daemon:
             listener.close()
             os.close(lock_fd)
 
+    def _takeable(self, parent: str) -> set[str]:
+        """Stale runs a dead daemon of this socket served whose client (the waiter, the
+        agent's parent) still lives: kept for :meth:`_resume` instead of removed."""
+        out = set()
+        for run_id in gc.stale_runs(parent):
+            saved = registry.saved(run_id)
+            if (saved is not None and saved.get("socket") == self.socket_path
+                    and _alive(saved.get("owner_pid")) and cgroup.populated(os.path.join(parent, run_id))):
+                out.add(run_id)
+        return out
+
+    def _give_up(self, parent: str) -> None:
+        """The take-back window is over: a run whose client did not come back is removed."""
+        with self._lock:
+            self.awaiting = set()
+        for stale in gc.collect(parent, runner.salvager(self.hooks)).runs:
+            self.say(f"removed stale sandbox {stale} (its gatewrap run did not come back)")
+
+    def _resume(self, conn: socket.socket, reader: protocol.Reader, run_id: str, pid: int) -> None:
+        """``resume RUN_ID`` from a run's waiter after a daemon restart: take the run back
+        (its gate again in its netns), answer ``resumed``, then serve its end as usual. Only
+        the run's own client may (SO_PEERCRED's pid is the one the run was saved with)."""
+        saved = registry.saved(run_id)
+        if saved is None or saved.get("owner_pid") != pid or saved.get("socket") != self.socket_path:
+            protocol.send_line(conn, f"refused: run {run_id} is not one this daemon can take back")
+            return
+        with self._lock:
+            self.awaiting.discard(run_id)
+        err = _terminal_of(pid)
+        try:
+            opts = options(saved.get("opts"))
+            try:
+                planned = runner.plan_taken_back(run_id, opts, err)  # type: ignore[arg-type]
+                box = runner.Sandbox(planned, err, hooks=self.hooks, owner_pid=pid,  # type: ignore[arg-type]
+                                     shared_runtime=SHARED_RUNTIME, notice_fd=err.fileno(), reader=self.reader,
+                                     socket=self.socket_path).take_back(saved)
+            except GatewrapError as e:
+                protocol.send_line(conn, f"refused: {e}")
+                return
+            print(f"gatewrap: the gatewrap daemon is back: run {run_id}'s gate serves again", file=err)
+            try:
+                protocol.send_line(conn, "resumed")
+            except OSError:
+                box.__exit__(None, None, None)
+                raise
+            self._serve_end(conn, reader, box, run_id, "text")
+        finally:
+            err.close()
+
     def _serve_one(self, conn: socket.socket) -> None:
         """One connection: check the peer, then answer its one request."""
         reader = protocol.Reader(conn)
@@ -185,9 +244,13 @@ class Daemon:
                 protocol.send(conn, {"error": "only root may ask the gatewrap daemon for a sandbox (sudo gatewrap run ...)",
                                      "exit_code": 125})
                 return
-            msg = reader.message()
-            if msg is None:
+            line = reader.line()
+            if line is None:
                 return
+            if line.startswith(b"resume "):
+                self._resume(conn, reader, line[len(b"resume "):].decode(errors="replace").strip(), pid)
+                return
+            msg = protocol.parse(line)
             if msg.get("op") == "status":
                 protocol.send(conn, {"pid": os.getpid(), "started": self.started, "runs": sorted(self.runs)})
             elif msg.get("op") == "run":
@@ -221,30 +284,60 @@ class Daemon:
                 planned = runner.plan(opts, err)  # type: ignore[arg-type]
                 box = runner.Sandbox(planned, err, hooks=self.hooks, owner_pid=client_pid,  # type: ignore[arg-type]
                                      shared_runtime=SHARED_RUNTIME, notice_fd=err.fileno(),
-                                     reader=self.reader)
+                                     reader=self.reader, socket=self.socket_path)
                 box.__enter__()
             except GatewrapError as e:
                 protocol.send(conn, {"error": str(e), "exit_code": e.exit_code})
                 return
-            run_id = planned.run_id
-            with self._lock:
-                self.runs[run_id] = box
             try:
-                protocol.send(conn, {"spawn": box.spawn_spec(), "run": run_id})
-                code = _exit_code(reader.line())
-                if code is None:
-                    box.finish(None, reason="the client (gatewrap run) went away before the agent's end")
-                    return
-                result = box.finish(code)
-                text = json.dumps(result.as_record()) if msg.get("summary") == "json" else summary_line(result)
-                with contextlib.suppress(OSError):
-                    protocol.send_line(conn, text)
-            finally:
-                with self._lock:
-                    self.runs.pop(run_id, None)
+                protocol.send(conn, {"spawn": box.spawn_spec(), "run": planned.run_id})
+            except OSError:
                 box.__exit__(None, None, None)
+                raise
+            self._serve_end(conn, reader, box, planned.run_id, msg.get("summary", "text"))
         finally:
             err.close()
+
+    def _serve_end(self, conn: socket.socket, reader: protocol.Reader, box: runner.Sandbox, run_id: str,
+                   summary: str) -> None:
+        """Wait for the run's ``exit CODE``, finish the run, send its summary, tear it down."""
+        with self._lock:
+            self.runs[run_id] = box
+        try:
+            code = _exit_code(reader.line())
+            if code is None:
+                box.finish(None, reason="the client (gatewrap run) went away before the agent's end")
+                return
+            result = box.finish(code)
+            text = json.dumps(result.as_record()) if summary == "json" else summary_line(result)
+            with contextlib.suppress(OSError):
+                protocol.send_line(conn, text)
+        finally:
+            with self._lock:
+                self.runs.pop(run_id, None)
+            box.__exit__(None, None, None)
+
+
+def _alive(pid: Any) -> bool:
+    """Whether process ``pid`` exists (kill(2) with signal 0)."""
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _terminal_of(pid: int) -> Terminal:
+    """A taken-back run's terminal: its client's stderr, opened through /proc/PID/fd/2
+    (proc(5); a terminal, pipe or file opens, a socket does not: then nothing is shown)."""
+    try:
+        return Terminal(os.open(f"/proc/{pid}/fd/2", os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC | os.O_NOCTTY))
+    except OSError:
+        return Terminal(os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC))
 
 
 def _exit_code(line: bytes | None) -> int | None:

@@ -15,6 +15,10 @@ torn down: its processes killed, its records closed.
 
 ``{"op": "status"}`` is answered with ``{"pid", "started", "runs": [run ids]}``.
 
+``resume RUN_ID`` (a plain line, from the waiter of a run whose daemon died and was
+restarted) is answered ``resumed`` once the run's gate serves again (or ``refused: WHY``);
+steps 3 and 4 follow.
+
 The socket is root's (mode 0600 in a 0755 /run/gatewrap) and the daemon also checks the
 peer's uid (SO_PEERCRED, socket(7)): only root may ask for a sandbox.
 """
@@ -98,15 +102,7 @@ class Reader:
             ProtocolError: not a JSON object.
         """
         line = self.line()
-        if line is None:
-            return None
-        try:
-            got = json.loads(line)
-        except ValueError as e:
-            raise ProtocolError(f"not JSON: {e}") from None
-        if not isinstance(got, dict):
-            raise ProtocolError("not a JSON object")
-        return got
+        return None if line is None else parse(line)
 
     def rest(self) -> bytes:
         """Everything until the other side closes (what is buffered first)."""
@@ -116,6 +112,21 @@ class Reader:
             if not data:
                 return out
             out += data
+
+
+def parse(line: bytes) -> dict[str, Any]:
+    """One message line as a JSON object.
+
+    Raises:
+        ProtocolError: not a JSON object.
+    """
+    try:
+        got = json.loads(line)
+    except ValueError as e:
+        raise ProtocolError(f"not JSON: {e}") from None
+    if not isinstance(got, dict):
+        raise ProtocolError("not a JSON object")
+    return got
 
 
 def peer(sock: socket.socket) -> tuple[int, int, int]:
