@@ -40,8 +40,13 @@ fn echo_upstream() -> SocketAddr {
 /// A gate on the shared runtime in `ns`, allowing `127.0.0.1` on `ports`; notices (if
 /// `notice_fd`) go there.
 fn start(ns: &Netns, ports: &[u16], audit: &PathBuf, notice_fd: Option<OwnedFd>) -> Gate {
+    start_with(ns, ports, "", audit, notice_fd, None)
+}
+
+/// [`start`] with `more_rules` (TOML) after the allow rule and an approvals store `state`.
+fn start_with(ns: &Netns, ports: &[u16], more_rules: &str, audit: &PathBuf, notice_fd: Option<OwnedFd>, state: Option<String>) -> Gate {
     let list = ports.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(", ");
-    let text = format!("default = \"deny\"\n\n[[rule]]\nhost = \"127.0.0.1\"\nports = [{list}]\naction = \"allow\"\n");
+    let text = format!("default = \"deny\"\n\n[[rule]]\nhost = \"127.0.0.1\"\nports = [{list}]\naction = \"allow\"\n{more_rules}");
     Gate::start(GateConfig {
         run_id: format!("gw-{}", ns.name),
         netns_path: ns.path(),
@@ -56,7 +61,7 @@ fn start(ns: &Netns, ports: &[u16], audit: &PathBuf, notice_fd: Option<OwnedFd>)
         inspect: Default::default(),
         idle_timeout: _gate_core::gate::DEFAULT_IDLE_TIMEOUT,
         run_cgroup: None,
-        state: None,
+        state,
         on_asked: None,
         notice_fd,
         shared_runtime: true,
@@ -144,15 +149,47 @@ fn stopping_one_shared_runtime_gate_ends_its_work_and_nothing_of_the_others() {
     assert_eq!(echo(&mut tunnel_b, b"gone"), None);
 }
 
+/// A pipe: (read end, write end), both close-on-exec.
+fn pipe() -> (std::fs::File, OwnedFd) {
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 fills both slots on success; each fd is owned once below.
+    assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0, "pipe2");
+    unsafe { (std::fs::File::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) }
+}
+
+#[test]
+fn a_request_held_for_approval_ends_when_its_gate_stops_and_the_other_gate_serves_on() {
+    require_root();
+    let (na, nb) = (Netns::new("rt-held"), Netns::new("rt-held-b"));
+    let up = upstream();
+    let dir = TempDir::new("shared-rt-held");
+    let (read_end, write_end) = pipe();
+    let state = format!("sqlite:{}", dir.path.join("state.db").display());
+    let ask = "\n[[rule]]\nhost = \"held.test\"\naction = \"ask\"\n";
+    let a = start_with(&na, &[1], ask, &dir.path.join("a.jsonl"), Some(write_end), Some(state));
+    let b = start(&nb, &[up.port()], &dir.path.join("b.jsonl"), None);
+    let ga = a.listen_addrs()[0];
+    let held = std::thread::spawn({
+        let path = na.path();
+        move || exchange(path, ga, "GET http://held.test/x HTTP/1.1\r\nHost: held.test\r\nConnection: close\r\n\r\n".into())
+    });
+    // The approval's notice is said before the request waits: it is held from then on.
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(read_end), &mut line).expect("read the approval notice");
+    assert!(line.starts_with("gatewrap: approval ap-"), "{line}");
+    a.stop();
+    assert_eq!(a.live_tasks(), 0, "the held request's task ended");
+    let answer = held.join().expect("client thread");
+    assert!(answer.is_empty(), "a stopped gate sends nothing: {answer}");
+    assert!(get(&nb, b.listen_addrs()[0], &format!("http://127.0.0.1:{}/y", up.port())).starts_with("HTTP/1.1 200"));
+}
+
 #[test]
 fn notices_go_to_the_notice_fd() {
     require_root();
     let ns = Netns::new("rt-notice");
     let dir = TempDir::new("shared-rt-notice");
-    let mut fds = [0; 2];
-    // SAFETY: pipe2 fills both slots on success; each fd is owned once below.
-    assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0, "pipe2");
-    let (mut read_end, write_end) = unsafe { (std::fs::File::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    let (mut read_end, write_end) = pipe();
     let gate = start(&ns, &[1], &dir.path.join("audit.jsonl"), Some(write_end));
     let resp = get(&ns, gate.listen_addrs()[0], "http://denied.test/x");
     assert!(resp.starts_with("HTTP/1.1 403"), "{resp}");
