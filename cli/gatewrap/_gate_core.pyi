@@ -267,6 +267,8 @@ class Gate:
         run_cgroup: str | None = None,
         state: str | None = None,
         on_asked: Callable[[dict[str, Any]], None] | None = None,
+        shared_runtime: bool = False,
+        notice_fd: int | None = None,
     ) -> None:
         """Bind the listeners inside ``netns_path`` and start serving; returns once listening.
 
@@ -290,7 +292,7 @@ class Gate:
         ``on_asked(approval_dict)`` is called for each new approval on a worker thread; its
         exceptions are ignored (a notification never decides). With ``notices`` a line
         ``gatewrap: approval ap-...: METHOD URL (rule R) waits until T; answer with: ...`` is
-        printed on stderr.
+        printed on stderr (or ``notice_fd``).
 
         ``run_cgroup``: the run's cgroup directory. With it, each TCP connection's records
         carry ``client_pid`` and ``client_comm``: the process of that cgroup (or one below
@@ -337,8 +339,21 @@ class Gate:
         ``idle_timeout``: seconds after which a tunnel or an upgraded connection that
         carried nothing either way is closed. An inspected connection's next request head
         must arrive within 30 s.
+        ``shared_runtime``: run on the one process-wide tokio runtime (2 worker threads
+        ``gate-N``, built by the first such gate on the calling thread, which must be in the
+        host netns) that all gates started with it share, instead of a runtime of the gate's
+        own (2 workers each); for a process serving many sandboxes. Every task of the gate
+        (accept loops, connections, tunnels, held requests...) stays its own:
+        :meth:`stop` ends exactly those. Per-gate state (policy, counts, pools, resolver,
+        approvals) is the same either way.
+        ``notice_fd``: with ``notices``, the lines go to this file descriptor (e.g. the run's
+        terminal) instead of the process's stderr. The gate keeps a close-on-exec duplicate
+        (the caller may close its own) and closes it when the Gate is garbage-collected;
+        lines are written by a thread of the gate's, at most 64 waiting (then dropped; the
+        audit log has them all), and write errors (EPIPE: the reader went away) are ignored.
         Raises :class:`GateError` on failure (an unreadable CA, a CA key readable by others,
-        a bad ``upstream_ca`` file). Needs root (setns).
+        a bad ``upstream_ca`` file), ValueError for a negative ``notice_fd`` and OSError
+        (errno set, e.g. EBADF) when it cannot be duplicated. Needs root (setns).
         """
 
     @property
@@ -352,8 +367,11 @@ class Gate:
         mode would have denied (also in ``allowed``)."""
 
     def stop(self) -> None:
-        """Stop accepting, abort tunnels and requests in flight, shut down (within ~1 s).
-        Idempotent; also done when the Gate is garbage-collected."""
+        """Stop accepting, abort tunnels and requests in flight, shut down (within ~1 s):
+        every task of this gate is cancelled and awaited (at most 0.8 s), so its listeners
+        refuse connections and its sockets are closed when it returns; on the shared runtime
+        other gates go on untouched. Runs with the GIL released. Idempotent; also done when
+        the Gate is garbage-collected."""
 
 def ensure_ca(ca_dir: str) -> str:
     """Load the TLS inspection CA from ``ca_dir``, or make it (ECDSA P-256, ten years, path

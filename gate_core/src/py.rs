@@ -297,6 +297,23 @@ impl PyAuditLog {
     }
 }
 
+/// A close-on-exec duplicate of the caller's `fd` (the caller keeps and closes its own).
+///
+/// Errors: ValueError for a negative fd; OSError (EBADF, EMFILE...) from fcntl(2).
+fn dup_cloexec(fd: i32) -> PyResult<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    if fd < 0 {
+        return Err(PyValueError::new_err(format!("invalid notice_fd {fd}: expected an open file descriptor")));
+    }
+    // SAFETY: F_DUPFD_CLOEXEC on any int is safe; on success the new fd is ours alone.
+    let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 3) };
+    if dup < 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(PyOSError::new_err((e.raw_os_error().unwrap_or(0), format!("cannot duplicate notice_fd {fd}: {e}"))));
+    }
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(dup) })
+}
+
 #[pyclass(name = "Gate", module = "gatewrap._gate_core", frozen)]
 pub struct PyGate {
     inner: Gate,
@@ -305,7 +322,7 @@ pub struct PyGate {
 #[pymethods]
 impl PyGate {
     #[new]
-    #[pyo3(signature = (*, run_id, netns_path, policy, audit, listen_port = 3128, nameservers = None, connect_timeout = 10.0, public_ranges = None, notices = false, dns_stub = false, ca_dir = None, upstream_ca = None, body_limit = gate::inspect::DEFAULT_BODY_LIMIT, idle_timeout = gate::DEFAULT_IDLE_TIMEOUT.as_secs_f64(), run_cgroup = None, state = None, on_asked = None))]
+    #[pyo3(signature = (*, run_id, netns_path, policy, audit, listen_port = 3128, nameservers = None, connect_timeout = 10.0, public_ranges = None, notices = false, dns_stub = false, ca_dir = None, upstream_ca = None, body_limit = gate::inspect::DEFAULT_BODY_LIMIT, idle_timeout = gate::DEFAULT_IDLE_TIMEOUT.as_secs_f64(), run_cgroup = None, state = None, on_asked = None, shared_runtime = false, notice_fd = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -326,6 +343,8 @@ impl PyGate {
         run_cgroup: Option<PathBuf>,
         state: Option<String>,
         on_asked: Option<PyObject>,
+        shared_runtime: bool,
+        notice_fd: Option<i32>,
     ) -> PyResult<Self> {
         if !(connect_timeout.is_finite() && connect_timeout > 0.0) {
             return Err(gate_err(gate::GateError::ConnectTimeout(connect_timeout)));
@@ -335,6 +354,7 @@ impl PyGate {
         }
         let public_ranges = PublicRanges::parse(public_ranges.as_deref().unwrap_or_default())
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let notice_fd = notice_fd.map(dup_cloexec).transpose()?;
         let config = GateConfig {
             run_id,
             netns_path,
@@ -345,6 +365,8 @@ impl PyGate {
             connect_timeout: Duration::from_secs_f64(connect_timeout),
             public_ranges,
             notices,
+            notice_fd,
+            shared_runtime,
             dns_stub,
             inspect: gate::inspect::InspectSettings { ca_dir, upstream_ca: upstream_ca.unwrap_or_default(), body_limit },
             idle_timeout: Duration::from_secs_f64(idle_timeout),

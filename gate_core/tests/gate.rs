@@ -62,6 +62,8 @@ fn gate_forwards_tunnels_denies_and_audits() {
         run_cgroup: None,
         state: None,
         on_asked: None,
+        notice_fd: None,
+        shared_runtime: false,
     })
     .expect("gate starts");
     let addrs = gate.listen_addrs().to_vec();
@@ -246,6 +248,8 @@ fn gate_start_failures_say_what_to_do() {
         run_cgroup: None,
         state: None,
         on_asked: None,
+        notice_fd: None,
+        shared_runtime: false,
     })
     .err()
     .map(|e| e.to_string())
@@ -273,6 +277,8 @@ fn start_gate(ns: &Netns, policy_text: &str, audit: &PathBuf) -> (Gate, Arc<RwLo
         run_cgroup: None,
         state: None,
         on_asked: None,
+        notice_fd: None,
+        shared_runtime: false,
     })
     .expect("gate starts");
     (gate, policy)

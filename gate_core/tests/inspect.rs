@@ -139,6 +139,8 @@ fn setup_idle(tag: &str, idle_timeout: Duration) -> Setup {
         run_cgroup: None,
         state: None,
         on_asked: None,
+        notice_fd: None,
+        shared_runtime: false,
     })
     .expect("gate starts");
     Setup { ns, _dir: dir, gate, policy, audit, gate_ca: ca_dir.join("ca.crt"), good, untrusted, silent }

@@ -90,6 +90,8 @@ fn setup() -> Setup {
         run_cgroup: None,
         state: None,
         on_asked: None,
+        notice_fd: None,
+        shared_runtime: false,
     };
     // Started on a thread inside the "internet": its runtime resolves and dials from there.
     let gate = in_netns(inet.path(), move || Gate::start(config).expect("gate starts"));

@@ -77,7 +77,7 @@ async fn open(ctx: Arc<Ctx>, peer: SocketAddr, mut req: Request<Incoming>) -> Re
                 s.status = Some(StatusCode::OK.as_u16());
             }
             let slot = req.extensions().get::<Slot>().cloned();
-            tokio::spawn(tunnel(hyper::upgrade::on(&mut req), upstream, peer, target, slot, ctx.idle_timeout));
+            ctx.spawn(tunnel(hyper::upgrade::on(&mut req), upstream, peer, target, slot, ctx.idle_timeout));
             Response::new(respond::empty())
         }
     }
@@ -109,12 +109,13 @@ fn inspect_tunnel(ctx: Arc<Ctx>, peer: SocketAddr, mut req: Request<Incoming>, m
         peer,
         inspector,
     };
-    tokio::spawn(inspect::serve(ctx, hyper::upgrade::on(&mut req), tunnel, slot));
+    let upgrade = hyper::upgrade::on(&mut req);
+    ctx.clone().spawn(inspect::serve(ctx, upgrade, tunnel, slot));
     Response::new(respond::empty())
 }
 
 /// Runs until either side closes, or nothing crossed it for `idle` (see [`splice::relay`]);
-/// `Gate::stop` aborts it with the runtime.
+/// `Gate::stop` drops it (see `tasks`), which closes both sockets.
 /// `_slot` counts the tunnel against [`super::server::MAX_CONNECTIONS`] until it ends.
 async fn tunnel(upgrade: OnUpgrade, upstream: TcpStream, peer: SocketAddr, target: String, _slot: Option<Slot>, idle: Duration) {
     let upgraded = match upgrade.await {

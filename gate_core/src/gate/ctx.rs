@@ -60,9 +60,21 @@ pub struct Ctx {
     /// The proxy port's own addresses in the sandbox netns (`127.0.0.1:PORT`, `[::1]:PORT`):
     /// an absolute-form request to one of them is for the gate itself (`wait_endpoint`).
     pub(super) listen_addrs: Vec<SocketAddr>,
+    /// This gate's tasks (see `tasks`): every task it spawns is one of them.
+    pub(super) tasks: super::tasks::Tasks,
 }
 
 impl Ctx {
+    /// Spawn `fut` as one of this gate's tasks: it ends when it completes or when the gate
+    /// stops (see [`super::tasks::Tasks::spawn`]). The only way the gate spawns a task.
+    pub(super) fn spawn<F>(&self, fut: F)
+    where
+        F: std::future::Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        self.tasks.spawn(fut);
+    }
+
     /// A record naming the run, event, protocol and client only (no request was parsed).
     pub(super) fn bare_record(&self, event: &'static str, proto: &'static str, peer: SocketAddr) -> GateRecord {
         let who = self.clients.of(peer);

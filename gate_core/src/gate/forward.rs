@@ -231,7 +231,7 @@ pub async fn handle(ctx: Arc<Ctx>, peer: SocketAddr, req: Request<Incoming>) -> 
                 s.status = Some(resp.status().as_u16());
             }
             if let Some(down) = down_upgrade.filter(|_| resp.status() == hyper::StatusCode::SWITCHING_PROTOCOLS) {
-                return upgrade::switch(down, resp, ctx.idle_timeout, target);
+                return upgrade::switch(&ctx, down, resp, target);
             }
             let (mut parts, body) = resp.into_parts();
             strip_hop_by_hop(&mut parts.headers);

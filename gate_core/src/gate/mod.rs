@@ -14,12 +14,14 @@ mod idle;
 pub mod inspect;
 mod malformed;
 mod notice;
+mod notice_fd;
 pub mod netns;
 mod pool;
 pub mod respond;
 mod server;
 mod splice;
 pub mod target;
+pub mod tasks;
 mod upgrade;
 mod wait_endpoint;
 
@@ -27,10 +29,11 @@ pub use hold::OnAsked;
 
 use std::io;
 use std::net::SocketAddr;
+use std::os::fd::OwnedFd;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use hickory_resolver::config::{NameServerConfigGroup, ResolverConfig, ResolverOpts, LookupIpStrategy};
 use hickory_resolver::TokioAsyncResolver;
@@ -43,7 +46,8 @@ pub use ctx::Counts;
 use ctx::Ctx;
 pub use forward::strip_hop_by_hop;
 
-/// How long `stop` waits for the runtime's tasks to wind down.
+/// How long `stop` waits for the gate's tasks to wind down (and, on a runtime of its own,
+/// for that runtime's blocking threads).
 const STOP_TIMEOUT: Duration = Duration::from_millis(800);
 
 #[derive(Debug, thiserror::Error)]
@@ -87,8 +91,15 @@ pub struct GateConfig {
     pub connect_timeout: Duration,
     /// Ranges the SSRF guard counts as public besides the globally reachable ones.
     pub public_ranges: PublicRanges,
-    /// Print a line on stderr for each refused or failed request (see `notice`).
+    /// Print a line for each refused or failed request (see `notice`): on `notice_fd`, else
+    /// on the process's stderr.
     pub notices: bool,
+    /// Where the notices go instead of stderr (e.g. the run's terminal, handed to a daemon);
+    /// the gate owns it and closes it when it is dropped. Write errors are ignored.
+    pub notice_fd: Option<OwnedFd>,
+    /// Run on the process-wide runtime shared by all such gates ([`tasks::shared`]) instead
+    /// of a runtime of its own; `stop` then ends this gate's tasks only.
+    pub shared_runtime: bool,
     /// Serve the DNS stub on port 53 in the netns (see `dns_stub`).
     pub dns_stub: bool,
     /// TLS inspection (the CA, upstream roots, body limit); off by default.
@@ -128,9 +139,16 @@ fn resolver(nameservers: Option<&[String]>) -> Result<TokioAsyncResolver, GateEr
     Ok(TokioAsyncResolver::tokio(config, opts))
 }
 
+/// Each listener as tokio's (registered with the current runtime), or the first error.
+fn tokio_listeners(list: Vec<std::net::TcpListener>) -> io::Result<Vec<tokio::net::TcpListener>> {
+    list.into_iter().map(tokio::net::TcpListener::from_std).collect()
+}
+
 /// A running gate; `stop` (or drop) shuts it down.
 pub struct Gate {
+    /// Its own runtime (`None` on the shared one, or once stopped).
     runtime: Mutex<Option<tokio::runtime::Runtime>>,
+    stopped: AtomicBool,
     listen_addrs: Vec<SocketAddr>,
     counts: Arc<Counts>,
     /// Kept to record, at the stop, the DNS queries still held over the record rate.
@@ -150,21 +168,26 @@ impl Gate {
         let listeners = netns::listeners(&config.netns_path, config.listen_port)?;
         let dns = if config.dns_stub { Some(netns::dns_sockets(&config.netns_path)?) } else { None };
         let listen_addrs: Vec<SocketAddr> = listeners.iter().filter_map(|l| l.local_addr().ok()).collect();
-        let next = AtomicUsize::new(0);
         // Built on the caller's thread, so its workers are in the host netns.
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name_fn(move || format!("gate-{}", next.fetch_add(1, Ordering::Relaxed)))
-            .enable_all()
-            .build()
-            .map_err(GateError::Runtime)?;
+        let own = if config.shared_runtime { None } else { Some(tasks::build().map_err(GateError::Runtime)?) };
+        let handle = match &own {
+            Some(rt) => rt.handle().clone(),
+            None => tasks::shared().map_err(GateError::Runtime)?.handle().clone(),
+        };
+        let tasks = tasks::Tasks::new(handle.clone());
+        let sink = match config.notice_fd {
+            Some(fd) if config.notices => Some(
+                notice_fd::FdSink::start(fd).map_err(|e| GateError::Thread(format!("cannot start the notice writer thread: {e}")))?,
+            ),
+            _ => None,
+        };
         let counts = Arc::new(Counts::default());
         let approvals = match &config.state {
             Some(url) => Some(Arc::new(hold::Approvals::start(url, &config.run_id, config.on_asked).map_err(GateError::Approvals)?)),
             None => None,
         };
+        let _guard = handle.enter();
         let ctx = {
-            let _guard = runtime.enter();
             Arc::new(Ctx {
                 run_id: config.run_id,
                 policy: config.policy,
@@ -173,39 +196,44 @@ impl Gate {
                 connect_timeout: config.connect_timeout,
                 counts: counts.clone(),
                 public_ranges: config.public_ranges,
-                notices: notice::Notices::new(config.notices),
+                notices: notice::Notices::new(config.notices, sink),
                 budgets: crate::policy::Budgets::default(),
                 inspector,
                 idle_timeout: config.idle_timeout,
                 audit_failing: Default::default(),
                 clients: Arc::new(client::Clients::new(config.run_cgroup)),
                 dns_rate: Default::default(),
-                upstream: pool::Pool::new(pool::IDLE_TIMEOUT, pool::MAX_IDLE_PER_KEY),
-                inspected: pool::Pool::new(pool::IDLE_TIMEOUT, pool::MAX_IDLE_PER_KEY),
+                upstream: pool::Pool::new(tasks.clone(), pool::IDLE_TIMEOUT, pool::MAX_IDLE_PER_KEY),
+                inspected: pool::Pool::new(tasks.clone(), pool::IDLE_TIMEOUT, pool::MAX_IDLE_PER_KEY),
+                tasks,
                 approvals,
                 listen_addrs: listen_addrs.clone(),
             })
         };
+        // Every socket is converted before the first task is spawned: an error then leaves
+        // nothing running (on the shared runtime nothing else would end it).
+        let proxy = tokio_listeners(listeners).map_err(GateError::Runtime)?;
+        let dns = match dns {
+            Some((udp, tcp)) => Some((udp, tokio_listeners(tcp).map_err(GateError::Runtime)?)),
+            None => None,
+        };
         let open = server::Cap::new(server::MAX_CONNECTIONS, "open connections");
-        for l in listeners {
-            let _guard = runtime.enter();
-            let l = tokio::net::TcpListener::from_std(l).map_err(GateError::Runtime)?;
-            runtime.spawn(server::serve(l, ctx.clone(), open.clone()));
+        for l in proxy {
+            ctx.spawn(server::serve(l, ctx.clone(), open.clone()));
         }
         if let Some((udp, tcp)) = dns {
-            let _guard = runtime.enter();
             for s in udp {
-                runtime.spawn(dns_stub::serve_udp(s, ctx.clone()));
+                ctx.spawn(dns_stub::serve_udp(s, ctx.clone()));
             }
             // DNS over TCP counts in the run's cap and has a smaller one of its own, so it
             // can never take the proxy's connections.
             let dns_open = server::Cap::new(dns_stub::MAX_TCP_CONNECTIONS, "open DNS-over-TCP connections");
             for l in tcp {
-                let l = tokio::net::TcpListener::from_std(l).map_err(GateError::Runtime)?;
-                runtime.spawn(dns_stub::serve_tcp(l, ctx.clone(), vec![open.clone(), dns_open.clone()]));
+                ctx.spawn(dns_stub::serve_tcp(l, ctx.clone(), vec![open.clone(), dns_open.clone()]));
             }
         }
-        Ok(Gate { runtime: Mutex::new(Some(runtime)), listen_addrs, counts, ctx })
+        drop(_guard);
+        Ok(Gate { runtime: Mutex::new(own), stopped: AtomicBool::new(false), listen_addrs, counts, ctx })
     }
 
     pub fn listen_addrs(&self) -> &[SocketAddr] {
@@ -226,15 +254,33 @@ impl Gate {
         (self.counts.inspected.load(Ordering::Relaxed), self.counts.would_deny.load(Ordering::Relaxed))
     }
 
-    /// Stop accepting, abort tunnels and in-flight requests, shut the runtime down. Idempotent.
+    /// Tasks of this gate not yet ended (accept loops, connections, tunnels...); 0 once
+    /// `stop` has returned in time.
+    pub fn live_tasks(&self) -> usize {
+        self.ctx.tasks.live()
+    }
+
+    /// Stop accepting, abort tunnels and in-flight requests: cancel every task of this gate
+    /// and wait up to [`STOP_TIMEOUT`] for them to end (their sockets closed); on a runtime
+    /// of its own, then shut it down within what is left of that time. Other gates on the
+    /// shared runtime are untouched. Then record the DNS queries held over the record rate
+    /// and end the run in the approvals store. Blocks the calling thread (call it off the
+    /// runtime, e.g. with the GIL released); idempotent.
     pub fn stop(&self) {
+        if self.stopped.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let started = Instant::now();
+        if !self.ctx.tasks.end(STOP_TIMEOUT) {
+            tracing::warn!(run = %self.ctx.run_id, tasks = self.ctx.tasks.live(), "gate tasks still running after the stop timeout");
+        }
         let runtime = self.runtime.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(rt) = runtime {
-            rt.shutdown_timeout(STOP_TIMEOUT);
-            dns_stub::flush(&self.ctx);
-            if let Some(ap) = &self.ctx.approvals {
-                ap.end_run(&self.ctx.run_id);
-            }
+            rt.shutdown_timeout(STOP_TIMEOUT.saturating_sub(started.elapsed()));
+        }
+        dns_stub::flush(&self.ctx);
+        if let Some(ap) = &self.ctx.approvals {
+            ap.end_run(&self.ctx.run_id);
         }
     }
 }

@@ -1,12 +1,16 @@
-//! Live one-line notices, on gatewrap's stderr, of what the gate refused or could not reach.
+//! Live one-line notices, on gatewrap's stderr (or the run's own descriptor, see
+//! `notice_fd`), of what the gate refused or could not reach.
 //!
 //! A CONNECT client shows only "response 403"; the reason is here (and in the audit log).
 //! After [`MAX_NOTICES`] one line says the rest are suppressed; the audit log keeps all.
 
+use std::io::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use crate::audit::{fields as f, GateRecord};
+
+use super::notice_fd::FdSink;
 
 /// Notices per run before they are suppressed.
 pub const MAX_NOTICES: u64 = 20;
@@ -14,6 +18,8 @@ pub const MAX_NOTICES: u64 = 20;
 #[derive(Debug, Default)]
 pub struct Notices {
     enabled: bool,
+    /// Where the lines go; `None`: the process's stderr.
+    sink: Option<FdSink>,
     shown: AtomicU64,
     /// The last line shown: a repeat of it is not shown again (a lookup asks for A and AAAA
     /// of each nameserver: four identical DNS refusals).
@@ -21,8 +27,19 @@ pub struct Notices {
 }
 
 impl Notices {
-    pub fn new(enabled: bool) -> Notices {
-        Notices { enabled, shown: AtomicU64::new(0), last: Mutex::new(String::new()) }
+    /// Notices on `sink` (`None`: stderr) if `enabled`, else none.
+    pub fn new(enabled: bool, sink: Option<FdSink>) -> Notices {
+        Notices { enabled, sink, shown: AtomicU64::new(0), last: Mutex::new(String::new()) }
+    }
+
+    /// Print one line; write errors are ignored (never a panic, unlike `eprintln!`).
+    fn print(&self, text: &str) {
+        match &self.sink {
+            Some(sink) => sink.send(format!("{text}\n")),
+            None => {
+                let _ = writeln!(std::io::stderr().lock(), "{text}");
+            }
+        }
     }
 
     /// Print the notice of a refused (`denied`) or failed decision; allowed ones are silent.
@@ -41,14 +58,14 @@ impl Notices {
         }
         let n = self.shown.fetch_add(1, Ordering::Relaxed) + 1;
         if n == MAX_NOTICES + 1 {
-            eprintln!(
+            self.print(&format!(
                 "gatewrap: more requests refused by the gate; further notices suppressed \
                  (gatewrap audit --run {} --denied)",
                 rec.run
-            );
+            ));
         }
         if n <= MAX_NOTICES {
-            eprintln!("{text}");
+            self.print(&text);
         }
     }
 }
@@ -58,7 +75,7 @@ impl Notices {
     /// for notices that are already rare (a budget spent: once per window).
     pub fn say(&self, text: &str) {
         if self.enabled {
-            eprintln!("{}", printable(text));
+            self.print(&printable(text));
         }
     }
 }

@@ -42,6 +42,7 @@ use crate::policy::Host;
 use super::admit::Admission;
 use super::dial::{self, DialError};
 use super::forward::{send_failure, SendFailure};
+use super::tasks::Tasks;
 use super::{guard, Ctx};
 
 /// How long a kept connection may wait unused before the gate closes it: below the
@@ -77,6 +78,9 @@ struct Shared<B> {
 /// The kept connections of one gate, for request bodies of type `B`.
 pub struct Pool<B> {
     shared: Arc<Mutex<Shared<B>>>,
+    /// The gate's tasks: the pool's own (waiting for a connection to be free, reaping,
+    /// hyper's connection tasks) are among them, so they end when the gate stops.
+    tasks: Tasks,
     idle_timeout: Duration,
     max_idle: usize,
 }
@@ -88,9 +92,9 @@ where
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     /// An empty pool: connections unused for `idle_timeout` are closed, at most `max_idle`
-    /// kept per key.
-    pub fn new(idle_timeout: Duration, max_idle: usize) -> Pool<B> {
-        Pool { shared: Arc::new(Mutex::new(Shared { idle: HashMap::new(), reaping: false })), idle_timeout, max_idle }
+    /// kept per key; its tasks are spawned as `tasks`.
+    pub fn new(tasks: Tasks, idle_timeout: Duration, max_idle: usize) -> Pool<B> {
+        Pool { shared: Arc::new(Mutex::new(Shared { idle: HashMap::new(), reaping: false })), tasks, idle_timeout, max_idle }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Shared<B>> {
@@ -119,7 +123,7 @@ where
     /// the end); dropped instead if upstream or hyper closes the connection first.
     pub fn give_back(&self, key: Key, mut sender: SendRequest<B>) {
         let pool = self.clone_handle();
-        tokio::spawn(async move {
+        self.tasks.spawn(async move {
             if sender.ready().await.is_ok() {
                 pool.keep(key, sender);
             }
@@ -137,13 +141,13 @@ where
         list.push(Idle { sender, since: Instant::now() });
         if !shared.reaping {
             shared.reaping = true;
-            tokio::spawn(reap(Arc::downgrade(&self.shared), self.idle_timeout));
+            self.tasks.spawn(reap(Arc::downgrade(&self.shared), self.idle_timeout));
         }
     }
 
     /// The same pool, for a task that outlives the caller's borrow.
     fn clone_handle(&self) -> Pool<B> {
-        Pool { shared: self.shared.clone(), idle_timeout: self.idle_timeout, max_idle: self.max_idle }
+        Pool { shared: self.shared.clone(), tasks: self.tasks.clone(), idle_timeout: self.idle_timeout, max_idle: self.max_idle }
     }
 
     /// The kept connection for the first of `ips` (the addresses the SSRF guard kept for
@@ -205,16 +209,17 @@ pub async fn checkout<'p>(ctx: &Ctx, pool: &'p Pool<ReqBody>, adm: &Admission) -
         return Ok(Conn { pool, key, sender, reused: true, connect_timeout: ctx.connect_timeout });
     }
     let (tcp, addr) = dial::connect_any(&kept, adm.port, ctx.connect_timeout).await?;
-    let sender = handshake(tcp, addr).await?;
+    let sender = handshake(&pool.tasks, tcp, addr).await?;
     Ok(Conn { pool, key: key(addr), sender, reused: false, connect_timeout: ctx.connect_timeout })
 }
 
-/// Start hyper's HTTP/1.1 client on `tcp` (upgrades kept for WebSocket, see `upgrade`).
-async fn handshake(tcp: TcpStream, addr: SocketAddr) -> Result<SendRequest<ReqBody>, DialError> {
+/// Start hyper's HTTP/1.1 client on `tcp` (upgrades kept for WebSocket, see `upgrade`);
+/// its connection task is one of `tasks`.
+async fn handshake(tasks: &Tasks, tcp: TcpStream, addr: SocketAddr) -> Result<SendRequest<ReqBody>, DialError> {
     let (sender, conn) = http1::handshake(TokioIo::new(tcp))
         .await
         .map_err(|e| DialError::Io { addr, source: io::Error::other(e) })?;
-    tokio::spawn(async move {
+    tasks.spawn(async move {
         if let Err(e) = conn.with_upgrades().await {
             tracing::debug!(error = %e, "upstream connection ended with an error");
         }
@@ -243,7 +248,7 @@ impl Conn<'_> {
                     let (tcp, _) = dial::connect_any(&[addr.ip()], addr.port(), self.connect_timeout)
                         .await
                         .map_err(|e| SendFailure::Upstream(e.to_string()))?;
-                    self.sender = handshake(tcp, addr).await.map_err(|e| SendFailure::Upstream(e.to_string()))?;
+                    self.sender = handshake(&self.pool.tasks, tcp, addr).await.map_err(|e| SendFailure::Upstream(e.to_string()))?;
                     self.sender.send_request(req).await.map_err(|e| send_failure(&e))?
                 }
                 _ => return Err(send_failure(&e.into_error())),
@@ -295,6 +300,11 @@ mod tests {
         (addr, accepted)
     }
 
+    /// Tasks on the test's runtime.
+    fn tasks() -> Tasks {
+        Tasks::new(tokio::runtime::Handle::current())
+    }
+
     fn key(addr: SocketAddr) -> Key {
         Key { scheme: "http", host: Host::Name("a.test".into()), rule: Some("r".into()), addr }
     }
@@ -320,7 +330,7 @@ mod tests {
     #[tokio::test]
     async fn a_connection_kept_is_taken_again_under_its_key_only() {
         let (addr, accepted) = upstream().await;
-        let pool: Pool<Empty<bytes::Bytes>> = Pool::new(IDLE_TIMEOUT, MAX_IDLE_PER_KEY);
+        let pool: Pool<Empty<bytes::Bytes>> = Pool::new(tasks(), IDLE_TIMEOUT, MAX_IDLE_PER_KEY);
         let (mut sender, _task) = connected(addr).await;
         exchange(&mut sender).await;
         sender.ready().await.unwrap_or_else(|e| panic!("{e}"));
@@ -342,13 +352,13 @@ mod tests {
     #[tokio::test]
     async fn expired_and_closed_connections_are_dropped_not_taken() {
         let (addr, _) = upstream().await;
-        let expired: Pool<Empty<bytes::Bytes>> = Pool::new(Duration::ZERO, MAX_IDLE_PER_KEY);
+        let expired: Pool<Empty<bytes::Bytes>> = Pool::new(tasks(), Duration::ZERO, MAX_IDLE_PER_KEY);
         let (sender, _task) = connected(addr).await;
         expired.keep(key(addr), sender);
         assert!(expired.take(&key(addr)).is_none());
         assert_eq!(expired.kept(), 0);
 
-        let pool: Pool<Empty<bytes::Bytes>> = Pool::new(IDLE_TIMEOUT, MAX_IDLE_PER_KEY);
+        let pool: Pool<Empty<bytes::Bytes>> = Pool::new(tasks(), IDLE_TIMEOUT, MAX_IDLE_PER_KEY);
         let (sender, task) = connected(addr).await;
         pool.keep(key(addr), sender);
         task.abort(); // hyper's connection ends, as when upstream closes it
@@ -364,7 +374,7 @@ mod tests {
     #[tokio::test]
     async fn no_more_than_max_idle_are_kept_per_key() {
         let (addr, _) = upstream().await;
-        let pool: Pool<Empty<bytes::Bytes>> = Pool::new(IDLE_TIMEOUT, 2);
+        let pool: Pool<Empty<bytes::Bytes>> = Pool::new(tasks(), IDLE_TIMEOUT, 2);
         let mut tasks = Vec::new();
         for _ in 0..3 {
             let (sender, task) = connected(addr).await;

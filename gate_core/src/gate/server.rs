@@ -107,7 +107,7 @@ where
             Ok((stream, peer)) => match take(&caps) {
                 Ok(slot) => {
                     over = false;
-                    tokio::spawn(serve(stream, peer, slot));
+                    ctx.spawn(serve(stream, peer, slot));
                 }
                 Err(full) => {
                     drop(stream);

@@ -6,8 +6,6 @@
 //! the `Sec-WebSocket-*` headers are end-to-end and pass untouched. After the upstream's
 //! `101 Switching Protocols`, both connections are taken over from hyper and copied.
 
-use std::time::Duration;
-
 use hyper::body::Incoming;
 use hyper::header::{HeaderMap, HeaderValue, CONNECTION, UPGRADE};
 use hyper::upgrade::OnUpgrade;
@@ -16,6 +14,7 @@ use hyper_util::rt::TokioIo;
 
 use super::idle::{self, Ended};
 use super::respond::{self, Body};
+use super::Ctx;
 
 /// What a request's `Upgrade` header asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,11 +63,13 @@ pub const H2C_REFUSED: &str =
 pub const H2C_REASON: &str = "protocol: Upgrade: h2c is refused";
 
 /// Answer the client with the upstream's 101 and relay both connections once hyper hands
-/// them over; the relay ends when either side closes or after `idle` without traffic.
+/// them over, as one of the gate's tasks; the relay ends when either side closes, after
+/// the gate's idle timeout without traffic, or when the gate stops.
 /// `resp` is the upstream's 101; `down` the client's pending upgrade.
-pub fn switch(down: OnUpgrade, mut resp: Response<Incoming>, idle_limit: Duration, what: String) -> Response<Body> {
+pub fn switch(ctx: &Ctx, down: OnUpgrade, mut resp: Response<Incoming>, what: String) -> Response<Body> {
     let up = hyper::upgrade::on(&mut resp);
-    tokio::spawn(async move {
+    let idle_limit = ctx.idle_timeout;
+    ctx.spawn(async move {
         let (down, up) = match tokio::try_join!(down, up) {
             Ok(pair) => pair,
             Err(e) => return tracing::debug!(dst = %what, error = %e, "upgrade: a side left before switching"),

@@ -183,7 +183,7 @@ pub(super) async fn handle(ctx: Arc<Ctx>, tunnel: Arc<Tunnel>, req: Request<Inco
             pending.finish();
             match down_upgrade {
                 Some(down) if resp.status() == StatusCode::SWITCHING_PROTOCOLS => {
-                    upgrade::switch(down, resp, ctx.idle_timeout, host.with_port(port))
+                    upgrade::switch(&ctx, down, resp, host.with_port(port))
                 }
                 _ => {
                     ctx.inspected.give_back(key, sender);
@@ -257,7 +257,7 @@ async fn connect(ctx: &Ctx, tunnel: &Tunnel, vetted: &[IpAddr]) -> Result<(Sende
     let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
         .await
         .map_err(|e| Failure::After(addr, format!("upstream: {e}")))?;
-    tokio::spawn(async move {
+    ctx.spawn(async move {
         if let Err(e) = conn.with_upgrades().await {
             tracing::debug!(error = %e, "upstream connection ended with an error");
         }
