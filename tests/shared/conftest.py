@@ -16,7 +16,8 @@ from conftest import gatewrap_cmd
 class Daemon:
     """``gatewrap daemon`` started by a test: ``env`` makes a ``gatewrap run`` use it."""
 
-    def __init__(self) -> None:
+    def __init__(self, *args: str) -> None:
+        self.args = args
         self.socket = f"/run/gatewrap/test-daemon-{secrets.token_hex(3)}.sock"
         self.env = {"GATEWRAP_SHARED": "1", "GATEWRAP_DAEMON_SOCKET": self.socket}
         self.log = f"/tmp/gwt-daemon-{secrets.token_hex(3)}.log"
@@ -24,7 +25,7 @@ class Daemon:
 
     def start(self) -> "Daemon":
         with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(gatewrap_cmd("daemon", "--socket", self.socket),
+            self.proc = subprocess.Popen(gatewrap_cmd("daemon", "--socket", self.socket, *self.args),
                                          stdout=log, stderr=log, start_new_session=True)
         deadline = time.monotonic() + 60
         while not os.path.exists(self.socket):

@@ -191,3 +191,26 @@ def test_the_daemon_socket_is_roots_alone_and_a_refused_run_leaves_nothing(net, 
                          capture_output=True, text=True, timeout=60, env=_env(daemon))
     assert bad.returncode == 127 and "command not found" in bad.stderr
     assert daemon.status()["runs"] == []
+
+
+def test_the_daemon_serves_the_review_pages_too(tmp_path):
+    import re
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    d = Daemon("--review", f"127.0.0.1:{port}", "--state", f"sqlite:{tmp_path}/state.db").start()
+    try:
+        deadline = time.monotonic() + 30
+        while not (m := re.search(r"review pages at (http://\S+/l/\S+)", d.log_text())):
+            assert time.monotonic() < deadline, d.log_text()
+            time.sleep(0.05)
+        with urllib.request.urlopen(m.group(1), timeout=10) as page:
+            assert page.status == 200 and b"approvals" in page.read().lower()
+        refused = Daemon("--review", "198.51.100.1:80")
+        p = subprocess.run(gatewrap_cmd("daemon", "--socket", refused.socket, "--review", "198.51.100.1:80"),
+                           capture_output=True, text=True, timeout=30)
+        assert p.returncode == 125 and "not a loopback address" in p.stderr
+    finally:
+        d.stop()

@@ -18,9 +18,16 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
               help=f"Listen on PATH (root's, mode 0600). Default: $GATEWRAP_DAEMON_SOCKET, else {protocol.DEFAULT_SOCKET}.")
 @click.option("--status", is_flag=True, help="Ask the running daemon for its pid and runs, and exit (1: none runs).")
 @click.option("--json", "as_json", is_flag=True, help="With --status: print one JSON object.")
+@click.option("--review", "review", metavar="HOST:PORT", default=None,
+              help="Also serve the approvals' review pages (as gatewrap approvals serve does) on HOST:PORT, a "
+                   "loopback address: one long-lived gatewrap process per host for both. The list's address is "
+                   "printed on the daemon's stderr.")
+@click.option("--state", "state_url", metavar="URL",
+              help="The approvals store the review pages show (default as gatewrap approvals serve).")
 @click.option("--quiet-if-running", is_flag=True, hidden=True,
               help="Exit 0 without a word when another daemon already serves the socket (the on-demand start).")
-def daemon(socket_path: str | None, status: bool, as_json: bool, quiet_if_running: bool) -> None:
+def daemon(socket_path: str | None, status: bool, as_json: bool, review: str | None, state_url: str | None,
+           quiet_if_running: bool) -> None:
     """Serve the sandboxes of every `gatewrap run --shared` on this host, in the foreground.
 
     \b
@@ -41,6 +48,7 @@ def daemon(socket_path: str | None, status: bool, as_json: bool, quiet_if_runnin
       sudo gatewrap daemon
       sudo gatewrap run --shared --allow pypi.org -- python agent.py
       sudo gatewrap daemon --status --json
+      sudo gatewrap daemon --review 127.0.0.1:8377
     """
     path = socket_path or protocol.socket_path()
     if status:
@@ -48,6 +56,8 @@ def daemon(socket_path: str | None, status: bool, as_json: bool, quiet_if_runnin
         return
     from .daemon import Daemon, DaemonRunning
 
+    if review is not None:
+        _serve_review(review, state_url)
     try:
         Daemon(path).serve()
     except DaemonRunning:
@@ -78,3 +88,31 @@ def _status(path: str, as_json: bool) -> None:
         runs = got.get("runs", [])
         click.echo(f"gatewrap daemon pid {got.get('pid')} on {path}: {len(runs)} runs"
                    + (f" ({', '.join(runs)})" if runs else ""))
+
+
+def _serve_review(listen: str, state_url: str | None) -> None:
+    """The review pages on a thread of the daemon (``gatewrap approvals serve``'s server).
+
+    Raises:
+        click.BadParameter: not HOST:PORT, or not a loopback address.
+        GatewrapError: the store cannot be opened or the address cannot be bound.
+    """
+    import threading
+
+    from ..approvals import state
+    from ..approvals.web import ReviewServer, is_loopback, parse_listen
+
+    try:
+        host, port = parse_listen(listen)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--review") from None
+    if not is_loopback(host):
+        raise click.BadParameter(f"{host} is not a loopback address (the daemon serves the review pages on "
+                                 "loopback only; use gatewrap approvals serve --allow-remote)", param_hint="--review")
+    store = state.open_store(state.resolve_url(state_url))
+    try:
+        server = ReviewServer(store, (host, port))
+    except OSError as e:
+        raise GatewrapError(f"cannot listen on {host}:{port}: {e.strerror}; choose another with --review") from e
+    click.echo(f"gatewrap daemon: review pages at {server.base}/l/{server.list_key} (store {store.url})", err=True)
+    threading.Thread(target=server.serve_forever, name="gatewrap-review", daemon=True).start()

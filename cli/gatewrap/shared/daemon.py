@@ -34,8 +34,6 @@ from ..sandbox import cgroup, gc, limits, registry
 from ..bpf import loader
 from . import protocol
 
-#: TEMPORARY until gate_core has it
-SHARED_RUNTIME = False
 #: How long a restarted daemon waits for the clients of the runs it can take back, in seconds.
 TAKE_BACK_WINDOW = 30.0
 #: Connections waiting to be accepted (listen(2) backlog).
@@ -220,7 +218,7 @@ class Daemon:
             try:
                 planned = runner.plan_taken_back(run_id, opts, err)  # type: ignore[arg-type]
                 box = runner.Sandbox(planned, err, hooks=self.hooks, owner_pid=pid,  # type: ignore[arg-type]
-                                     shared_runtime=SHARED_RUNTIME, notice_fd=err.fileno(), reader=self.reader,
+                                     shared_runtime=True, notice_fd=err.fileno(), reader=self.reader,
                                      socket=self.socket_path).take_back(saved)
             except GatewrapError as e:
                 protocol.send_line(conn, f"refused: {e}")
@@ -283,7 +281,7 @@ class Daemon:
             try:
                 planned = runner.plan(opts, err)  # type: ignore[arg-type]
                 box = runner.Sandbox(planned, err, hooks=self.hooks, owner_pid=client_pid,  # type: ignore[arg-type]
-                                     shared_runtime=SHARED_RUNTIME, notice_fd=err.fileno(),
+                                     shared_runtime=True, notice_fd=err.fileno(),
                                      reader=self.reader, socket=self.socket_path)
                 box.__enter__()
             except GatewrapError as e:
