@@ -1,0 +1,1 @@
+"""The shared mode: one gatewrap daemon for every sandbox on the host."""
