@@ -139,12 +139,12 @@ python_env() {
 	if /usr/bin/python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then py=/usr/bin/python3; fi
 	[ -x "$VENV/bin/python" ] || "$py" -m venv "$VENV"
 	"$VENV/bin/pip" install -q "$ROOT[test]"
-	waiter
+	waiter_bin
 	ln -sfn "$VENV/bin/gatewrap" /usr/local/bin/gatewrap
 	mountpoint -q /sys/fs/bpf || mount -t bpf bpf /sys/fs/bpf
 }
 
-waiter() {
+waiter_bin() {
 	# The shared mode's client execs this small native program after spawning the agent, so
 	# that the agent's parent costs well under 1 MB instead of an interpreter's 3.4 MB
 	# (gatewrap.shared.waiter finds it beside the virtualenv's python).

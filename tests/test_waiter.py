@@ -119,15 +119,24 @@ def test_a_signal_to_the_client_is_forwarded_to_the_agent(tmp_path):
     assert client.wait() == (128 + signal.SIGTERM, "summary\n")
 
 
+def runs_sleep(pid: int) -> bool:
+    """Whether ``pid`` has one child and it has exec'd sleep (between fork and exec, the
+    child still has the shell's trap and would swallow a signal)."""
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    try:
+        return len(children) == 1 and os.path.basename(os.readlink(f"/proc/{children[0]}/exe")) == "sleep"
+    except OSError:
+        return False
+
+
 def test_a_signal_goes_to_the_jails_init_when_the_agent_is_nsjail(tmp_path):
     # A shell named nsjail with one child: the signal must reach the child (its exit code
     # comes back through `wait`), not the "jail" (whose trap would exit 99).
     jail = tmp_path / "nsjail"
     shutil.copy("/bin/sh", jail)
     client = start([str(jail), "-c", 'trap "exit 99" TERM; sleep 30 & wait $!'], tmp_path)
-    children = Path(f"/proc/{client.agent_pid}/task/{client.agent_pid}/children")
     deadline = time.monotonic() + PATIENCE
-    while len(children.read_text().split()) != 1:
+    while not runs_sleep(client.agent_pid):
         assert time.monotonic() < deadline, "the fake jail never started its child"
         time.sleep(0.01)
     client.proc.send_signal(signal.SIGTERM)
@@ -136,6 +145,29 @@ def test_a_signal_goes_to_the_jails_init_when_the_agent_is_nsjail(tmp_path):
     code, err = client.wait()
     # (dash says "Terminated" of its child before the waiter's line)
     assert (code, err.endswith(UNRECORDED)) == (143, True), err
+
+
+def test_an_orphan_of_the_agent_is_reaped_while_the_agent_runs(tmp_path):
+    # The subshell exits at once, so its sleep is orphaned to the nearest subreaper: the waiter.
+    pid_file = tmp_path / "orphan.pid"
+    client = start(["sh", "-c", f"(sleep 300 & echo $! > {pid_file}.new; mv {pid_file}.new {pid_file}); read line; exit 5"],
+                   tmp_path, stdin=subprocess.PIPE)
+    deadline = time.monotonic() + PATIENCE
+    while not pid_file.exists():
+        assert time.monotonic() < deadline, "the agent never started its orphan"
+        time.sleep(0.01)
+    orphan = int(pid_file.read_text())
+    stat = Path(f"/proc/{orphan}/stat")
+    while int(stat.read_text().rsplit(")", 1)[1].split()[1]) != client.proc.pid:
+        assert time.monotonic() < deadline, "the orphan never became the waiter's child"
+        time.sleep(0.01)
+    os.kill(orphan, signal.SIGKILL)
+    while stat.exists():  # a zombie until its parent, the waiter, reaps it
+        assert time.monotonic() < deadline, f"the waiter left its orphan unreaped: {stat.read_text()}"
+        time.sleep(0.01)
+    client.daemon.close()
+    code, err = client.wait(stdin=b"go\n")
+    assert (code, err) == (5, GONE + UNRECORDED)
 
 
 @pytest.fixture
