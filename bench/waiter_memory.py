@@ -11,6 +11,9 @@ alone, then all N together (Pss shares the binary's pages among them). For compa
 same figures of the client's interpreter at the point of the exec (the driver's Python with
 gatewrap.shared.waiter imported, paused before exec). Figures in KiB. No root needed.
 
+A binary installed moments ago counts its page-cache pages, dirty until written back (about
+30 s, vm.dirty_expire_centisecs), as the first waiter's Private_Dirty: measure after that.
+
     .venv/bin/python bench/waiter_memory.py [-n 10] [--json bench/results/waiter_memory.json]
 """
 

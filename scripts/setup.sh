@@ -250,9 +250,9 @@ case "${1:-install}" in
 	test)
 		install
 		test_clients
-		say "tests: Rust (gate_core)"
+		say "tests: Rust (gate_core, gate_wait)"
 		cd "$ROOT"
-		cargo test -q -p gate_core
+		cargo test -q -p gate_core -p gate_wait
 		vagrant_check
 		say "tests: pytest"
 		exec "$VENV/bin/python" -m pytest -p no:cacheprovider -rfEs tests "${@:2}"

@@ -171,7 +171,7 @@ def test_an_orphan_of_the_agent_is_reaped_while_the_agent_runs(tmp_path):
 
 
 @pytest.fixture
-def test_cgroup():
+def wait_cgroup():
     root = cgroup.cgroup2_mount()
     assert root is not None, "no cgroup v2 hierarchy mounted"
     path = Path(root) / f"gatewrap-test-wait-{uuid.uuid4().hex[:8]}"
@@ -196,16 +196,16 @@ def populated(path: Path) -> bool:
 
 
 @pytest.mark.kernel
-def test_the_timeout_kills_the_agents_cgroup_and_the_code_is_124(tmp_path, test_cgroup):
+def test_the_timeout_kills_the_agents_cgroup_and_the_code_is_124(tmp_path, wait_cgroup):
     # The shell's child (sleep) dies only if the whole cgroup was killed.
-    client = start(["sh", "-c", "sleep 300 & wait"], tmp_path, timeout=0.5, cgroup_dir=str(test_cgroup))
+    client = start(["sh", "-c", "sleep 300 & wait"], tmp_path, timeout=0.5, cgroup_dir=str(wait_cgroup))
     assert client.line_from_waiter() == b"exit 124\n"
     client.daemon.sendall(b"summary\n")
     client.daemon.close()
     code, err = client.wait()
     assert (code, err) == (124, "gatewrap: --timeout 0.5 s reached: killing the agent and its children\nsummary\n")
     deadline = time.monotonic() + PATIENCE
-    while populated(test_cgroup):
+    while populated(wait_cgroup):
         assert time.monotonic() < deadline, "the agent's child survived the timeout"
         time.sleep(0.05)
 
