@@ -7,8 +7,8 @@
 #   sudo scripts/setup.sh test-deps # install, then what the client matrix needs (test does this too)
 #
 # Installs: Debian packages (bcc's Python bindings, kernel headers, iproute2, curl, ...),
-# a virtualenv in .venv with gatewrap built from this checkout (maturin, Rust), and a
-# /usr/local/bin/gatewrap link. Needs root (apt, cgroups, BPF). Rust: the first cargo that is at
+# a virtualenv in .venv with gatewrap built from this checkout (maturin, Rust) and its
+# waiter .venv/bin/gatewrap-wait (cargo, gate_wait/), and a /usr/local/bin/gatewrap link. Needs root (apt, cgroups, BPF). Rust: the first cargo that is at
 # least the workspace's rust-version (Cargo.toml) among PATH's, root's and the sudo user's
 # ~/.cargo/bin; else, chosen by version, the distribution's cargo/rustc (Debian 13: 1.85),
 # Debian 12's cargo-web/rustc-web, or the newest of Ubuntu's cargo-1.NN/rustc-1.NN.
@@ -139,8 +139,19 @@ python_env() {
 	if /usr/bin/python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then py=/usr/bin/python3; fi
 	[ -x "$VENV/bin/python" ] || "$py" -m venv "$VENV"
 	"$VENV/bin/pip" install -q "$ROOT[test]"
+	waiter_bin
 	ln -sfn "$VENV/bin/gatewrap" /usr/local/bin/gatewrap
 	mountpoint -q /sys/fs/bpf || mount -t bpf bpf /sys/fs/bpf
+}
+
+waiter_bin() {
+	# The shared mode's client execs this small native program after spawning the agent, so
+	# that the agent's parent costs well under 1 MB instead of an interpreter's 3.4 MB
+	# (gatewrap.shared.waiter finds it beside the virtualenv's python).
+	local target=${CARGO_TARGET_DIR:-$ROOT/target}
+	say "gatewrap-wait (gate_wait/: the agent's parent in the shared mode; forwards signals, reaps, reports the exit code) -> $VENV/bin/gatewrap-wait"
+	(cd "$ROOT" && cargo build -q --release -p gate_wait --locked)
+	install -m 0755 "$target/release/gatewrap-wait" "$VENV/bin/gatewrap-wait"
 }
 
 nsjail_bin() {
@@ -239,9 +250,9 @@ case "${1:-install}" in
 	test)
 		install
 		test_clients
-		say "tests: Rust (gate_core)"
+		say "tests: Rust (gate_core, gate_wait)"
 		cd "$ROOT"
-		cargo test -q -p gate_core
+		cargo test -q -p gate_core -p gate_wait
 		vagrant_check
 		say "tests: pytest"
 		exec "$VENV/bin/python" -m pytest -p no:cacheprovider -rfEs tests "${@:2}"
