@@ -140,6 +140,14 @@ def _shared_mode_daemon():
     del os.environ["GATEWRAP_DAEMON_SOCKET"]
 
 
+@pytest.fixture(autouse=True)
+def _own_process(request, monkeypatch):
+    """A test marked ``own_process`` runs its gatewraps as runs of their own, even in a
+    session of the shared mode."""
+    if request.node.get_closest_marker("own_process") is not None:
+        monkeypatch.delenv("GATEWRAP_SHARED", raising=False)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _no_leftover_fake_internet():
     """Wait for any other session on this host (tests/fakenet/host_lock.py), then remove a

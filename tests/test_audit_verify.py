@@ -198,6 +198,7 @@ def _start(audit, *argv: str) -> subprocess.Popen:
 
 
 @pytest.mark.kernel
+@pytest.mark.own_process
 def test_sigkill_mid_run_leaves_a_verifiable_log_with_its_tail_reported(tmp_path):
     audit = tmp_path / "audit.jsonl"
     p = _start(audit, "/bin/sleep", "300")

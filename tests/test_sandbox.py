@@ -221,11 +221,10 @@ def test_a_relative_command_is_the_working_directorys(gatewrap):
         shutil.rmtree(top)
 
 
+@pytest.mark.own_process
 def test_sigkill_of_gatewrap_fails_closed_and_gc_removes_the_sandbox(net, tmp_path):
     audit = tmp_path / "audit.jsonl"
-    # A run of its own (the shared mode's daemon tears the sandbox down when its client dies:
-    # tests/shared/test_daemon.py)
-    env = {k: v for k, v in os.environ.items() if k != "GATEWRAP_SHARED"} | {"SUDO_UID": "65534", "SUDO_GID": "65534"}
+    env = dict(os.environ, SUDO_UID="65534", SUDO_GID="65534")
     agent = (
         "import socket, time, errno\n"
         "print('ready', flush=True)\n"

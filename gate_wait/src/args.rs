@@ -6,6 +6,7 @@ use std::time::Duration;
 
 pub const USAGE: &str = "\
 usage: gatewrap-wait --pid PID --control-fd FD [--timeout SECONDS] [--cgroup DIR]
+                     [--socket PATH --run RUN_ID]
 
 The agent's parent in gatewrap's shared mode (the client exec()s it after spawning the agent).
 Waits for PID (a child of this process), forwarding SIGINT, SIGTERM, SIGHUP and SIGQUIT to the
@@ -17,6 +18,8 @@ with CODE: the agent's exit code, or 128 + signal.
   --control-fd FD      a connected unix stream socket to the gatewrap daemon
   --timeout SECONDS    kill the agent's cgroup after SECONDS (decimals allowed): exit code 124
   --cgroup DIR         the run's cgroup v2 directory (needed with --timeout): DIR/cgroup.kill
+  --socket PATH        the daemon's socket: when the daemon dies, try it every 0.5 s and ask a
+  --run RUN_ID         restarted daemon to take run RUN_ID back (`resume RUN_ID`)
   -h, --help           this text
 
 Exit codes: the agent's; 124 after --timeout; 125 when the waiter itself fails.
@@ -33,6 +36,8 @@ pub struct Config {
     pub timeout: Option<Duration>,
     /// `DIR/cgroup.kill`, when `--cgroup DIR` was given.
     pub cgroup_kill: Option<CString>,
+    /// Where to ask a restarted daemon to take the run back (`--socket` and `--run`).
+    pub resume: Option<crate::resume::Resume>,
 }
 
 /// The parsed command line.
@@ -48,6 +53,8 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Parsed, String>
     let mut control_fd = None;
     let mut timeout = None;
     let mut cgroup: Option<OsString> = None;
+    let mut socket: Option<OsString> = None;
+    let mut run: Option<OsString> = None;
     let args: Vec<OsString> = args.into_iter().collect();
     if args.iter().any(|a| a == "-h" || a == "--help") {
         return Ok(Parsed::Help);
@@ -68,6 +75,8 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Parsed, String>
             "--control-fd" => set(&mut control_fd, &flag, parse_fd(&text(value()?, &flag)?)?)?,
             "--timeout" => set(&mut timeout, &flag, parse_seconds(&text(value()?, &flag)?)?)?,
             "--cgroup" => set(&mut cgroup, &flag, value()?)?,
+            "--socket" => set(&mut socket, &flag, value()?)?,
+            "--run" => set(&mut run, &flag, value()?)?,
             _ => return Err(format!("unknown argument {flag:?}")),
         }
     }
@@ -87,7 +96,18 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Parsed, String>
             Some(CString::new(path).map_err(|_| "--cgroup DIR contains a NUL byte".to_owned())?)
         }
     };
-    Ok(Parsed::Run(Config { pid, control_fd, timeout, cgroup_kill }))
+    let resume = match (socket, run) {
+        (None, None) => None,
+        (Some(socket), Some(run)) => {
+            let run = run.into_string().map_err(|r| format!("--run {r:?}: not a run id"))?;
+            if run.is_empty() || !run.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
+                return Err(format!("--run {run:?}: not a run id (gw- and hex digits)"));
+            }
+            Some(crate::resume::Resume { socket: socket.into(), run })
+        }
+        _ => return Err("--socket and --run go together".into()),
+    };
+    Ok(Parsed::Run(Config { pid, control_fd, timeout, cgroup_kill, resume }))
 }
 
 fn set<T>(slot: &mut Option<T>, flag: &str, value: T) -> Result<(), String> {
@@ -137,6 +157,7 @@ mod tests {
             control_fd: 3,
             timeout: Some(Duration::from_millis(500)),
             cgroup_kill: Some(CString::new("/sys/fs/cgroup/gatewrap/gw-1/cgroup.kill").unwrap()),
+            resume: None,
         });
         let spaced = ["--pid", "42", "--control-fd", "3", "--timeout", "0.5", "--cgroup", "/sys/fs/cgroup/gatewrap/gw-1"];
         assert_eq!(run(&spaced), Ok(want));
@@ -158,6 +179,8 @@ mod tests {
             ("a flag without its value", &["--pid"], "--pid needs a value"),
             ("a flag given twice", &["--pid", "4", "--pid", "5"], "--pid given twice"),
             ("an unknown flag", &["--pid", "4", "--control-fd", "3", "--verbose"], "unknown argument \"--verbose\""),
+            ("a socket without a run", &["--pid", "4", "--control-fd", "3", "--socket", "/run/gatewrap/d.sock"], "go together"),
+            ("a run id with a newline", &["--pid", "4", "--control-fd", "3", "--socket", "/s", "--run", "gw-1\nexit 0"], "not a run id"),
         ];
         for (case, args, reason) in cases {
             let got = run(args).expect_err(case);

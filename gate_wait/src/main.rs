@@ -9,6 +9,7 @@
 mod args;
 mod children;
 mod control;
+mod resume;
 mod signals;
 mod sys;
 mod wait;
@@ -52,11 +53,14 @@ fn run(cfg: &Config) -> Result<i32, String> {
     // SAFETY: setting a disposition.
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
     let signals = signals::open().map_err(|e| format!("cannot read signals through a signalfd: {e}"))?;
-    let code = match children::check(cfg.pid) {
+    let (code, control) = match children::check(cfg.pid) {
         Err(e) => return Err(format!("--pid {}: not a child of this process ({e})", cfg.pid)),
-        Ok(Some(code)) => code, // exited before the exec
+        Ok(Some(code)) => (code, Some(cfg.control_fd)), // exited before the exec
         Ok(None) => wait::until_exit(cfg, &signals).map_err(|e| format!("waiting for the agent failed: {e}"))?,
     };
-    control::report_end(cfg.control_fd, code);
+    match control {
+        Some(fd) => control::report_end(fd, code),
+        None => sys::say(control::UNRECORDED),
+    }
     Ok(code)
 }

@@ -7,6 +7,7 @@ use std::time::Duration;
 use crate::args::Config;
 use crate::children;
 use crate::control::{self, Daemon};
+use crate::resume;
 use crate::signals::{self, Got};
 use crate::sys::{cvt, say, write_all, Fd};
 
@@ -17,20 +18,26 @@ const GONE: &str =
     "the gatewrap daemon went away: the agent keeps running without egress (fail closed) until it exits";
 
 /// Wait for `cfg.pid`, forwarding signals and reaping orphans; its exit code (124 after the
-/// timeout, when the cgroup was killed). `signals` is [`signals::open`]'s fd.
-pub fn until_exit(cfg: &Config, signals: &Fd) -> io::Result<i32> {
+/// timeout, when the cgroup was killed) and the control socket to report it on (None: no
+/// daemon serves the run any more). `signals` is [`signals::open`]'s fd. With `cfg.resume`,
+/// a daemon that went away is tried again every [`resume::RETRY`] (see `resume`).
+pub fn until_exit(cfg: &Config, signals: &Fd) -> io::Result<(i32, Option<libc::c_int>)> {
     let timer = cfg.timeout.map(arm).transpose()?;
     let mut control = Some(cfg.control_fd);
+    // A daemon that took the run back: its connection (kept open until the exit is reported).
+    let mut taken_back: Option<Fd> = None;
+    let mut retry: Option<Fd> = None;
     loop {
         // Reap first, then look at the clock, as the runner does: an agent that exited just
         // as the timeout fired keeps its own code.
         if let Some(code) = children::reap(cfg.pid) {
-            return Ok(code);
+            return Ok((code, control.map(|fd| keep(fd, &mut taken_back))));
         }
         let mut fds = [
             pollfd(signals.0),
             pollfd(control.unwrap_or(-1)), // a negative fd is skipped by poll(2)
             pollfd(timer.as_ref().map_or(-1, |t| t.0)),
+            pollfd(retry.as_ref().map_or(-1, |t| t.0)),
         ];
         // SAFETY: a stack array of pollfds and its length.
         if let Err(err) = cvt(unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) }) {
@@ -44,15 +51,63 @@ pub fn until_exit(cfg: &Config, signals: &Fd) -> io::Result<i32> {
                 signals::forward(cfg.pid, sig);
             } // Got::Child: the reap at the top of the loop
         }
-        if fds[1].revents != 0 && control::relay(cfg.control_fd) == Daemon::Gone {
+        if fds[1].revents != 0 && control::relay(control.unwrap_or(-1)) == Daemon::Gone {
             say(GONE);
             control = None;
+            taken_back = None;
+            if cfg.resume.is_some() {
+                retry = Some(every(resume::RETRY)?);
+            }
+        }
+        if fds[3].revents != 0 {
+            drain_timer(retry.as_ref().map_or(-1, |t| t.0));
+            match cfg.resume.as_ref().map(resume::attempt) {
+                Some(resume::Tried::Back(fd)) => {
+                    control = Some(fd.0);
+                    taken_back = Some(fd);
+                    retry = None;
+                }
+                Some(resume::Tried::Refused(why)) => {
+                    say(&format!("no daemon takes the run back ({why}): it stays without egress until it exits"));
+                    retry = None;
+                }
+                Some(resume::Tried::NotYet) | None => {}
+            }
         }
         if fds[2].revents != 0 && children::reap(cfg.pid).is_none() {
             kill_tree(cfg);
-            return Ok(EXIT_TIMEOUT);
+            return Ok((EXIT_TIMEOUT, control.map(|fd| keep(fd, &mut taken_back))));
         }
     }
+}
+
+/// `fd`, with a taken-back daemon's connection left open for the report (not closed by the
+/// drop of its owner here).
+fn keep(fd: libc::c_int, taken_back: &mut Option<Fd>) -> libc::c_int {
+    if let Some(owned) = taken_back.take() {
+        std::mem::forget(owned);
+    }
+    fd
+}
+
+/// A periodic timerfd (CLOCK_MONOTONIC), readable every `period`.
+fn every(period: Duration) -> io::Result<Fd> {
+    // SAFETY: as in `arm`, with an interval.
+    unsafe {
+        let fd = Fd(cvt(libc::timerfd_create(libc::CLOCK_MONOTONIC, libc::TFD_CLOEXEC | libc::TFD_NONBLOCK))?);
+        let mut spec: libc::itimerspec = std::mem::zeroed();
+        spec.it_value.tv_nsec = period.subsec_nanos() as libc::c_long;
+        spec.it_value.tv_sec = period.as_secs() as libc::time_t;
+        spec.it_interval = spec.it_value;
+        cvt(libc::timerfd_settime(fd.0, 0, &spec, std::ptr::null_mut()))?;
+        Ok(fd)
+    }
+}
+
+/// Read a timerfd's expiry count (so it polls quiet until the next tick).
+fn drain_timer(fd: libc::c_int) {
+    let mut buf = [0u8; 8];
+    let _ = crate::sys::read(fd, &mut buf);
 }
 
 fn pollfd(fd: libc::c_int) -> libc::pollfd {

@@ -123,6 +123,7 @@ def test_a_decision_on_an_ended_run_is_refused_and_history_stays_listed(run, sto
     assert "token" not in listed[0] and "body" not in listed[0]
 
 
+@pytest.mark.own_process
 def test_a_decision_after_gatewrap_was_killed_is_refused_and_nothing_is_sent(run, store_url, net):
     a = run.pending()
     run.proc.kill()  # SIGKILL: gatewrap cannot end its run in the store

@@ -133,6 +133,7 @@ def test_a_double_forked_child_that_outlives_the_agent_is_gone_after_the_run(gat
     assert_nothing_reached(quiet_net)
 
 
+@pytest.mark.own_process
 def test_gatewrap_killed_with_sigkill_fails_closed_and_gc_removes_the_sandbox(tmp_path, quiet_net, outcome):
     """gatewrap killed with SIGKILL mid-run."""
     p, audit = spawn(tmp_path, quiet_net, python_argv(f"""

@@ -28,11 +28,21 @@ class Daemon:
             self.proc = subprocess.Popen(gatewrap_cmd("daemon", "--socket", self.socket, *self.args),
                                          stdout=log, stderr=log, start_new_session=True)
         deadline = time.monotonic() + 60
-        while not os.path.exists(self.socket):
+        while not self._answers():  # a dead daemon's socket file may be there already
             assert self.proc.poll() is None, self.log_text()
             assert time.monotonic() < deadline, self.log_text()
             time.sleep(0.05)
         return self
+
+    def _answers(self) -> bool:
+        import socket
+
+        with socket.socket(socket.AF_UNIX) as s:
+            try:
+                s.connect(self.socket)
+            except OSError:
+                return False
+        return True
 
     def status(self) -> dict:
         import json

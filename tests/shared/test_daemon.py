@@ -191,6 +191,9 @@ def test_the_daemon_socket_is_roots_alone_and_a_refused_run_leaves_nothing(net, 
                          capture_output=True, text=True, timeout=60, env=_env(daemon))
     assert bad.returncode == 127 and "command not found" in bad.stderr
     assert daemon.status()["runs"] == []
+    elsewhere = subprocess.run(gatewrap_cmd("daemon", "--socket", "/tmp/gatewrap.sock"), capture_output=True,
+                               text=True, timeout=30)
+    assert elsewhere.returncode == 125 and "must be a file directly in /run/gatewrap" in elsewhere.stderr
 
 
 def test_the_daemon_serves_the_review_pages_too(tmp_path):
@@ -214,3 +217,48 @@ def test_the_daemon_serves_the_review_pages_too(tmp_path):
         assert p.returncode == 125 and "not a loopback address" in p.stderr
     finally:
         d.stop()
+
+
+def test_a_restarted_daemon_takes_its_runs_back_and_the_agent_never_noticed_but_the_gap(net, tmp_path, shown):
+    first = Daemon().start()
+    second = None
+    try:
+        audit = tmp_path / "audit.jsonl"
+        step = shown / "step"
+        script = (f"import os, subprocess, sys, time\n"
+                  f"def fetch():\n"
+                  f"    return subprocess.run({CURL!r} + ['http://allowed.test/'], capture_output=True, text=True).stdout.strip()\n"
+                  f"def wait(n):\n"
+                  f"    while not os.path.exists('{step}') or open('{step}').read() != n: time.sleep(0.05)\n"
+                  f"print('before', fetch(), flush=True)\n"
+                  f"wait('1'); print('gap', fetch() or 'none', flush=True)\n"
+                  f"wait('2'); print('after', fetch(), flush=True)\n"
+                  f"sys.exit(5)\n")
+        p = subprocess.Popen(_run_cmd(net, audit, [AGENT_PYTHON, "-c", script], allow=["allowed.test"],
+                                      extra=["--ro-bind", str(shown)]),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(first))
+        assert p.stdout.readline().split() == ["before", "200"]
+        first.kill(signal.SIGKILL)
+        step.write_text("1")
+        assert p.stdout.readline().split() == ["gap", "000"]   # no gate: fail closed
+        second = Daemon()
+        second.socket = first.socket          # the same socket: a restart
+        second.start()
+        deadline = time.monotonic() + 60
+        while not second.status()["runs"]:
+            assert time.monotonic() < deadline, second.log_text()
+            time.sleep(0.1)
+        step.write_text("2")
+        out, err = p.communicate(timeout=120)
+        assert out.split() == ["after", "200"], err
+        assert p.returncode == 5, err
+        assert "daemon went away" in err and "daemon is back" in err
+        recs = _records(audit)
+        run_id = next(r["run"] for r in recs if r["event"] == "run_start")
+        assert [r["exit_code"] for r in recs if r["event"] == "run_end"] == [5]
+        assert len([r for r in recs if r.get("event") == "request" and r.get("decision") == "allowed"]) == 2
+        assert _leftovers(run_id) == []
+    finally:
+        first.stop()
+        if second is not None:
+            second.stop()

@@ -101,7 +101,8 @@ def run(opts: RunOptions, summary: str = "text") -> NoReturn | int:
             the agent could not be started (125, 126, 127).
     """
     opts = dataclasses.replace(opts, environ=dict(os.environ), cwd=opts.cwd or os.getcwd())
-    sock = connect(protocol.socket_path())
+    path = protocol.socket_path()
+    sock = connect(path)
     reader = protocol.Reader(sock)
     protocol.send(sock, {"op": "run", "opts": dataclasses.asdict(opts), "summary": summary}, fds=[2])
     reply = reader.message()
@@ -118,7 +119,7 @@ def run(opts: RunOptions, summary: str = "text") -> NoReturn | int:
     pid = runner.spawn(spec)  # a failure closes the connection: the daemon tears the sandbox down
     found = waiter.find()
     if found is not None:
-        waiter.exec_waiter(pid, sock.fileno(), opts.timeout, spec["cgroup_dir"], path=found)
+        waiter.exec_waiter(pid, sock.fileno(), opts.timeout, spec["cgroup_dir"], resume=(path, reply["run"]))
     code = runner.wait_forwarding_signals(pid, opts.timeout, spec["cgroup_dir"], sys.stderr)
     summary = b""
     with contextlib.suppress(OSError):

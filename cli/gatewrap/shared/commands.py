@@ -15,7 +15,8 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 @click.command(context_settings=CONTEXT)
 @click.option("--socket", "socket_path", metavar="PATH",
-              help=f"Listen on PATH (root's, mode 0600). Default: $GATEWRAP_DAEMON_SOCKET, else {protocol.DEFAULT_SOCKET}.")
+              help=f"Listen on PATH, a file in {protocol.SOCKET_DIR} (root's, mode 0600; the folder is hidden from every "
+                   f"agent). Default: $GATEWRAP_DAEMON_SOCKET, else {protocol.DEFAULT_SOCKET}.")
 @click.option("--status", is_flag=True, help="Ask the running daemon for its pid and runs, and exit (1: none runs).")
 @click.option("--json", "as_json", is_flag=True, help="With --status: print one JSON object.")
 @click.option("--review", "review", metavar="HOST:PORT", default=None,
@@ -50,7 +51,7 @@ def daemon(socket_path: str | None, status: bool, as_json: bool, review: str | N
       sudo gatewrap daemon --status --json
       sudo gatewrap daemon --review 127.0.0.1:8377
     """
-    path = socket_path or protocol.socket_path()
+    path = protocol.socket_path(flag=socket_path)
     if status:
         _status(path, as_json)
         return

@@ -39,9 +39,26 @@ MAX_LINE = 4 << 20
 MAX_FDS = 4
 
 
-def socket_path(environ: dict[str, str] | None = None) -> str:
-    """The daemon's socket path: ``$GATEWRAP_DAEMON_SOCKET`` or :data:`DEFAULT_SOCKET`."""
-    return (os.environ if environ is None else environ).get("GATEWRAP_DAEMON_SOCKET") or DEFAULT_SOCKET
+#: The folder every daemon socket lives in: hidden from every agent (an empty tmpfs over
+#: /run/gatewrap, runner._hidden_paths), so none can even see it.
+SOCKET_DIR = "/run/gatewrap"
+
+
+def socket_path(environ: dict[str, str] | None = None, flag: str | None = None) -> str:
+    """The daemon's socket path: ``flag`` (``--socket``), else ``$GATEWRAP_DAEMON_SOCKET``,
+    else :data:`DEFAULT_SOCKET`.
+
+    Raises:
+        GatewrapError: a path outside :data:`SOCKET_DIR` (an agent could see it there).
+    """
+    from ..errors import GatewrapError
+
+    path = flag or (os.environ if environ is None else environ).get("GATEWRAP_DAEMON_SOCKET") or DEFAULT_SOCKET
+    real = os.path.normpath(os.path.abspath(path))
+    if os.path.dirname(real) != SOCKET_DIR:
+        raise GatewrapError(f"the daemon's socket must be a file directly in {SOCKET_DIR} (hidden from every "
+                            f"agent), not {path}")
+    return real
 
 
 class ProtocolError(Exception):

@@ -38,16 +38,20 @@ def find() -> str | None:
     return shutil.which(NAME)
 
 
-def argv(path: str, pid: int, control_fd: int, timeout: float | None, cgroup_dir: str) -> list[str]:
+def argv(path: str, pid: int, control_fd: int, timeout: float | None, cgroup_dir: str,
+         resume: tuple[str, str] | None = None) -> list[str]:
     """The waiter's command line (see :func:`exec_waiter` for the arguments)."""
     args = [path, "--pid", str(pid), "--control-fd", str(control_fd), "--cgroup", cgroup_dir]
+    if resume is not None:
+        args += ["--socket", resume[0], "--run", resume[1]]
     if timeout is not None:
         # repr: the shortest text that reads back as the same float (no rounding, unlike %g)
         args += ["--timeout", repr(float(timeout))]
     return args
 
 
-def exec_waiter(pid: int, control_fd: int, timeout: float | None, cgroup_dir: str) -> NoReturn:
+def exec_waiter(pid: int, control_fd: int, timeout: float | None, cgroup_dir: str,
+                resume: tuple[str, str] | None = None) -> NoReturn:
     """Replace this process with ``gatewrap-wait``, which waits for the agent ``pid``.
 
     Args:
@@ -60,6 +64,9 @@ def exec_waiter(pid: int, control_fd: int, timeout: float | None, cgroup_dir: st
             exit code is 124; None for no limit. Counted from the waiter's start.
         cgroup_dir: the run's cgroup v2 directory (``cgroup.kill`` is written there at the
             timeout).
+        resume: (the daemon's socket path, the run's id): should the daemon die, the waiter
+            asks a restarted one to take the run back (``resume RUN_ID``, see
+            :mod:`gatewrap.shared.protocol`); None: it does not.
 
     Never returns: the process becomes the waiter and exits with the agent's exit code (or
     124 at the timeout, 125 if the waiter itself fails). Python's buffered stdout and stderr
@@ -86,6 +93,6 @@ def exec_waiter(pid: int, control_fd: int, timeout: float | None, cgroup_dir: st
         except (OSError, ValueError, AttributeError):
             pass  # a closed or missing stream has nothing to lose
     try:
-        os.execv(path, argv(path, pid, control_fd, timeout, cgroup_dir))
+        os.execv(path, argv(path, pid, control_fd, timeout, cgroup_dir, resume))
     except OSError as e:
         raise GatewrapError(f"cannot run {path}: {e}") from e
