@@ -71,6 +71,22 @@ def tree(pid: int, kids: dict[int, list[int]]) -> list[int]:
     return out
 
 
+def descendants(pid: int) -> list[int]:
+    """``pid`` and its descendants, from /proc/PID/task/TID/children (proc(5)): cheap, unlike a
+    scan of all of /proc, whose cost would grow with the sandboxes already running."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            for tid in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{tid}/children") as f:
+                    todo.extend(int(c) for c in f.read().split())
+        except OSError:
+            pass
+    return out
+
+
 def exe(pid: int) -> str:
     try:
         return os.path.basename(os.readlink(f"/proc/{pid}/exe"))
@@ -169,12 +185,14 @@ def main() -> int:
             argv = [py, "-m", "gatewrap", "run", "--shared", "--audit-log", f"/tmp/gw-bench-density/audit-{i}.jsonl",
                     "--workdir", "/tmp", *jail, "--", *AGENT]
             t0 = time.perf_counter()
-            p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                 stderr=subprocess.DEVNULL, env=env, start_new_session=True)
+            with open(f"/tmp/gw-bench-density/run-{i}.err", "wb") as err:
+                p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     stderr=err, env=env, start_new_session=True)
             procs.append(p)
-            while not any(exe(q) == "sleep" for q in tree(p.pid, children())):
+            while not any(exe(q) == "sleep" for q in descendants(p.pid)):
                 if p.poll() is not None:
-                    raise RuntimeError(f"run {i} exited {p.returncode} before its agent ran")
+                    with open(f"/tmp/gw-bench-density/run-{i}.err", errors="replace") as f:
+                        raise RuntimeError(f"run {i} exited {p.returncode} before its agent ran: {f.read()[-2000:]}")
                 if time.perf_counter() - t0 > 120:
                     raise RuntimeError(f"run {i}: no agent after 120 s")
                 time.sleep(0.002)

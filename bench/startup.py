@@ -15,7 +15,7 @@ Needs root. Peers missing from PATH are skipped (Debian: firejail, bubblewrap, u
 nsjail at /usr/local/bin). Usage::
 
     sudo flock /tmp/gatewrap-kernel.lock .venv/bin/python bench/startup.py [--runs 20] [--cold 3]
-        [--cold-cache 3] [--gatewrap PATH]... [--json bench/results/startup.json]
+        [--cold-cache 3] [--gatewrap PATH]... [--no-jail] [--shared] [--json bench/results/startup.json]
 
 Each ``--gatewrap`` adds a build to compare (e.g. another worktree's .venv/bin/gatewrap);
 the default is the one beside this interpreter.
@@ -62,6 +62,30 @@ def wall(argv: list[str]) -> float:
     return took
 
 
+#: The socket of the daemon ``--shared`` starts (one of the bench's own).
+SOCKET = "/run/gatewrap/bench-startup.sock"
+
+
+def start_daemon(gatewrap: str) -> subprocess.Popen:
+    """``gatewrap daemon`` on :data:`SOCKET`, answering before this returns; the shared runs
+    are sent to it (``GATEWRAP_DAEMON_SOCKET`` in :data:`ENV`)."""
+    import socket as socketlib
+
+    ENV["GATEWRAP_DAEMON_SOCKET"] = SOCKET
+    d = subprocess.Popen([gatewrap, "daemon", "--socket", SOCKET], stdin=subprocess.DEVNULL,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV)
+    deadline = time.monotonic() + 60
+    while True:
+        with socketlib.socket(socketlib.AF_UNIX) as s:
+            try:
+                s.connect(SOCKET)
+                return d
+            except OSError:
+                if d.poll() is not None or time.monotonic() > deadline:
+                    sys.exit("startup.py: the gatewrap daemon did not start")
+        time.sleep(0.05)
+
+
 def python_of(gatewrap: str) -> str:
     """The interpreter of a gatewrap console script (its venv's python)."""
     return str(Path(gatewrap).resolve().parent / "python")
@@ -90,6 +114,8 @@ def main() -> int:
     ap.add_argument("--cold-cache", type=int, default=0,
                     help="runs of each gatewrap build after dropping the page cache (0: none)")
     ap.add_argument("--no-jail", action="store_true", help="also time each build with --jail none")
+    ap.add_argument("--shared", action="store_true",
+                    help="also time each build with run --shared (a daemon of the bench's own, started first)")
     ap.add_argument("--json", default=str(ROOT / "bench/results/startup.json"), help="where to write the figures")
     args = ap.parse_args()
     if os.geteuid() != 0:
@@ -103,6 +129,9 @@ def main() -> int:
         if args.no_jail:
             cmds[label.replace("run --", "run --jail none --")] = [gw, "run", "--jail", "none", "--audit-log", log,
                                                                "--", "/bin/true"]
+        if args.shared:
+            cmds[label.replace("run --", "run --shared --")] = [gw, "run", "--shared", "--audit-log", log, "--", "/bin/true"]
+    daemons = [start_daemon(builds[0])] if args.shared else []
     cmds[f"{python_of(builds[0])} -c pass"] = [python_of(builds[0]), "-c", "pass"]
     cmds.update(peers())
     for argv in cmds.values():  # warm-up: pins, page cache
@@ -124,6 +153,9 @@ def main() -> int:
             os.sync()
             Path("/proc/sys/vm/drop_caches").write_text("3\n")
             cold_cache.setdefault(gw, []).append(wall([gw, "run", "--audit-log", log, "--", "/bin/true"]))
+    for d in daemons:
+        d.terminate()
+        d.wait(60)
     med = {k: statistics.median(v) for k, v in times.items()}
     fj = med.get("firejail --noprofile --net=none")
     py = med[f"{python_of(builds[0])} -c pass"]

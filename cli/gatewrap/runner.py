@@ -777,7 +777,9 @@ def collect_stale() -> gc.Collected:
     parent = cgroup.parent_dir()
     hooks = loader.load_or_reuse(parent)
     try:
-        return gc.collect(parent, salvager(hooks))
+        collected = gc.collect(parent, salvager(hooks))
+        hooks.sweep(parent)
+        return collected
     finally:
         hooks.close()
 

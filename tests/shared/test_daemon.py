@@ -262,3 +262,22 @@ def test_a_restarted_daemon_takes_its_runs_back_and_the_agent_never_noticed_but_
         first.stop()
         if second is not None:
             second.stop()
+
+
+def test_gc_drops_map_entries_a_cut_short_teardown_left():
+    """A daemon killed mid-teardown can leave a run's entries in the hooks' maps after its
+    cgroup is gone; gc (and a daemon's start) drop them, so the maps (GW_MAX_RUNS) never fill."""
+    from gatewrap.bpf import loader
+    from gatewrap.sandbox import cgroup
+
+    parent = cgroup.parent_dir()
+    hooks = loader.load_or_reuse(parent)
+    try:
+        ghost = 0x7FFF_FFFF_0000_0001  # no cgroup has this inode number
+        hooks.configure(ghost, "127.0.0.1", "::1", [3128, 53], [53])
+        assert hooks.orphan(ghost) is not None
+        g = subprocess.run(gatewrap_cmd("gc", "--json"), capture_output=True, text=True, timeout=60)
+        assert g.returncode == 0, g.stderr
+        assert hooks.orphan(ghost) is None
+    finally:
+        hooks.close()

@@ -5,8 +5,9 @@
 
 /* Gate ports per run; the loader refuses more. */
 #define GW_MAX_PORTS 4
-/* Concurrent runs (entries in the per-cgroup maps). */
-#define GW_MAX_RUNS 1024
+/* Concurrent runs (entries in the per-cgroup maps): an agent host's thousand sandboxes of
+ * the shared mode, with room to spare. */
+#define GW_MAX_RUNS 4096
 /* Distinct denials being folded (gw_folds entries), over all runs and per run. A run's
  * denials beyond them are folded together in the run's overflow entry (created with its
  * config): counted exactly, without their destination. */

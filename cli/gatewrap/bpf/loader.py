@@ -211,7 +211,14 @@ class Hooks:
                 cfg.udp_ports[i] = p
             libbpf.map_update(self._fds["gw_runs"], key, cfg)
         except OSError as e:
-            raise BpfError(f"configuring the hooks for cgroup {cgroup_id} failed: {e}") from e
+            # Nothing of a half-made configuration stays in the maps (it would count against
+            # GW_MAX_RUNS for good).
+            self.forget(cgroup_id)
+            if "rb_fd" in locals():
+                os.close(rb_fd)
+            full = " (the maps hold GW_MAX_RUNS = 4096 runs; sudo gatewrap gc drops what dead runs left)" \
+                if e.errno == 7 else ""
+            raise BpfError(f"configuring the hooks for cgroup {cgroup_id} failed: {e}{full}") from e
         return RunHooks(self, cgroup_id, rb_fd)
 
     def orphan(self, cgroup_id: int) -> "RunHooks | None":
@@ -232,6 +239,27 @@ class Hooks:
             if libbpf.map_lookup(self._fds["gw_folds"], k, v):
                 out.append((k, v))
         return out
+
+    def sweep(self, parent: str) -> int:
+        """Drop the map entries of every cgroup id that is no run leaf under ``parent`` any
+        more (a teardown cut short: its cgroup removed, its entries left), so that they
+        cannot fill the maps (GW_MAX_RUNS). Returns how many ids were dropped.
+
+        The keys are read before the leaves are listed: a run configures its entries only
+        after its leaf exists, so a run starting meanwhile is either not among the keys or
+        among the leaves, never dropped.
+        """
+        ids: set[int] = set()
+        for name in PER_RUN_MAPS:
+            ids |= {k.value for k in libbpf.map_keys(self._fds[name], ct.c_uint64)}
+        live = set()
+        for leaf in os.listdir(parent) if os.path.isdir(parent) else []:
+            with contextlib.suppress(OSError):
+                live.add(os.stat(os.path.join(parent, leaf)).st_ino)
+        gone = ids - live
+        for cgroup_id in gone:
+            self.forget(cgroup_id)
+        return len(gone)
 
     def forget(self, cgroup_id: int) -> None:
         """Drop every map entry of ``cgroup_id`` (config, ring buffer, lost counter, folds)."""

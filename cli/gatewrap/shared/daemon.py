@@ -155,6 +155,8 @@ class Daemon:
                      "gatewrap run to come back")
         for stale in gc.collect(parent, runner.salvager(self.hooks), keep=self.awaiting).runs:
             self.say(f"removed stale sandbox {stale} (its gatewrap had died)")
+        if swept := self.hooks.sweep(parent):
+            self.say(f"dropped the hooks' map entries of {swept} cgroups that are gone")
         if self.awaiting:
             threading.Timer(TAKE_BACK_WINDOW, self._give_up, args=(parent,)).start()
         listener = self._listen()
@@ -201,6 +203,7 @@ class Daemon:
             self.awaiting = set()
         for stale in gc.collect(parent, runner.salvager(self.hooks)).runs:
             self.say(f"removed stale sandbox {stale} (its gatewrap run did not come back)")
+        self.hooks.sweep(parent)
 
     def _resume(self, conn: socket.socket, reader: protocol.Reader, run_id: str, pid: int) -> None:
         """``resume RUN_ID`` from a run's waiter after a daemon restart: take the run back
