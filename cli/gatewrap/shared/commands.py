@@ -17,7 +17,7 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 @click.option("--socket", "socket_path", metavar="PATH",
               help=f"Listen on PATH, a file in {protocol.SOCKET_DIR} (root's, mode 0600; the folder is hidden from every "
                    f"agent). Default: $GATEWRAP_DAEMON_SOCKET, else {protocol.DEFAULT_SOCKET}.")
-@click.option("--status", is_flag=True, help="Ask the running daemon for its pid and runs, and exit (1: none runs).")
+@click.option("--status", is_flag=True, help="Ask the running daemon for its pid and runs, and exit (exit 1 when none answers).")
 @click.option("--json", "as_json", is_flag=True, help="With --status: print one JSON object.")
 @click.option("--review", "review", metavar="HOST:PORT", default=None,
               help="Also serve the approvals' review pages (as gatewrap approvals serve does) on HOST:PORT, a "
@@ -42,7 +42,9 @@ def daemon(socket_path: str | None, status: bool, as_json: bool, review: str | N
     \b
     Fail closed: if the daemon dies, every sandbox keeps its hooks and loses its gate, so
     it has no egress; its agents run on and their `gatewrap run` says so. SIGTERM or SIGINT
-    stop it the same way. Stale sandboxes are removed at its start (and by gatewrap gc).
+    stop it the same way. A daemon started again on the same socket takes back every run
+    whose `gatewrap run` comes back within 30 s (the gate again in its netns); the other
+    stale sandboxes are removed (as gatewrap gc does).
 
     \b
     Examples:
