@@ -162,7 +162,7 @@ def run(allow: tuple[str, ...], deny: tuple[str, ...], policy_file: str | None, 
                       ca_dir=os.path.abspath(ca_dir), upstream_ca=[os.path.abspath(p) for p in upstream_ca],
                       state=state, notify_webhook=notify_webhook)
     if shared:
-        from .runner import require_root
+        from .errors import require_root
         from .shared import client
 
         require_root()
@@ -486,7 +486,7 @@ def ps(as_json: bool) -> int:
       sudo gatewrap ps --json | jq -r '.[].run'
     """
     from .live_runs import live_runs, ps_lines
-    from .runner import require_root
+    from .errors import require_root
 
     require_root("ps")
     runs = live_runs()
@@ -518,7 +518,7 @@ def stop(run_id: str, timeout: float, as_json: bool) -> int:
       sudo gatewrap stop gw-0123456789
     """
     from .live_runs import stop as do_stop
-    from .runner import require_root
+    from .errors import require_root
 
     require_root("stop")
     res = do_stop(run_id, timeout)

@@ -7,6 +7,8 @@ otherwise the agent's own code.
 
 from __future__ import annotations
 
+import os
+
 EXIT_GATEWRAP = 125
 EXIT_CANNOT_EXEC = 126
 EXIT_NOT_FOUND = 127
@@ -35,3 +37,13 @@ class BpfError(GatewrapError):
 
 class SandboxError(GatewrapError):
     """Creating or removing a run's netns or cgroup failed."""
+
+
+def require_root(command: str = "run") -> None:
+    """Raises NeedRoot unless the effective uid is 0; the message names ``gatewrap COMMAND``."""
+    if os.geteuid() != 0:
+        hint = " (the agent still runs as you)" if command == "run" else ""
+        raise NeedRoot(
+            "gatewrap needs root to manage sandboxes (netns, cgroup, BPF hooks); "
+            f"run it with sudo: sudo gatewrap {command} ...{hint}"
+        )

@@ -8,9 +8,7 @@ every process in it) and the run's BPF configuration.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import dataclasses
-import errno
 import ipaddress
 import os
 import resource
@@ -18,13 +16,13 @@ import shutil
 import signal
 import sys
 import threading
-import time
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from . import attribution, shims
+from . import agent_process, attribution, shims
+from .agent_process import FORWARDED, become_subreaper, spawn, wait_forwarding_signals
 from .bpf import loader
-from .errors import EXIT_CANNOT_EXEC, EXIT_GATEWRAP, EXIT_NOT_FOUND, EXIT_TIMEOUT, GatewrapError, NeedRoot
+from .errors import EXIT_CANNOT_EXEC, EXIT_GATEWRAP, EXIT_NOT_FOUND, GatewrapError, require_root
 from .kernel_denials import KernelDenials
 from .policy import build_policy, sandbox_binds
 from .run_types import DEFAULT_AUDIT_LOG, DEFAULT_CA_DIR, RunOptions, RunResult, audit_command, summary_line
@@ -39,39 +37,9 @@ GATE_IP4 = "127.0.0.1"
 GATE_IP6 = "::1"
 #: The gate's DNS stub in the sandbox (UDP and TCP); it answers REFUSED and records each query.
 DNS_PORT = 53
-#: Signals forwarded to the agent, which runs in a session of its own (no controlling
-#: terminal), so Ctrl-C reaches it only through gatewrap.
-FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
-PR_SET_CHILD_SUBREAPER = 36
-
-
 def new_run_id() -> str:
     """A fresh run id, ``gw-`` and 10 hex digits."""
     return "gw-" + os.urandom(5).hex()  # what secrets.token_hex does (getrandom(2))
-
-
-def require_root(command: str = "run") -> None:
-    """Raises NeedRoot unless the effective uid is 0; the message names ``gatewrap COMMAND``."""
-    if os.geteuid() != 0:
-        hint = " (the agent still runs as you)" if command == "run" else ""
-        raise NeedRoot(
-            "gatewrap needs root to manage sandboxes (netns, cgroup, BPF hooks); "
-            f"run it with sudo: sudo gatewrap {command} ...{hint}"
-        )
-
-
-def _exit_code(status: int) -> int:
-    """Shell convention: the exit code, or 128 + signal number."""
-    if os.WIFSIGNALED(status):
-        return 128 + os.WTERMSIG(status)
-    return os.waitstatus_to_exitcode(status)
-
-
-def become_subreaper() -> None:
-    """Make orphans of the agent's tree our children (PR_SET_CHILD_SUBREAPER, prctl(2)), so we reap them."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
-        raise GatewrapError(f"prctl(PR_SET_CHILD_SUBREAPER) failed: {os.strerror(ctypes.get_errno())}")
 
 
 def raise_fd_limit() -> None:
@@ -80,58 +48,6 @@ def raise_fd_limit() -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < hard:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-
-
-def _reap(pid: int) -> int | None:
-    """Reap every exited child; returns the wait status of ``pid`` if it was among them."""
-    found = None
-    while True:
-        try:
-            got, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return found
-        if got == 0:
-            return found
-        if got == pid:
-            found = status
-
-
-def _signal_target(pid: int) -> int:
-    """Where a forwarded signal goes: the jail's init (nsjail's child), so that the agent's
-    own exit code comes back (nsjail answers a signal sent to it with 128 + signal);
-    ``pid`` itself without a jail or before the jail's init exists."""
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            children = f.read().split()
-        is_jail = os.path.basename(os.readlink(f"/proc/{pid}/exe")) == "nsjail"
-    except OSError:
-        return pid
-    return int(children[0]) if is_jail and len(children) == 1 else pid
-
-
-def wait_forwarding_signals(pid: int, timeout: float | None, leaf: str, err: TextIO) -> int:
-    """Wait for the agent, forwarding signals to it and reaping orphans; returns its exit code.
-
-    After ``timeout`` seconds the whole tree is killed and the code is 124 (as timeout(1)).
-    """
-    waitset = set(FORWARDED) | {signal.SIGCHLD}
-    deadline = None if timeout is None else time.monotonic() + timeout
-    while True:
-        status = _reap(pid)
-        if status is not None:
-            return _exit_code(status)
-        if deadline is not None and time.monotonic() >= deadline:
-            print(f"gatewrap: --timeout {timeout:g} s reached: killing the agent and its children", file=err)
-            cgroup.kill_and_remove(leaf)
-            while _reap(pid) is None:
-                time.sleep(0.01)
-            return EXIT_TIMEOUT
-        wait = 0.5 if deadline is None else max(0.01, min(0.5, deadline - time.monotonic()))
-        info = signal.sigtimedwait(waitset, wait)
-        if info is None or info.si_signo == signal.SIGCHLD:
-            continue
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(_signal_target(pid), info.si_signo)
 
 
 def _resolve_command(argv: list[str], env: dict[str, str], target: user.Target, cwd: str) -> list[str]:
@@ -602,7 +518,7 @@ class Sandbox:
         p, run_id = self.plan, self.plan.run_id
         cgroup.kill_and_remove(self.leaf)
         if reap is not None:
-            _reap(reap)
+            agent_process.reap(reap)
         self._denials.stop()
         lost = self._run_hooks.lost() + self._denials.unrecorded
         # Removing the run's ring buffer from the map of maps waits an RCU grace period
@@ -627,24 +543,6 @@ class Sandbox:
             end["reason"] = reason or "the agent's end is unknown"
         _write_run_end(p.audit, {"run": run_id, "event": "run_end", **end}, self.err)
         return result
-
-
-def spawn(spec: dict[str, Any]) -> int:
-    """Start the agent as :meth:`Sandbox.spawn_spec` says (``spawn_agent``: fork, join the
-    sandbox before exec); returns its pid.
-
-    Raises:
-        GatewrapError: 125 for a failure before exec, 127/126 for the exec itself.
-    """
-    from . import _gate_core as core
-
-    try:
-        return core.spawn_agent(**spec)
-    except core.SpawnError as e:
-        if e.stage != "exec":
-            raise GatewrapError(f"starting the agent failed: {e.strerror}") from e
-        code = EXIT_NOT_FOUND if e.errno == errno.ENOENT else EXIT_CANNOT_EXEC
-        raise GatewrapError(e.strerror, exit_code=code) from e
 
 
 class _OnThread:

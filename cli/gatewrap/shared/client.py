@@ -20,6 +20,7 @@ import sys
 import time
 from typing import NoReturn
 
+from .. import agent_process
 from ..errors import GatewrapError
 from ..run_types import RunOptions
 from . import protocol, waiter
@@ -28,8 +29,6 @@ from . import protocol, waiter
 START_TIMEOUT = 20.0
 #: The log of a daemon started on demand.
 DAEMON_LOG = "/var/log/gatewrap/daemon.log"
-#: Signals the agent gets through its parent (the waiter), blocked from before the spawn.
-FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
 
 def connect(path: str, start: bool = True) -> socket.socket:
@@ -112,15 +111,13 @@ def run(opts: RunOptions, summary: str = "text") -> NoReturn | int:
     if "error" in reply:
         raise GatewrapError(str(reply["error"]), exit_code=int(reply.get("exit_code", 125)))
     spec = reply["spawn"]
-    from .. import runner
-
-    signal.pthread_sigmask(signal.SIG_BLOCK, set(FORWARDED) | {signal.SIGCHLD})
-    runner.become_subreaper()
-    pid = runner.spawn(spec)  # a failure closes the connection: the daemon tears the sandbox down
+    signal.pthread_sigmask(signal.SIG_BLOCK, set(agent_process.FORWARDED) | {signal.SIGCHLD})
+    agent_process.become_subreaper()
+    pid = agent_process.spawn(spec)  # a failure closes the connection: the daemon tears the sandbox down
     found = waiter.find()
     if found is not None:
         waiter.exec_waiter(pid, sock.fileno(), opts.timeout, spec["cgroup_dir"], resume=(path, reply["run"]))
-    code = runner.wait_forwarding_signals(pid, opts.timeout, spec["cgroup_dir"], sys.stderr)
+    code = agent_process.wait_forwarding_signals(pid, opts.timeout, spec["cgroup_dir"], sys.stderr)
     summary = b""
     with contextlib.suppress(OSError):
         protocol.send_line(sock, f"exit {code}")

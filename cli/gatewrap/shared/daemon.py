@@ -27,7 +27,7 @@ from dataclasses import fields
 from typing import Any, TextIO
 
 from .. import runner
-from ..errors import GatewrapError
+from ..errors import GatewrapError, require_root
 from ..kernel_denials import SharedReader
 from ..run_types import RunOptions, summary_line
 from ..sandbox import cgroup, gc, limits, registry
@@ -143,7 +143,7 @@ class Daemon:
         return sock
 
     def serve(self) -> None:
-        runner.require_root("daemon")
+        require_root("daemon")
         lock_fd = self._claim()
         runner.raise_fd_limit()
         parent = cgroup.parent_dir()

@@ -1,0 +1,105 @@
+"""The agent's process, from the side of its parent: spawn it into its sandbox, wait for it
+while forwarding signals and reaping orphans, and its exit code. Light on imports: the
+shared mode's thin client uses it without the runner."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import os
+import signal
+import time
+from typing import Any, TextIO
+
+from .errors import EXIT_CANNOT_EXEC, EXIT_NOT_FOUND, EXIT_TIMEOUT, GatewrapError
+from .sandbox import cgroup
+
+#: Signals forwarded to the agent, which runs in a session of its own (no controlling
+#: terminal), so Ctrl-C reaches it only through gatewrap.
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def _exit_code(status: int) -> int:
+    """Shell convention: the exit code, or 128 + signal number."""
+    if os.WIFSIGNALED(status):
+        return 128 + os.WTERMSIG(status)
+    return os.waitstatus_to_exitcode(status)
+
+
+def become_subreaper() -> None:
+    """Make orphans of the agent's tree our children (PR_SET_CHILD_SUBREAPER, prctl(2)), so we reap them."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        raise GatewrapError(f"prctl(PR_SET_CHILD_SUBREAPER) failed: {os.strerror(ctypes.get_errno())}")
+
+
+def reap(pid: int) -> int | None:
+    """Reap every exited child; returns the wait status of ``pid`` if it was among them."""
+    found = None
+    while True:
+        try:
+            got, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return found
+        if got == 0:
+            return found
+        if got == pid:
+            found = status
+
+
+def _signal_target(pid: int) -> int:
+    """Where a forwarded signal goes: the jail's init (nsjail's child), so that the agent's
+    own exit code comes back (nsjail answers a signal sent to it with 128 + signal);
+    ``pid`` itself without a jail or before the jail's init exists."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            children = f.read().split()
+        is_jail = os.path.basename(os.readlink(f"/proc/{pid}/exe")) == "nsjail"
+    except OSError:
+        return pid
+    return int(children[0]) if is_jail and len(children) == 1 else pid
+
+
+def wait_forwarding_signals(pid: int, timeout: float | None, leaf: str, err: TextIO) -> int:
+    """Wait for the agent, forwarding signals to it and reaping orphans; returns its exit code.
+
+    After ``timeout`` seconds the whole tree is killed and the code is 124 (as timeout(1)).
+    """
+    waitset = set(FORWARDED) | {signal.SIGCHLD}
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        status = reap(pid)
+        if status is not None:
+            return _exit_code(status)
+        if deadline is not None and time.monotonic() >= deadline:
+            print(f"gatewrap: --timeout {timeout:g} s reached: killing the agent and its children", file=err)
+            cgroup.kill_and_remove(leaf)
+            while reap(pid) is None:
+                time.sleep(0.01)
+            return EXIT_TIMEOUT
+        wait = 0.5 if deadline is None else max(0.01, min(0.5, deadline - time.monotonic()))
+        info = signal.sigtimedwait(waitset, wait)
+        if info is None or info.si_signo == signal.SIGCHLD:
+            continue
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(_signal_target(pid), info.si_signo)
+
+
+def spawn(spec: dict[str, Any]) -> int:
+    """Start the agent as :meth:`Sandbox.spawn_spec` says (``spawn_agent``: fork, join the
+    sandbox before exec); returns its pid.
+
+    Raises:
+        GatewrapError: 125 for a failure before exec, 127/126 for the exec itself.
+    """
+    from . import _gate_core as core
+
+    try:
+        return core.spawn_agent(**spec)
+    except core.SpawnError as e:
+        if e.stage != "exec":
+            raise GatewrapError(f"starting the agent failed: {e.strerror}") from e
+        code = EXIT_NOT_FOUND if e.errno == errno.ENOENT else EXIT_CANNOT_EXEC
+        raise GatewrapError(e.strerror, exit_code=code) from e
