@@ -13,6 +13,7 @@ import socket
 import stat
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -281,3 +282,46 @@ def test_gc_drops_map_entries_a_cut_short_teardown_left():
         assert hooks.orphan(ghost) is None
     finally:
         hooks.close()
+
+
+def test_a_run_whose_terminal_stops_reading_does_not_hold_up_another_runs_notices(net, daemon, tmp_path, shown):
+    # Run A's stderr is a pipe nobody reads, filled by its agent; its agent then makes a direct
+    # connect, whose notice the daemon cannot write. Run B's live notice must still come.
+    stuck_r, stuck_w = os.pipe()
+    a_script = ("import os, socket, sys, time\n"
+                "if os.fork() == 0:\n"
+                "    sys.stderr.write('x' * 200000); sys.stderr.flush(); os._exit(0)\n"
+                "time.sleep(1)\n"
+                "for port in range(1, 40):\n"
+                "    try: socket.create_connection(('198.51.100.138', port), timeout=1)\n"
+                "    except OSError: pass\n"
+                f"while not os.path.exists('{shown}/done'): time.sleep(0.1)\n")
+    a = subprocess.Popen(_run_cmd(net, tmp_path / "a.jsonl", [AGENT_PYTHON, "-c", a_script],
+                                  extra=["--ro-bind", str(shown)]),
+                         stdout=subprocess.DEVNULL, stderr=stuck_w, env=_env(daemon))
+    os.close(stuck_w)
+    try:
+        time.sleep(3)  # A's pipe is full and its denials are being made
+        b_script = ("import os, socket, time\n"
+                    "try: socket.create_connection(('198.51.100.148', 9), timeout=2)\n"
+                    "except OSError as e: print('refused', e.errno, flush=True)\n"
+                    f"while not os.path.exists('{shown}/done'): time.sleep(0.1)\n")
+        b = subprocess.Popen(_run_cmd(net, tmp_path / "b.jsonl", [AGENT_PYTHON, "-c", b_script],
+                                      extra=["--ro-bind", str(shown)]),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(daemon))
+        assert b.stdout.readline().split() == ["refused", "1"]
+        # B's live notice arrives while B still runs (before "done"), read on a thread so that
+        # a notice that never comes fails the test instead of hanging it
+        lines: list[str] = []
+        threading.Thread(target=lambda: lines.extend(b.stderr), daemon=True).start()
+        deadline = time.monotonic() + 30
+        while not any("blocked direct egress" in line for line in lines):
+            assert time.monotonic() < deadline, f"run B's notice never came while it ran: {lines}"
+            time.sleep(0.1)
+        (shown / "done").write_text("")
+        b.communicate(timeout=60)
+        assert b.returncode == 0
+    finally:
+        (shown / "done").write_text("")
+        os.close(stuck_r)  # A's writes now fail with EPIPE; A ends
+        a.wait(timeout=60)

@@ -14,6 +14,7 @@ daemon's start) then removes their sandboxes.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import fcntl
 import json
@@ -34,6 +35,10 @@ from ..sandbox import cgroup, gc, limits, registry
 from ..bpf import loader
 from . import protocol
 
+#: Lines a run's terminal holds while it is slow to read them (see :class:`Terminal`).
+MAX_PENDING = 256
+#: How long the summary waits for the run's last notices to reach its terminal, in seconds.
+SUMMARY_WAIT = 2.0
 #: How long a restarted daemon waits for the clients of the runs it can take back, in seconds.
 TAKE_BACK_WINDOW = 30.0
 #: Connections waiting to be accepted (listen(2) backlog).
@@ -45,26 +50,70 @@ class DaemonRunning(GatewrapError):
 
 
 class Terminal:
-    """A run's terminal: the client's stderr, received over the socket. Writes that fail (the
-    client went away: EPIPE) are dropped, never raised into the run's teardown."""
+    """A run's terminal: the client's stderr, received over the socket, as a text sink.
+
+    Writes never block the caller: lines wait in a queue (at most :data:`MAX_PENDING`; more are
+    dropped and counted in :attr:`dropped`) for a thread that writes them out and ends when the
+    queue is empty. A terminal that stops reading (a full pipe) then stalls only its own
+    thread, never the daemon's shared ring-buffer reader nor another run. Write errors (the
+    client went away: EPIPE) drop the line.
+    """
 
     def __init__(self, fd: int) -> None:
         self._fd = fd
+        self._queue: collections.deque[bytes] = collections.deque()
+        self._lock = threading.Lock()
+        self._writing = False
+        self._closing = False
+        self._idle = threading.Event()
+        self._idle.set()
+        self.dropped = 0
 
     def fileno(self) -> int:
         return self._fd
 
     def write(self, text: str) -> int:
         data = text.encode(errors="backslashreplace")
-        with contextlib.suppress(OSError):
-            while data:
-                data = data[os.write(self._fd, data):]
+        with self._lock:
+            if self._closing or self._fd < 0 or len(self._queue) >= MAX_PENDING:
+                self.dropped += 1
+                return len(text)
+            self._queue.append(data)
+            self._idle.clear()
+            if not self._writing:
+                self._writing = True
+                threading.Thread(target=self._drain, name="gatewrap-terminal", daemon=True).start()
         return len(text)
+
+    def _drain(self) -> None:
+        while True:
+            with self._lock:
+                if not self._queue:
+                    self._writing = False
+                    self._idle.set()
+                    if self._closing:
+                        self._close_fd()
+                    return
+                data = self._queue.popleft()
+            with contextlib.suppress(OSError):
+                while data:
+                    data = data[os.write(self._fd, data):]
 
     def flush(self) -> None:
         pass
 
+    def wait_written(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds until every queued line is written; whether it was."""
+        return self._idle.wait(timeout)
+
     def close(self) -> None:
+        """Close once what is queued is written (at once when nothing is)."""
+        with self._lock:
+            self._closing = True
+            if not self._writing:
+                self._close_fd()
+
+    def _close_fd(self) -> None:
         if self._fd >= 0:
             with contextlib.suppress(OSError):
                 os.close(self._fd)
@@ -310,6 +359,7 @@ class Daemon:
                 box.finish(None, reason="the client (gatewrap run) went away before the agent's end")
                 return
             result = box.finish(code)
+            box.err.wait_written(SUMMARY_WAIT)  # type: ignore[attr-defined]  # its last notices before its summary
             text = json.dumps(result.as_record()) if summary == "json" else summary_line(result)
             with contextlib.suppress(OSError):
                 protocol.send_line(conn, text)
