@@ -319,7 +319,7 @@ def test_a_run_whose_terminal_stops_reading_does_not_hold_up_another_runs_notice
             assert time.monotonic() < deadline, f"run B's notice never came while it ran: {lines}"
             time.sleep(0.1)
         (shown / "done").write_text("")
-        b.communicate(timeout=60)
+        b.wait(timeout=60)
         assert b.returncode == 0
     finally:
         (shown / "done").write_text("")
