@@ -214,14 +214,30 @@ class Plan:
         return f"http://{GATE_IP4}:{self.opts.port}"
 
 
-def plan(opts: RunOptions, err: TextIO) -> Plan:
+def open_audit_log(opts: RunOptions) -> Any:
+    """The run's audit log writer (``gatewrap._gate_core.AuditLog``), as the options say.
+
+    Raises:
+        GatewrapError: it cannot be opened (the message says what to do).
+    """
+    from . import _gate_core as core
+
+    try:
+        return core.AuditLog(opts.audit_log, max_size=opts.audit_max_size, keep=opts.audit_keep)
+    except OSError as e:
+        raise GatewrapError(f"{e.strerror}; choose another with --audit-log") from e
+    except ValueError as e:  # not a regular file, or an unsafe directory: the message says what to do
+        raise GatewrapError(str(e)) from e
+
+
+def plan(opts: RunOptions, err: TextIO, audit_logs: Any = open_audit_log) -> Plan:
     """Check what the run is asked to do (policy, user, command, paths, view), and open its
-    audit log and approvals store; nothing of the sandbox is made yet.
+    audit log and approvals store; nothing of the sandbox is made yet. ``audit_logs``: how the
+    audit log is opened (the daemon's shares one writer per log among its runs).
 
     Raises:
         GatewrapError: as :func:`run` says, before anything was set up.
     """
-    from . import _gate_core as core
 
     environ = opts.env()
     policy = build_policy(opts.policy_file, opts.allow, opts.deny)
@@ -256,17 +272,12 @@ def plan(opts: RunOptions, err: TextIO) -> Plan:
             "agent's file system view (/usr, /etc, the working directory and the paths named with "
             f"--ro-bind/--bind); show it with --ro-bind {_tree_hint(missing)}, or use a program "
             "under /usr (e.g. /usr/bin/python3)", exit_code=EXIT_NOT_FOUND)
-    try:
-        audit = core.AuditLog(opts.audit_log, max_size=opts.audit_max_size, keep=opts.audit_keep)
-    except OSError as e:
-        raise GatewrapError(f"{e.strerror}; choose another with --audit-log") from e
-    except ValueError as e:  # not a regular file, or an unsafe directory: the message says what to do
-        raise GatewrapError(str(e)) from e
+    audit = audit_logs(opts)
     breakpoints = _approvals(opts, policy, run_id, audit, err)
     return Plan(opts, run_id, policy, target, env, overridden, cwd, argv, ro_binds, rw_binds, audit, breakpoints)
 
 
-def plan_taken_back(run_id: str, opts: RunOptions, err: TextIO) -> Plan:
+def plan_taken_back(run_id: str, opts: RunOptions, err: TextIO, audit_logs: Any = open_audit_log) -> Plan:
     """The plan of a run a restarted daemon takes back (:meth:`Sandbox.take_back`): its
     policy read again from the same options, its audit log and approvals store opened
     again; its command, environment and view are the running agent's already.
@@ -274,14 +285,9 @@ def plan_taken_back(run_id: str, opts: RunOptions, err: TextIO) -> Plan:
     Raises:
         GatewrapError: the policy or the audit log cannot be read or opened now.
     """
-    from . import _gate_core as core
-
     policy = build_policy(opts.policy_file, opts.allow, opts.deny)
     target = user.resolve(opts.user, opts.env())
-    try:
-        audit = core.AuditLog(opts.audit_log, max_size=opts.audit_max_size, keep=opts.audit_keep)
-    except (OSError, ValueError) as e:
-        raise GatewrapError(f"run {run_id}'s audit log cannot be opened again: {e}") from e
+    audit = audit_logs(opts)
     breakpoints = _approvals(opts, policy, run_id, audit, err)
     return Plan(opts, run_id, policy, target, {}, [], opts.cwd or "/", list(opts.argv), [], [], audit, breakpoints)
 

@@ -35,6 +35,8 @@ from ..sandbox import cgroup, gc, limits, registry
 from ..bpf import loader
 from . import protocol
 
+#: Audit log writers the daemon keeps for runs to come (one per log; see Daemon.audit_log).
+AUDIT_LOGS_KEPT = 64
 #: Lines a run's terminal holds while it is slow to read them (see :class:`Terminal`).
 MAX_PENDING = 256
 #: How long the summary waits for the run's last notices to reach its terminal, in seconds.
@@ -159,6 +161,9 @@ class Daemon:
         self.reader: SharedReader | None = None
         #: Runs of a dead daemon kept for their clients to come back (see :meth:`_resume`).
         self.awaiting: set[str] = set()
+        #: One audit log writer per (path, max size, keep), shared by the runs that name it;
+        #: the :data:`AUDIT_LOGS_KEPT` last used (a run keeps its own writer however long it runs).
+        self._audit_logs: collections.OrderedDict[tuple[str, int, int | None], Any] = collections.OrderedDict()
 
     def say(self, text: str) -> None:
         print(f"gatewrap daemon: {text}", file=self.log, flush=True)
@@ -235,6 +240,23 @@ class Daemon:
             listener.close()
             os.close(lock_fd)
 
+    def audit_log(self, opts: RunOptions) -> Any:
+        """The audit log writer of ``opts`` (``runner.open_audit_log``), one per log for all
+        the daemon's runs: the writer takes the log's lock for each record and follows a
+        rotation made by another process, so sharing it changes nothing of what is written."""
+        key = (os.path.abspath(opts.audit_log), opts.audit_max_size, opts.audit_keep)
+        with self._lock:
+            log = self._audit_logs.get(key)
+            if log is not None:
+                self._audit_logs.move_to_end(key)
+                return log
+        log = runner.open_audit_log(opts)
+        with self._lock:
+            log = self._audit_logs.setdefault(key, log)
+            while len(self._audit_logs) > AUDIT_LOGS_KEPT:
+                self._audit_logs.popitem(last=False)
+        return log
+
     def _takeable(self, parent: str) -> set[str]:
         """Stale runs a dead daemon of this socket served whose client (the waiter, the
         agent's parent) still lives: kept for :meth:`_resume` instead of removed."""
@@ -268,7 +290,7 @@ class Daemon:
         try:
             opts = options(saved.get("opts"))
             try:
-                planned = runner.plan_taken_back(run_id, opts, err)  # type: ignore[arg-type]
+                planned = runner.plan_taken_back(run_id, opts, err, self.audit_log)  # type: ignore[arg-type]
                 box = runner.Sandbox(planned, err, hooks=self.hooks, owner_pid=pid,  # type: ignore[arg-type]
                                      shared_runtime=True, notice_fd=err.fileno(), reader=self.reader,
                                      socket=self.socket_path).take_back(saved)
@@ -331,7 +353,7 @@ class Daemon:
         try:
             opts = options(msg.get("opts"))
             try:
-                planned = runner.plan(opts, err)  # type: ignore[arg-type]
+                planned = runner.plan(opts, err, self.audit_log)  # type: ignore[arg-type]
                 box = runner.Sandbox(planned, err, hooks=self.hooks, owner_pid=client_pid,  # type: ignore[arg-type]
                                      shared_runtime=True, notice_fd=err.fileno(),
                                      reader=self.reader, socket=self.socket_path)
