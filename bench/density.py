@@ -43,32 +43,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 
 from harness.common import AGENT_UID, RESULTS, VENV_PY  # noqa: E402
+from harness.memory import children, tree  # noqa: E402
 
 SOCKET = "/run/gatewrap/bench-density.sock"
 AGENT = ["/bin/sleep", "3600"]
-
-
-def children() -> dict[int, list[int]]:
-    """Parent pid -> child pids, from /proc/PID/stat."""
-    kids: dict[int, list[int]] = {}
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                with open(f"/proc/{d}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            kids.setdefault(ppid, []).append(int(d))
-    return kids
-
-
-def tree(pid: int, kids: dict[int, list[int]]) -> list[int]:
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo.extend(kids.get(p, []))
-    return out
 
 
 def descendants(pid: int) -> list[int]:

@@ -30,7 +30,7 @@ KINDS = {
 }
 
 
-def _children() -> dict[int, list[int]]:
+def children() -> dict[int, list[int]]:
     kids: dict[int, list[int]] = {}
     for d in os.listdir("/proc"):
         if d.isdigit():
@@ -43,7 +43,7 @@ def _children() -> dict[int, list[int]]:
     return kids
 
 
-def _tree(pid: int, kids: dict[int, list[int]]) -> list[int]:
+def tree(pid: int, kids: dict[int, list[int]]) -> list[int]:
     out, todo = [], [pid]
     while todo:
         p = todo.pop()
@@ -100,7 +100,7 @@ def one_kind(kind: str, n: int, tmp: str) -> dict:
             p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                  stderr=subprocess.DEVNULL, env=env, start_new_session=True)
             procs.append(p)
-            while not any(_is_agent(q) for q in _tree(p.pid, _children())):
+            while not any(_is_agent(q) for q in tree(p.pid, children())):
                 if p.poll() is not None:
                     raise RuntimeError(f"{kind} exited {p.returncode} before its agent ran")
                 if time.perf_counter() - t0 > 60:
@@ -108,10 +108,10 @@ def one_kind(kind: str, n: int, tmp: str) -> dict:
                 time.sleep(0.005)
             starts.append(time.perf_counter() - t0)
         time.sleep(1)  # idle
-        kids = _children()
+        kids = children()
         rss = pss = nproc = 0
         for p in procs:
-            for q in _tree(p.pid, kids):
+            for q in tree(p.pid, kids):
                 if not _is_agent(q):
                     r, s = _rollup(q)
                     rss, pss, nproc = rss + r, pss + s, nproc + 1

@@ -109,6 +109,16 @@ def test_runs_share_one_daemon_and_each_keeps_its_own_policy_and_audit_log(net, 
     assert len(outs[0][1]) == 1 and len(outs[1][1]) == 1 and outs[0][1] != outs[1][1]
 
 
+def _fetching_agent(net, audit, script: str, shown, d: Daemon) -> subprocess.Popen:
+    """``gatewrap run --shared`` of ``script`` (allowed.test allowed, ``shown`` visible), once
+    its first line said ``before 200`` (a request through the gate went out)."""
+    p = subprocess.Popen(_run_cmd(net, audit, [AGENT_PYTHON, "-c", script], allow=["allowed.test"],
+                                  extra=["--ro-bind", str(shown)]),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(d))
+    assert p.stdout.readline().split() == ["before", "200"], p.stderr.read() if p.poll() is not None else ""
+    return p
+
+
 def test_a_dead_daemon_leaves_the_sandbox_without_egress_and_the_agent_runs_on(net, tmp_path, shown):
     d = Daemon().start()
     try:
@@ -121,10 +131,7 @@ def test_a_dead_daemon_leaves_the_sandbox_without_egress_and_the_agent_runs_on(n
                   f"s = socket.socket()\n"
                   f"try:\n    s.connect(('198.51.100.138', 80)); print('direct CONNECTED')\nexcept OSError as e:\n    print('direct', e.errno)\n"
                   f"sys.exit(3)\n")
-        p = subprocess.Popen(_run_cmd(net, audit, [AGENT_PYTHON, "-c", script], allow=["allowed.test"],
-                                      extra=["--ro-bind", str(shown)]),
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(d))
-        assert p.stdout.readline().split() == ["before", "200"]
+        p = _fetching_agent(net, audit, script, shown, d)
         d.kill(signal.SIGKILL)
         marker.write_text("")
         out, err = p.communicate(timeout=120)
@@ -235,10 +242,7 @@ def test_a_restarted_daemon_takes_its_runs_back_and_the_agent_never_noticed_but_
                   f"wait('1'); print('gap', fetch() or 'none', flush=True)\n"
                   f"wait('2'); print('after', fetch(), flush=True)\n"
                   f"sys.exit(5)\n")
-        p = subprocess.Popen(_run_cmd(net, audit, [AGENT_PYTHON, "-c", script], allow=["allowed.test"],
-                                      extra=["--ro-bind", str(shown)]),
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(first))
-        assert p.stdout.readline().split() == ["before", "200"]
+        p = _fetching_agent(net, audit, script, shown, first)
         first.kill(signal.SIGKILL)
         step.write_text("1")
         assert p.stdout.readline().split() == ["gap", "000"]   # no gate: fail closed
