@@ -18,6 +18,7 @@ import contextlib
 import fcntl
 import json
 import os
+import queue
 import signal
 import socket
 import sys
@@ -45,30 +46,49 @@ class DaemonRunning(GatewrapError):
 
 
 class Terminal:
-    """A run's terminal: the client's stderr, received over the socket. Writes that fail (the
-    client went away: EPIPE) are dropped, never raised into the run's teardown."""
+    """A run's terminal: the client's stderr, received over the socket.
+
+    Lines are written by a thread of the terminal's own from a queue of at most
+    :data:`QUEUE_LINES` (more are dropped: the audit log keeps every decision), as the gate's
+    notices are (gate_core notice_fd.rs): a stalled terminal (Ctrl-S, a full pipe nobody
+    reads, which the agent itself can bring about on the stderr it shares) must never block
+    the daemon's one ring-buffer reader, which every run's kernel denials go through. Writes
+    that fail (the client went away: EPIPE) are dropped, never raised into the run's teardown.
+    The descriptor is closed by that thread once :meth:`close` was called and what was
+    queued is written (or failed); a terminal that never unblocks keeps its thread and fd."""
+
+    #: Lines waiting to be written before further ones are dropped.
+    QUEUE_LINES = 64
 
     def __init__(self, fd: int) -> None:
         self._fd = fd
+        self._closed = False
+        self._lines: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        threading.Thread(target=self._write_all, args=(fd,), daemon=True, name="gatewrap-terminal").start()
 
     def fileno(self) -> int:
         return self._fd
 
     def write(self, text: str) -> int:
-        data = text.encode(errors="backslashreplace")
-        with contextlib.suppress(OSError):
-            while data:
-                data = data[os.write(self._fd, data):]
+        if not self._closed and self._lines.qsize() < self.QUEUE_LINES:
+            self._lines.put(text.encode(errors="backslashreplace"))
         return len(text)
+
+    def _write_all(self, fd: int) -> None:
+        while (data := self._lines.get()) is not None:
+            with contextlib.suppress(OSError):
+                while data:
+                    data = data[os.write(fd, data):]
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
     def flush(self) -> None:
         pass
 
     def close(self) -> None:
-        if self._fd >= 0:
-            with contextlib.suppress(OSError):
-                os.close(self._fd)
-            self._fd = -1
+        if not self._closed:
+            self._closed = True
+            self._lines.put(None)
 
 
 def options(raw: Any) -> RunOptions:

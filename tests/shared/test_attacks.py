@@ -1,0 +1,106 @@
+"""Attacks on the shared mode: what one run (its agent, its terminal, its client) can do to the
+daemon and to the other runs it serves. One bad run must not hurt the others."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import AGENT_PYTHON, AGENT_UID, gatewrap_cmd
+
+pytestmark = pytest.mark.kernel
+
+
+def _env(d, **more) -> dict:
+    return {**os.environ, **d.env, "SUDO_UID": str(AGENT_UID), "SUDO_GID": str(AGENT_UID), **more}
+
+
+def _records(audit: Path) -> list[dict]:
+    if not audit.exists():
+        return []
+    return [json.loads(line) for line in audit.read_text().splitlines() if line.strip()]
+
+
+def _run(audit: Path, argv: list[str], *extra: str) -> list[str]:
+    return [*gatewrap_cmd("run", "--audit-log", str(audit), "--workdir", "/tmp", *extra), "--", *argv]
+
+
+@pytest.fixture
+def shown():
+    """A folder the agent's user can reach (pytest's tmp_path is under a 0700 folder)."""
+    d = tempfile.mkdtemp(prefix="gwt-atk-")
+    os.chmod(d, 0o777)
+    yield Path(d)
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def _wait_for(what, deadline_s: float = 30.0) -> bool:
+    """Poll ``what()`` until true; False if it is still false after ``deadline_s`` (a bound
+    for a hang, not a timing claim: the condition is met within milliseconds when it holds)."""
+    deadline = time.monotonic() + deadline_s
+    while not what():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_a_run_whose_terminal_stalls_does_not_stop_the_kernel_denials_of_the_others(daemon, tmp_path, shown):
+    """Run A's agent fills its own stderr (a pipe nobody reads: a stalled terminal, Ctrl-S, a
+    paused pager) and then makes a direct connect: the daemon's notice to A's terminal cannot be
+    written. Run B's direct connect must still be recorded while B runs (the daemon's one
+    ring-buffer reader serves every run), and A's live notice is dropped, not waited for."""
+    go = shown / "go"
+    fill = ("import fcntl, os, socket, sys, time\n"
+            "fl = fcntl.fcntl(2, fcntl.F_GETFL)\n"
+            "fcntl.fcntl(2, fcntl.F_SETFL, fl | os.O_NONBLOCK)\n"
+            "try:\n    while True: os.write(2, b'x' * 4096)\nexcept BlockingIOError:\n    pass\n"
+            "fcntl.fcntl(2, fcntl.F_SETFL, fl)\n"
+            "s = socket.socket()\n"
+            "try:\n    s.connect(('198.51.100.1', 80))\nexcept OSError as e:\n    print('denied', e.errno, flush=True)\n"
+            f"while not os.path.exists('{go}'): time.sleep(0.05)\n")
+    r, w = os.pipe()
+    a_audit, b_audit = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    a = subprocess.Popen(_run(a_audit, [AGENT_PYTHON, "-c", fill], "--ro-bind", str(shown)),
+                         stdout=subprocess.PIPE, stderr=w, text=True, env=_env(daemon))
+    os.close(w)
+    drained = threading.Event()
+    try:
+        assert a.stdout.readline().split() == ["denied", "1"]
+        # A's direct egress reaches the daemon's reader, which now has a notice for A's full pipe
+        assert _wait_for(lambda: any(x.get("event") == "direct_egress" for x in _records(a_audit)))
+        probe = ("import os, socket, time\n"
+                 "s = socket.socket()\n"
+                 "try:\n    s.connect(('198.51.100.2', 80))\nexcept OSError as e:\n    print('denied', e.errno, flush=True)\n"
+                 "s = socket.socket()\n"
+                 "try:\n    s.connect(('198.51.100.3', 80))\nexcept OSError as e:\n    print('denied', e.errno, flush=True)\n"
+                 f"while not os.path.exists('{go}'): time.sleep(0.05)\n")
+        b_err = tmp_path / "b.err"
+        with open(b_err, "w") as berr:
+            b = subprocess.Popen(_run(b_audit, [AGENT_PYTHON, "-c", probe], "--ro-bind", str(shown)),
+                                 stdout=subprocess.PIPE, stderr=berr, text=True, env=_env(daemon))
+        assert b.stdout.readline().split() == ["denied", "1"]
+        recorded = _wait_for(lambda: sum(x.get("event") == "direct_egress" for x in _records(b_audit)) >= 1)
+        go.write_text("")
+        b.communicate(timeout=120)
+        assert recorded, ("run B's kernel denial was not recorded while B ran: the daemon's ring-buffer "
+                          "reader is stuck writing run A's notice to A's stalled terminal")
+        assert b.returncode == 0
+    finally:
+        go.write_text("")
+        def drain():
+            while os.read(r, 1 << 16):
+                pass
+            drained.set()
+        threading.Thread(target=drain, daemon=True).start()
+        a.communicate(timeout=120)
+    assert a.returncode == 0
+    assert [x["event"] for x in _records(a_audit)].count("run_end") == 1
