@@ -104,3 +104,51 @@ def test_a_run_whose_terminal_stalls_does_not_stop_the_kernel_denials_of_the_oth
         a.communicate(timeout=120)
     assert a.returncode == 0
     assert [x["event"] for x in _records(a_audit)].count("run_end") == 1
+
+
+CURL = ["curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}\n", "--max-time", "10"]
+
+
+def test_a_taken_back_run_keeps_the_policy_it_started_with_though_its_agent_rewrote_the_file(tmp_path, shown):
+    """The policy file lies where the agent can write it (its project folder, shown with
+    --bind). The agent rewrites it to allow everything and waits for a daemon restart (an
+    upgrade, a crash): the daemon that takes the run back must not read the agent's policy,
+    only the one the run was started with."""
+    from .conftest import Daemon
+
+    policy = shown / "policy.toml"
+    policy.write_text('version = 1\ndefault = "deny"\n')
+    os.chmod(policy, 0o666)
+    step = shown / "step"
+    script = (f"import os, subprocess, time\n"
+              f"def fetch():\n"
+              f"    return subprocess.run({CURL!r} + ['http://evil.test/'], capture_output=True, text=True).stdout.strip()\n"
+              f"print('before', fetch(), flush=True)\n"
+              f"open('{policy}', 'w').write('version = 1\\ndefault = \"allow\"\\n')\n"
+              f"print('rewritten', flush=True)\n"
+              f"while not os.path.exists('{step}'): time.sleep(0.05)\n"
+              f"print('after', fetch(), flush=True)\n")
+    first = Daemon().start()
+    second = None
+    audit = tmp_path / "audit.jsonl"
+    try:
+        p = subprocess.Popen(_run(audit, [AGENT_PYTHON, "-c", script], "--policy", str(policy), "--bind", str(shown),
+                                  "--resolver", "127.0.0.1:9"),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(first))
+        assert p.stdout.readline().split() == ["before", "403"]
+        assert p.stdout.readline().split() == ["rewritten"]
+        first.kill()
+        second = Daemon()
+        second.socket = first.socket  # the same socket: a restart
+        second.start()
+        assert _wait_for(lambda: second.status()["runs"], 60), second.log_text()
+        step.write_text("")
+        out, err = p.communicate(timeout=120)
+        assert out.split() == ["after", "403"], err
+        requests = [r for r in _records(audit) if r.get("event") == "request"]
+        assert [(r["decision"], r["reason"]) for r in requests] == [("denied", "policy: default deny")] * 2, requests
+    finally:
+        first.stop()
+        if second is not None:
+            second.stop()
+        subprocess.run(gatewrap_cmd("gc"), capture_output=True, timeout=120)

@@ -239,7 +239,8 @@ class Daemon:
         try:
             opts = options(saved.get("opts"))
             try:
-                planned = runner.plan_taken_back(run_id, opts, err)  # type: ignore[arg-type]
+                planned = runner.plan_taken_back(run_id, opts, err,  # type: ignore[arg-type]
+                                                 policy_text=saved.get("policy_text"))
                 box = runner.Sandbox(planned, err, hooks=self.hooks, owner_pid=pid,  # type: ignore[arg-type]
                                      shared_runtime=True, notice_fd=err.fileno(), reader=self.reader,
                                      socket=self.socket_path).take_back(saved)
