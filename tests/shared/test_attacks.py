@@ -152,3 +152,96 @@ def test_a_taken_back_run_keeps_the_policy_it_started_with_though_its_agent_rewr
         if second is not None:
             second.stop()
         subprocess.run(gatewrap_cmd("gc"), capture_output=True, timeout=120)
+
+
+def _talk(path: str, data: bytes, fds: list[int] | None = None) -> bytes:
+    """Send ``data`` (with ``fds``) on a new connection to the daemon; its answer until it closes."""
+    import socket
+
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(path)
+        if fds:
+            socket.send_fds(s, [data], fds)
+        else:
+            s.sendall(data)
+        s.shutdown(socket.SHUT_WR)
+        out = b""
+        try:
+            while chunk := s.recv(65536):
+                out += chunk
+        except ConnectionResetError:  # the daemon closed with our unread bytes still queued
+            out += b"<reset>"
+        return out
+
+
+def _fd_count(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def test_hostile_requests_are_refused_and_leave_the_daemon_and_its_runs_as_they_were(daemon, tmp_path):
+    """Bad JSON, a line over the limit, too many or too few fds, unknown options, an empty argv,
+    options of the wrong type, a resume of a run that is not the caller's: each is answered
+    with a refusal; the daemon leaks no fd, and a run it serves meanwhile is not disturbed."""
+    import dataclasses
+
+    from gatewrap.run_types import RunOptions
+
+    audit = tmp_path / "audit.jsonl"
+    live = subprocess.Popen(_run(audit, ["/usr/bin/sleep", "300"]), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=_env(daemon))
+    assert _wait_for(lambda: daemon.status()["runs"], 60), daemon.log_text()
+    run_id = daemon.status()["runs"][0]
+    before = _fd_count(daemon.proc.pid)
+    ok = dataclasses.asdict(RunOptions(argv=["/usr/bin/true"], audit_log=str(tmp_path / "x.jsonl"), cwd="/tmp",
+                                       environ={"PATH": "/usr/bin:/bin", "SUDO_UID": str(AGENT_UID),
+                                                "SUDO_GID": str(AGENT_UID)}))
+    r, w = os.pipe()
+    try:
+        cases = {
+            "not json": (b"{nope\n", [w]),
+            "not an object": (b"[1, 2]\n", None),
+            "unknown op": (b'{"op": "rm"}\n', None),
+            "no fd": (json.dumps({"op": "run", "opts": ok}).encode() + b"\n", None),
+            "two fds": (json.dumps({"op": "run", "opts": ok}).encode() + b"\n", [w, w]),
+            "too many fds": (json.dumps({"op": "run", "opts": ok}).encode() + b"\n", [w] * 6),
+            "unknown option": (json.dumps({"op": "run", "opts": {**ok, "setuid": True}}).encode() + b"\n", [w]),
+            "empty argv": (json.dumps({"op": "run", "opts": {**ok, "argv": []}}).encode() + b"\n", [w]),
+            "argv not a list": (json.dumps({"op": "run", "opts": {**ok, "argv": "/usr/bin/true"}}).encode() + b"\n", [w]),
+            "a port of the wrong type": (json.dumps({"op": "run", "opts": {**ok, "port": "x"}}).encode() + b"\n", [w]),
+            "limits of the wrong shape": (json.dumps({"op": "run", "opts": {**ok, "limits": {"no": 1}}}).encode() + b"\n", [w]),
+            "opts not an object": (json.dumps({"op": "run", "opts": [1]}).encode() + b"\n", [w]),
+        }
+        for case, (data, fds) in cases.items():
+            got = _talk(daemon.socket, data, fds)
+            assert b'"error"' in got, (case, got)
+        import socket
+
+        # a run whose client says an exit code that is no number: still ended, and recorded
+        with socket.socket(socket.AF_UNIX) as s:
+            s.connect(daemon.socket)
+            socket.send_fds(s, [json.dumps({"op": "run", "opts": ok}).encode() + b"\n"], [w])
+            reply = json.loads(s.makefile("rb").readline())
+            assert "spawn" in reply, reply
+            s.sendall("exit \u00b2\n".encode())
+            while s.recv(65536):
+                pass
+        ended = [x for x in _records(tmp_path / "x.jsonl") if x.get("event") == "run_end" and x["run"] == reply["run"]]
+        assert len(ended) == 1, ended
+        huge = _talk(daemon.socket, b"x" * ((4 << 20) + 70000))
+        assert b"longer than" in huge or huge == b"<reset>", huge[:200]
+        for other in (run_id, "gw-0000000000", "../../../etc/passwd", "gw-\xff".encode("latin-1").decode("latin-1")):
+            got = _talk(daemon.socket, b"resume " + other.encode("latin-1", "replace") + b"\n")
+            assert got.startswith(b"refused:"), (other, got)
+        fds_now = lambda: {f: os.readlink(f"/proc/{daemon.proc.pid}/fd/{f}") for f in os.listdir(f"/proc/{daemon.proc.pid}/fd")}
+        # (the ended run's audit log is closed by the daemon's cyclic garbage collection, some time later)
+        leaked = not _wait_for(lambda: len([f for f in fds_now().values() if not f.endswith("/x.jsonl")]) <= before, 30)
+        assert not leaked, f"{before} fds before, now: {sorted(fds_now().items())}"
+        assert daemon.status()["runs"] == [run_id]
+    finally:
+        os.close(r)
+        os.close(w)
+        live.terminate()
+        _, err = live.communicate(timeout=60)
+    assert live.returncode == 143, err
+    ends = [x for x in _records(audit) if x.get("event") == "run_end"]
+    assert [e.get("exit_code") for e in ends] == [143]
