@@ -122,7 +122,7 @@ def wait_forwarding_signals(pid: int, timeout: float | None, leaf: str, err: Tex
             return _exit_code(status)
         if deadline is not None and time.monotonic() >= deadline:
             print(f"gatewrap: --timeout {timeout:g} s reached: killing the agent and its children", file=err)
-            cgroup.kill_and_remove(leaf)
+            cgroup.kill(leaf)  # removed by the run's end, once its folded denials are counted
             while _reap(pid) is None:
                 time.sleep(0.01)
             return EXIT_TIMEOUT
@@ -610,11 +610,14 @@ class Sandbox:
         agent's end is unknown (the shared mode's client went away); ``run_end`` then has no
         exit_code but ``reason``, and the result says 125."""
         p, run_id = self.plan, self.plan.run_id
-        cgroup.kill_and_remove(self.leaf)
+        cgroup.kill(self.leaf)
         if reap is not None:
             _reap(reap)
         self._denials.stop()
         lost = self._run_hooks.lost() + self._denials.unrecorded
+        # Removed only now: hooks.sweep (gc, a daemon's start) drops the map entries of every
+        # cgroup that is gone, the folded denials just counted and the lost counter among them.
+        cgroup.kill_and_remove(self.leaf)
         # Removing the run's ring buffer from the map of maps waits an RCU grace period
         # (~10 ms): on a thread, beside the gate's stop, the run_end record and the removal
         # of the staged files and the netns; joined by the undo registered with the install.

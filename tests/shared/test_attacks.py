@@ -245,3 +245,46 @@ def test_hostile_requests_are_refused_and_leave_the_daemon_and_its_runs_as_they_
     assert live.returncode == 143, err
     ends = [x for x in _records(audit) if x.get("event") == "run_end"]
     assert [e.get("exit_code") for e in ends] == [143]
+
+
+#: ``gatewrap`` whose run, right after its cgroup is removed, lets a ``gatewrap gc`` run: what
+#: an admin's gc (or a daemon's start, or its take-back window's end, which sweep the maps
+#: too) does when it comes at that moment of another run's teardown.
+_GC_IN_TEARDOWN = """
+import os, subprocess, sys
+from gatewrap.sandbox import cgroup
+real = cgroup.kill_and_remove
+def kill_and_remove(path, *a, **k):
+    real(path, *a, **k)
+    if os.path.basename(path).startswith("gw-"):
+        subprocess.run([sys.executable, "-m", "gatewrap", "gc"], check=True, capture_output=True)
+cgroup.kill_and_remove = kill_and_remove
+from gatewrap.cli import main
+sys.argv[0] = "gatewrap"
+main()
+"""
+
+
+@pytest.mark.own_process
+def test_a_gc_during_a_runs_teardown_does_not_lose_its_folded_kernel_denials(tmp_path):
+    """Repeated identical kernel denials are folded in the kernel and counted at the run's
+    end. hooks.sweep (gc, a daemon's start) drops the map entries of every cgroup that is
+    gone: the run's teardown must count its folded denials before its cgroup goes."""
+    import sys
+
+    audit = tmp_path / "audit.jsonl"
+    probe = ("import socket\n"
+             "for _ in range(5):\n"
+             "    s = socket.socket()\n"
+             "    try:\n        s.connect(('198.51.100.9', 80))\n    except OSError as e:\n        pass\n"
+             "    s.close()\n")
+    gatewrap_cmd("run", "--audit-log", str(audit))  # noted for the schema check
+    p = subprocess.run([sys.executable, "-c", _GC_IN_TEARDOWN, "run", "--audit-log", str(audit), "--workdir", "/tmp",
+                        "--", AGENT_PYTHON, "-c", probe],
+                       capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "SUDO_UID": str(AGENT_UID), "SUDO_GID": str(AGENT_UID)})
+    assert p.returncode == 0, p.stderr
+    recs = _records(audit)
+    egress = sum(r["count"] for r in recs if r.get("event") == "direct_egress")
+    end = [r for r in recs if r.get("event") == "run_end"]
+    assert (egress, [e["direct_egress"] for e in end]) == (5, [5]), p.stderr
