@@ -320,3 +320,12 @@ def test_an_agent_holding_its_audit_logs_lock_does_not_freeze_the_other_runs_gat
     finally:
         go.write_text("")
         a.communicate(timeout=120)
+
+
+@pytest.mark.parametrize("timeout", ["inf", "1e300"])
+def test_a_timeout_beyond_the_waiters_clock_is_no_timeout_as_in_a_run_of_its_own(daemon, tmp_path, timeout):
+    """--timeout takes any positive float, inf included; the native waiter's clock does not:
+    it refused them after the agent had started (exit 125, the agent killed)."""
+    p = subprocess.run(_run(tmp_path / "audit.jsonl", ["/usr/bin/sh", "-c", "echo ran; exit 3"], "--timeout", timeout),
+                       capture_output=True, text=True, timeout=120, env=_env(daemon))
+    assert (p.returncode, p.stdout.split()) == (3, ["ran"]), p.stderr
