@@ -75,7 +75,7 @@ def wait_forwarding_signals(pid: int, timeout: float | None, leaf: str, err: Tex
             return _exit_code(status)
         if deadline is not None and time.monotonic() >= deadline:
             print(f"gatewrap: --timeout {timeout:g} s reached: killing the agent and its children", file=err)
-            cgroup.kill_and_remove(leaf)
+            cgroup.kill(leaf)  # removed by the run's end, once its folded denials are counted
             while reap(pid) is None:
                 time.sleep(0.01)
             return EXIT_TIMEOUT

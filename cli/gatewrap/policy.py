@@ -8,12 +8,26 @@ from typing import Any
 from .errors import GatewrapError
 
 
-def build_policy(policy_file: str | None, allow: list[str], deny: list[str]) -> Any:
+def read_policy_text(policy_file: str) -> str:
+    """The policy file's text (UTF-8).
+
+    Raises:
+        GatewrapError: the file cannot be read or is not UTF-8.
+    """
+    try:
+        with open(policy_file, encoding="utf-8") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise GatewrapError(f"cannot read policy {policy_file}: {e}") from e
+
+
+def build_policy(policy_file: str | None, allow: list[str], deny: list[str], text: str | None = None) -> Any:
     """Return a ``gatewrap._gate_core.Policy``.
 
     Command-line rules are evaluated before the file's, ``--deny`` before ``--allow``,
     each in the order given; then the file's rules; then its ``default`` (deny without
-    a file).
+    a file). ``text``: the file's text as read before (a run taken back keeps the policy it
+    started with, whatever the file says now); None: read ``policy_file`` now.
 
     Raises:
         GatewrapError: the file cannot be read or is invalid, or a flag is malformed.
@@ -22,11 +36,8 @@ def build_policy(policy_file: str | None, allow: list[str], deny: list[str]) -> 
 
     try:
         if policy_file is not None:
-            try:
-                with open(policy_file, encoding="utf-8") as f:
-                    text = f.read()
-            except (OSError, UnicodeDecodeError) as e:
-                raise GatewrapError(f"cannot read policy {policy_file}: {e}") from e
+            if text is None:
+                text = read_policy_text(policy_file)
             policy = core.Policy.from_toml(text, policy_file)
         else:
             policy = core.Policy.new("deny")

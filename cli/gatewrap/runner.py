@@ -24,7 +24,7 @@ from .agent_process import FORWARDED, become_subreaper, spawn, wait_forwarding_s
 from .bpf import loader
 from .errors import EXIT_CANNOT_EXEC, EXIT_GATEWRAP, EXIT_NOT_FOUND, GatewrapError, require_root
 from .kernel_denials import KernelDenials
-from .policy import build_policy, sandbox_binds
+from .policy import build_policy, read_policy_text, sandbox_binds
 from .run_types import DEFAULT_AUDIT_LOG, DEFAULT_CA_DIR, RunOptions, RunResult, audit_command, summary_line
 
 __all__ = ["DEFAULT_AUDIT_LOG", "RunOptions", "RunResult", "Sandbox", "plan", "run", "spawn", "summary_line"]
@@ -208,6 +208,8 @@ class Plan:
     rw_binds: list[str]
     audit: Any
     breakpoints: "_Breakpoints | None"
+    #: The policy file's text the run started with (None: no file), kept with a daemon's run.
+    policy_text: str | None = None
 
     @property
     def gate_url(self) -> str:
@@ -240,7 +242,8 @@ def plan(opts: RunOptions, err: TextIO, audit_logs: Any = open_audit_log) -> Pla
     """
 
     environ = opts.env()
-    policy = build_policy(opts.policy_file, opts.allow, opts.deny)
+    policy_text = None if opts.policy_file is None else read_policy_text(opts.policy_file)
+    policy = build_policy(opts.policy_file, opts.allow, opts.deny, text=policy_text)
     target = user.resolve(opts.user, environ)
     if opts.jail == "nsjail":
         jail.refuse_root(target.uid)
@@ -274,22 +277,29 @@ def plan(opts: RunOptions, err: TextIO, audit_logs: Any = open_audit_log) -> Pla
             "under /usr (e.g. /usr/bin/python3)", exit_code=EXIT_NOT_FOUND)
     audit = audit_logs(opts)
     breakpoints = _approvals(opts, policy, run_id, audit, err)
-    return Plan(opts, run_id, policy, target, env, overridden, cwd, argv, ro_binds, rw_binds, audit, breakpoints)
+    return Plan(opts, run_id, policy, target, env, overridden, cwd, argv, ro_binds, rw_binds, audit, breakpoints,
+                policy_text)
 
 
-def plan_taken_back(run_id: str, opts: RunOptions, err: TextIO, audit_logs: Any = open_audit_log) -> Plan:
+def plan_taken_back(run_id: str, opts: RunOptions, err: TextIO, policy_text: str | None = None,
+                    audit_logs: Any = open_audit_log) -> Plan:
     """The plan of a run a restarted daemon takes back (:meth:`Sandbox.take_back`): its
-    policy read again from the same options, its audit log and approvals store opened
-    again; its command, environment and view are the running agent's already.
+    policy built again from the same options and ``policy_text``, the policy file's text the
+    run started with (never the file as it is now: the agent may have rewritten it), its
+    audit log and approvals store opened again; its command, environment and view are the
+    running agent's already.
 
     Raises:
-        GatewrapError: the policy or the audit log cannot be read or opened now.
+        GatewrapError: the policy's text was not kept, the audit log cannot be opened now.
     """
-    policy = build_policy(opts.policy_file, opts.allow, opts.deny)
+    if opts.policy_file is not None and policy_text is None:
+        raise GatewrapError(f"run {run_id}'s policy was not kept with it (a daemon of another version saved it)")
+    policy = build_policy(opts.policy_file, opts.allow, opts.deny, text=policy_text)
     target = user.resolve(opts.user, opts.env())
     audit = audit_logs(opts)
     breakpoints = _approvals(opts, policy, run_id, audit, err)
-    return Plan(opts, run_id, policy, target, {}, [], opts.cwd or "/", list(opts.argv), [], [], audit, breakpoints)
+    return Plan(opts, run_id, policy, target, {}, [], opts.cwd or "/", list(opts.argv), [], [], audit, breakpoints,
+                policy_text)
 
 
 class Sandbox:
@@ -380,7 +390,8 @@ class Sandbox:
                                 "free space there, or choose another --audit-log") from e
         self._spec = self._agent(ns_path, staged, mounts)
         if self._shared_runtime:  # a daemon's run: what a restarted daemon needs to take it back
-            registry.save(run_id, {"opts": dataclasses.asdict(opts), "cgroup_id": cgroup_id, "staged": staged,
+            registry.save(run_id, {"opts": dataclasses.asdict(opts), "policy_text": p.policy_text,
+                                   "cgroup_id": cgroup_id, "staged": staged,
                                    "owner_pid": self._owner_pid, "socket": self.socket})
 
     def take_back(self, saved: dict[str, Any]) -> "Sandbox":
@@ -522,11 +533,14 @@ class Sandbox:
         agent's end is unknown (the shared mode's client went away); ``run_end`` then has no
         exit_code but ``reason``, and the result says 125."""
         p, run_id = self.plan, self.plan.run_id
-        cgroup.kill_and_remove(self.leaf)
+        cgroup.kill(self.leaf)
         if reap is not None:
             agent_process.reap(reap)
         self._denials.stop()
         lost = self._run_hooks.lost() + self._denials.unrecorded
+        # Removed only now: hooks.sweep (gc, a daemon's start) drops the map entries of every
+        # cgroup that is gone, the folded denials just counted and the lost counter among them.
+        cgroup.kill_and_remove(self.leaf)
         # Removing the run's ring buffer from the map of maps waits an RCU grace period
         # (~10 ms): on a thread, beside the gate's stop, the run_end record and the removal
         # of the staged files and the netns; joined by the undo registered with the install.

@@ -122,22 +122,55 @@ class Terminal:
             self._fd = -1
 
 
+def _fits(value: Any, shape: str) -> bool:
+    """Whether a JSON ``value`` has the dataclass field type ``shape`` (its annotation's text:
+    ``int``, ``float | None``, ``list[str]``, ``dict[str, str] | None``...)."""
+    if shape.endswith(" | None"):
+        return value is None or _fits(value, shape[: -len(" | None")])
+    if shape == "int":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if shape == "float":
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if shape == "str":
+        return isinstance(value, str)
+    if shape == "list[str]":
+        return isinstance(value, list) and all(isinstance(v, str) for v in value)
+    if shape == "dict[str, str]":
+        return isinstance(value, dict) and all(isinstance(v, str) for v in value.values())
+    return False
+
+
+def _typed(raw: dict[str, Any], cls: Any, what: str) -> dict[str, Any]:
+    """``raw`` checked against the fields of dataclass ``cls``: none unknown, each of its type.
+
+    Raises:
+        protocol.ProtocolError: a field ``cls`` does not have, or a value of another type.
+    """
+    types = {f.name: f.type for f in fields(cls)}
+    unknown = set(raw) - set(types)
+    if unknown:
+        raise protocol.ProtocolError(f"unknown {what} {sorted(unknown)}: is the client another gatewrap version?")
+    for name, value in raw.items():
+        if types[name] != "Limits" and not _fits(value, str(types[name])):
+            raise protocol.ProtocolError(f"{what} {name}: {value!r} is not a {types[name]}")
+    return raw
+
+
 def options(raw: Any) -> RunOptions:
     """A :class:`RunOptions` from its JSON form (``dataclasses.asdict``).
 
     Raises:
-        protocol.ProtocolError: not an object, a field this version does not have, or no argv.
+        protocol.ProtocolError: not an object, a field this version does not have, a value
+            of another type, or no argv.
     """
     if not isinstance(raw, dict):
         raise protocol.ProtocolError("opts is not an object")
-    known = {f.name for f in fields(RunOptions)}
-    unknown = set(raw) - known
-    if unknown:
-        raise protocol.ProtocolError(f"unknown run options {sorted(unknown)}: is the client another gatewrap version?")
-    raw = dict(raw)
-    if isinstance(raw.get("limits"), dict):
-        raw["limits"] = limits.Limits(**raw["limits"])
-    if not isinstance(raw.get("argv"), list) or not raw["argv"]:
+    raw = dict(_typed(raw, RunOptions, "run options"))
+    if "limits" in raw:
+        if not isinstance(raw["limits"], dict):
+            raise protocol.ProtocolError("run options limits: not an object")
+        raw["limits"] = limits.Limits(**_typed(raw["limits"], limits.Limits, "run options limits"))
+    if not raw.get("argv"):
         raise protocol.ProtocolError("opts.argv must be a non-empty list")
     return RunOptions(**raw)
 
@@ -290,7 +323,8 @@ class Daemon:
         try:
             opts = options(saved.get("opts"))
             try:
-                planned = runner.plan_taken_back(run_id, opts, err, self.audit_log)  # type: ignore[arg-type]
+                planned = runner.plan_taken_back(run_id, opts, err,  # type: ignore[arg-type]
+                                                 policy_text=saved.get("policy_text"), audit_logs=self.audit_log)
                 box = runner.Sandbox(planned, err, hooks=self.hooks, owner_pid=pid,  # type: ignore[arg-type]
                                      shared_runtime=True, notice_fd=err.fileno(), reader=self.reader,
                                      socket=self.socket_path).take_back(saved)
@@ -418,4 +452,8 @@ def _exit_code(line: bytes | None) -> int | None:
     if line is None:
         return None
     word, _, code = line.decode(errors="replace").partition(" ")
-    return int(code) if word == "exit" and code.strip().lstrip("-").isdigit() else None
+    digits = code.strip().removeprefix("-")
+    # ASCII digits only (str.isdigit also takes "²", which int() refuses), and an exit code's size
+    if word != "exit" or not (digits.isascii() and digits.isdigit() and len(digits) <= 3):
+        return None
+    return int(code)

@@ -24,6 +24,11 @@ from typing import NoReturn
 
 from ..errors import GatewrapError
 
+#: Timeouts from this many seconds on (``inf`` included, which ``--timeout`` takes) are no
+#: timeout: the waiter's clock (a Rust Duration, a timerfd) holds no more, and a run of its
+#: own never reaches them either (a thousand years).
+MAX_TIMEOUT = 1000 * 365.25 * 86400
+
 #: The waiter's file name: scripts/setup.sh installs it beside the virtualenv's interpreter.
 NAME = "gatewrap-wait"
 
@@ -44,7 +49,7 @@ def argv(path: str, pid: int, control_fd: int, timeout: float | None, cgroup_dir
     args = [path, "--pid", str(pid), "--control-fd", str(control_fd), "--cgroup", cgroup_dir]
     if resume is not None:
         args += ["--socket", resume[0], "--run", resume[1]]
-    if timeout is not None:
+    if timeout is not None and float(timeout) < MAX_TIMEOUT:
         # repr: the shortest text that reads back as the same float (no rounding, unlike %g)
         args += ["--timeout", repr(float(timeout))]
     return args
@@ -61,7 +66,7 @@ def exec_waiter(pid: int, control_fd: int, timeout: float | None, cgroup_dir: st
             (FD_CLOEXEC cleared) so that it survives the exec. The daemon receives
             ``exit CODE\\n`` on it when the agent has exited, and what it answers goes to stderr.
         timeout: seconds (fractions allowed) after which the run's cgroup is killed and the
-            exit code is 124; None for no limit. Counted from the waiter's start.
+            exit code is 124; None (or :data:`MAX_TIMEOUT` and more) for no limit. Counted from the waiter's start.
         cgroup_dir: the run's cgroup v2 directory (``cgroup.kill`` is written there at the
             timeout).
         resume: (the daemon's socket path, the run's id): should the daemon die, the waiter
