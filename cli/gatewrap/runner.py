@@ -514,11 +514,18 @@ class Sandbox:
             argv = jail.wrap(argv, target, cwd, fs_view, nsjail=jail.nsjail_path(opts.env()))
         else:
             print(jail.WITHOUT_JAIL, file=err)
+        hide = _hidden_paths(opts.ca_dir)
+        readonly = _readonly_paths(opts.audit_log, opts.jail, [cwd, *opts.rw_binds])
+        if target.uid == 0 and opts.jail == "none":
+            # A root agent could open the log (0640 root's) read-only and hold its flock(2),
+            # and every gate writing to it (all of a daemon's, on its one runtime) would wait:
+            # its folder is hidden from it, not only read-only.
+            audit_dir = os.path.dirname(os.path.abspath(opts.audit_log))
+            hide = _outermost([*hide, audit_dir])
+            readonly = [p for p in readonly if p != audit_dir]
         return {"argv": argv, "env": env, "cwd": cwd, "netns_path": ns_path, "cgroup_dir": self.leaf,
                 "uid": target.uid, "gid": target.gid, "groups": list(target.groups),
-                "hide": _hidden_paths(opts.ca_dir),
-                "readonly": _readonly_paths(opts.audit_log, opts.jail, [cwd, *opts.rw_binds]),
-                "jail": opts.jail}
+                "hide": hide, "readonly": readonly, "jail": opts.jail}
 
     def spawn_spec(self) -> dict[str, Any]:
         """The keyword arguments of ``gatewrap._gate_core.spawn_agent`` (JSON-able: str,

@@ -226,7 +226,7 @@ attempt('process_vm_readv(victim)', sys, NR_PROCESS_VM_READV, {v['pid']}, local,
 
 @pytest.mark.parametrize("mode", ["none", "none-root", "jail"], ids=[
     "an audit log folder owned by the agent's user, without the jail",
-    "the audit log's folder is read-only for a root agent without the jail",
+    "the audit log's folder is hidden from a root agent without the jail",
     "an audit log folder owned by the agent's user, in the jail"])
 def test_the_audit_log_folder_is_read_only(net, quiet_net, outcome, mode):
     """the audit log's folder: no new file (a FIFO in its place), no rename, no unlink."""
@@ -264,8 +264,14 @@ attempt('rename the folder', os.rename, folder, folder + '.old')
             outcome("gatewrap: the audit log's folder must be root's", "exit 125 before the agent starts")
             assert not os.path.exists(log)
             return
-        # EROFS: the read-only folder; EBUSY: renaming a mount point (rename(2)).
-        _check(r, outcome, "mount ns: the audit log's folder bound read-only", ("EROFS", "EBUSY"))
+        if mode == "none-root":
+            # Hidden, not only read-only: a root agent could open the log and hold its flock(2),
+            # stalling every gate that writes to it. EACCES: the empty mode-000 tmpfs over the
+            # folder; EBUSY: renaming a mount point (rename(2)).
+            _check(r, outcome, "mount ns: the audit log's folder hidden (an empty mode-000 tmpfs)", ("EACCES", "EBUSY"))
+        else:
+            # EROFS: the read-only folder; EBUSY: renaming a mount point (rename(2)).
+            _check(r, outcome, "mount ns: the audit log's folder bound read-only", ("EROFS", "EBUSY"))
         assert sorted(os.listdir(folder)) == ["audit.jsonl"]
         assert r.records(event="run_end"), p.stderr
     finally:

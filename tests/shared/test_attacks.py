@@ -290,17 +290,19 @@ def test_a_gc_during_a_runs_teardown_does_not_lose_its_folded_kernel_denials(tmp
     assert (egress, [e["direct_egress"] for e in end]) == (5, [5]), p.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="open: the gate writes its audit records under a blocking flock(2) on the "
-                   "shared runtime's workers; an agent that can open its audit log (root, --jail none: the folder "
-                   "is read-only, the file 0640 root's) holds the lock and freezes every gate of the daemon")
 def test_an_agent_holding_its_audit_logs_lock_does_not_freeze_the_other_runs_gates(daemon, tmp_path, shown):
-    """Run A's agent (root, unjailed) opens its audit log read-only, takes flock(LOCK_EX) and
-    sends requests to its gate, whose records then wait for the lock. Run B (another user,
-    another audit log, jailed) must still get its answers from its own gate."""
+    """Run A's agent (root, unjailed) tries to open its audit log read-only, to take
+    flock(LOCK_EX) and send requests to its gate, whose records would then wait for the lock on
+    the daemon's shared runtime. The log's folder is hidden from a root agent without the jail,
+    so it cannot; and run B (another user, another audit log, jailed) gets its answers."""
     go = shown / "go"
-    a_audit = tmp_path / "a.jsonl"  # root's folder: the root agent reaches it
+    a_audit = tmp_path / "a.jsonl"  # root's folder: the root agent would reach it
     hold = ("import fcntl, os, subprocess, time\n"
-            f"f = open('{a_audit}', 'rb')\n"
+            "try:\n"
+            f"    f = open('{a_audit}', 'rb')\n"
+            "except OSError as e:\n"
+            "    print('hidden', e.errno, flush=True)\n"
+            "    f = open('/dev/null', 'rb')\n"
             "fcntl.flock(f, fcntl.LOCK_EX)\n"
             "procs = [subprocess.Popen(" + repr(CURL) + " + [f'http://a{i}.test/'], stdout=subprocess.DEVNULL) for i in range(4)]\n"
             "print('locked', flush=True)\n"
@@ -313,6 +315,7 @@ def test_an_agent_holding_its_audit_logs_lock_does_not_freeze_the_other_runs_gat
     a = subprocess.Popen(_run(a_audit, [AGENT_PYTHON, "-c", hold], "--jail", "none", "--user", "root"),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
+        assert a.stdout.readline().split()[0] == "hidden"
         assert a.stdout.readline().split() == ["locked"]
         b = subprocess.run(_run(tmp_path / "b.jsonl", [*CURL, "http://b.test/"]), capture_output=True, text=True,
                            timeout=60, env=_env(daemon))  # with the hole: B never even starts

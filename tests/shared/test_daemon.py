@@ -13,7 +13,6 @@ import socket
 import stat
 import subprocess
 import tempfile
-import threading
 import time
 from pathlib import Path
 
