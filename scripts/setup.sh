@@ -232,7 +232,7 @@ localhost_name() {
 	printf '127.0.0.1\tlocalhost\n::1\t\tlocalhost ip6-localhost ip6-loopback\n' >> /etc/hosts
 }
 
-install() {
+install_all() {
 	apt_packages
 	localhost_name
 	state_dir
@@ -244,11 +244,11 @@ install() {
 }
 
 case "${1:-install}" in
-	install) install ;;
-	test-deps) install; test_clients ;;
-	demo) install; say "demo"; PATH="$VENV/bin:$PATH" exec "$VENV/bin/python" "$ROOT/examples/demo.py" ;;
+	install) install_all ;;
+	test-deps) install_all; test_clients ;;
+	demo) install_all; say "demo"; PATH="$VENV/bin:$PATH" exec "$VENV/bin/python" "$ROOT/examples/demo.py" ;;
 	test)
-		install
+		install_all
 		test_clients
 		say "tests: Rust (gate_core, gate_wait)"
 		cd "$ROOT"
