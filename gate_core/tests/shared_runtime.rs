@@ -13,7 +13,6 @@ use std::time::Duration;
 use _gate_core::audit::AuditLog;
 use _gate_core::gate::{Gate, GateConfig};
 use _gate_core::policy::file::from_toml;
-use _gate_core::policy::ssrf::PublicRanges;
 use common::client::{connect, exchange, in_netns, read_head, upstream};
 use common::{require_root, Netns, TempDir};
 
@@ -48,23 +47,16 @@ fn start_with(ns: &Netns, ports: &[u16], more_rules: &str, audit: &PathBuf, noti
     let list = ports.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(", ");
     let text = format!("default = \"deny\"\n\n[[rule]]\nhost = \"127.0.0.1\"\nports = [{list}]\naction = \"allow\"\n{more_rules}");
     Gate::start(GateConfig {
-        run_id: format!("gw-{}", ns.name),
-        netns_path: ns.path(),
-        policy: Arc::new(RwLock::new(from_toml(&text, "policy.toml").expect("policy"))),
-        audit: Arc::new(AuditLog::open(audit).expect("audit")),
-        listen_port: 0,
-        nameservers: Some(vec![]),
-        connect_timeout: Duration::from_secs(1),
-        public_ranges: PublicRanges::default(),
         notices: notice_fd.is_some(),
         dns_stub: true,
-        inspect: Default::default(),
-        idle_timeout: _gate_core::gate::DEFAULT_IDLE_TIMEOUT,
-        run_cgroup: None,
         state,
-        on_asked: None,
         notice_fd,
         shared_runtime: true,
+        ..common::gate_config(
+            ns,
+            Arc::new(RwLock::new(from_toml(&text, "policy.toml").expect("policy"))),
+            Arc::new(AuditLog::open(audit).expect("audit")),
+        )
     })
     .expect("gate starts")
 }

@@ -4,11 +4,9 @@
 mod common;
 
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
 
 use _gate_core::audit::AuditLog;
 use _gate_core::gate::{Gate, GateConfig};
-use _gate_core::policy::ssrf::PublicRanges;
 use _gate_core::policy::{Action, Policy};
 use common::{require_root, Netns, TempDir};
 
@@ -22,22 +20,9 @@ fn open_fds() -> usize {
 fn start(ns: &Netns, audit: &Arc<AuditLog>) -> Gate {
     Gate::start(GateConfig {
         run_id: "gw-fds".into(),
-        netns_path: ns.path(),
-        policy: Arc::new(RwLock::new(Policy::new(Action::Deny))),
-        audit: audit.clone(),
-        listen_port: 0,
-        nameservers: Some(vec![]),
-        connect_timeout: Duration::from_secs(1),
-        public_ranges: PublicRanges::default(),
-        notices: false,
         dns_stub: true,
-        inspect: Default::default(),
-        idle_timeout: _gate_core::gate::DEFAULT_IDLE_TIMEOUT,
-        run_cgroup: None,
-        state: None,
-        on_asked: None,
-        notice_fd: None,
         shared_runtime: true,
+        ..common::gate_config(ns, Arc::new(RwLock::new(Policy::new(Action::Deny))), audit.clone())
     })
     .expect("gate starts")
 }

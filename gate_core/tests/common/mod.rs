@@ -114,3 +114,32 @@ impl Drop for TempDir {
         let _ = std::fs::remove_dir_all(&self.path);
     }
 }
+
+/// A gate's configuration for a test in `ns`: `policy` and `audit`, listening on an ephemeral
+/// port, no nameservers, a 1 s connect timeout, no notices, no DNS stub, no approvals, its own
+/// runtime. Tests change what they need with struct update syntax (`..gate_config(...)`).
+pub fn gate_config(
+    ns: &Netns,
+    policy: std::sync::Arc<std::sync::RwLock<_gate_core::policy::Policy>>,
+    audit: std::sync::Arc<_gate_core::audit::AuditLog>,
+) -> _gate_core::gate::GateConfig {
+    _gate_core::gate::GateConfig {
+        run_id: format!("gw-{}", ns.name),
+        netns_path: ns.path(),
+        policy,
+        audit,
+        listen_port: 0,
+        nameservers: Some(vec![]),
+        connect_timeout: std::time::Duration::from_secs(1),
+        public_ranges: _gate_core::policy::ssrf::PublicRanges::default(),
+        notices: false,
+        dns_stub: false,
+        inspect: Default::default(),
+        idle_timeout: _gate_core::gate::DEFAULT_IDLE_TIMEOUT,
+        run_cgroup: None,
+        state: None,
+        on_asked: None,
+        notice_fd: None,
+        shared_runtime: false,
+    }
+}
