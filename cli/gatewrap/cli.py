@@ -118,7 +118,7 @@ def cli() -> None:
                    "Default: the policy's [notify] webhook, else the config file's.")
 @click.option("--shared", is_flag=True, envvar="GATEWRAP_SHARED",
               help="Let the host's one gatewrap daemon set up and serve the sandbox (started on demand; "
-                   "see gatewrap daemon --help): a run then costs ~1 MB of gatewrap's memory instead of a "
+                   "see gatewrap daemon --help): a run then costs ~1.5 MB of gatewrap's memory instead of a "
                    "Python process of its own. Also $GATEWRAP_SHARED=1.")
 @click.option("--json", "as_json", is_flag=True, help="Print the closing summary as one JSON object on stderr.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
@@ -472,8 +472,8 @@ def audit_key() -> int:
 @cli.command(context_settings=CONTEXT)
 @click.option("--json", "as_json", is_flag=True, help="Print the runs as a JSON array.")
 def ps(as_json: bool) -> int:
-    """List the live runs: id, gatewrap's pid, the agent's user, uptime, pending approvals,
-    counts so far, command.
+    """List the live runs: id, gatewrap's pid (with --shared, its gatewrap-wait's), the
+    agent's user, uptime, pending approvals, counts so far, command.
 
     \b
     Counts are the run's own records in its audit log so far (read from where the log
