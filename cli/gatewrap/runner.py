@@ -318,11 +318,14 @@ class Sandbox:
         reader: the :class:`~gatewrap.kernel_denials.SharedReader` that polls the run's ring
             buffer (the daemon's); None: a thread of the run's own.
         socket: the daemon's socket path (a daemon's run).
+        summary: how the client wants the closing summary, ``text`` or ``json`` (kept with a
+            daemon's run, for a restarted daemon that takes it back).
     """
 
     def __init__(self, planned: Plan, err: TextIO, hooks: loader.Hooks | None = None,
                  owner_pid: int | None = None, shared_runtime: bool = False,
-                 notice_fd: int | None = None, reader: Any = None, socket: str | None = None) -> None:
+                 notice_fd: int | None = None, reader: Any = None, socket: str | None = None,
+                 summary: str = "text") -> None:
         self.plan = planned
         self.err = err
         self._hooks = hooks
@@ -332,6 +335,7 @@ class Sandbox:
         self._reader = reader
         #: The daemon's socket (kept with the run, so only the daemon of that socket takes it back).
         self.socket = socket
+        self.summary = summary
         self._undo = contextlib.ExitStack()
         self._releasing: list[_OnThread] = []  # the release started at the run's end, if it got there
         self._spec: dict[str, Any] = {}
@@ -392,7 +396,7 @@ class Sandbox:
         if self._shared_runtime:  # a daemon's run: what a restarted daemon needs to take it back
             registry.save(run_id, {"opts": dataclasses.asdict(opts), "policy_text": p.policy_text,
                                    "cgroup_id": cgroup_id, "staged": staged,
-                                   "owner_pid": self._owner_pid, "socket": self.socket})
+                                   "owner_pid": self._owner_pid, "socket": self.socket, "summary": self.summary})
 
     def take_back(self, saved: dict[str, Any]) -> "Sandbox":
         """Set up again, in this process, what a dead daemon served of a run whose agent still

@@ -108,11 +108,11 @@ def test_runs_share_one_daemon_and_each_keeps_its_own_policy_and_audit_log(net, 
     assert len(outs[0][1]) == 1 and len(outs[1][1]) == 1 and outs[0][1] != outs[1][1]
 
 
-def _fetching_agent(net, audit, script: str, shown, d: Daemon) -> subprocess.Popen:
-    """``gatewrap run --shared`` of ``script`` (allowed.test allowed, ``shown`` visible), once
-    its first line said ``before 200`` (a request through the gate went out)."""
+def _fetching_agent(net, audit, script: str, shown, d: Daemon, *extra: str) -> subprocess.Popen:
+    """``gatewrap run --shared [EXTRA]`` of ``script`` (allowed.test allowed, ``shown`` visible),
+    once its first line said ``before 200`` (a request through the gate went out)."""
     p = subprocess.Popen(_run_cmd(net, audit, [AGENT_PYTHON, "-c", script], allow=["allowed.test"],
-                                  extra=["--ro-bind", str(shown)]),
+                                  extra=["--ro-bind", str(shown), *extra]),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(d))
     assert p.stdout.readline().split() == ["before", "200"], p.stderr.read() if p.poll() is not None else ""
     return p
@@ -241,7 +241,7 @@ def test_a_restarted_daemon_takes_its_runs_back_and_the_agent_never_noticed_but_
                   f"wait('1'); print('gap', fetch() or 'none', flush=True)\n"
                   f"wait('2'); print('after', fetch(), flush=True)\n"
                   f"sys.exit(5)\n")
-        p = _fetching_agent(net, audit, script, shown, first)
+        p = _fetching_agent(net, audit, script, shown, first, "--json")
         first.kill(signal.SIGKILL)
         step.write_text("1")
         assert p.stdout.readline().split() == ["gap", "000"]   # no gate: fail closed
@@ -257,6 +257,7 @@ def test_a_restarted_daemon_takes_its_runs_back_and_the_agent_never_noticed_but_
         assert out.split() == ["after", "200"], err
         assert p.returncode == 5, err
         assert "daemon went away" in err and "daemon is back" in err
+        assert json.loads(err.strip().splitlines()[-1])["exit_code"] == 5  # --json kept across the restart
         recs = _records(audit)
         run_id = next(r["run"] for r in recs if r["event"] == "run_start")
         assert [r["exit_code"] for r in recs if r["event"] == "run_end"] == [5]

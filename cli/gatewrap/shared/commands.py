@@ -89,7 +89,7 @@ def _status(path: str, as_json: bool) -> None:
         click.echo(json.dumps({"running": True, "socket": path, **got}))
     else:
         runs = got.get("runs", [])
-        click.echo(f"gatewrap daemon pid {got.get('pid')} on {path}: {len(runs)} runs"
+        click.echo(f"gatewrap daemon pid {got.get('pid')} on {path}: {len(runs)} run{'' if len(runs) == 1 else 's'}"
                    + (f" ({', '.join(runs)})" if runs else ""))
 
 

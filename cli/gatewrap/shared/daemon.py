@@ -245,7 +245,9 @@ class Daemon:
         if swept := self.hooks.sweep(parent):
             self.say(f"dropped the hooks' map entries of {swept} cgroups that are gone")
         if self.awaiting:
-            threading.Timer(TAKE_BACK_WINDOW, self._give_up, args=(parent,)).start()
+            timer = threading.Timer(TAKE_BACK_WINDOW, self._give_up, args=(parent,))
+            timer.daemon = True  # a SIGTERM in the window stops the daemon at once, as outside it
+            timer.start()
         listener = self._listen()
         stopping = threading.Event()
 
@@ -267,7 +269,9 @@ class Daemon:
                     raise
                 threading.Thread(target=self._serve_one, args=(conn,), daemon=True, name="gatewrap-run").start()
         finally:
-            self.say(f"stopping; {len(self.runs)} runs lose their gate and stay without egress until they end")
+            n = len(self.runs)
+            self.say(f"stopping; {n} run{'' if n == 1 else 's'} lose{'s' if n == 1 else ''} its gate and stay"
+                     f"{'s' if n == 1 else ''} without egress until {'it ends' if n == 1 else 'they end'}")
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.socket_path)
             listener.close()
@@ -331,13 +335,14 @@ class Daemon:
             except GatewrapError as e:
                 protocol.send_line(conn, f"refused: {e}")
                 return
+            self.say(f"took run {run_id} back (its client, pid {pid}, came back)")
             print(f"gatewrap: the gatewrap daemon is back: run {run_id}'s gate serves again", file=err)
             try:
                 protocol.send_line(conn, "resumed")
             except OSError:
                 box.__exit__(None, None, None)
                 raise
-            self._serve_end(conn, reader, box, run_id, "text")
+            self._serve_end(conn, reader, box, run_id, saved.get("summary", "text"))
         finally:
             err.close()
 
@@ -390,7 +395,8 @@ class Daemon:
                 planned = runner.plan(opts, err, self.audit_log)  # type: ignore[arg-type]
                 box = runner.Sandbox(planned, err, hooks=self.hooks, owner_pid=client_pid,  # type: ignore[arg-type]
                                      shared_runtime=True, notice_fd=err.fileno(),
-                                     reader=self.reader, socket=self.socket_path)
+                                     reader=self.reader, socket=self.socket_path,
+                                     summary="json" if msg.get("summary") == "json" else "text")
                 box.__enter__()
             except GatewrapError as e:
                 protocol.send(conn, {"error": str(e), "exit_code": e.exit_code})
