@@ -8,6 +8,7 @@ import contextlib
 import ctypes
 import errno
 import os
+import resource
 import signal
 import time
 from typing import Any, TextIO
@@ -103,3 +104,11 @@ def spawn(spec: dict[str, Any]) -> int:
             raise GatewrapError(f"starting the agent failed: {e.strerror}") from e
         code = EXIT_NOT_FOUND if e.errno == errno.ENOENT else EXIT_CANNOT_EXEC
         raise GatewrapError(e.strerror, exit_code=code) from e
+
+
+def raise_fd_limit() -> None:
+    """The gate holds two fds per tunnel (up to 1024 connections per run): raise gatewrap's
+    soft RLIMIT_NOFILE to its hard limit (getrlimit(2)). The agent's is set by the jail."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))

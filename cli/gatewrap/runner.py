@@ -11,7 +11,6 @@ import contextlib
 import dataclasses
 import ipaddress
 import os
-import resource
 import shutil
 import signal
 import sys
@@ -20,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from . import agent_process, attribution, shims
-from .agent_process import FORWARDED, become_subreaper, spawn, wait_forwarding_signals
+from .agent_process import FORWARDED, become_subreaper, raise_fd_limit, spawn, wait_forwarding_signals
 from .bpf import loader
 from .errors import EXIT_CANNOT_EXEC, EXIT_GATEWRAP, EXIT_NOT_FOUND, GatewrapError, require_root
 from .kernel_denials import KernelDenials
@@ -40,14 +39,6 @@ DNS_PORT = 53
 def new_run_id() -> str:
     """A fresh run id, ``gw-`` and 10 hex digits."""
     return "gw-" + os.urandom(5).hex()  # what secrets.token_hex does (getrandom(2))
-
-
-def raise_fd_limit() -> None:
-    """The gate holds two fds per tunnel (up to 1024 connections per run): raise gatewrap's
-    soft RLIMIT_NOFILE to its hard limit (getrlimit(2)). The agent's is set by the jail."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 def _resolve_command(argv: list[str], env: dict[str, str], target: user.Target, cwd: str) -> list[str]:

@@ -113,6 +113,7 @@ def run(opts: RunOptions, summary: str = "text") -> NoReturn | int:
     spec = reply["spawn"]
     signal.pthread_sigmask(signal.SIG_BLOCK, set(agent_process.FORWARDED) | {signal.SIGCHLD})
     agent_process.become_subreaper()
+    agent_process.raise_fd_limit()  # the agent inherits it, as from a run of its own
     pid = agent_process.spawn(spec)  # a failure closes the connection: the daemon tears the sandbox down
     found = waiter.find()
     if found is not None:
