@@ -48,22 +48,8 @@ fn gate_forwards_tunnels_denies_and_audits() {
     let policy = Arc::new(RwLock::new(from_toml(&text, "policy.toml").expect("policy")));
     let gate = Gate::start(GateConfig {
         run_id: "gw-test".into(),
-        netns_path: ns.path(),
-        policy: policy.clone(),
-        audit: Arc::new(AuditLog::open(&audit_path).expect("audit")),
-        listen_port: 0,
         nameservers: Some(vec![dns.local_addr().expect("dns addr").to_string()]),
-        connect_timeout: Duration::from_secs(1),
-        public_ranges: PublicRanges::default(),
-        notices: false,
-        dns_stub: false,
-        inspect: Default::default(),
-        idle_timeout: _gate_core::gate::DEFAULT_IDLE_TIMEOUT,
-        run_cgroup: None,
-        state: None,
-        on_asked: None,
-        notice_fd: None,
-        shared_runtime: false,
+        ..common::gate_config(&ns, policy.clone(), Arc::new(AuditLog::open(&audit_path).expect("audit")))
     })
     .expect("gate starts");
     let addrs = gate.listen_addrs().to_vec();

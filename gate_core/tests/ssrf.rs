@@ -76,22 +76,10 @@ fn setup() -> Setup {
     let policy = Arc::new(RwLock::new(from_toml(&text, "policy.toml").expect("policy")));
     let config = GateConfig {
         run_id: "gw-ssrf".into(),
-        netns_path: sandbox.path(),
-        policy: policy.clone(),
-        audit: Arc::new(AuditLog::open(&audit).expect("audit")),
-        listen_port: 0,
         nameservers: Some(vec![dns.addr.to_string()]),
         connect_timeout: Duration::from_secs(2),
         public_ranges: PublicRanges::parse(&["203.0.113.0/24", "2001:db8:100::/48"]).expect("ranges"),
-        notices: false,
-        dns_stub: false,
-        inspect: Default::default(),
-        idle_timeout: _gate_core::gate::DEFAULT_IDLE_TIMEOUT,
-        run_cgroup: None,
-        state: None,
-        on_asked: None,
-        notice_fd: None,
-        shared_runtime: false,
+        ..common::gate_config(&sandbox, policy.clone(), Arc::new(AuditLog::open(&audit).expect("audit")))
     };
     // Started on a thread inside the "internet": its runtime resolves and dials from there.
     let gate = in_netns(inet.path(), move || Gate::start(config).expect("gate starts"));
