@@ -51,12 +51,17 @@ impl RecordRate {
     /// (may this query have a record of its own, queries held in the window that just ended
     /// to report first).
     fn admit(&self) -> (bool, u64) {
+        self.admit_at(Instant::now())
+    }
+
+    /// [`Self::admit`] for a query that came at `now`.
+    fn admit_at(&self, now: Instant) -> (bool, u64) {
         let mut w = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        let now = Instant::now();
         let mut report = 0;
         if w.start.is_none_or(|s| now.duration_since(s) >= Duration::from_secs(1)) {
-            *w = RateWindow { start: Some(now), written: 0, held: 0 };
+            // The window that ended reports what it held: taken before the new one starts.
             report = std::mem::take(&mut w.held);
+            *w = RateWindow { start: Some(now), written: 0, held: 0 };
         }
         if w.written < RECORDS_PER_SECOND {
             w.written += 1;
@@ -215,6 +220,25 @@ mod tests {
         assert_eq!(a.queries(), q.queries());
         assert!(a.answers().is_empty());
         assert_eq!(name, "exfil.secret.example");
+    }
+
+    /// Every query is either recorded on its own or counted once: a window's held queries
+    /// are reported when the next window opens, the last window's at the gate's stop.
+    #[test]
+    fn a_flood_over_several_windows_is_counted_exactly() {
+        let rate = RecordRate::default();
+        let t0 = Instant::now();
+        let (mut own, mut reported) = (0u64, 0u64);
+        for (second, queries) in [(0u64, 1700u64), (1, 3000), (3, 50), (4, 300)] {
+            for i in 0..queries {
+                let (o, held) = rate.admit_at(t0 + Duration::from_secs(second) + Duration::from_micros(i));
+                own += o as u64;
+                reported += held;
+            }
+        }
+        reported += rate.take_held();
+        assert_eq!(own, 4 * RECORDS_PER_SECOND as u64 - 50);
+        assert_eq!(own + reported, 1700 + 3000 + 50 + 300);
     }
 
     #[test]
