@@ -105,7 +105,9 @@ def run_id_of(pid: int) -> str | None:
 
 PROBE = r"""
 import ctypes, errno, os, socket, sys
-leaf, ns = sys.argv[1], sys.argv[2]
+leaf = sys.argv[1]
+with open(os.path.join(leaf, "cgroup.procs")) as f:  # the run's netns: its agent's
+    ns = "/proc/%s/ns/net" % f.read().split()[0]
 with open(os.path.join(leaf, "cgroup.procs"), "w") as f:
     f.write(str(os.getpid()))
 libc = ctypes.CDLL(None, use_errno=True)
@@ -128,8 +130,8 @@ print(" ".join(out))
 
 def enforcing(run_id: str, cgroup_parent: str) -> bool:
     """Whether sandbox ``run_id`` refuses a direct connect (EPERM) and serves the gate."""
-    p = subprocess.run([sys.executable, "-I", "-c", PROBE, os.path.join(cgroup_parent, run_id),
-                        f"/run/netns/{run_id}"], capture_output=True, text=True, timeout=30)
+    p = subprocess.run([sys.executable, "-I", "-c", PROBE, os.path.join(cgroup_parent, run_id)],
+                       capture_output=True, text=True, timeout=30)
     return p.stdout.split() == ["EPERM", "connected"]
 
 

@@ -82,10 +82,11 @@ def main() -> int:
         return 0
     from gatewrap.sandbox import netns
 
-    names = [f"gw-density-{os.getpid()}-{i}" for i in range(args.n)]
-    results = []
+    results, held = [], []
     try:
-        paths = [netns.create(name) for name in names]
+        for _ in range(args.n):
+            held.append(netns.create())
+        paths = [ns.path for ns in held]
         for mode in args.modes.split(","):
             cmd = [sys.executable, __file__, "--child", mode, "--paths", ",".join(paths), "--settle", str(args.settle)]
             if args.dns_stub:
@@ -93,8 +94,8 @@ def main() -> int:
             out = subprocess.run(cmd, capture_output=True, text=True, check=True)
             results.append(json.loads(out.stdout.strip().splitlines()[-1]))
     finally:
-        for name in names:
-            netns.remove(name)
+        for ns in held:
+            ns.close()
     report = {"date": time.strftime("%Y-%m-%d"), "gates": args.n, "dns_stub": args.dns_stub, "results": results}
     print(json.dumps(report, indent=2))
     os.makedirs(os.path.join(ROOT, "bench", "results"), exist_ok=True)

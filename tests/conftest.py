@@ -213,6 +213,25 @@ class Run:
         return next(r["run"] for r in self.audit() if r.get("event") == "run_start")
 
 
+def netns_holders(ino: int) -> list[str]:
+    """Every /proc/PID/ns/net and /proc/PID/fd/FD on the host that is network namespace
+    ``ino`` (a run's netns lives while one of these does)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        links = [f"/proc/{pid}/ns/net"]
+        try:
+            links += [f"/proc/{pid}/fd/{fd}" for fd in os.listdir(f"/proc/{pid}/fd")]
+        except OSError:
+            pass
+        for link in links:
+            try:
+                if os.readlink(link) == f"net:[{ino}]":
+                    found.append(link)
+            except OSError:
+                pass
+    return found
+
+
 def gatewrap_cmd(*args: str) -> list[str]:
     """The gatewrap command line, with this interpreter (the project's venv). An
     ``--audit-log PATH`` among ``args`` is noted: its records are checked against the

@@ -41,13 +41,12 @@ def ask(path: str, addr: str) -> str:
 
 @pytest.fixture
 def two_netns():
-    names = ["gw-test-rt" + os.urandom(3).hex() for _ in range(2)]
-    paths = [netns.create(n) for n in names]
+    held = [netns.create() for _ in range(2)]
     try:
-        yield paths
+        yield [ns.path for ns in held]
     finally:
-        for n in names:
-            netns.remove(n)
+        for ns in held:
+            ns.close()
 
 
 def test_stopping_one_shared_runtime_gate_leaves_the_other_answering(two_netns, tmp_path):

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import AGENT_PYTHON, gatewrap_cmd
+from conftest import AGENT_PYTHON, gatewrap_cmd, netns_holders
 
 pytestmark = pytest.mark.kernel
 
@@ -33,7 +33,7 @@ def _leftovers(run_id: str) -> dict[str, list[str]]:
                         procs.append(p)
             except OSError:
                 pass
-    return {"netns": [n for n in netns.list_gatewrap() if n == run_id],
+    return {"netns": [n for n in netns.list_named() if n == run_id],
             "cgroups": [c for c in cgroup.list_leaves(cgroup.parent_dir()) if c == run_id],
             "procs": procs}
 
@@ -140,9 +140,13 @@ def test_a_root_agent_is_not_jailed_and_root_without_sudo_runs_the_agent_as_nobo
 
 
 def test_nothing_is_left_after_a_run_even_a_double_forked_child(gatewrap):
-    r = gatewrap(["/bin/sh", "-c", "(setsid sleep 300 &) ; exit 0"])
+    r = gatewrap(["/bin/sh", "-c", "readlink /proc/self/ns/net; (setsid sleep 300 &) ; exit 0"])
     assert r.returncode == 0, r.stderr
     assert _leftovers(r.run_id) == NOTHING
+    # The netns is held by no process and no descriptor any more (nor named anywhere).
+    ino = int(r.stdout.strip().removeprefix("net:[").removesuffix("]"))
+    assert ino != os.stat("/proc/self/ns/net").st_ino
+    assert netns_holders(ino) == []
 
 
 def test_sigterm_is_forwarded_and_the_sandbox_still_goes_away(net, tmp_path):
@@ -226,9 +230,9 @@ def test_sigkill_of_gatewrap_fails_closed_and_gc_removes_the_sandbox(net, tmp_pa
     audit = tmp_path / "audit.jsonl"
     env = dict(os.environ, SUDO_UID="65534", SUDO_GID="65534")
     agent = (
-        "import socket, time, errno\n"
+        "import socket, sys, time, errno\n"
         "print('ready', flush=True)\n"
-        "time.sleep(1.5)\n"
+        "sys.stdin.readline()\n"
         "for addr in (('127.0.0.1', 3128), ('198.51.100.138', 7)):\n"
         "    try:\n"
         "        socket.create_connection(addr, timeout=2); print('SENT', flush=True)\n"
@@ -238,16 +242,18 @@ def test_sigkill_of_gatewrap_fails_closed_and_gc_removes_the_sandbox(net, tmp_pa
     )
     p = subprocess.Popen(
         gatewrap_cmd("run", "--audit-log", str(audit), "--workdir", "/tmp", "--", AGENT_PYTHON, "-c", agent),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     assert p.stdout.readline() == "ready\n"
     p.kill()
     p.wait()
+    p.stdin.write("go\n")  # the agent tries only once gatewrap is dead
+    p.stdin.flush()
     # The gate died with gatewrap; the hooks stay: the agent reaches nothing.
     assert p.stdout.readline() == "ECONNREFUSED\n"
     assert p.stdout.readline() == "EPERM\n"
     run_id = _run_id(audit)
     left = _leftovers(run_id)
-    assert left["netns"] == [run_id] and left["cgroups"] == [run_id] and left["procs"]
+    assert left["cgroups"] == [run_id] and left["procs"]  # the netns lives in the agent's processes
     g = subprocess.run(gatewrap_cmd("gc", "--json"), capture_output=True, text=True, timeout=30)
     assert g.returncode == 0, g.stderr
     assert run_id in json.loads(g.stdout)["runs"]

@@ -1,7 +1,7 @@
 """The life of one run, top to bottom: prepare -> start gate -> spawn -> watch -> tear down.
 
 Every step that creates something registers its undo before the next step starts, so
-Ctrl-C, SIGTERM or a crash of any step still removes the netns, the cgroup (killing
+Ctrl-C, SIGTERM or a crash of any step still releases the netns, the cgroup (killing
 every process in it) and the run's BPF configuration.
 """
 
@@ -364,9 +364,9 @@ class Sandbox:
         # and the gate start; joined before the kernel-denial reader starts, so before any spawn.
         configuring = _OnThread(hooks.configure, cgroup_id, GATE_IP4, GATE_IP6, [opts.port, DNS_PORT], [DNS_PORT])
         undo.callback(_release_configured, configuring, self._releasing)
-        ns_path = netns.create(run_id)
-        undo.callback(netns.remove, run_id)
-        ca_cert = self._start_gate(ns_path)
+        ns = netns.create()
+        undo.callback(ns.close)
+        ca_cert = self._start_gate(ns.path)
         self._run_hooks = configuring.result()
         self._start_denials()
         for warning in _public_range_warnings(opts.public_ranges):
@@ -383,10 +383,10 @@ class Sandbox:
         except OSError as e:
             raise GatewrapError(f"{e.strerror}: a run starts only once its run_start record is written; "
                                 "free space there, or choose another --audit-log") from e
-        self._spec = self._agent(ns_path, staged, mounts)
+        self._spec = self._agent(ns.path, staged, mounts)
         if self._shared_runtime:  # a daemon's run: what a restarted daemon needs to take it back
             registry.save(run_id, {"opts": dataclasses.asdict(opts), "policy_text": p.policy_text,
-                                   "cgroup_id": cgroup_id, "staged": staged,
+                                   "cgroup_id": cgroup_id, "netns_ino": ns.ino, "staged": staged,
                                    "owner_pid": self._owner_pid, "socket": self.socket, "summary": self.summary})
 
     def take_back(self, saved: dict[str, Any]) -> "Sandbox":
@@ -425,10 +425,13 @@ class Sandbox:
             raise GatewrapError(f"run {run_id}'s ring buffer is gone from the hooks' maps")
         self._run_hooks = run_hooks
         undo.callback(_release_configured, None, self._releasing, run_hooks)
-        undo.callback(netns.remove, run_id)
         if saved.get("staged"):
             undo.callback(shutil.rmtree, saved["staged"], True)
-        self._start_gate(netns.path_of(run_id))
+        ns = netns.of_cgroup(leaf, saved.get("netns_ino", -1))
+        if ns is None:
+            raise GatewrapError(f"run {run_id} has no process left in its network namespace")
+        undo.callback(ns.close)
+        self._start_gate(ns.path)
         self._start_denials()
         registry.save(run_id, {**saved, "owner_pid": self._owner_pid})
 

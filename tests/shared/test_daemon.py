@@ -46,7 +46,7 @@ def _records(audit) -> list[dict]:
 def _leftovers(run_id: str) -> list[str]:
     from gatewrap.sandbox import cgroup, netns
 
-    return [*(n for n in netns.list_gatewrap() if n == run_id),
+    return [*(n for n in netns.list_named() if n == run_id),
             *(c for c in cgroup.list_leaves(cgroup.parent_dir()) if c == run_id)]
 
 

@@ -24,8 +24,9 @@ class Collected:
 
 
 def stale_runs(parent: str) -> list[str]:
-    """Run ids with a netns, a cgroup or a lock file but no live gatewrap process."""
-    ids = set(cgroup.list_leaves(parent)) | set(netns.list_gatewrap())
+    """Run ids with a cgroup, a lock file or a named netns (older versions') but no live
+    gatewrap process."""
+    ids = set(cgroup.list_leaves(parent)) | set(netns.list_named())
     with contextlib.suppress(FileNotFoundError):
         ids |= {f[: -len(".lock")] for f in os.listdir(registry.RUNS_DIR) if f.endswith(".lock")}
     return sorted(i for i in ids if not registry.alive(i))
@@ -54,7 +55,7 @@ def collect(parent: str, salvage: Callable[[str, int], None] | None = None,
                 if salvage is not None:
                     salvage(run_id, cgroup_id)
             cgroup.kill_and_remove(leaf)
-            netns.remove(run_id)
+            netns.remove_named(run_id)
             for staged in glob.glob(os.path.join(tempfile.gettempdir(), f"{STAGED_PREFIX}{run_id}-*")):
                 shutil.rmtree(staged, ignore_errors=True)
             with contextlib.suppress(FileNotFoundError):
