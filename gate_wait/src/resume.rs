@@ -1,6 +1,7 @@
 //! Coming back to a restarted daemon: while the agent runs without a daemon (its gate gone, so
 //! without egress), the waiter tries the daemon's socket every [`RETRY`] and asks a new daemon
-//! to take the run back with one line, `resume RUN_ID\n`. The daemon answers `resumed\n` once
+//! to take the run back with one line, `resume RUN_ID\n`, with its stderr attached (SCM_RIGHTS:
+//! the run's notices go to the user's terminal again). The daemon answers `resumed\n` once
 //! the run's gate serves again (the new connection is then the control socket), or
 //! `refused: WHY\n` (the waiter stops trying and says why).
 
@@ -8,7 +9,7 @@ use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::time::Duration;
 
-use crate::sys::{cvt, read, write_all, Fd};
+use crate::sys::{cvt, is_open, read, send_with_fd, write_all, Fd};
 
 /// How often the waiter tries the socket while no daemon serves the run.
 pub const RETRY: Duration = Duration::from_millis(500);
@@ -33,10 +34,13 @@ pub enum Tried {
     Refused(String),
 }
 
-/// One try: connect, send `resume RUN_ID`, read the answer line.
+/// One try: connect, send `resume RUN_ID` with fd 2 attached, read the answer line.
 pub fn attempt(to: &Resume) -> Tried {
     let Ok(fd) = connect(&to.socket) else { return Tried::NotYet };
-    if write_all(fd.0, format!("resume {}\n", to.run).as_bytes()).is_err() {
+    let line = format!("resume {}\n", to.run);
+    // A closed stderr has nothing to attach (the daemon then shows the run's notices nowhere).
+    let sent = if is_open(2) { send_with_fd(fd.0, line.as_bytes(), 2) } else { write_all(fd.0, line.as_bytes()) };
+    if sent.is_err() {
         return Tried::NotYet;
     }
     match answer_line(fd.0) {

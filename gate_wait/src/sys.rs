@@ -42,6 +42,43 @@ pub fn write_all(fd: libc::c_int, mut bytes: &[u8]) -> io::Result<()> {
     Ok(())
 }
 
+/// Send all of `bytes` on the unix socket `sock` with `fd` attached (SCM_RIGHTS, unix(7);
+/// the descriptor goes with the first byte, the rest is written plainly).
+pub fn send_with_fd(sock: libc::c_int, bytes: &[u8], fd: libc::c_int) -> io::Result<()> {
+    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<libc::c_int>() as u32) } as usize;
+    let mut control = vec![0u8; space];
+    let mut iov = libc::iovec { iov_base: bytes.as_ptr() as *mut libc::c_void, iov_len: bytes.len() };
+    // SAFETY: a zeroed msghdr is valid; its pointers below point at live locals.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = space as _;
+    // SAFETY: msg_control holds CMSG_SPACE(one int) bytes: room for one header and one fd.
+    unsafe {
+        let cmsg = libc::CMSG_FIRSTHDR(&msg);
+        (*cmsg).cmsg_level = libc::SOL_SOCKET;
+        (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+        (*cmsg).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<libc::c_int>() as u32) as _;
+        std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<libc::c_int>(), fd);
+    }
+    let sent = loop {
+        // SAFETY: msg is fully set up above.
+        let n = unsafe { libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL) };
+        if n >= 0 {
+            break n as usize;
+        }
+        let err = io::Error::last_os_error();
+        if err.kind() != io::ErrorKind::Interrupted {
+            return Err(err);
+        }
+    };
+    if sent == 0 && !bytes.is_empty() {
+        return Err(io::ErrorKind::WriteZero.into());
+    }
+    write_all(sock, &bytes[sent..])
+}
+
 /// Read into `buf` (retrying EINTR): the number of bytes read, 0 at end of file.
 pub fn read(fd: libc::c_int, buf: &mut [u8]) -> io::Result<usize> {
     loop {

@@ -108,13 +108,13 @@ def test_runs_share_one_daemon_and_each_keeps_its_own_policy_and_audit_log(net, 
     assert len(outs[0][1]) == 1 and len(outs[1][1]) == 1 and outs[0][1] != outs[1][1]
 
 
-def _fetching_agent(net, audit, script: str, shown, d: Daemon, *extra: str) -> subprocess.Popen:
+def _fetching_agent(net, audit, script: str, shown, d: Daemon, *extra: str, stderr=subprocess.PIPE) -> subprocess.Popen:
     """``gatewrap run --shared [EXTRA]`` of ``script`` (allowed.test allowed, ``shown`` visible),
     once its first line said ``before 200`` (a request through the gate went out)."""
     p = subprocess.Popen(_run_cmd(net, audit, [AGENT_PYTHON, "-c", script], allow=["allowed.test"],
                                   extra=["--ro-bind", str(shown), *extra]),
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(d))
-    assert p.stdout.readline().split() == ["before", "200"], p.stderr.read() if p.poll() is not None else ""
+                         stdout=subprocess.PIPE, stderr=stderr, text=True, env=_env(d))
+    assert p.stdout.readline().split() == ["before", "200"], p.stderr.read() if p.poll() is not None and p.stderr else ""
     return p
 
 
@@ -241,7 +241,11 @@ def test_a_restarted_daemon_takes_its_runs_back_and_the_agent_never_noticed_but_
                   f"wait('1'); print('gap', fetch() or 'none', flush=True)\n"
                   f"wait('2'); print('after', fetch(), flush=True)\n"
                   f"sys.exit(5)\n")
-        p = _fetching_agent(net, audit, script, shown, first, "--json")
+        # stderr to a file opened as a shell's `>` opens it (no O_APPEND): the daemon writes
+        # through the waiter's own descriptor (sent with `resume`), so nothing overwrites.
+        stderr_file = tmp_path / "stderr"
+        with open(stderr_file, "w") as err_out:
+            p = _fetching_agent(net, audit, script, shown, first, "--json", stderr=err_out)
         first.kill(signal.SIGKILL)
         step.write_text("1")
         assert p.stdout.readline().split() == ["gap", "000"]   # no gate: fail closed
@@ -253,11 +257,13 @@ def test_a_restarted_daemon_takes_its_runs_back_and_the_agent_never_noticed_but_
             assert time.monotonic() < deadline, second.log_text()
             time.sleep(0.1)
         step.write_text("2")
-        out, err = p.communicate(timeout=120)
+        out, _ = p.communicate(timeout=120)
+        err = stderr_file.read_text()
         assert out.split() == ["after", "200"], err
         assert p.returncode == 5, err
-        assert "daemon went away" in err and "daemon is back" in err
+        assert 0 <= err.index("daemon went away") < err.index("daemon is back"), err
         assert json.loads(err.strip().splitlines()[-1])["exit_code"] == 5  # --json kept across the restart
+        assert "\x00" not in err and all(line.startswith(("gatewrap", "{")) for line in err.splitlines()), err
         recs = _records(audit)
         run_id = next(r["run"] for r in recs if r["event"] == "run_start")
         assert [r["exit_code"] for r in recs if r["event"] == "run_end"] == [5]

@@ -323,7 +323,7 @@ class Daemon:
             return
         with self._lock:
             self.awaiting.discard(run_id)
-        err = _terminal_of(pid)
+        err = _terminal_of(reader.fds)
         try:
             opts = options(saved.get("opts"))
             try:
@@ -444,13 +444,13 @@ def _alive(pid: Any) -> bool:
     return True
 
 
-def _terminal_of(pid: int) -> Terminal:
-    """A taken-back run's terminal: its client's stderr, opened through /proc/PID/fd/2
-    (proc(5); a terminal, pipe or file opens, a socket does not: then nothing is shown)."""
-    try:
-        return Terminal(os.open(f"/proc/{pid}/fd/2", os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC | os.O_NOCTTY))
-    except OSError:
-        return Terminal(os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC))
+def _terminal_of(fds: list[int]) -> Terminal:
+    """A taken-back run's terminal: the stderr its waiter sent with ``resume`` (SCM_RIGHTS,
+    taken from ``fds``), the user's own descriptor with its own file position and mode;
+    without one (a waiter whose stderr is closed), nothing is shown."""
+    if len(fds) == 1:
+        return Terminal(fds.pop())
+    return Terminal(os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC))
 
 
 def _exit_code(line: bytes | None) -> int | None:
