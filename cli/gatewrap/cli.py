@@ -563,7 +563,9 @@ def gc(as_json: bool) -> int:
     """Remove sandboxes whose gatewrap died: kill their processes, delete their netns and cgroup.
 
     A sandbox is stale when no gatewrap process holds its lock in /run/gatewrap/runs/.
-    `gatewrap run` does the same at start-up. Exit 1 if something could not be removed.
+    `gatewrap run` does the same at start-up. A shared-mode run whose daemon died while its
+    `gatewrap run` still waits is left alone (no egress meanwhile): a restarted daemon takes it
+    back; kill that waiter to end it. Exit 1 if something could not be removed.
     """
     from .runner import collect_stale
 
@@ -573,9 +575,12 @@ def gc(as_json: bool) -> int:
     else:
         for run_id in out.runs:
             click.echo(f"removed {run_id}")
+        for run_id, pid in out.waiting:
+            click.echo(f"left {run_id}: its gatewrap run (pid {pid}) waits for the gatewrap daemon to take it back "
+                       f"(no egress meanwhile); `kill {pid}` ends it")
         for e in out.errors:
             click.echo(f"gatewrap: could not remove {e}", err=True)
-        if not out.runs and not out.errors:
+        if not out.runs and not out.errors and not out.waiting:
             click.echo("no stale sandboxes")
     return 1 if out.errors else 0
 

@@ -132,6 +132,14 @@ def test_a_dead_daemon_leaves_the_sandbox_without_egress_and_the_agent_runs_on(n
                   f"sys.exit(3)\n")
         p = _fetching_agent(net, audit, script, shown, d)
         d.kill(signal.SIGKILL)
+        # gc (and a run of its own, which collects first) leaves a run whose waiter still waits
+        # for a daemon: only a daemon may give up on it.
+        run_id = next(r["run"] for r in _records(audit) if r["event"] == "run_start")
+        g = subprocess.run(gatewrap_cmd("gc", "--json"), capture_output=True, text=True, timeout=120)
+        assert g.returncode == 0, g.stderr
+        assert json.loads(g.stdout)["waiting"] == [[run_id, p.pid]] and run_id not in json.loads(g.stdout)["runs"]
+        g = subprocess.run(gatewrap_cmd("gc"), capture_output=True, text=True, timeout=120)
+        assert f"left {run_id}: its gatewrap run (pid {p.pid}) waits" in g.stdout, g.stdout
         marker.write_text("")
         out, err = p.communicate(timeout=120)
         assert out.split() == ["after", "000", "direct", "1"], err   # curl: no gate to connect to

@@ -17,10 +17,13 @@ from . import cgroup, netns, registry
 
 @dataclass
 class Collected:
-    """What :func:`collect` removed: run ids, and errors that left something behind."""
+    """What :func:`collect` removed: run ids, and errors that left something behind;
+    ``waiting``: shared-mode runs left alone, their daemon dead but their waiter alive
+    (run id, the waiter's pid)."""
 
     runs: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    waiting: list[tuple[str, int]] = field(default_factory=list)
 
 
 def stale_runs(parent: str) -> list[str]:
@@ -33,8 +36,12 @@ def stale_runs(parent: str) -> list[str]:
 
 
 def collect(parent: str, salvage: Callable[[str, int], None] | None = None,
-            keep: Container[str] = ()) -> Collected:
-    """Kill and remove every stale sandbox under ``parent``, but those in ``keep``.
+            keep: Container[str] = (), waiting_too: bool = False) -> Collected:
+    """Kill and remove every stale sandbox under ``parent``, but those in ``keep`` and, unless
+    ``waiting_too``, the shared-mode runs whose daemon died and whose waiter still lives
+    (:func:`registry.waiter_alive`): they wait, without egress, for a daemon to take them back,
+    and only a daemon knows how long to wait (its take-back window); a gc or a run of its own
+    started meanwhile must not kill their agents.
 
     Args:
         parent: the ``gatewrap/`` cgroup directory.
@@ -42,10 +49,15 @@ def collect(parent: str, salvage: Callable[[str, int], None] | None = None,
             before its cgroup is removed: records what its ring buffer still holds and drops
             its BPF map entries (None: leave them; they match no live cgroup).
         keep: stale runs to leave alone (a restarted daemon's, waiting for their clients).
+        waiting_too: also remove runs whose waiter lives (a daemon whose window is over).
     """
     out = Collected()
     for run_id in stale_runs(parent):
         if run_id in keep:
+            continue
+        waiter = None if waiting_too else registry.waiter_alive(run_id)
+        if waiter is not None:
+            out.waiting.append((run_id, waiter))
             continue
         leaf = os.path.join(parent, run_id)
         try:

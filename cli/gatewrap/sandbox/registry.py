@@ -82,6 +82,32 @@ def forget(run_id: str) -> None:
         pass
 
 
+def process_started(pid: int) -> float | None:
+    """When process ``pid`` started (psutil's create_time: seconds since the epoch, from
+    /proc/PID/stat's starttime, proc(5)); None if there is no such process. With the pid,
+    it names one process: a pid reused later has another start time."""
+    import psutil  # only here: gc's path stays light when no run is saved
+
+    try:
+        return psutil.Process(pid).create_time()
+    except (psutil.NoSuchProcess, psutil.ZombieProcess, ValueError):
+        return None
+
+
+def waiter_alive(run_id: str) -> int | None:
+    """The pid of a shared-mode run's waiter (its client, the agent's parent) if that very
+    process still lives (the pid and start time :func:`save` kept); None otherwise or for a
+    run the daemon did not save."""
+    got = saved(run_id)
+    if got is None:
+        return None
+    pid, started = got.get("owner_pid"), got.get("owner_started")
+    if not isinstance(pid, int) or pid <= 0 or not isinstance(started, (int, float)):
+        return None
+    now = process_started(pid)
+    return pid if now is not None and abs(now - started) < 0.01 else None
+
+
 def info(run_id: str) -> dict[str, Any] | None:
     """What :func:`claim` wrote in the run's lock file; None if there is none or it is unreadable."""
     try:

@@ -240,7 +240,7 @@ class Daemon:
         for run_id in self.awaiting:
             self.say(f"run {run_id} of the last daemon still runs: waiting {TAKE_BACK_WINDOW:g} s for its "
                      "gatewrap run to come back")
-        for stale in gc.collect(parent, runner.salvager(self.hooks), keep=self.awaiting).runs:
+        for stale in gc.collect(parent, runner.salvager(self.hooks), keep=self.awaiting, waiting_too=True).runs:
             self.say(f"removed stale sandbox {stale} (its gatewrap had died)")
         if swept := self.hooks.sweep(parent):
             self.say(f"dropped the hooks' map entries of {swept} cgroups that are gone")
@@ -301,7 +301,7 @@ class Daemon:
         for run_id in gc.stale_runs(parent):
             saved = registry.saved(run_id)
             if (saved is not None and saved.get("socket") == self.socket_path
-                    and _alive(saved.get("owner_pid")) and cgroup.populated(os.path.join(parent, run_id))):
+                    and registry.waiter_alive(run_id) is not None and cgroup.populated(os.path.join(parent, run_id))):
                 out.add(run_id)
         return out
 
@@ -309,7 +309,7 @@ class Daemon:
         """The take-back window is over: a run whose client did not come back is removed."""
         with self._lock:
             self.awaiting = set()
-        for stale in gc.collect(parent, runner.salvager(self.hooks)).runs:
+        for stale in gc.collect(parent, runner.salvager(self.hooks), waiting_too=True).runs:
             self.say(f"removed stale sandbox {stale} (its gatewrap run did not come back)")
         self.hooks.sweep(parent)
 
@@ -429,19 +429,6 @@ class Daemon:
             with self._lock:
                 self.runs.pop(run_id, None)
             box.__exit__(None, None, None)
-
-
-def _alive(pid: Any) -> bool:
-    """Whether process ``pid`` exists (kill(2) with signal 0)."""
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _terminal_of(fds: list[int]) -> Terminal:
