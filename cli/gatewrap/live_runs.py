@@ -95,6 +95,15 @@ def _own_records(run_id: str, info: dict[str, Any], **filters: Any) -> Iterator[
         return
 
 
+def counts_so_far(run_id: str, info: dict[str, Any]) -> RunCounts:
+    """Run ``run_id``'s counts from its records written so far (as ``run_end`` counts them),
+    read from the position its lock file ``info`` (:func:`registry.info`) names."""
+    counts = RunCounts(run_id)
+    for rec in _own_records(run_id, info):
+        counts.add(rec)
+    return counts
+
+
 #: The events that answer an approval (``approval_sent`` follows an ``approval_approved``).
 ANSWERED = frozenset({"approval_approved", "approval_rejected", "approval_expired", "approval_cancelled"})
 

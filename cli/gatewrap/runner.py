@@ -331,6 +331,8 @@ class Sandbox:
         self._releasing: list[_OnThread] = []  # the release started at the run's end, if it got there
         self._spec: dict[str, Any] = {}
         self.leaf = ""
+        #: A taken-back run's counts from before the take-back (its records in the audit log).
+        self._earlier = dict.fromkeys(("allowed", "denied", "failed", "direct_egress"), 0)
 
     def __enter__(self) -> "Sandbox":
         try:
@@ -410,7 +412,8 @@ class Sandbox:
         p, opts, undo = self.plan, self.plan.opts, self._undo
         run_id = p.run_id
         assert self._hooks is not None, "a daemon's hooks"
-        lock_fd = registry.claim(run_id, opts.audit_log, pid=self._owner_pid)
+        before = registry.info(run_id)  # the dead daemon's lock file: where the run's records start
+        lock_fd = registry.claim(run_id, opts.audit_log, pid=self._owner_pid, since=before)
         undo.callback(registry.release, run_id, lock_fd)
         leaf = os.path.join(cgroup.parent_dir(), run_id)
         try:
@@ -434,6 +437,12 @@ class Sandbox:
         undo.callback(ns.close)
         self._start_gate(ns.path)
         self._start_denials()
+        # What the dead daemon's gate and reader counted, from the run's records so far (its run_end
+        # and summary count the whole run; records of the new gate come after this point).
+        from .live_runs import counts_so_far
+
+        c = counts_so_far(run_id, before or {})
+        self._earlier = {"allowed": c.allowed, "denied": c.denied, "failed": c.failed, "direct_egress": c.direct_egress}
         registry.save(run_id, {**saved, "owner_pid": self._owner_pid})
 
     def _start_gate(self, ns_path: str) -> str | None:
@@ -557,8 +566,10 @@ class Sandbox:
         if p.breakpoints is not None:
             _end_run(p.breakpoints.store, run_id, self.err)
             asked = _approval_counts(p.breakpoints.store, run_id, self.err)
-        result = RunResult(run_id, EXIT_GATEWRAP if exit_code is None else exit_code, counts.get("allowed", 0), counts.get("denied", 0),
-                           counts.get("failed", 0), self._denials.count, lost, p.opts.audit_log,
+        e = self._earlier
+        result = RunResult(run_id, EXIT_GATEWRAP if exit_code is None else exit_code, counts.get("allowed", 0) + e["allowed"],
+                           counts.get("denied", 0) + e["denied"], counts.get("failed", 0) + e["failed"],
+                           self._denials.count + e["direct_egress"], lost, p.opts.audit_log,
                            inspected=counts.get("inspected", 0), would_deny=counts.get("would_deny", 0),
                            approvals=asked)
         end = result.as_record()

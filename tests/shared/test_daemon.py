@@ -264,6 +264,10 @@ def test_a_restarted_daemon_takes_its_runs_back_and_the_agent_never_noticed_but_
         while not second.status()["runs"]:
             assert time.monotonic() < deadline, second.log_text()
             time.sleep(0.1)
+        # ps reads the run from its run_start on (its user, its request before the restart).
+        ps = subprocess.run(gatewrap_cmd("ps", "--json"), capture_output=True, text=True, timeout=60)
+        row = next(r for r in json.loads(ps.stdout) if r["run"] == second.status()["runs"][0])
+        assert row["user"] is not None and row["argv"] is not None and row["allowed"] == 1, row
         step.write_text("2")
         out, _ = p.communicate(timeout=120)
         err = stderr_file.read_text()
@@ -275,6 +279,9 @@ def test_a_restarted_daemon_takes_its_runs_back_and_the_agent_never_noticed_but_
         recs = _records(audit)
         run_id = next(r["run"] for r in recs if r["event"] == "run_start")
         assert [r["exit_code"] for r in recs if r["event"] == "run_end"] == [5]
+        # run_end and the summary count the whole run: the request before the restart too.
+        assert [r["allowed"] for r in recs if r["event"] == "run_end"] == [2]
+        assert json.loads(err.strip().splitlines()[-1])["allowed"] == 2
         assert len([r for r in recs if r.get("event") == "request" and r.get("decision") == "allowed"]) == 2
         assert _leftovers(run_id) == []
     finally:

@@ -20,7 +20,7 @@ def lock_path(run_id: str) -> str:
     return os.path.join(RUNS_DIR, f"{run_id}.lock")
 
 
-def claim(run_id: str, audit_log: str, pid: int | None = None) -> int:
+def claim(run_id: str, audit_log: str, pid: int | None = None, since: dict[str, Any] | None = None) -> int:
     """Create and lock the run's lock file; returns the fd (close it to release).
 
     The file holds ``{"audit_log", "audit_offset", "audit_dev", "audit_ino", "pid", "started"}``:
@@ -29,7 +29,9 @@ def claim(run_id: str, audit_log: str, pid: int | None = None) -> int:
     ps`` reads from there, through the log's rotations since), the pid of the run's gatewrap
     (``gatewrap stop`` signals it; ``pid``, default this process: the shared mode's daemon names
     the client) and the time (Unix seconds). The fd is close-on-exec, so the agent never
-    inherits it.
+    inherits it. ``since``: the run's earlier lock file (:func:`info`; a run a restarted
+    daemon takes back), whose audit position and start time are kept, so ``ps`` still reads
+    the run's records from its ``run_start``.
     """
     os.makedirs(RUNS_DIR, mode=0o755, exist_ok=True)
     # Locked under a private name, then renamed into place: a lock file that gc can see is
@@ -42,9 +44,11 @@ def claim(run_id: str, audit_log: str, pid: int | None = None) -> int:
         offset, dev, ino = st.st_size, st.st_dev, st.st_ino
     except OSError:
         offset, dev, ino = 0, None, None
-    os.write(fd, json.dumps({"audit_log": os.path.abspath(audit_log), "audit_offset": offset,
-                             "audit_dev": dev, "audit_ino": ino,
-                             "pid": os.getpid() if pid is None else pid, "started": time.time()}).encode())
+    state = {"audit_log": os.path.abspath(audit_log), "audit_offset": offset, "audit_dev": dev, "audit_ino": ino,
+             "pid": os.getpid() if pid is None else pid, "started": time.time()}
+    if since is not None and since.get("audit_log") == state["audit_log"]:
+        state.update({k: since[k] for k in ("audit_offset", "audit_dev", "audit_ino", "started") if k in since})
+    os.write(fd, json.dumps(state).encode())
     os.rename(tmp, lock_path(run_id))
     return fd
 
