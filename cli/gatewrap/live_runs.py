@@ -109,9 +109,9 @@ ANSWERED = frozenset({"approval_approved", "approval_rejected", "approval_expire
 
 
 def live_run(run_id: str, now: float | None = None) -> LiveRun | None:
-    """The live run ``run_id``, or None when no gatewrap process owns it."""
+    """The live run ``run_id``, or None when no gatewrap process owns it (:func:`registry.owned`)."""
     info = registry.info(run_id)
-    if info is None or not registry.alive(run_id):
+    if info is None or not registry.owned(run_id):
         return None
     counts, start = RunCounts(run_id), None
     asked: set[str] = set()
@@ -206,14 +206,14 @@ def stop(run_id: str, timeout: float) -> Stopped:
         GatewrapError: the run is still alive after ``timeout`` (the agent may ignore SIGTERM).
     """
     info = registry.info(run_id)
-    if info is None or not registry.alive(run_id) or not isinstance(info.get("pid"), int):
+    if info is None or not registry.owned(run_id) or not isinstance(info.get("pid"), int):
         raise NoSuchRun(f"no live run {run_id} (gatewrap ps lists them)")
     try:
         pidfd = os.pidfd_open(info["pid"])
     except ProcessLookupError:
         raise NoSuchRun(f"no live run {run_id}: it has just ended") from None
     try:
-        if not registry.alive(run_id):  # the pid might be another process's by now
+        if not registry.owned(run_id):  # the pid might be another process's by now
             raise NoSuchRun(f"no live run {run_id}: it has just ended")
         signal.pidfd_send_signal(pidfd, signal.SIGTERM)
         poller = select.poll()

@@ -140,6 +140,9 @@ def test_a_dead_daemon_leaves_the_sandbox_without_egress_and_the_agent_runs_on(n
         assert json.loads(g.stdout)["waiting"] == [[run_id, p.pid]] and run_id not in json.loads(g.stdout)["runs"]
         g = subprocess.run(gatewrap_cmd("gc"), capture_output=True, text=True, timeout=120)
         assert f"left {run_id}: its gatewrap run (pid {p.pid}) waits" in g.stdout, g.stdout
+        # ps still lists it (its waiter's pid), so `gatewrap stop` can reach it.
+        ps = subprocess.run(gatewrap_cmd("ps", "--json"), capture_output=True, text=True, timeout=60)
+        assert [(r["run"], r["pid"]) for r in json.loads(ps.stdout) if r["run"] == run_id] == [(run_id, p.pid)], ps.stdout
         marker.write_text("")
         out, err = p.communicate(timeout=120)
         assert out.split() == ["after", "000", "direct", "1"], err   # curl: no gate to connect to

@@ -129,13 +129,20 @@ def audit_log_of(run_id: str) -> str | None:
 
 
 def live() -> list[str]:
-    """Ids of the runs a gatewrap process owns now, sorted."""
+    """Ids of the runs a gatewrap process owns now, sorted: its lock is held, or it is a
+    shared-mode run whose daemon died and whose waiter waits for the next (:func:`waiter_alive`)."""
     try:
         names = os.listdir(RUNS_DIR)
     except FileNotFoundError:
         return []
     return sorted(i for i in (n[: -len(".lock")] for n in names if n.endswith(".lock") and not n.startswith("."))
-                  if alive(i))
+                  if owned(i))
+
+
+def owned(run_id: str) -> bool:
+    """Whether a gatewrap process still owns ``run_id``: it holds the run's lock (:func:`alive`),
+    or the run's daemon died and its waiter, whose pid the lock file names, still waits."""
+    return alive(run_id) or waiter_alive(run_id) is not None
 
 
 def release(run_id: str, fd: int) -> None:
