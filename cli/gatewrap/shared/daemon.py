@@ -45,6 +45,10 @@ SUMMARY_WAIT = 2.0
 TAKE_BACK_WINDOW = 30.0
 #: Connections waiting to be accepted (listen(2) backlog).
 BACKLOG = 512
+#: Runs ending at once (the others wait their turn). A thousand runs stopped together made a
+#: thousand threads take turns on the GIL at every step of each teardown: 121 s for all of
+#: them, against ~12 ms for one run's end alone.
+ENDING_AT_ONCE = 4
 
 
 class DaemonRunning(GatewrapError):
@@ -190,6 +194,7 @@ class Daemon:
         self.started = time.time()
         self.runs: dict[str, runner.Sandbox] = {}
         self._lock = threading.Lock()
+        self._ending = threading.BoundedSemaphore(ENDING_AT_ONCE)
         self.hooks: loader.Hooks | None = None
         self.reader: SharedReader | None = None
         #: Runs of a dead daemon kept for their clients to come back (see :meth:`_resume`).
@@ -417,10 +422,11 @@ class Daemon:
             self.runs[run_id] = box
         try:
             code = _exit_code(reader.line())
-            if code is None:
-                box.finish(None, reason="the client (gatewrap run) went away before the agent's end")
-                return
-            result = box.finish(code)
+            with self._ending:
+                if code is None:
+                    box.finish(None, reason="the client (gatewrap run) went away before the agent's end")
+                    return
+                result = box.finish(code)
             box.err.wait_written(SUMMARY_WAIT)  # type: ignore[attr-defined]  # its last notices before its summary
             text = json.dumps(result.as_record()) if summary == "json" else summary_line(result)
             with contextlib.suppress(OSError):
@@ -428,7 +434,8 @@ class Daemon:
         finally:
             with self._lock:
                 self.runs.pop(run_id, None)
-            box.__exit__(None, None, None)
+            with self._ending:
+                box.__exit__(None, None, None)
 
 
 def _terminal_of(fds: list[int]) -> Terminal:
