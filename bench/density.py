@@ -161,9 +161,14 @@ def main() -> int:
         starts = []
         jail = ["--jail", "none", "--user", str(AGENT_UID)] if args.no_jail else []
         os.makedirs("/tmp/gw-bench-density", mode=0o755, exist_ok=True)
+        # The agents' working directory: an empty folder of its own, as an agent's project
+        # folder would be. (/tmp would make every start scan /tmp for unix sockets to tell of,
+        # and /tmp grows with the runs: this bench's files, each run's staged shims.)
+        workdir = "/var/tmp/gw-bench-density-work"
+        os.makedirs(workdir, mode=0o755, exist_ok=True)
         for i in range(args.n):
             argv = [py, "-m", "gatewrap", "run", "--shared", "--audit-log", f"/tmp/gw-bench-density/audit-{i}.jsonl",
-                    "--workdir", "/tmp", *jail, "--", *AGENT]
+                    "--workdir", workdir, *jail, "--", *AGENT]
             t0 = time.perf_counter()
             with open(f"/tmp/gw-bench-density/run-{i}.err", "wb") as err:
                 p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
