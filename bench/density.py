@@ -164,7 +164,7 @@ def main() -> int:
         # The agents' working directory: an empty folder of its own, as an agent's project
         # folder would be. (/tmp would make every start scan /tmp for unix sockets to tell of,
         # and /tmp grows with the runs: this bench's files, each run's staged shims.)
-        workdir = "/var/tmp/gw-bench-density-work"
+        workdir = "/var/lib/gatewrap-bench/work"
         os.makedirs(workdir, mode=0o755, exist_ok=True)
         for i in range(args.n):
             argv = [py, "-m", "gatewrap", "run", "--shared", "--audit-log", f"/tmp/gw-bench-density/audit-{i}.jsonl",

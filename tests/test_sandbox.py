@@ -258,7 +258,7 @@ def test_sigkill_of_gatewrap_fails_closed_and_gc_removes_the_sandbox(net, tmp_pa
     assert g.returncode == 0, g.stderr
     assert run_id in json.loads(g.stdout)["runs"]
     assert _leftovers(run_id) == NOTHING
-    assert not [d for d in os.listdir("/tmp") if d.startswith(f"gatewrap-shims-{run_id}-")]
+    assert not [d for d in os.listdir("/run/gatewrap-staged") if d.startswith(f"{run_id}-")]
     # The denial made after gatewrap died was still on the run's ring buffer: gc recorded it.
     recs = [json.loads(line) for line in audit.read_text().splitlines()]
     late = [r for r in recs if r["event"] == "direct_egress"]

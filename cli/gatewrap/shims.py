@@ -83,9 +83,13 @@ def stage_ca(staged: str, ca_cert: str) -> tuple[str, str]:
 
 
 def staged_dir(run_id: str) -> str:
-    """A fresh folder ``/tmp/gatewrap-shims-<run id>-<random>`` (mode 0755) for the run's
-    staged files; removed after the run (and by gc after a crash)."""
-    d = tempfile.mkdtemp(prefix=f"{STAGED_PREFIX}{run_id}-")
+    """A fresh folder ``/run/gatewrap-staged/<run id>-<random>`` (mode 0755) for the run's
+    staged files; removed after the run (and by gc after a crash).
+
+    Not under /tmp: an agent whose working directory is /tmp would see every other run's
+    staged files there, and each start's look for unix sockets in the view would read them."""
+    os.makedirs(STAGED_ROOT, mode=0o755, exist_ok=True)
+    d = tempfile.mkdtemp(prefix=f"{run_id}-", dir=STAGED_ROOT)
     os.chmod(d, 0o755)
     return d
 
@@ -105,8 +109,9 @@ RESOLV_CONF = Path(__file__).resolve().parent / "_shims" / "resolv.conf"
 HOSTS = Path(__file__).resolve().parent / "_shims" / "hosts"
 
 
-#: Where staged shims go: ``/tmp/gatewrap-shims-<run id>-<random>`` (gc removes a dead run's).
-STAGED_PREFIX = "gatewrap-shims-"
+#: Where staged shims go: ``/run/gatewrap-staged/<run id>-<random>`` (gc removes a dead run's;
+#: outside /run/gatewrap, which the agent sees empty: an agent without the jail reads them there).
+STAGED_ROOT = "/run/gatewrap-staged"
 
 
 def stage_shims(d: str) -> None:

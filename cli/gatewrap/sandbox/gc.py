@@ -6,12 +6,11 @@ import contextlib
 import glob
 import os
 import shutil
-import tempfile
 from collections.abc import Callable, Container
 from dataclasses import dataclass, field
 
 from ..errors import SandboxError
-from ..shims import STAGED_PREFIX
+from ..shims import STAGED_ROOT
 from . import cgroup, netns, registry
 
 
@@ -68,7 +67,7 @@ def collect(parent: str, salvage: Callable[[str, int], None] | None = None,
                     salvage(run_id, cgroup_id)
             cgroup.kill_and_remove(leaf)
             netns.remove_named(run_id)
-            for staged in glob.glob(os.path.join(tempfile.gettempdir(), f"{STAGED_PREFIX}{run_id}-*")):
+            for staged in glob.glob(os.path.join(STAGED_ROOT, f"{run_id}-*")):
                 shutil.rmtree(staged, ignore_errors=True)
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(registry.lock_path(run_id))
