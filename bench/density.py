@@ -162,8 +162,8 @@ def main() -> int:
         jail = ["--jail", "none", "--user", str(AGENT_UID)] if args.no_jail else []
         os.makedirs("/tmp/gw-bench-density", mode=0o755, exist_ok=True)
         # The agents' working directory: an empty folder of its own, as an agent's project
-        # folder would be. (/tmp would make every start scan /tmp for unix sockets to tell of,
-        # and /tmp grows with the runs: this bench's files, each run's staged shims.)
+        # folder would be. (With /tmp, every start would look through /tmp for unix sockets
+        # to tell of, and /tmp holds this bench's files: the start would grow with them.)
         workdir = "/var/lib/gatewrap-bench/work"
         os.makedirs(workdir, mode=0o755, exist_ok=True)
         for i in range(args.n):
