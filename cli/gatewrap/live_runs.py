@@ -95,13 +95,15 @@ def _own_records(run_id: str, info: dict[str, Any], **filters: Any) -> Iterator[
         return
 
 
-def counts_so_far(run_id: str, info: dict[str, Any]) -> RunCounts:
+def counts_so_far(run_id: str, info: dict[str, Any]) -> tuple[RunCounts, str | None]:
     """Run ``run_id``'s counts from its records written so far (as ``run_end`` counts them),
-    read from the position its lock file ``info`` (:func:`registry.info`) names."""
-    counts = RunCounts(run_id)
+    read from the position its lock file ``info`` (:func:`registry.info`) names, and the
+    ``time`` of the last of them (None if there is none)."""
+    counts, last = RunCounts(run_id), None
     for rec in _own_records(run_id, info):
         counts.add(rec)
-    return counts
+        last = rec.get("time", last)
+    return counts, last
 
 
 #: The events that answer an approval (``approval_sent`` follows an ``approval_approved``).

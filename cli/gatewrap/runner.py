@@ -441,8 +441,16 @@ class Sandbox:
         # and summary count the whole run; records of the new gate come after this point).
         from .live_runs import counts_so_far
 
-        c = counts_so_far(run_id, before or {})
+        c, last = counts_so_far(run_id, before or {})
         self._earlier = {"allowed": c.allowed, "denied": c.denied, "failed": c.failed, "direct_egress": c.direct_egress}
+        resumed = {"run": run_id, "event": "run_resumed", **({"since": last} if isinstance(last, str) else {}),
+                   "reason": "its gatewrap daemon died and a restarted one took the run back: until now the "
+                             "kernel refused every connection to the gate (no listener; not recorded) and the "
+                             "hooks kept refusing direct egress"}
+        try:
+            p.audit.write(resumed)
+        except OSError as e:
+            raise GatewrapError(f"{e.strerror}: a run is taken back only once its run_resumed record is written") from e
         registry.save(run_id, {**saved, "owner_pid": self._owner_pid})
 
     def _start_gate(self, ns_path: str) -> str | None:

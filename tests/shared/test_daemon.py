@@ -282,6 +282,12 @@ def test_a_restarted_daemon_takes_its_runs_back_and_the_agent_never_noticed_but_
         recs = _records(audit)
         run_id = next(r["run"] for r in recs if r["event"] == "run_start")
         assert [r["exit_code"] for r in recs if r["event"] == "run_end"] == [5]
+        # The gap is on the record: one run_resumed, after the request before it, before the one after.
+        events = [r["event"] for r in recs if r.get("run") == run_id and r["event"] in ("request", "run_resumed")]
+        assert events == ["request", "run_resumed", "request"], events
+        resumed = next(r for r in recs if r["event"] == "run_resumed")
+        assert "refused every connection to the gate" in resumed["reason"]
+        assert resumed["since"] >= next(r["time"] for r in recs if r["event"] == "request")
         # run_end and the summary count the whole run: the request before the restart too.
         assert [r["allowed"] for r in recs if r["event"] == "run_end"] == [2]
         assert json.loads(err.strip().splitlines()[-1])["allowed"] == 2
