@@ -92,18 +92,34 @@ def spawn(spec: dict[str, Any]) -> int:
     """Start the agent as :meth:`Sandbox.spawn_spec` says (``spawn_agent``: fork, join the
     sandbox before exec); returns its pid.
 
+    The run's netns is opened here first and must be the namespace ``netns_ino`` names (its
+    path, ``/proc/PID/fd/FD`` of the gatewrap process holding it, could name another one if
+    that process were gone and its pid and descriptor number reused); the launcher then joins
+    it through this process's own descriptor.
+
     Raises:
-        GatewrapError: 125 for a failure before exec, 127/126 for the exec itself.
+        GatewrapError: 125 for a failure before exec (the netns included), 127/126 for the exec itself.
     """
     from . import _gate_core as core
 
+    spec = dict(spec)
+    ino = spec.pop("netns_ino", None)
     try:
+        ns = os.open(spec["netns_path"], os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as e:
+        raise GatewrapError(f"starting the agent failed: the run's network namespace is gone ({e.strerror})") from e
+    try:
+        if ino is not None and os.fstat(ns).st_ino != ino:
+            raise GatewrapError("starting the agent failed: the run's network namespace is gone (another is in its place)")
+        spec["netns_path"] = f"/proc/self/fd/{ns}"
         return core.spawn_agent(**spec)
     except core.SpawnError as e:
         if e.stage != "exec":
             raise GatewrapError(f"starting the agent failed: {e.strerror}") from e
         code = EXIT_NOT_FOUND if e.errno == errno.ENOENT else EXIT_CANNOT_EXEC
         raise GatewrapError(e.strerror, exit_code=code) from e
+    finally:
+        os.close(ns)
 
 
 def raise_fd_limit() -> None:

@@ -385,7 +385,7 @@ class Sandbox:
         except OSError as e:
             raise GatewrapError(f"{e.strerror}: a run starts only once its run_start record is written; "
                                 "free space there, or choose another --audit-log") from e
-        self._spec = self._agent(ns.path, staged, mounts)
+        self._spec = self._agent(ns, staged, mounts)
         if self._shared_runtime:  # a daemon's run: what a restarted daemon needs to take it back
             registry.save(run_id, {"opts": dataclasses.asdict(opts), "policy_text": p.policy_text,
                                    "cgroup_id": cgroup_id, "netns_ino": ns.ino, "staged": staged,
@@ -508,7 +508,7 @@ class Sandbox:
             print(f"gatewrap: the agent runs as {p.target.name} (gatewrap was started by root, not "
                   "through sudo; --user USER to choose)", file=err)
 
-    def _agent(self, ns_path: str, staged: str, mounts: list[Any]) -> dict[str, Any]:
+    def _agent(self, ns: netns.Netns, staged: str, mounts: list[Any]) -> dict[str, Any]:
         """The arguments of ``spawn_agent`` for this run: the command wrapped in the jail,
         the environment with the shims, the paths to hide and to show read-only."""
         p, opts, err = self.plan, self.plan.opts, self.err
@@ -539,7 +539,7 @@ class Sandbox:
             audit_dir = os.path.dirname(os.path.abspath(opts.audit_log))
             hide = _outermost([*hide, audit_dir])
             readonly = [p for p in readonly if p != audit_dir]
-        return {"argv": argv, "env": env, "cwd": cwd, "netns_path": ns_path, "cgroup_dir": self.leaf,
+        return {"argv": argv, "env": env, "cwd": cwd, "netns_path": ns.path, "netns_ino": ns.ino, "cgroup_dir": self.leaf,
                 "uid": target.uid, "gid": target.gid, "groups": list(target.groups),
                 "hide": hide, "readonly": readonly, "jail": opts.jail}
 

@@ -12,8 +12,8 @@ import threading
 
 import pytest
 import requests
+from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
 from selenium.webdriver.common.by import By
-from selenium.webdriver.support.expected_conditions import staleness_of
 from selenium.webdriver.support.ui import WebDriverWait
 
 from gatewrap.approvals.web import ReviewServer
@@ -53,6 +53,24 @@ def server(store_url):
     yield s
     s.shutdown()
     s.server_close()
+
+
+def staleness_of(element):
+    """A wait condition: ``element``'s page has been replaced. As selenium's own, but a
+    chromedriver that answers for a replaced node with "Node with given id does not belong
+    to the document" (an unknown error, not a stale element: seen with chromium 156) counts
+    as replaced too."""
+    def replaced(_driver) -> bool:
+        try:
+            element.is_enabled()
+            return False
+        except StaleElementReferenceException:
+            return True
+        except WebDriverException as e:
+            if "does not belong to the document" in (e.msg or ""):
+                return True
+            raise
+    return replaced
 
 
 def _decide(browser, form: str, name: str = "bob", **fields) -> None:
