@@ -15,15 +15,17 @@ import dataclasses
 import os
 import signal
 import socket
-import subprocess
 import sys
 import time
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from .. import agent_process
 from ..errors import GatewrapError
 from ..run_types import RunOptions
 from . import protocol, waiter
+
+if TYPE_CHECKING:
+    import subprocess
 
 #: How long a client waits for a daemon it started to listen, in seconds.
 START_TIMEOUT = 20.0
@@ -70,6 +72,8 @@ def _start_daemon(path: str) -> subprocess.Popen[bytes]:
     """``gatewrap daemon --socket PATH`` in a new session, detached from our terminal, with
     a minimal environment (the runs' own environments come with their requests). A second
     daemon started at the same time exits 0 when it finds the first holding the lock."""
+    import subprocess  # not at the top: only a client that starts the daemon needs it
+
     os.makedirs(os.path.dirname(DAEMON_LOG), mode=0o755, exist_ok=True)
     log = os.open(DAEMON_LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o640)
     env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "PYTHONPATH")}
