@@ -68,7 +68,8 @@ def test_resolver_port_defaults_to_53():
 NOT_ON_THE_SHARED_RUNS_PATH = [
     "gatewrap.cli_audit", "gatewrap.cli_host", "gatewrap.cli_policy", "gatewrap.approvals.commands",
     "gatewrap.shared.commands", "gatewrap.shared.daemon", "gatewrap.runner", "gatewrap.audit_schema",
-    "gatewrap.syslog_facility", "importlib.resources", "pathlib", "tempfile", "shutil", "subprocess", "shlex"]
+    "gatewrap.syslog_facility", "gatewrap.run_types", "gatewrap.sandbox.limits", "dataclasses", "socket",
+    "importlib.resources", "pathlib", "tempfile", "shutil", "subprocess", "shlex"]
 
 
 def test_a_shared_runs_client_imports_only_what_it_needs():

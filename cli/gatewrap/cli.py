@@ -152,26 +152,27 @@ def run(allow: tuple[str, ...], deny: tuple[str, ...], policy_file: str | None, 
     Example:
       sudo gatewrap run --allow pypi.org --allow files.pythonhosted.org -- python agent.py
     """
-    from .run_types import RunOptions
-    from .sandbox.limits import Limits
-
-    opts = RunOptions(argv=list(command), allow=list(allow), deny=list(deny), policy_file=policy_file,
-                      user=user, audit_log=audit_log, audit_max_size=audit_max_size, audit_keep=audit_keep,
-                      nameservers=list(nameservers) or None, port=port,
-                      cwd=workdir, jail=jail, ro_binds=[os.path.abspath(p) for p in ro_binds],
-                      rw_binds=[os.path.abspath(p) for p in rw_binds], timeout=timeout,
-                      limits=Limits(memory=memory, cpus=cpus, pids=pids), public_ranges=list(public_ranges),
-                      ca_dir=os.path.abspath(ca_dir), upstream_ca=[os.path.abspath(p) for p in upstream_ca],
-                      state=state, notify_webhook=notify_webhook)
+    # The fields of a RunOptions, as its JSON form (limits a dict): a shared run sends them to
+    # the daemon, which makes the RunOptions (run_types' dataclasses are not built here).
+    fields = dict(argv=list(command), allow=list(allow), deny=list(deny), policy_file=policy_file,
+                  user=user, audit_log=audit_log, audit_max_size=audit_max_size, audit_keep=audit_keep,
+                  nameservers=list(nameservers) or None, port=port,
+                  cwd=workdir, jail=jail, ro_binds=[os.path.abspath(p) for p in ro_binds],
+                  rw_binds=[os.path.abspath(p) for p in rw_binds], timeout=timeout,
+                  limits=dict(memory=memory, cpus=cpus, pids=pids), public_ranges=list(public_ranges),
+                  ca_dir=os.path.abspath(ca_dir), upstream_ca=[os.path.abspath(p) for p in upstream_ca],
+                  state=state, notify_webhook=notify_webhook)
     if shared:
         from .errors import require_root
         from .shared import client
 
         require_root()
-        return client.run(opts, "json" if as_json else "text")
+        return client.run(fields, "json" if as_json else "text")
+    from .run_types import RunOptions
     from .runner import run as do_run, summary_line
+    from .sandbox.limits import Limits
 
-    result = do_run(opts)
+    result = do_run(RunOptions(**{**fields, "limits": Limits(**fields["limits"])}))
     if as_json:
         click.echo(json.dumps(result.as_record()), err=True)
     else:
@@ -180,7 +181,7 @@ def run(allow: tuple[str, ...], deny: tuple[str, ...], policy_file: str | None, 
 
 
 def _size(value: str | None) -> int | None:
-    from .sandbox.limits import parse_size
+    from .sizes import parse_size
 
     if value is None:
         return None
@@ -191,7 +192,7 @@ def _size(value: str | None) -> int | None:
 
 
 def _log_size(value: str) -> int:
-    """``--audit-max-size``: a size (:func:`gatewrap.sandbox.limits.parse_size`) of at least
+    """``--audit-max-size``: a size (:func:`gatewrap.sizes.parse_size`) of at least
     4 KiB (gate_core/src/audit/rotate.rs MIN_MAX_SIZE), or 0 for never."""
     if value.strip() == "0":
         return 0
