@@ -38,7 +38,7 @@ def test_an_audit_log_the_user_cannot_read_exits_125_and_says_to_use_sudo(tmp_pa
     log.chmod(0o600)
     tmp_path.chmod(0o755)
     # imported before the uid changes: the clone may be in a home closed to 65534 (Debian 13's 0700)
-    code = ("import os, sys; from gatewrap.cli import main; "
+    code = ("import os, sys; from gatewrap.cli import main; import gatewrap.cli_audit, gatewrap.cli_policy; "
             "import gatewrap.audit_format, gatewrap.audit_reader, gatewrap.policy_suggest; "
             f"os.setresuid(65534, 65534, 0); main({[*cmd, '--log', str(log)]!r})")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
@@ -61,6 +61,40 @@ def test_resolver_port_defaults_to_53():
     assert [_with_port(a, 53) for a in ("192.0.2.1", "192.0.2.1:5353", "2001:db8::1", "[2001:db8::1]",
                                         "[2001:db8::1]:5353")] == [
         "192.0.2.1:53", "192.0.2.1:5353", "[2001:db8::1]:53", "[2001:db8::1]:53", "[2001:db8::1]:5353"]
+
+
+#: Modules a shared run's client does without (lazy commands, the daemon's side, what only
+#: starting a daemon or an audit query needs): each costs start-up time of every run.
+NOT_ON_THE_SHARED_RUNS_PATH = [
+    "gatewrap.cli_audit", "gatewrap.cli_host", "gatewrap.cli_policy", "gatewrap.approvals.commands",
+    "gatewrap.shared.commands", "gatewrap.shared.daemon", "gatewrap.runner", "gatewrap.audit_schema",
+    "gatewrap.syslog_facility", "gatewrap.run_types", "gatewrap.sandbox.limits", "dataclasses", "socket",
+    "importlib.resources", "pathlib", "tempfile", "shutil", "subprocess", "shlex"]
+
+
+def test_a_shared_runs_client_imports_only_what_it_needs():
+    # what `gatewrap run --shared` imports up to asking the daemon: the CLI, the options
+    # parsed (their callbacks run) and the client
+    code = ("import json, sys; from gatewrap import cli; from gatewrap.shared import client; "
+            "cli.run.make_context('run', ['--shared', '--memory', '1G', '--', '/bin/true']); "
+            f"print(json.dumps([m for m in {NOT_ON_THE_SHARED_RUNS_PATH!r} if m in sys.modules]))")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout) == []
+
+
+def test_the_lazy_commands_are_listed_and_run_as_before():
+    p = _gw("--help")
+    assert p.returncode == 0
+    listed = [line.split()[0] for line in p.stdout.split("Commands:")[1].splitlines() if line.strip()]
+    assert listed == ["approvals", "audit", "daemon", "doctor", "gc", "policy", "ps", "run", "stop"]
+    from gatewrap import audit_schema
+
+    p = _gw("audit", "--event", "bogus")
+    choices = ", ".join(f"'{e}'" for e in audit_schema.events())
+    assert p.returncode == 125 and f"'bogus' is not one of {choices}." in p.stderr, p.stderr
+    p = _gw("audit", "ship", "--help")
+    assert p.returncode == 0 and "[default: authpriv]" in p.stdout
 
 
 def test_help_teaches_with_examples():

@@ -112,7 +112,7 @@ def test_stop_of_an_unknown_run_exits_1():
 
 @pytest.mark.parametrize("cmd", [["ps"], ["stop", "gw-0000000000"]], ids=["ps", "stop"])
 def test_without_root_ps_and_stop_exit_125_and_say_to_use_sudo(cmd):
-    code = ("import os; from gatewrap.cli import main; import gatewrap.runner, gatewrap.live_runs; "
+    code = ("import os; from gatewrap.cli import main; import gatewrap.cli_host, gatewrap.runner, gatewrap.live_runs; "
             f"os.setresuid(65534, 65534, 0); main({cmd!r})")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert p.returncode == 125 and f"sudo gatewrap {cmd[0]}" in p.stderr, p.stderr

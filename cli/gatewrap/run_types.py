@@ -5,7 +5,6 @@ the closing summary line. Light on imports: the thin client of the shared mode (
 from __future__ import annotations
 
 import os
-import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -102,6 +101,8 @@ def summary_line(r: RunResult) -> str:
 def audit_command(run_id: str, audit_log: str) -> str:
     """The command that shows a run's records: ``gatewrap audit --run ID``, with ``--log PATH``
     (shell-quoted) when the log is not the default one."""
+    import shlex  # not at the top: the shared mode's client imports this module, not this function
+
     log = "" if os.path.abspath(audit_log) == DEFAULT_AUDIT_LOG else f" --log {shlex.quote(audit_log)}"
     return f"gatewrap audit --run {run_id}{log}"
 

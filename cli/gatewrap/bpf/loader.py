@@ -230,7 +230,21 @@ class Hooks:
         return RunHooks(self, cgroup_id, libbpf.map_fd_by_id(inner_id.value))
 
     def folds(self, cgroup_id: int) -> list[tuple[Any, Any]]:
-        """The ``gw_folds`` entries of ``cgroup_id``: (struct gw_fold_key, struct gw_fold) pairs."""
+        """The ``gw_folds`` entries of ``cgroup_id``: (struct gw_fold_key, struct gw_fold) pairs.
+
+        A run whose ``gw_fold_keys`` counter is 0 never had a key of its own inserted (the
+        programs count each insert; nothing else inserts but :meth:`configure`): its entries
+        are at most its two overflow entries, looked up by key. Otherwise (or without a
+        counter) every key of the map, all runs' (up to GW_MAX_FOLDS), is read."""
+        keys = ct.c_uint64(0)
+        if libbpf.map_lookup(self._fds["gw_fold_keys"], ct.c_uint64(cgroup_id), keys) and keys.value == 0:
+            out = []
+            for verdict in (0, VERDICT_ALLOW_UNIX):
+                k, v = self._fold_key_type(), self._fold_type()
+                k.cgroup_id, k.overflow, k.verdict = cgroup_id, 1, verdict
+                if libbpf.map_lookup(self._fds["gw_folds"], k, v):
+                    out.append((k, v))
+            return out
         out = []
         for k in libbpf.map_keys(self._fds["gw_folds"], self._fold_key_type):
             if k.cgroup_id != cgroup_id:
@@ -262,11 +276,13 @@ class Hooks:
         return len(gone)
 
     def forget(self, cgroup_id: int) -> None:
-        """Drop every map entry of ``cgroup_id`` (config, ring buffer, lost counter, folds)."""
+        """Drop every map entry of ``cgroup_id`` (config, ring buffer, lost counter, folds).
+        Its cgroup is empty or gone: no program adds a fold of it meanwhile."""
+        folds = self.folds(cgroup_id)  # while its gw_fold_keys counter still says how to find them
         key = ct.c_uint64(cgroup_id)
         for name in PER_RUN_MAPS:
             libbpf.map_delete(self._fds[name], key)
-        for k, _ in self.folds(cgroup_id):
+        for k, _ in folds:
             libbpf.map_delete(self._fds["gw_folds"], k)
 
     def decode(self, data: int) -> _Event:

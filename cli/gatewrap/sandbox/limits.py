@@ -9,15 +9,14 @@ controllers beside an empty cgroup v2 tree, as on these VMs) have none to give.
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
 
 from ..errors import GatewrapError
+from ..sizes import parse_size  # noqa: F401 (its home before gatewrap.sizes: callers import it from here)
 from .cgroup import cgroup2_mount
 
 #: cpu.max period in microseconds (the kernel's default).
 CPU_PERIOD_US = 100_000
-_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
 @dataclass(frozen=True)
@@ -31,18 +30,6 @@ class Limits:
     def controllers(self) -> list[str]:
         """The cgroup v2 controllers these limits need."""
         return [c for c, v in (("memory", self.memory), ("cpu", self.cpus), ("pids", self.pids)) if v is not None]
-
-
-def parse_size(text: str) -> int:
-    """``512M``, ``2G``, ``1048576`` -> bytes (binary units, K = 1024).
-
-    Raises:
-        ValueError: not a size.
-    """
-    m = re.fullmatch(r"\s*(\d+)\s*([KMGT]?)(?:I?B)?\s*", text.upper())
-    if not m or int(m.group(1)) == 0:
-        raise ValueError(f"{text!r} is not a size such as 512M or 2G")
-    return int(m.group(1)) * _UNITS[m.group(2)]
 
 
 def _enable(path: str, controller: str) -> None:

@@ -10,20 +10,20 @@ and waits for it, at most :data:`START_TIMEOUT` seconds.
 
 from __future__ import annotations
 
+import _socket  # not socket.py: see gatewrap.shared.protocol
 import contextlib
-import dataclasses
 import os
 import signal
-import socket
-import subprocess
 import sys
 import time
-from typing import NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from .. import agent_process
 from ..errors import GatewrapError
-from ..run_types import RunOptions
 from . import protocol, waiter
+
+if TYPE_CHECKING:
+    import subprocess
 
 #: How long a client waits for a daemon it started to listen, in seconds.
 START_TIMEOUT = 20.0
@@ -31,7 +31,7 @@ START_TIMEOUT = 20.0
 DAEMON_LOG = "/var/log/gatewrap/daemon.log"
 
 
-def connect(path: str, start: bool = True) -> socket.socket:
+def connect(path: str, start: bool = True) -> _socket.socket:
     """A connection to the daemon at ``path``, starting one when none answers and ``start``.
 
     Raises:
@@ -56,8 +56,8 @@ def connect(path: str, start: bool = True) -> socket.socket:
             time.sleep(0.02)
 
 
-def _connect(path: str) -> socket.socket:
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+def _connect(path: str) -> _socket.socket:
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC)
     try:
         sock.connect(path)
     except OSError:
@@ -70,6 +70,8 @@ def _start_daemon(path: str) -> subprocess.Popen[bytes]:
     """``gatewrap daemon --socket PATH`` in a new session, detached from our terminal, with
     a minimal environment (the runs' own environments come with their requests). A second
     daemon started at the same time exits 0 when it finds the first holding the lock."""
+    import subprocess  # not at the top: only a client that starts the daemon needs it
+
     os.makedirs(os.path.dirname(DAEMON_LOG), mode=0o755, exist_ok=True)
     log = os.open(DAEMON_LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o640)
     env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "PYTHONPATH")}
@@ -89,21 +91,28 @@ def _tail(path: str, lines: int = 3) -> str:
         return f"(cannot read it: {e.strerror})"
 
 
-def run(opts: RunOptions, summary: str = "text") -> NoReturn | int:
-    """Run ``opts`` in a sandbox of the daemon's; ``summary``: the closing line as ``text``
-    or ``json``. With the native waiter (``gatewrap-wait``) this never returns: the process
-    becomes the waiter and exits with the agent's code. Without it, this process waits and
-    returns the agent's exit code.
+def run(fields: dict[str, Any], summary: str = "text") -> NoReturn | int:
+    """Run the options ``fields`` in a sandbox of the daemon's; ``summary``: the closing line
+    as ``text`` or ``json``. With the native waiter (``gatewrap-wait``) this never returns: the
+    process becomes the waiter and exits with the agent's code. Without it, this process
+    waits and returns the agent's exit code.
+
+    ``fields`` are those of a :class:`gatewrap.run_types.RunOptions` in its JSON form
+    (``dataclasses.asdict``: ``limits`` a dict), ``environ`` left out (this process's is sent)
+    and ``cwd`` None for the current folder; any left out take the RunOptions default. The
+    daemon makes the RunOptions (:func:`gatewrap.shared.daemon.options`): the client does not
+    import run_types, whose dataclasses (generated methods compiled at import) cost every start.
 
     Raises:
         GatewrapError: the daemon refused the run or failed (its message, its exit code), or
             the agent could not be started (125, 126, 127).
     """
-    opts = dataclasses.replace(opts, environ=dict(os.environ), cwd=opts.cwd or os.getcwd())
+    opts = {**fields, "environ": dict(os.environ), "cwd": fields.get("cwd") or os.getcwd()}
+    timeout = opts.get("timeout")
     path = protocol.socket_path()
     sock = connect(path)
     reader = protocol.Reader(sock)
-    protocol.send(sock, {"op": "run", "opts": dataclasses.asdict(opts), "summary": summary}, fds=[2])
+    protocol.send(sock, {"op": "run", "opts": opts, "summary": summary}, fds=[2])
     reply = reader.message()
     if reply is None:
         raise GatewrapError("the gatewrap daemon closed the connection before the sandbox was up "
@@ -117,8 +126,8 @@ def run(opts: RunOptions, summary: str = "text") -> NoReturn | int:
     pid = agent_process.spawn(spec)  # a failure closes the connection: the daemon tears the sandbox down
     found = waiter.find()
     if found is not None:
-        waiter.exec_waiter(pid, sock.fileno(), opts.timeout, spec["cgroup_dir"], resume=(path, reply["run"]))
-    code = agent_process.wait_forwarding_signals(pid, opts.timeout, spec["cgroup_dir"], sys.stderr)
+        waiter.exec_waiter(pid, sock.fileno(), timeout, spec["cgroup_dir"], resume=(path, reply["run"]))
+    code = agent_process.wait_forwarding_signals(pid, timeout, spec["cgroup_dir"], sys.stderr)
     summary = b""
     with contextlib.suppress(OSError):
         protocol.send_line(sock, f"exit {code}")

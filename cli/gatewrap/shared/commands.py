@@ -80,9 +80,11 @@ def _status(path: str, as_json: bool) -> None:
         else:
             click.echo(f"gatewrap: {e}", err=True)
         sys.exit(1)
-    with sock:
+    try:  # a _socket.socket, which is no context manager
         protocol.send(sock, {"op": "status"})
         got = protocol.Reader(sock).message() or {}
+    finally:
+        sock.close()
     if "error" in got:
         raise GatewrapError(str(got["error"]), exit_code=int(got.get("exit_code", 125)))
     if as_json:

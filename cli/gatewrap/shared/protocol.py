@@ -25,9 +25,15 @@ peer's uid (SO_PEERCRED, socket(7)): only root may ask for a sandbox.
 
 from __future__ import annotations
 
+# _socket, socket.py's C half, not socket.py: of socket.py the protocol would use only
+# send_fds and recv_fds (a few lines over sendmsg/recvmsg, written out below), while
+# importing it (the enums it makes of _socket's constants, selectors) is ~5% of the
+# instructions a shared run's client spends up to its spawn. A socket.socket is a
+# _socket.socket: the daemon's sockets work here as they are.
+import _socket
+import array
 import json
 import os
-import socket
 import struct
 from typing import Any
 
@@ -65,19 +71,22 @@ class ProtocolError(Exception):
     """The other side sent something this protocol does not have, or too much of it."""
 
 
-def send(sock: socket.socket, message: dict[str, Any], fds: list[int] | None = None) -> None:
+def send(sock: _socket.socket, message: dict[str, Any], fds: list[int] | None = None) -> None:
     """Send ``message`` as one JSON line, with ``fds`` attached (SCM_RIGHTS).
 
     Raises:
         OSError: the connection is gone (EPIPE, ECONNRESET).
     """
     data = json.dumps(message, separators=(",", ":")).encode() + b"\n"
-    sent = socket.send_fds(sock, [data], fds) if fds else sock.send(data)
+    if fds:  # socket.send_fds
+        sent = sock.sendmsg([data], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, array.array("i", fds))])
+    else:
+        sent = sock.send(data)
     if sent < len(data):
         sock.sendall(data[sent:])
 
 
-def send_line(sock: socket.socket, text: str) -> None:
+def send_line(sock: _socket.socket, text: str) -> None:
     """Send one plain line (``text`` without its newline)."""
     sock.sendall(text.encode() + b"\n")
 
@@ -88,7 +97,7 @@ class Reader:
     :meth:`line` returns one line without its newline, or None at the end of the stream.
     """
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: _socket.socket) -> None:
         self._sock = sock
         self._buf = b""
         self.fds: list[int] = []
@@ -102,9 +111,9 @@ class Reader:
         while b"\n" not in self._buf:
             if len(self._buf) > MAX_LINE:
                 raise ProtocolError(f"a message longer than {MAX_LINE} bytes")
-            data, fds, flags, _ = socket.recv_fds(self._sock, 65536, MAX_FDS)
+            data, fds, flags = _recv_fds(self._sock, 65536, MAX_FDS)
             self.fds += fds
-            if flags & socket.MSG_CTRUNC or len(self.fds) > MAX_FDS:
+            if flags & _socket.MSG_CTRUNC or len(self.fds) > MAX_FDS:
                 raise ProtocolError(f"more than {MAX_FDS} file descriptors")
             if not data:
                 return None
@@ -131,6 +140,16 @@ class Reader:
             out += data
 
 
+def _recv_fds(sock: _socket.socket, bufsize: int, maxfds: int) -> tuple[bytes, list[int], int]:
+    """``socket.recv_fds`` without its address: (data, the fds received, the msg flags)."""
+    fds = array.array("i")
+    data, ancdata, flags, _ = sock.recvmsg(bufsize, _socket.CMSG_LEN(maxfds * fds.itemsize))
+    for level, kind, payload in ancdata:
+        if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
+            fds.frombytes(payload[: len(payload) - (len(payload) % fds.itemsize)])
+    return data, list(fds), flags
+
+
 def parse(line: bytes) -> dict[str, Any]:
     """One message line as a JSON object.
 
@@ -146,8 +165,8 @@ def parse(line: bytes) -> dict[str, Any]:
     return got
 
 
-def peer(sock: socket.socket) -> tuple[int, int, int]:
+def peer(sock: _socket.socket) -> tuple[int, int, int]:
     """(pid, uid, gid) of the process at the other end (SO_PEERCRED, socket(7))."""
-    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    raw = sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, struct.calcsize("3i"))
     pid, uid, gid = struct.unpack("3i", raw)
     return pid, uid, gid

@@ -18,7 +18,6 @@ lost or acted on between the spawn and the waiter's signalfd.
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 from typing import NoReturn
 
@@ -40,6 +39,8 @@ def find() -> str | None:
     beside = os.path.join(os.path.dirname(sys.executable), NAME)
     if os.path.isfile(beside) and os.access(beside, os.X_OK):
         return beside
+    import shutil  # not at the top: it imports bz2, lzma and fnmatch, on every shared run's path
+
     return shutil.which(NAME)
 
 

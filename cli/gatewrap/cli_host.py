@@ -1,0 +1,127 @@
+"""``gatewrap ps``, ``stop``, ``doctor`` and ``gc``: the host's live runs, sandboxes and
+readiness. Imported only when a command is named (or listed by ``gatewrap --help``): see
+:class:`gatewrap.cli._Group`."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+
+import click
+
+from .cli import CONTEXT
+
+@click.command(context_settings=CONTEXT)
+@click.option("--json", "as_json", is_flag=True, help="Print the runs as a JSON array.")
+def ps(as_json: bool) -> int:
+    """List the live runs: id, gatewrap's pid (with --shared, its gatewrap-wait's), the
+    agent's user, uptime, pending approvals, counts so far, command.
+
+    \b
+    Counts are the run's own records in its audit log so far (read from where the log
+    ended when the run started); PENDING is its approvals asked and not answered yet
+    (gatewrap approvals list --run ID shows them). Needs root (the run registry,
+    /run/gatewrap/runs, is root's).
+
+    \b
+    Example:
+      sudo gatewrap ps --json | jq -r '.[].run'
+    """
+    from .live_runs import live_runs, ps_lines
+    from .errors import require_root
+
+    require_root("ps")
+    runs = live_runs()
+    if as_json:
+        click.echo(json.dumps([r.as_record() for r in runs]))
+    elif runs:
+        for line in ps_lines(runs):
+            click.echo(line)
+    else:
+        click.echo("gatewrap: no live runs", err=True)
+    return 0
+
+
+@click.command(context_settings=CONTEXT)
+@click.argument("run_id", metavar="RUN")
+@click.option("--timeout", default=30.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
+              metavar="SECONDS", help="How long to wait for the run to end.")
+@click.option("--json", "as_json", is_flag=True, help="Print {run, stopped, signal, exit_code, run_end} as one JSON object.")
+def stop(run_id: str, timeout: float, as_json: bool) -> int:
+    """End run RUN as SIGTERM would, and wait for it to end.
+
+    \b
+    gatewrap forwards the signal to the agent, tears the sandbox down and writes the
+    run_end record. Exit 0 when the run has ended, 1 when RUN is not a live run
+    (gatewrap ps lists them), 125 when it is still running after --timeout.
+
+    \b
+    Example:
+      sudo gatewrap stop gw-0123456789
+    """
+    from .live_runs import stop as do_stop
+    from .errors import require_root
+
+    require_root("stop")
+    res = do_stop(run_id, timeout)
+    if as_json:
+        click.echo(json.dumps(res.as_record()))
+    else:
+        end = f"the agent exited {res.exit_code}" if res.exit_code is not None else "no run_end record in its log"
+        click.echo(f"gatewrap: stopped {run_id}: {end}")
+    return 0
+
+
+@click.command(context_settings=CONTEXT)
+@click.option("--json", "as_json", is_flag=True, help="Print the checks as a JSON array.")
+def doctor(as_json: bool) -> int:
+    """Check this machine: root, cgroup v2, BTF, bcc, kernel headers, bpffs, nsjail.
+
+    Exit 0 when gatewrap can run here, 1 when a check failed (each says how to fix it).
+    Nothing is changed: the fixes are printed, for you to run.
+
+    \b
+    Examples:
+      sudo gatewrap doctor
+      sudo gatewrap doctor --json | jq -r '.[] | select(.status != "ok") | .fix'
+    """
+    from .doctor import checks
+
+    results = checks()
+    if as_json:
+        click.echo(json.dumps([asdict(c) for c in results], indent=2))
+    else:
+        marks = {"ok": "ok  ", "warn": "warn", "fail": "FAIL"}
+        for c in results:
+            click.echo(f"[{marks[c.status]}] {c.name}: {c.detail}")
+            if c.fix:
+                click.echo(f"       fix: {c.fix}")
+    return 1 if any(c.status == "fail" for c in results) else 0
+
+
+@click.command(context_settings=CONTEXT)
+@click.option("--json", "as_json", is_flag=True, help="Print what was removed as a JSON object.")
+def gc(as_json: bool) -> int:
+    """Remove sandboxes whose gatewrap died: kill their processes, delete their netns and cgroup.
+
+    A sandbox is stale when no gatewrap process holds its lock in /run/gatewrap/runs/.
+    `gatewrap run` does the same at start-up. A shared-mode run whose daemon died while its
+    `gatewrap run` still waits is left alone (no egress meanwhile): a restarted daemon takes it
+    back; kill that waiter to end it. Exit 1 if something could not be removed.
+    """
+    from .runner import collect_stale
+
+    out = collect_stale()
+    if as_json:
+        click.echo(json.dumps(asdict(out)))
+    else:
+        for run_id in out.runs:
+            click.echo(f"removed {run_id}")
+        for run_id, pid in out.waiting:
+            click.echo(f"left {run_id}: its gatewrap run (pid {pid}) waits for the gatewrap daemon to take it back "
+                       f"(no egress meanwhile); `kill {pid}` ends it")
+        for e in out.errors:
+            click.echo(f"gatewrap: could not remove {e}", err=True)
+        if not out.runs and not out.errors and not out.waiting:
+            click.echo("no stale sandboxes")
+    return 1 if out.errors else 0
