@@ -115,10 +115,10 @@ def test_the_socket_notice_counts_the_sockets_once(tmp_path):
         socks.append(s)
     try:
         mounts = view.build("/tmp", "/nonexistent", ROOT_AGENT, [str(tmp_path)], [], mount_points=[])
-        notes = view.notes(mounts, "/tmp", "/nonexistent")
-        assert len(notes) == 1 and "(and 1 more)" in notes[0] and str(tmp_path) in notes[0], notes
-        assert view.notes(view.build("/tmp", "/nonexistent", ROOT_AGENT, [], [], mount_points=[]),
-                          "/tmp", "/nonexistent") == []
+        note = view.socket_notice(mounts, "/nonexistent")
+        assert note is not None and "(and 1 more)" in note and str(tmp_path) in note, note
+        assert view.socket_notice(view.build("/tmp", "/nonexistent", ROOT_AGENT, [], [], mount_points=[]),
+                                  "/nonexistent") is None
     finally:
         for s in socks:
             s.close()

@@ -5,6 +5,7 @@ client dies, the exit code the agent's."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -316,3 +317,20 @@ def test_gc_drops_map_entries_a_cut_short_teardown_left():
         assert hooks.orphan(ghost) is None
     finally:
         hooks.close()
+
+
+def test_a_daemon_started_on_demand_runs_in_a_cgroup_of_its_own(net, tmp_path):
+    """The first ``run --shared`` with no daemon starts one, outside the client's cgroup (a
+    login session's scope, whose end would take the daemon and every run's gate with it)."""
+    d = Daemon()  # not started: the run starts it
+    try:
+        audit = tmp_path / "audit.jsonl"
+        r = subprocess.run(_run_cmd(net, audit, ["/bin/true"]), capture_output=True, text=True, env=_env(d), timeout=120)
+        assert r.returncode == 0, r.stderr
+        pid = d.status()["pid"]
+        with open(f"/proc/{pid}/cgroup") as f:
+            assert f.read().strip().endswith(":/gatewrap-daemon"), f"daemon pid {pid}"
+    finally:
+        with contextlib.suppress(Exception):
+            os.kill(d.status()["pid"], signal.SIGTERM)
+        d.stop()

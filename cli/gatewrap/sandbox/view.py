@@ -256,17 +256,15 @@ def shows(mounts: list[Mount], path: str) -> bool:
     return covered(os.path.join(folder, os.path.basename(path))) and covered(os.path.realpath(path))
 
 
-def notes(mounts: list[Mount], cwd: str, home: str) -> list[str]:
-    """What to tell the user about the view, one line each: a bound path that holds a unix
-    socket (:func:`socket_notice`), and a working directory that is the user's home (whose
-    secrets the agent then sees)."""
+def notes(cwd: str, home: str) -> list[str]:
+    """What to tell the user about the view at once, one line each: a working directory that
+    is the user's home (whose secrets the agent then sees). (A bound path that holds a unix
+    socket is told by :func:`socket_notice`, whose look through the tree the run makes
+    beside the agent's start.)"""
     out = []
     if home and os.path.abspath(cwd) == os.path.abspath(home):
         out.append(f"gatewrap: note: the working directory is the agent's home {home}: the agent sees "
                    "everything in it (~/.ssh, tokens); run from a project folder, or --workdir DIR")
-    notice = socket_notice(mounts, home)
-    if notice:
-        out.append(notice)
     return out
 
 

@@ -76,11 +76,33 @@ def _start_daemon(path: str) -> subprocess.Popen[bytes]:
     log = os.open(DAEMON_LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o640)
     env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "PYTHONPATH")}
     try:
-        return subprocess.Popen([sys.executable, "-m", "gatewrap", "daemon", "--socket", path, "--quiet-if-running"],
+        proc = subprocess.Popen([sys.executable, "-m", "gatewrap", "daemon", "--socket", path, "--quiet-if-running"],
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
                                 start_new_session=True, close_fds=True, cwd="/")
     finally:
         os.close(log)
+    _own_cgroup(proc.pid)
+    return proc
+
+
+#: The cgroup (v2, top level) a daemon started on demand is moved to: not the starting
+#: client's (a login session's scope, whose end would kill the daemon and every run's gate).
+DAEMON_CGROUP = "gatewrap-daemon"
+
+
+def _own_cgroup(pid: int) -> None:
+    """Move process ``pid`` into :data:`DAEMON_CGROUP` (made if missing; cgroups(7),
+    cgroup.procs). Without a cgroup v2 hierarchy or where the move is refused, it stays."""
+    from ..sandbox import cgroup
+
+    root = cgroup.cgroup2_mount()
+    if root is None:
+        return
+    target = os.path.join(root, DAEMON_CGROUP)
+    with contextlib.suppress(OSError):
+        os.makedirs(target, exist_ok=True)
+        with open(os.path.join(target, "cgroup.procs"), "w") as f:
+            f.write(str(pid))
 
 
 def _tail(path: str, lines: int = 3) -> str:
