@@ -136,7 +136,10 @@ def enforcing(run_id: str, cgroup_parent: str) -> bool:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog="See the module docstring for what is measured.")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=(
+        "Needs root; take the host's kernel lock (flock /tmp/gatewrap-kernel.lock). Starts a daemon of "
+        f"its own on {SOCKET}, prints one JSON object and writes bench/results/density.json. See the "
+        "module docstring for what is measured."))
     ap.add_argument("-n", type=int, default=100, help="sandboxes (default 100)")
     ap.add_argument("--no-jail", action="store_true", help="runs with --jail none (no nsjail, no tini)")
     args = ap.parse_args()

@@ -67,7 +67,9 @@ def stop(run_id: str, timeout: float, as_json: bool) -> int:
     if as_json:
         click.echo(json.dumps(res.as_record()))
     else:
-        end = f"the agent exited {res.exit_code}" if res.exit_code is not None else "no run_end record in its log"
+        end = (f"the agent exited {res.exit_code}" if res.exit_code is not None else
+               "no run_end record in its log yet (a --shared run whose daemon is down: gatewrap gc or the "
+               "restarted daemon removes its sandbox and writes it)")
         click.echo(f"gatewrap: stopped {run_id}: {end}")
     return 0
 

@@ -271,7 +271,7 @@ class SharedReader:
 
 
 def salvage(hooks: Any, audit_factory: Callable[[str], Any], run_id: str, cgroup_id: int,
-            audit_path: str | None) -> int:
+            audit_path: str | None, reason: str = "gatewrap died; collected by gatewrap gc") -> int:
     """Record what a dead run's ring buffer still holds, then drop its map entries.
 
     Writes each event, then a ``run_end`` that says the run's gatewrap died, to the run's
@@ -288,7 +288,7 @@ def salvage(hooks: Any, audit_factory: Callable[[str], Any], run_id: str, cgroup
         rb.flush(lambda ev: records.append(record_of(ev, run_id)))
         for rec in records:
             audit.write(rec)
-        audit.write({"run": run_id, "event": "run_end", "reason": "gatewrap died; collected by gatewrap gc",
+        audit.write({"run": run_id, "event": "run_end", "reason": reason,
                      "direct_egress": sum(r["count"] for r in records if r["event"] == "direct_egress"),
                      "lost_events": rb.lost()})
         audit.checkpoint()

@@ -357,7 +357,7 @@ class Sandbox:
         if hooks is None:
             hooks = loader.load_or_reuse(parent)
             undo.callback(hooks.close)
-            for stale in gc.collect(parent, salvager(hooks)).runs:
+            for stale in gc.collect(parent, salvager(hooks, "a starting gatewrap run")).runs:
                 print(f"gatewrap: removed stale sandbox {stale} (its gatewrap had died)", file=err)
         leaf, cgroup_id = cgroup.create_leaf(parent, run_id)
         self.leaf = leaf
@@ -743,12 +743,13 @@ def collect_stale() -> gc.Collected:
         hooks.close()
 
 
-def salvager(hooks: loader.Hooks) -> Any:
-    """gc's salvage step: a dead run's last kernel denials go to its own audit log."""
+def salvager(hooks: loader.Hooks, by: str = "gatewrap gc") -> Any:
+    """gc's salvage step: a dead run's last kernel denials go to its own audit log, then a
+    ``run_end`` whose reason names ``by``, who collected it."""
     from . import _gate_core as core
     from .kernel_denials import salvage
 
-    return lambda run_id, cgroup_id: salvage(hooks, core.AuditLog, run_id, cgroup_id,
-                                             registry.audit_log_of(run_id))
+    return lambda run_id, cgroup_id: salvage(hooks, core.AuditLog, run_id, cgroup_id, registry.audit_log_of(run_id),
+                                             reason=f"gatewrap died; collected by {by}")
 
 

@@ -41,7 +41,8 @@ def connect(path: str, start: bool = True) -> _socket.socket:
         return _connect(path)
     except (FileNotFoundError, ConnectionRefusedError):
         if not start:
-            raise GatewrapError(f"no gatewrap daemon answers on {path}: start one with sudo gatewrap daemon "
+            own = "" if path == protocol.DEFAULT_SOCKET else f" --socket {path}"
+            raise GatewrapError(f"no gatewrap daemon answers on {path}: start one with sudo gatewrap daemon{own} "
                                 "(or the gatewrap-daemon systemd unit)") from None
     proc = _start_daemon(path)
     deadline = time.monotonic() + START_TIMEOUT

@@ -204,7 +204,10 @@ class Daemon:
         self._audit_logs: collections.OrderedDict[tuple[str, int, int | None], Any] = collections.OrderedDict()
 
     def say(self, text: str) -> None:
-        print(f"gatewrap daemon: {text}", file=self.log, flush=True)
+        """One line of the daemon's log: the time (RFC 3339, UTC), its pid and socket, ``text``
+        (every daemon started on demand shares /var/log/gatewrap/daemon.log)."""
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        print(f"{now} gatewrap daemon {os.getpid()} ({self.socket_path}): {text}", file=self.log, flush=True)
 
     def _claim(self) -> int:
         """Take the lock beside the socket (flock(2), dropped by the kernel when we die)."""
@@ -245,7 +248,7 @@ class Daemon:
         for run_id in self.awaiting:
             self.say(f"run {run_id} of the last daemon still runs: waiting {TAKE_BACK_WINDOW:g} s for its "
                      "gatewrap run to come back")
-        for stale in gc.collect(parent, runner.salvager(self.hooks), keep=self.awaiting, waiting_too=True).runs:
+        for stale in gc.collect(parent, runner.salvager(self.hooks, "the gatewrap daemon"), keep=self.awaiting, waiting_too=True).runs:
             self.say(f"removed stale sandbox {stale} (its gatewrap had died)")
         if swept := self.hooks.sweep(parent):
             self.say(f"dropped the hooks' map entries of {swept} cgroups that are gone")
@@ -275,8 +278,9 @@ class Daemon:
                 threading.Thread(target=self._serve_one, args=(conn,), daemon=True, name="gatewrap-run").start()
         finally:
             n = len(self.runs)
-            self.say(f"stopping; {n} run{'' if n == 1 else 's'} lose{'s' if n == 1 else ''} its gate and stay"
-                     f"{'s' if n == 1 else ''} without egress until {'it ends' if n == 1 else 'they end'}")
+            self.say(f"stopping; {n} run{'' if n == 1 else 's'} lose{'s' if n == 1 else ''} "
+                     f"{'its gate and stays' if n == 1 else 'their gates and stay'} without egress until "
+                     f"{'it ends' if n == 1 else 'they end'}")
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.socket_path)
             listener.close()
@@ -314,7 +318,7 @@ class Daemon:
         """The take-back window is over: a run whose client did not come back is removed."""
         with self._lock:
             self.awaiting = set()
-        for stale in gc.collect(parent, runner.salvager(self.hooks), waiting_too=True).runs:
+        for stale in gc.collect(parent, runner.salvager(self.hooks, "the gatewrap daemon"), waiting_too=True).runs:
             self.say(f"removed stale sandbox {stale} (its gatewrap run did not come back)")
         self.hooks.sweep(parent)
 
