@@ -332,3 +332,70 @@ def test_a_timeout_beyond_the_waiters_clock_is_no_timeout_as_in_a_run_of_its_own
     p = subprocess.run(_run(tmp_path / "audit.jsonl", ["/usr/bin/sh", "-c", "echo ran; exit 3"], "--timeout", timeout),
                        capture_output=True, text=True, timeout=120, env=_env(daemon))
     assert (p.returncode, p.stdout.split()) == (3, ["ran"]), p.stderr
+
+
+def test_a_taken_back_runs_counts_are_not_inflated_by_what_its_agent_does_as_the_gate_comes_back(tmp_path, shown):
+    """A hostile agent fills the log with its own denied requests (so the take-back's count of
+    them takes a while), makes direct connects while its daemon is dead (the kernel keeps them
+    in the run's ring buffer), then hammers the gate until it listens again. The daemon that
+    takes the run back counts the records from before the take-back and adds the new gate's
+    and reader's counts: a record the new gate or reader wrote while that count was being read
+    must not be counted twice. run_end must say what the run's records say."""
+    from gatewrap.audit_stats import RunCounts
+
+    from .conftest import Daemon
+
+    step = shown / "step"
+    script = (f"import os, socket, time\n"
+              f"def ask():\n"
+              f"    s = socket.create_connection(('127.0.0.1', 3128))\n"
+              f"    s.sendall(b'GET http://evil.test/ HTTP/1.1\\r\\nHost: evil.test\\r\\nConnection: close\\r\\n\\r\\n')\n"
+              f"    while s.recv(65536): pass\n"
+              f"    s.close()\n"
+              f"for _ in range(3000): ask()\n"
+              f"print('filled', flush=True)\n"
+              f"while not os.path.exists('{step}'): time.sleep(0.05)\n"
+              f"for _ in range(20):\n"
+              f"    try: socket.create_connection(('198.51.100.1', 80))\n"
+              f"    except OSError: pass\n"
+              f"n = 0\n"
+              f"while n < 500:\n"
+              f"    try: ask(); n += 1\n"
+              f"    except OSError: time.sleep(0.001)\n"
+              f"print('done', flush=True)\n")
+    first = Daemon().start()
+    second = None
+    audit = tmp_path / "audit.jsonl"
+    try:
+        p = subprocess.Popen(_run(audit, [AGENT_PYTHON, "-c", script], "--ro-bind", str(shown),
+                                  "--resolver", "127.0.0.1:9", "--json"),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(first))
+        assert p.stdout.readline().split() == ["filled"], p.stderr.read() if p.poll() is not None else ""
+        first.kill()
+        step.write_text("")
+        second = Daemon()
+        second.socket = first.socket  # the same socket: a restart
+        second.start()
+        assert p.stdout.readline().split() == ["done"]
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+        recs = _records(audit)
+        run_id = next(r["run"] for r in recs if r["event"] == "run_start")
+        counted = RunCounts(run_id)
+        for r in recs:
+            if r.get("run") == run_id and r["event"] != "run_end":
+                counted.add(r)
+        end = next(r for r in recs if r["event"] == "run_end")
+        assert [r["event"] for r in recs].count("run_resumed") == 1
+        # The gap's mark comes before every record of the new gate and reader.
+        mine = [r["event"] for r in recs if r.get("run") == run_id]
+        gap = mine.index("run_resumed")
+        assert (mine[:gap].count("request"), mine[gap + 1:].count("request")) == (3000, 500), mine[gap - 3:gap + 3]
+        assert counted.denied == 3500 and counted.direct_egress == 20, (counted.denied, counted.direct_egress)
+        assert (end["denied"], end["direct_egress"]) == (counted.denied, counted.direct_egress)
+        assert json.loads(err.strip().splitlines()[-1])["denied"] == counted.denied
+    finally:
+        first.stop()
+        if second is not None:
+            second.stop()
+        subprocess.run(gatewrap_cmd("gc"), capture_output=True, timeout=120)
