@@ -435,10 +435,10 @@ class Sandbox:
         if ns is None:
             raise GatewrapError(f"run {run_id} has no process left in its network namespace")
         undo.callback(ns.close)
-        self._start_gate(ns.path)
-        self._start_denials()
         # What the dead daemon's gate and reader counted, from the run's records so far (its run_end
-        # and summary count the whole run; records of the new gate come after this point).
+        # and summary count the whole run), read before the new gate and reader start: a record
+        # either of them wrote while this read went on (the agent retrying the gate, the denials
+        # the ring buffer kept through the gap) would be counted here and again by them.
         from .live_runs import counts_so_far
 
         c, last = counts_so_far(run_id, before or {})
@@ -451,6 +451,9 @@ class Sandbox:
             p.audit.write(resumed)
         except OSError as e:
             raise GatewrapError(f"{e.strerror}: a run is taken back only once its run_resumed record is written") from e
+        # From here on, records are the new gate's and reader's: after run_resumed in the log.
+        self._start_gate(ns.path)
+        self._start_denials()
         registry.save(run_id, {**saved, "owner_pid": self._owner_pid})
 
     def _start_gate(self, ns_path: str) -> str | None:
