@@ -399,3 +399,45 @@ def test_a_taken_back_runs_counts_are_not_inflated_by_what_its_agent_does_as_the
         if second is not None:
             second.stop()
         subprocess.run(gatewrap_cmd("gc"), capture_output=True, timeout=120)
+
+
+def test_a_daemon_of_another_socket_leaves_the_runs_that_wait_for_theirs(tmp_path, shown):
+    """Run R's daemon (socket A) dies; R's waiter waits for a daemon of A to take R back. A
+    daemon started on another socket B (another team's, a test's) removes the stale sandboxes
+    at its start and at the end of its take-back window: it must leave R alone (only a daemon
+    of A takes R back or gives up on it), as gc and runs of their own do."""
+    from gatewrap.sandbox import cgroup
+
+    from .conftest import Daemon
+
+    step = shown / "step"
+    script = (f"import os, time\n"
+              f"print('up', flush=True)\n"
+              f"while not os.path.exists('{step}'): time.sleep(0.05)\n")
+    a = Daemon().start()
+    b = None
+    audit = tmp_path / "audit.jsonl"
+    try:
+        p = subprocess.Popen(_run(audit, [AGENT_PYTHON, "-c", script], "--ro-bind", str(shown)),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(a))
+        assert p.stdout.readline().split() == ["up"], p.stderr.read() if p.poll() is not None else ""
+        run_id = next(r["run"] for r in _records(audit) if r["event"] == "run_start")
+        a.kill()
+        b = Daemon().start()  # another socket: its start collects stale sandboxes
+        assert b.status()["runs"] == []
+        assert p.poll() is None, p.communicate(timeout=60)
+        assert cgroup.populated(os.path.join(cgroup.parent_dir(), run_id))
+        again = Daemon()
+        again.socket = a.socket  # A's daemon comes back and takes R back
+        again.start()
+        assert _wait_for(lambda: again.status()["runs"] == [run_id], 60), again.log_text()
+        step.write_text("")
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+        assert "daemon is back" in err, err
+        again.stop()
+    finally:
+        a.stop()
+        if b is not None:
+            b.stop()
+        subprocess.run(gatewrap_cmd("gc"), capture_output=True, timeout=120)
