@@ -245,7 +245,8 @@ class Daemon:
         for run_id in self.awaiting:
             self.say(f"run {run_id} of the last daemon still runs: waiting {TAKE_BACK_WINDOW:g} s for its "
                      "gatewrap run to come back")
-        for stale in gc.collect(parent, runner.salvager(self.hooks), keep=self.awaiting, waiting_too=True).runs:
+        for stale in gc.collect(parent, runner.salvager(self.hooks), keep=self.awaiting,
+                                waiting_for=self.socket_path).runs:
             self.say(f"removed stale sandbox {stale} (its gatewrap had died)")
         if swept := self.hooks.sweep(parent):
             self.say(f"dropped the hooks' map entries of {swept} cgroups that are gone")
@@ -314,7 +315,7 @@ class Daemon:
         """The take-back window is over: a run whose client did not come back is removed."""
         with self._lock:
             self.awaiting = set()
-        for stale in gc.collect(parent, runner.salvager(self.hooks), waiting_too=True).runs:
+        for stale in gc.collect(parent, runner.salvager(self.hooks), waiting_for=self.socket_path).runs:
             self.say(f"removed stale sandbox {stale} (its gatewrap run did not come back)")
         self.hooks.sweep(parent)
 
