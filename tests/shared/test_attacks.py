@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import threading
@@ -440,4 +441,45 @@ def test_a_daemon_of_another_socket_leaves_the_runs_that_wait_for_theirs(tmp_pat
         a.stop()
         if b is not None:
             b.stop()
+        subprocess.run(gatewrap_cmd("gc"), capture_output=True, timeout=120)
+
+
+def test_dns_queries_held_over_the_record_rate_are_counted_though_the_daemon_stops(tmp_path, shown):
+    """The agent sends DNS queries faster than the stub records them one by one (its first
+    window's queries beyond RECORDS_PER_SECOND are held, to be counted in one record when the
+    next window opens or the gate stops), then waits. The daemon is stopped (SIGTERM: an
+    upgrade, systemctl restart) and a new one takes the run back: every query must be in the
+    log, the held ones too (a gate that stops with its daemon must not take them along)."""
+    from .conftest import Daemon
+
+    step = shown / "step"
+    script = (f"import os, socket, struct, time\n"
+              f"s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+              f"s.settimeout(5)\n"
+              f"q = lambda i: struct.pack('>HHHHHH', i, 0x0100, 1, 0, 0, 0) + b'\\x04leak\\x04test\\x00\\x00\\x01\\x00\\x01'\n"
+              f"for i in range(1000):\n"
+              f"    s.sendto(q(i), ('127.0.0.1', 53)); s.recv(512)\n"
+              f"print('sent', flush=True)\n"
+              f"while not os.path.exists('{step}'): time.sleep(0.05)\n")
+    first = Daemon().start()
+    second = None
+    audit = tmp_path / "audit.jsonl"
+    try:
+        p = subprocess.Popen(_run(audit, [AGENT_PYTHON, "-c", script], "--ro-bind", str(shown)),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(first))
+        assert p.stdout.readline().split() == ["sent"], p.stderr.read() if p.poll() is not None else ""
+        first.kill(signal.SIGTERM)
+        second = Daemon()
+        second.socket = first.socket  # the same socket: a restart
+        second.start()
+        assert _wait_for(lambda: second.status()["runs"], 60), second.log_text()
+        step.write_text("")
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+        dns = [r for r in _records(audit) if r.get("event") == "dns"]
+        assert sum(r.get("count", 1) for r in dns) == 1000, [r for r in dns if "count" in r]
+    finally:
+        first.stop()
+        if second is not None:
+            second.stop()
         subprocess.run(gatewrap_cmd("gc"), capture_output=True, timeout=120)
