@@ -546,6 +546,15 @@ class Sandbox:
                 "uid": target.uid, "gid": target.gid, "groups": list(target.groups),
                 "hide": hide, "readonly": readonly, "jail": opts.jail}
 
+    def leave(self) -> None:
+        """A stopping daemon's part in a run that goes on (a restarted daemon takes it back):
+        its gate stops serving and records the DNS queries it held over the stub's record
+        rate (they would go with the process); the run stays open in the approvals store and
+        nothing else is torn down. Idempotent, and harmless before or after :meth:`finish`."""
+        gate = getattr(self, "_gate", None)
+        if gate is not None:
+            gate.stop(end_run=False)
+
     def spawn_spec(self) -> dict[str, Any]:
         """The keyword arguments of ``gatewrap._gate_core.spawn_agent`` (JSON-able: str,
         int, lists and a dict of str)."""

@@ -278,6 +278,11 @@ class Daemon:
             n = len(self.runs)
             self.say(f"stopping; {n} run{'' if n == 1 else 's'} lose{'s' if n == 1 else ''} its gate and stay"
                      f"{'s' if n == 1 else ''} without egress until {'it ends' if n == 1 else 'they end'}")
+            with self._lock:
+                boxes = list(self.runs.values())
+            for box in boxes:  # what each gate holds in memory goes to the log before we go
+                with contextlib.suppress(Exception):
+                    box.leave()
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.socket_path)
             listener.close()
