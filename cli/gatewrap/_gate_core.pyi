@@ -366,11 +366,14 @@ class Gate:
         their requests are counted each), ``would_deny`` report-mode decisions that enforce
         mode would have denied (also in ``allowed``)."""
 
-    def stop(self) -> None:
+    def stop(self, end_run: bool = True) -> None:
         """Stop accepting, abort tunnels and requests in flight, shut down (within ~1 s):
         every task of this gate is cancelled and awaited (at most 0.8 s), so its listeners
         refuse connections and its sockets are closed when it returns; on the shared runtime
-        other gates go on untouched. Runs with the GIL released. Idempotent; also done when
+        other gates go on untouched. Then the DNS queries held over the stub's record rate
+        are recorded (one record with their count) and, if ``end_run``, the run is ended in
+        the approvals store (False: a stopping daemon whose runs a restarted one takes back,
+        pending approvals and all). Runs with the GIL released. Idempotent; also done when
         the Gate is garbage-collected."""
 
 def ensure_ca(ca_dir: str) -> str:

@@ -437,10 +437,10 @@ class Sandbox:
         if ns is None:
             raise GatewrapError(f"run {run_id} has no process left in its network namespace")
         undo.callback(ns.close)
-        self._start_gate(ns.path)
-        self._start_denials()
         # What the dead daemon's gate and reader counted, from the run's records so far (its run_end
-        # and summary count the whole run; records of the new gate come after this point).
+        # and summary count the whole run), read before the new gate and reader start: a record
+        # either of them wrote while this read went on (the agent retrying the gate, the denials
+        # the ring buffer kept through the gap) would be counted here and again by them.
         from .live_runs import counts_so_far
 
         c, last = counts_so_far(run_id, before or {})
@@ -453,6 +453,9 @@ class Sandbox:
             p.audit.write(resumed)
         except OSError as e:
             raise GatewrapError(f"{e.strerror}: a run is taken back only once its run_resumed record is written") from e
+        # From here on, records are the new gate's and reader's: after run_resumed in the log.
+        self._start_gate(ns.path)
+        self._start_denials()
         registry.save(run_id, {**saved, "owner_pid": self._owner_pid})
 
     def _start_gate(self, ns_path: str) -> str | None:
@@ -549,6 +552,15 @@ class Sandbox:
         return {"argv": argv, "env": env, "cwd": cwd, "netns_path": ns.path, "netns_ino": ns.ino, "cgroup_dir": self.leaf,
                 "uid": target.uid, "gid": target.gid, "groups": list(target.groups),
                 "hide": hide, "readonly": readonly, "jail": opts.jail}
+
+    def leave(self) -> None:
+        """A stopping daemon's part in a run that goes on (a restarted daemon takes it back):
+        its gate stops serving and records the DNS queries it held over the stub's record
+        rate (they would go with the process); the run stays open in the approvals store and
+        nothing else is torn down. Idempotent, and harmless before or after :meth:`finish`."""
+        gate = getattr(self, "_gate", None)
+        if gate is not None:
+            gate.stop(end_run=False)
 
     def spawn_spec(self) -> dict[str, Any]:
         """The keyword arguments of ``gatewrap._gate_core.spawn_agent`` (JSON-able: str,

@@ -404,8 +404,9 @@ impl PyGate {
         Ok(d)
     }
 
-    fn stop(&self, py: Python<'_>) {
-        py.allow_threads(|| self.inner.stop());
+    #[pyo3(signature = (end_run = true))]
+    fn stop(&self, py: Python<'_>, end_run: bool) {
+        py.allow_threads(|| self.inner.stop_serving(end_run));
     }
 
     fn __repr__(&self) -> String {

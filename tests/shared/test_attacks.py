@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import threading
@@ -332,3 +333,153 @@ def test_a_timeout_beyond_the_waiters_clock_is_no_timeout_as_in_a_run_of_its_own
     p = subprocess.run(_run(tmp_path / "audit.jsonl", ["/usr/bin/sh", "-c", "echo ran; exit 3"], "--timeout", timeout),
                        capture_output=True, text=True, timeout=120, env=_env(daemon))
     assert (p.returncode, p.stdout.split()) == (3, ["ran"]), p.stderr
+
+
+def test_a_taken_back_runs_counts_are_not_inflated_by_what_its_agent_does_as_the_gate_comes_back(tmp_path, shown):
+    """A hostile agent fills the log with its own denied requests (so the take-back's count of
+    them takes a while), makes direct connects while its daemon is dead (the kernel keeps them
+    in the run's ring buffer), then hammers the gate until it listens again. The daemon that
+    takes the run back counts the records from before the take-back and adds the new gate's
+    and reader's counts: a record the new gate or reader wrote while that count was being read
+    must not be counted twice. run_end must say what the run's records say."""
+    from gatewrap.audit_stats import RunCounts
+
+    from .conftest import Daemon
+
+    step = shown / "step"
+    script = (f"import os, socket, time\n"
+              f"def ask():\n"
+              f"    s = socket.create_connection(('127.0.0.1', 3128))\n"
+              f"    s.sendall(b'GET http://evil.test/ HTTP/1.1\\r\\nHost: evil.test\\r\\nConnection: close\\r\\n\\r\\n')\n"
+              f"    while s.recv(65536): pass\n"
+              f"    s.close()\n"
+              f"for _ in range(3000): ask()\n"
+              f"print('filled', flush=True)\n"
+              f"while not os.path.exists('{step}'): time.sleep(0.05)\n"
+              f"for _ in range(20):\n"
+              f"    try: socket.create_connection(('198.51.100.1', 80))\n"
+              f"    except OSError: pass\n"
+              f"n = 0\n"
+              f"while n < 500:\n"
+              f"    try: ask(); n += 1\n"
+              f"    except OSError: time.sleep(0.001)\n"
+              f"print('done', flush=True)\n")
+    first = Daemon().start()
+    second = None
+    audit = tmp_path / "audit.jsonl"
+    try:
+        p = subprocess.Popen(_run(audit, [AGENT_PYTHON, "-c", script], "--ro-bind", str(shown),
+                                  "--resolver", "127.0.0.1:9", "--json"),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(first))
+        assert p.stdout.readline().split() == ["filled"], p.stderr.read() if p.poll() is not None else ""
+        first.kill()
+        step.write_text("")
+        second = Daemon()
+        second.socket = first.socket  # the same socket: a restart
+        second.start()
+        assert p.stdout.readline().split() == ["done"]
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+        recs = _records(audit)
+        run_id = next(r["run"] for r in recs if r["event"] == "run_start")
+        counted = RunCounts(run_id)
+        for r in recs:
+            if r.get("run") == run_id and r["event"] != "run_end":
+                counted.add(r)
+        end = next(r for r in recs if r["event"] == "run_end")
+        assert [r["event"] for r in recs].count("run_resumed") == 1
+        # The gap's mark comes before every record of the new gate and reader.
+        mine = [r["event"] for r in recs if r.get("run") == run_id]
+        gap = mine.index("run_resumed")
+        assert (mine[:gap].count("request"), mine[gap + 1:].count("request")) == (3000, 500), mine[gap - 3:gap + 3]
+        assert counted.denied == 3500 and counted.direct_egress == 20, (counted.denied, counted.direct_egress)
+        assert (end["denied"], end["direct_egress"]) == (counted.denied, counted.direct_egress)
+        assert json.loads(err.strip().splitlines()[-1])["denied"] == counted.denied
+    finally:
+        first.stop()
+        if second is not None:
+            second.stop()
+        subprocess.run(gatewrap_cmd("gc"), capture_output=True, timeout=120)
+
+
+def test_a_daemon_of_another_socket_leaves_the_runs_that_wait_for_theirs(tmp_path, shown):
+    """Run R's daemon (socket A) dies; R's waiter waits for a daemon of A to take R back. A
+    daemon started on another socket B (another team's, a test's) removes the stale sandboxes
+    at its start and at the end of its take-back window: it must leave R alone (only a daemon
+    of A takes R back or gives up on it), as gc and runs of their own do."""
+    from gatewrap.sandbox import cgroup
+
+    from .conftest import Daemon
+
+    step = shown / "step"
+    script = (f"import os, time\n"
+              f"print('up', flush=True)\n"
+              f"while not os.path.exists('{step}'): time.sleep(0.05)\n")
+    a = Daemon().start()
+    b = None
+    audit = tmp_path / "audit.jsonl"
+    try:
+        p = subprocess.Popen(_run(audit, [AGENT_PYTHON, "-c", script], "--ro-bind", str(shown)),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(a))
+        assert p.stdout.readline().split() == ["up"], p.stderr.read() if p.poll() is not None else ""
+        run_id = next(r["run"] for r in _records(audit) if r["event"] == "run_start")
+        a.kill()
+        b = Daemon().start()  # another socket: its start collects stale sandboxes
+        assert b.status()["runs"] == []
+        assert p.poll() is None, p.communicate(timeout=60)
+        assert cgroup.populated(os.path.join(cgroup.parent_dir(), run_id))
+        again = Daemon()
+        again.socket = a.socket  # A's daemon comes back and takes R back
+        again.start()
+        assert _wait_for(lambda: again.status()["runs"] == [run_id], 60), again.log_text()
+        step.write_text("")
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+        assert "daemon is back" in err, err
+        again.stop()
+    finally:
+        a.stop()
+        if b is not None:
+            b.stop()
+        subprocess.run(gatewrap_cmd("gc"), capture_output=True, timeout=120)
+
+
+def test_dns_queries_held_over_the_record_rate_are_counted_though_the_daemon_stops(tmp_path, shown):
+    """The agent sends DNS queries faster than the stub records them one by one (its first
+    window's queries beyond RECORDS_PER_SECOND are held, to be counted in one record when the
+    next window opens or the gate stops), then waits. The daemon is stopped (SIGTERM: an
+    upgrade, systemctl restart) and a new one takes the run back: every query must be in the
+    log, the held ones too (a gate that stops with its daemon must not take them along)."""
+    from .conftest import Daemon
+
+    step = shown / "step"
+    script = (f"import os, socket, struct, time\n"
+              f"s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+              f"s.settimeout(5)\n"
+              f"q = lambda i: struct.pack('>HHHHHH', i, 0x0100, 1, 0, 0, 0) + b'\\x04leak\\x04test\\x00\\x00\\x01\\x00\\x01'\n"
+              f"for i in range(1000):\n"
+              f"    s.sendto(q(i), ('127.0.0.1', 53)); s.recv(512)\n"
+              f"print('sent', flush=True)\n"
+              f"while not os.path.exists('{step}'): time.sleep(0.05)\n")
+    first = Daemon().start()
+    second = None
+    audit = tmp_path / "audit.jsonl"
+    try:
+        p = subprocess.Popen(_run(audit, [AGENT_PYTHON, "-c", script], "--ro-bind", str(shown)),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(first))
+        assert p.stdout.readline().split() == ["sent"], p.stderr.read() if p.poll() is not None else ""
+        first.kill(signal.SIGTERM)
+        second = Daemon()
+        second.socket = first.socket  # the same socket: a restart
+        second.start()
+        assert _wait_for(lambda: second.status()["runs"], 60), second.log_text()
+        step.write_text("")
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+        dns = [r for r in _records(audit) if r.get("event") == "dns"]
+        assert sum(r.get("count", 1) for r in dns) == 1000, [r for r in dns if "count" in r]
+    finally:
+        first.stop()
+        if second is not None:
+            second.stop()
+        subprocess.run(gatewrap_cmd("gc"), capture_output=True, timeout=120)

@@ -35,12 +35,13 @@ def stale_runs(parent: str) -> list[str]:
 
 
 def collect(parent: str, salvage: Callable[[str, int], None] | None = None,
-            keep: Container[str] = (), waiting_too: bool = False) -> Collected:
-    """Kill and remove every stale sandbox under ``parent``, but those in ``keep`` and, unless
-    ``waiting_too``, the shared-mode runs whose daemon died and whose waiter still lives
-    (:func:`registry.waiter_alive`): they wait, without egress, for a daemon to take them back,
-    and only a daemon knows how long to wait (its take-back window); a gc or a run of its own
-    started meanwhile must not kill their agents.
+            keep: Container[str] = (), waiting_for: str | None = None) -> Collected:
+    """Kill and remove every stale sandbox under ``parent``, but those in ``keep`` and the
+    shared-mode runs whose daemon died and whose waiter still lives (:func:`registry.waiter_alive`),
+    unless they wait for the daemon of socket ``waiting_for``: they wait, without egress, for a
+    daemon of their socket to take them back, and only that daemon knows how long to wait (its
+    take-back window); a gc, a run of its own or a daemon of another socket started meanwhile
+    must not kill their agents.
 
     Args:
         parent: the ``gatewrap/`` cgroup directory.
@@ -48,13 +49,17 @@ def collect(parent: str, salvage: Callable[[str, int], None] | None = None,
             before its cgroup is removed: records what its ring buffer still holds and drops
             its BPF map entries (None: leave them; they match no live cgroup).
         keep: stale runs to leave alone (a restarted daemon's, waiting for their clients).
-        waiting_too: also remove runs whose waiter lives (a daemon whose window is over).
+        waiting_for: the socket path of the daemon collecting: also remove the runs whose
+            waiter lives and waits for it (at its start, those it cannot take back; once its
+            window is over, those that did not come back); None: remove none of them.
     """
     out = Collected()
     for run_id in stale_runs(parent):
         if run_id in keep:
             continue
-        waiter = None if waiting_too else registry.waiter_alive(run_id)
+        waiter = registry.waiter_alive(run_id)
+        if waiter is not None and waiting_for is not None and (registry.saved(run_id) or {}).get("socket") == waiting_for:
+            waiter = None
         if waiter is not None:
             out.waiting.append((run_id, waiter))
             continue

@@ -248,7 +248,8 @@ class Daemon:
         for run_id in self.awaiting:
             self.say(f"run {run_id} of the last daemon still runs: waiting {TAKE_BACK_WINDOW:g} s for its "
                      "gatewrap run to come back")
-        for stale in gc.collect(parent, runner.salvager(self.hooks, "the gatewrap daemon"), keep=self.awaiting, waiting_too=True).runs:
+        for stale in gc.collect(parent, runner.salvager(self.hooks, "the gatewrap daemon"), keep=self.awaiting,
+                                waiting_for=self.socket_path).runs:
             self.say(f"removed stale sandbox {stale} (its gatewrap had died)")
         if swept := self.hooks.sweep(parent):
             self.say(f"dropped the hooks' map entries of {swept} cgroups that are gone")
@@ -281,6 +282,11 @@ class Daemon:
             self.say(f"stopping; {n} run{'' if n == 1 else 's'} lose{'s' if n == 1 else ''} "
                      f"{'its gate and stays' if n == 1 else 'their gates and stay'} without egress until "
                      f"{'it ends' if n == 1 else 'they end'}")
+            with self._lock:
+                boxes = list(self.runs.values())
+            for box in boxes:  # what each gate holds in memory goes to the log before we go
+                with contextlib.suppress(Exception):
+                    box.leave()
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.socket_path)
             listener.close()
@@ -318,7 +324,7 @@ class Daemon:
         """The take-back window is over: a run whose client did not come back is removed."""
         with self._lock:
             self.awaiting = set()
-        for stale in gc.collect(parent, runner.salvager(self.hooks, "the gatewrap daemon"), waiting_too=True).runs:
+        for stale in gc.collect(parent, runner.salvager(self.hooks, "the gatewrap daemon"), waiting_for=self.socket_path).runs:
             self.say(f"removed stale sandbox {stale} (its gatewrap run did not come back)")
         self.hooks.sweep(parent)
 

@@ -267,6 +267,13 @@ impl Gate {
     /// and end the run in the approvals store. Blocks the calling thread (call it off the
     /// runtime, e.g. with the GIL released); idempotent.
     pub fn stop(&self) {
+        self.stop_serving(true);
+    }
+
+    /// [`Self::stop`], ending the run in the approvals store only if `end_run`: a daemon that
+    /// stops while the run goes on (a restarted daemon takes it back, its approvals with it)
+    /// still records the DNS queries held over the record rate, which would go with it.
+    pub fn stop_serving(&self, end_run: bool) {
         if self.stopped.swap(true, Ordering::AcqRel) {
             return;
         }
@@ -279,6 +286,9 @@ impl Gate {
             rt.shutdown_timeout(STOP_TIMEOUT.saturating_sub(started.elapsed()));
         }
         dns_stub::flush(&self.ctx);
+        if !end_run {
+            return;
+        }
         if let Some(ap) = &self.ctx.approvals {
             ap.end_run(&self.ctx.run_id);
         }
