@@ -391,7 +391,7 @@ class Sandbox:
         if self._shared_runtime:  # a daemon's run: what a restarted daemon needs to take it back
             registry.save(run_id, {"opts": dataclasses.asdict(opts), "policy_text": p.policy_text,
                                    "cgroup_id": cgroup_id, "netns_ino": ns.ino, "staged": staged,
-                                   "owner_pid": self._owner_pid, "owner_started": registry.process_started(self._owner_pid),
+                                   "owner_pid": self._owner_pid, "owner_starttime": registry.process_started(self._owner_pid),
                                    "socket": self.socket, "summary": self.summary})
 
     def take_back(self, saved: dict[str, Any]) -> "Sandbox":

@@ -86,15 +86,22 @@ def forget(run_id: str) -> None:
         pass
 
 
-def process_started(pid: int) -> float | None:
-    """When process ``pid`` started (psutil's create_time: seconds since the epoch, from
-    /proc/PID/stat's starttime, proc(5)); None if there is no such process. With the pid,
-    it names one process: a pid reused later has another start time."""
-    import psutil  # only here: gc's path stays light when no run is saved
-
+def process_started(pid: int) -> int | None:
+    """When process ``pid`` started, in clock ticks since boot (``starttime``, field 22 of
+    /proc/PID/stat, proc(5)); None if there is no such process. With the pid it names one
+    process: a pid reused later has another start time. Ticks since boot, not a wall-clock
+    time (psutil's create_time adds the boot time, which moves with a step of the clock)."""
     try:
-        return psutil.Process(pid).create_time()
-    except (psutil.NoSuchProcess, psutil.ZombieProcess, ValueError):
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # The command name (field 2) is in parentheses and may hold any byte: fields 3 and on
+    # follow its last ')'.
+    fields = stat[stat.rfind(b")") + 2:].split()
+    try:
+        return int(fields[19])
+    except (IndexError, ValueError):
         return None
 
 
@@ -105,11 +112,10 @@ def waiter_alive(run_id: str) -> int | None:
     got = saved(run_id)
     if got is None:
         return None
-    pid, started = got.get("owner_pid"), got.get("owner_started")
-    if not isinstance(pid, int) or pid <= 0 or not isinstance(started, (int, float)):
+    pid, started = got.get("owner_pid"), got.get("owner_starttime")
+    if not isinstance(pid, int) or pid <= 0 or not isinstance(started, int):
         return None
-    now = process_started(pid)
-    return pid if now is not None and abs(now - started) < 0.01 else None
+    return pid if process_started(pid) == started else None
 
 
 def info(run_id: str) -> dict[str, Any] | None:
