@@ -69,3 +69,38 @@ def versus_squid(cells: dict[str, dict]) -> None:
         if sq and name != "squid":
             c["rps_vs_squid"] = ratio(c["rps"], sq["rps"])
             c["p99_vs_squid"] = ratio(c["p99_ms"], sq["p99_ms"])
+
+
+#: The socket of the harness's own gatewrap daemon (the shared mode's runs).
+DAEMON_SOCKET = "/run/gatewrap/bench-harness.sock"
+
+
+class SharedDaemon:
+    """``gatewrap daemon`` on :data:`DAEMON_SOCKET` for the shared mode's rows, answering
+    once entered; stopped (SIGTERM) on leaving. ``env``: ``gatewrap run --shared`` uses it."""
+
+    def __enter__(self) -> "SharedDaemon":
+        import socket
+
+        py = os.environ.get("GATEWRAP_PYTHON", VENV_PY)
+        self.env = dict(agent_env(), GATEWRAP_DAEMON_SOCKET=DAEMON_SOCKET)
+        self.proc = subprocess.Popen([py, "-m", "gatewrap", "daemon", "--socket", DAEMON_SOCKET],
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + 60
+        while True:
+            with socket.socket(socket.AF_UNIX) as s:
+                try:
+                    s.connect(DAEMON_SOCKET)
+                    return self
+                except OSError:
+                    if self.proc.poll() is not None or time.monotonic() > deadline:
+                        self.__exit__()
+                        raise RuntimeError("the gatewrap daemon did not start")
+            time.sleep(0.05)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(60)
+

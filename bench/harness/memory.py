@@ -5,8 +5,9 @@ so the start time of the first and the last can be compared (issue 13, target 2:
 1,000th as fast as the first). With all N idle, the overhead is every process of each
 sandbox's tree (the command started and its descendants, from /proc/PID/stat's ppid)
 except the agent itself: RSS and PSS from /proc/PID/smaps_rollup (proc(5)), PSS sharing
-pages shared between sandboxes fairly. A process outside the tree (a shared daemon) is not
-counted here; the JSON says so.
+pages shared between sandboxes fairly. For ``gatewrap run --shared`` (issue 13, target 2:
+<= 2 MB each) the daemon's PSS growth from before the first run, divided by N, is added
+(``daemon_mib_each``); bench/density.py measures the same at 1,000.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import subprocess
 import tempfile
 import time
 
-from .common import Missing, agent_env, gatewrap_argv, need
+from .common import Missing, SharedDaemon, agent_env, gatewrap_argv, need
 
 AGENT = ["/bin/sleep", "3600"]
 KINDS = {
@@ -27,6 +28,7 @@ KINDS = {
     "firejail --net=none": lambda tmp, i: [need("firejail"), "--noprofile", "--net=none", "--quiet", *AGENT],
     "nsjail": lambda tmp, i: [need("nsjail"), "-Mo", "-Q", "--chroot", "/", "--", *AGENT],
     "gatewrap run": lambda tmp, i: gatewrap_argv(os.path.join(tmp, f"audit-{i}.jsonl"), "--", *AGENT),
+    "gatewrap run --shared": lambda tmp, i: gatewrap_argv(os.path.join(tmp, f"audit-s{i}.jsonl"), "--shared", "--", *AGENT),
 }
 
 
@@ -89,8 +91,20 @@ def _stop(procs: list[subprocess.Popen]) -> None:
 
 def one_kind(kind: str, n: int, tmp: str) -> dict:
     """Start ``n`` sandboxes of ``kind``; ``{"n", "rss_mib_each", "pss_mib_each",
-    "start_first_s", "start_last_s", "processes_each"}``."""
-    env = agent_env() if kind == "gatewrap run" else None
+    "start_first_s", "start_last_s", "processes_each"}`` (and ``daemon_mib_each``, already in
+    ``pss_mib_each``, for the shared mode)."""
+    if kind == "gatewrap run --shared":
+        with SharedDaemon() as daemon:
+            before = _rollup(daemon.proc.pid)[1]
+            out = _one_kind(kind, n, tmp, daemon.env, lambda: _rollup(daemon.proc.pid)[1] - before)
+            out["daemon_mib_each"] = round(out.pop("extra_kib") / 1024 / n, 2)
+            return out
+    out = _one_kind(kind, n, tmp, agent_env() if kind == "gatewrap run" else None, lambda: 0)
+    out.pop("extra_kib")
+    return out
+
+
+def _one_kind(kind: str, n: int, tmp: str, env: dict | None, extra_pss_kib) -> dict:
     procs: list[subprocess.Popen] = []
     starts = []
     try:
@@ -115,9 +129,11 @@ def one_kind(kind: str, n: int, tmp: str) -> dict:
                 if not _is_agent(q):
                     r, s = _rollup(q)
                     rss, pss, nproc = rss + r, pss + s, nproc + 1
+        extra = extra_pss_kib()
+        pss += extra
     finally:
         _stop(procs)
-    return {"n": n, "rss_mib_each": round(rss / 1024 / n, 2), "pss_mib_each": round(pss / 1024 / n, 2),
+    return {"n": n, "extra_kib": extra, "rss_mib_each": round(rss / 1024 / n, 2), "pss_mib_each": round(pss / 1024 / n, 2),
             "processes_each": round(nproc / n, 1), "start_first_s": round(starts[0], 3),
             "start_last_s": round(starts[-1], 3)}
 
@@ -128,7 +144,7 @@ def measure(counts: list[int]) -> dict:
     tmp = tempfile.mkdtemp(prefix="gw-bench-mem-")
     os.chmod(tmp, 0o755)
     out: dict = {"counts": counts, "kinds": {}, "missing": [],
-                 "note": "overhead = the sandbox's process tree minus the agent; no shared daemon counted"}
+                 "note": "overhead = the sandbox's process tree minus the agent; for --shared, plus the daemon's PSS growth / N"}
     for kind in KINDS:
         for n in counts:
             try:

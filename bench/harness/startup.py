@@ -14,7 +14,7 @@ import shutil
 import subprocess
 import tempfile
 
-from .common import Missing, agent_env, gatewrap_argv, median, need, ratio, timed
+from .common import Missing, SharedDaemon, agent_env, gatewrap_argv, median, need, ratio, timed
 
 PEERS = {
     "unshare -n": lambda: [need("unshare"), "-n", "true"],
@@ -49,12 +49,21 @@ def measure(rounds: int) -> dict:
             missing.append(f"{name} ({e})")
     unload_hooks()
     cold = timed(*cmds["gatewrap run"])
-    samples: dict[str, list[float]] = {name: [] for name in cmds}
-    for _ in range(rounds):
-        for name, (argv, env) in cmds.items():
-            samples[name].append(timed(argv, env))
+    with SharedDaemon() as daemon:  # the shared mode: a daemon of the bench's own, started first
+        cmds = {"gatewrap run": cmds["gatewrap run"],
+                "gatewrap run --shared": (gatewrap_argv(os.path.join(tmp, "audit-shared.jsonl"), "--shared", "--",
+                                                        "/bin/true"), daemon.env),
+                **{k: v for k, v in cmds.items() if k != "gatewrap run"}}
+        samples: dict[str, list[float]] = {name: [] for name in cmds}
+        for _ in range(rounds):
+            for name, (argv, env) in cmds.items():
+                samples[name].append(timed(argv, env))
     shutil.rmtree(tmp, ignore_errors=True)
     gw = median(samples["gatewrap run"])
     out = {name: {"median_s": round(median(xs), 4), "first_s": round(xs[0], 4),
                   "gatewrap_ratio": ratio(gw, median(xs))} for name, xs in samples.items()}
+    fj = samples.get("firejail --net=none")
+    for name in ("gatewrap run", "gatewrap run --shared"):  # target 1's ratio, from the same rounds
+        if fj:
+            out[name]["firejail_ratio"] = ratio(median(samples[name]), median(fj))
     return {"rounds": rounds, "commands": out, "missing": missing, "gatewrap_cold_s": round(cold, 3)}
