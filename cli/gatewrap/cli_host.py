@@ -104,7 +104,7 @@ def doctor(as_json: bool) -> int:
 @click.command(context_settings=CONTEXT)
 @click.option("--json", "as_json", is_flag=True, help="Print what was removed as a JSON object.")
 def gc(as_json: bool) -> int:
-    """Remove sandboxes whose gatewrap died: kill their processes, delete their netns and cgroup.
+    """Remove sandboxes whose gatewrap died: kill their processes and delete their cgroups.
 
     A sandbox is stale when no gatewrap process holds its lock in /run/gatewrap/runs/.
     `gatewrap run` does the same at start-up. A shared-mode run whose daemon died while its
