@@ -36,6 +36,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+
+from harness.common import SharedDaemon  # noqa: E402
 UNLOAD = "from gatewrap.sandbox import cgroup; from gatewrap.bpf import loader; loader.unload(cgroup.parent_dir())"
 
 
@@ -64,26 +67,6 @@ def wall(argv: list[str]) -> float:
 
 #: The socket of the daemon ``--shared`` starts (one of the bench's own).
 SOCKET = "/run/gatewrap/bench-startup.sock"
-
-
-def start_daemon(gatewrap: str) -> subprocess.Popen:
-    """``gatewrap daemon`` on :data:`SOCKET`, answering before this returns; the shared runs
-    are sent to it (``GATEWRAP_DAEMON_SOCKET`` in :data:`ENV`)."""
-    import socket as socketlib
-
-    ENV["GATEWRAP_DAEMON_SOCKET"] = SOCKET
-    d = subprocess.Popen([gatewrap, "daemon", "--socket", SOCKET], stdin=subprocess.DEVNULL,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV)
-    deadline = time.monotonic() + 60
-    while True:
-        with socketlib.socket(socketlib.AF_UNIX) as s:
-            try:
-                s.connect(SOCKET)
-                return d
-            except OSError:
-                if d.poll() is not None or time.monotonic() > deadline:
-                    sys.exit("startup.py: the gatewrap daemon did not start")
-        time.sleep(0.05)
 
 
 def python_of(gatewrap: str) -> str:
@@ -131,7 +114,9 @@ def main() -> int:
                                                                "--", "/bin/true"]
         if args.shared:
             cmds[label.replace("run --", "run --shared --")] = [gw, "run", "--shared", "--audit-log", log, "--", "/bin/true"]
-    daemons = [start_daemon(builds[0])] if args.shared else []
+    daemons = [SharedDaemon([builds[0]], SOCKET).__enter__()] if args.shared else []
+    if args.shared:
+        ENV["GATEWRAP_DAEMON_SOCKET"] = SOCKET  # the shared runs go to it
     cmds[f"{python_of(builds[0])} -c pass"] = [python_of(builds[0]), "-c", "pass"]
     cmds.update(peers())
     for argv in cmds.values():  # warm-up: pins, page cache
@@ -154,8 +139,7 @@ def main() -> int:
             Path("/proc/sys/vm/drop_caches").write_text("3\n")
             cold_cache.setdefault(gw, []).append(wall([gw, "run", "--audit-log", log, "--", "/bin/true"]))
     for d in daemons:
-        d.terminate()
-        d.wait(60)
+        d.__exit__()
     med = {k: statistics.median(v) for k, v in times.items()}
     fj = med.get("firejail --noprofile --net=none")
     py = med[f"{python_of(builds[0])} -c pass"]

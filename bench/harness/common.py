@@ -76,22 +76,27 @@ DAEMON_SOCKET = "/run/gatewrap/bench-harness.sock"
 
 
 class SharedDaemon:
-    """``gatewrap daemon`` on :data:`DAEMON_SOCKET` for the shared mode's rows, answering
-    once entered; stopped (SIGTERM) on leaving. ``env``: ``gatewrap run --shared`` uses it."""
+    """``gatewrap daemon`` on ``socket_path`` for the shared mode's rows, answering once
+    entered; stopped (SIGTERM) on leaving. ``env``: ``gatewrap run --shared`` uses it (the
+    agent as :data:`AGENT_UID`). ``gatewrap``: the command that is gatewrap (default:
+    ``GATEWRAP_PYTHON -m gatewrap``, or this worktree's venv)."""
+
+    def __init__(self, gatewrap: list[str] | None = None, socket_path: str = DAEMON_SOCKET) -> None:
+        self.gatewrap = gatewrap or [os.environ.get("GATEWRAP_PYTHON", VENV_PY), "-m", "gatewrap"]
+        self.socket_path = socket_path
 
     def __enter__(self) -> "SharedDaemon":
         import socket
 
-        py = os.environ.get("GATEWRAP_PYTHON", VENV_PY)
-        self.env = dict(agent_env(), GATEWRAP_DAEMON_SOCKET=DAEMON_SOCKET)
-        self.proc = subprocess.Popen([py, "-m", "gatewrap", "daemon", "--socket", DAEMON_SOCKET],
+        self.env = dict(agent_env(), GATEWRAP_DAEMON_SOCKET=self.socket_path)
+        self.proc = subprocess.Popen([*self.gatewrap, "daemon", "--socket", self.socket_path],
                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL, start_new_session=True)
         deadline = time.monotonic() + 60
         while True:
             with socket.socket(socket.AF_UNIX) as s:
                 try:
-                    s.connect(DAEMON_SOCKET)
+                    s.connect(self.socket_path)
                     return self
                 except OSError:
                     if self.proc.poll() is not None or time.monotonic() > deadline:

@@ -23,6 +23,17 @@ class Daemon:
         self.log = f"/tmp/gwt-daemon-{secrets.token_hex(3)}.log"
         self.proc: subprocess.Popen | None = None
 
+    @classmethod
+    def restart_of(cls, dead: "Daemon") -> "Daemon":
+        """A new daemon on ``dead``'s socket (a restart), started."""
+        d = cls(*dead.args)
+        d.socket, d.env = dead.socket, dict(dead.env)
+        try:
+            return d.start()
+        except BaseException:
+            d.kill()
+            raise
+
     def start(self) -> "Daemon":
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(gatewrap_cmd("daemon", "--socket", self.socket, *self.args),

@@ -34,6 +34,15 @@ def _run(audit: Path, argv: list[str], *extra: str) -> list[str]:
     return [*gatewrap_cmd("run", "--audit-log", str(audit), "--workdir", "/tmp", *extra), "--", *argv]
 
 
+def _agent_said(audit: Path, script: str, d, first: str, *extra: str) -> subprocess.Popen:
+    """``gatewrap run --shared`` of the Python ``script`` on daemon ``d``, once its first line
+    of output was ``first``."""
+    p = subprocess.Popen(_run(audit, [AGENT_PYTHON, "-c", script], *extra),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(d))
+    assert p.stdout.readline().split() == [first], p.stderr.read() if p.poll() is not None else ""
+    return p
+
+
 @pytest.fixture
 def shown():
     """A folder the agent's user can reach (pytest's tmp_path is under a 0700 folder)."""
@@ -139,9 +148,7 @@ def test_a_taken_back_run_keeps_the_policy_it_started_with_though_its_agent_rewr
         assert p.stdout.readline().split() == ["before", "403"]
         assert p.stdout.readline().split() == ["rewritten"]
         first.kill()
-        second = Daemon()
-        second.socket = first.socket  # the same socket: a restart
-        second.start()
+        second = Daemon.restart_of(first)  # the same socket: a restart
         assert _wait_for(lambda: second.status()["runs"], 60), second.log_text()
         step.write_text("")
         out, err = p.communicate(timeout=120)
@@ -374,9 +381,7 @@ def test_a_taken_back_runs_counts_are_not_inflated_by_what_its_agent_does_as_the
         assert p.stdout.readline().split() == ["filled"], p.stderr.read() if p.poll() is not None else ""
         first.kill()
         step.write_text("")
-        second = Daemon()
-        second.socket = first.socket  # the same socket: a restart
-        second.start()
+        second = Daemon.restart_of(first)  # the same socket: a restart
         assert p.stdout.readline().split() == ["done"]
         out, err = p.communicate(timeout=120)
         assert p.returncode == 0, err
@@ -419,18 +424,14 @@ def test_a_daemon_of_another_socket_leaves_the_runs_that_wait_for_theirs(tmp_pat
     b = None
     audit = tmp_path / "audit.jsonl"
     try:
-        p = subprocess.Popen(_run(audit, [AGENT_PYTHON, "-c", script], "--ro-bind", str(shown)),
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(a))
-        assert p.stdout.readline().split() == ["up"], p.stderr.read() if p.poll() is not None else ""
+        p = _agent_said(audit, script, a, "up", "--ro-bind", str(shown))
         run_id = next(r["run"] for r in _records(audit) if r["event"] == "run_start")
         a.kill()
         b = Daemon().start()  # another socket: its start collects stale sandboxes
         assert b.status()["runs"] == []
         assert p.poll() is None, p.communicate(timeout=60)
         assert cgroup.populated(os.path.join(cgroup.parent_dir(), run_id))
-        again = Daemon()
-        again.socket = a.socket  # A's daemon comes back and takes R back
-        again.start()
+        again = Daemon.restart_of(a)  # A's daemon comes back and takes R back
         assert _wait_for(lambda: again.status()["runs"] == [run_id], 60), again.log_text()
         step.write_text("")
         out, err = p.communicate(timeout=120)
@@ -465,13 +466,9 @@ def test_dns_queries_held_over_the_record_rate_are_counted_though_the_daemon_sto
     second = None
     audit = tmp_path / "audit.jsonl"
     try:
-        p = subprocess.Popen(_run(audit, [AGENT_PYTHON, "-c", script], "--ro-bind", str(shown)),
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(first))
-        assert p.stdout.readline().split() == ["sent"], p.stderr.read() if p.poll() is not None else ""
+        p = _agent_said(audit, script, first, "sent", "--ro-bind", str(shown))
         first.kill(signal.SIGTERM)
-        second = Daemon()
-        second.socket = first.socket  # the same socket: a restart
-        second.start()
+        second = Daemon.restart_of(first)  # the same socket: a restart
         assert _wait_for(lambda: second.status()["runs"], 60), second.log_text()
         step.write_text("")
         out, err = p.communicate(timeout=120)

@@ -261,9 +261,7 @@ def test_a_restarted_daemon_takes_its_runs_back_and_the_agent_never_noticed_but_
         first.kill(signal.SIGKILL)
         step.write_text("1")
         assert p.stdout.readline().split() == ["gap", "000"]   # no gate: fail closed
-        second = Daemon()
-        second.socket = first.socket          # the same socket: a restart
-        second.start()
+        second = Daemon.restart_of(first)          # the same socket: a restart
         deadline = time.monotonic() + 60
         while not second.status()["runs"]:
             assert time.monotonic() < deadline, second.log_text()
