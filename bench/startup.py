@@ -24,6 +24,7 @@ the default is the one beside this interpreter.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -114,32 +115,31 @@ def main() -> int:
                                                                "--", "/bin/true"]
         if args.shared:
             cmds[label.replace("run --", "run --shared --")] = [gw, "run", "--shared", "--audit-log", log, "--", "/bin/true"]
-    daemons = [SharedDaemon([builds[0]], SOCKET).__enter__()] if args.shared else []
-    if args.shared:
-        ENV["GATEWRAP_DAEMON_SOCKET"] = SOCKET  # the shared runs go to it
-    cmds[f"{python_of(builds[0])} -c pass"] = [python_of(builds[0]), "-c", "pass"]
-    cmds.update(peers())
-    for argv in cmds.values():  # warm-up: pins, page cache
-        wall(argv)
-    times: dict[str, list[float]] = {k: [] for k in cmds}
-    cpu: dict[str, list[float]] = {k: [] for k in cmds}
-    for _ in range(args.runs):
-        for name, argv in cmds.items():
-            times[name].append(wall(argv))
-            cpu[name].append(CPU[-1])
-    cold: dict[str, list[float]] = {}
-    for _ in range(args.cold):
-        for gw in builds:
-            subprocess.run([python_of(gw), "-c", UNLOAD], check=True)
-            cold.setdefault(gw, []).append(wall([gw, "run", "--audit-log", log, "--", "/bin/true"]))
-    cold_cache: dict[str, list[float]] = {}
-    for _ in range(args.cold_cache):
-        for gw in builds:
-            os.sync()
-            Path("/proc/sys/vm/drop_caches").write_text("3\n")
-            cold_cache.setdefault(gw, []).append(wall([gw, "run", "--audit-log", log, "--", "/bin/true"]))
-    for d in daemons:
-        d.__exit__()
+    with contextlib.ExitStack() as daemons:  # stopped however the measuring ends (a failed run exits)
+        if args.shared:
+            daemons.enter_context(SharedDaemon([builds[0]], SOCKET))
+            ENV["GATEWRAP_DAEMON_SOCKET"] = SOCKET  # the shared runs go to it
+        cmds[f"{python_of(builds[0])} -c pass"] = [python_of(builds[0]), "-c", "pass"]
+        cmds.update(peers())
+        for argv in cmds.values():  # warm-up: pins, page cache
+            wall(argv)
+        times: dict[str, list[float]] = {k: [] for k in cmds}
+        cpu: dict[str, list[float]] = {k: [] for k in cmds}
+        for _ in range(args.runs):
+            for name, argv in cmds.items():
+                times[name].append(wall(argv))
+                cpu[name].append(CPU[-1])
+        cold: dict[str, list[float]] = {}
+        for _ in range(args.cold):
+            for gw in builds:
+                subprocess.run([python_of(gw), "-c", UNLOAD], check=True)
+                cold.setdefault(gw, []).append(wall([gw, "run", "--audit-log", log, "--", "/bin/true"]))
+        cold_cache: dict[str, list[float]] = {}
+        for _ in range(args.cold_cache):
+            for gw in builds:
+                os.sync()
+                Path("/proc/sys/vm/drop_caches").write_text("3\n")
+                cold_cache.setdefault(gw, []).append(wall([gw, "run", "--audit-log", log, "--", "/bin/true"]))
     med = {k: statistics.median(v) for k, v in times.items()}
     fj = med.get("firejail --noprofile --net=none")
     py = med[f"{python_of(builds[0])} -c pass"]
