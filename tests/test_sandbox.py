@@ -301,3 +301,15 @@ def test_an_audit_log_that_is_a_symlink_is_refused_and_its_target_untouched(tmp_
     assert p.returncode == 125
     assert f"audit log {link} is a symbolic link (never followed), not a regular file" in p.stderr
     assert victim.read_text() == "precious\n"
+
+
+def test_gc_removes_the_approvals_wake_folder_a_killed_run_left():
+    """A run's gate removes /run/gatewrap/<run>/ (its approvals' wake socket) when dropped;
+    a gatewrap killed first leaves it, and gc removes it with the rest of the run."""
+    run_id = "gw-" + os.urandom(5).hex()
+    folder = f"/run/gatewrap/{run_id}"
+    os.makedirs(folder, mode=0o700)
+    open(f"{folder}/control.sock", "w").close()
+    g = subprocess.run(gatewrap_cmd("gc", "--json"), capture_output=True, text=True, timeout=60)
+    assert g.returncode == 0, g.stderr
+    assert run_id in json.loads(g.stdout)["runs"] and not os.path.exists(folder)

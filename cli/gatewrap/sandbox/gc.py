@@ -25,12 +25,19 @@ class Collected:
     waiting: list[tuple[str, int]] = field(default_factory=list)
 
 
+#: Where a run's approvals wake socket lives, ``<this>/<run id>/control.sock``
+#: (gate_core/src/approvals/wake.rs: removed when its gate is dropped, so left by one killed).
+WAKE_DIRS = "/run/gatewrap"
+
+
 def stale_runs(parent: str) -> list[str]:
-    """Run ids with a cgroup, a lock file or a named netns (older versions') but no live
-    gatewrap process."""
+    """Run ids with a cgroup, a lock file, a wake socket's folder or a named netns (older
+    versions') but no live gatewrap process."""
     ids = set(cgroup.list_leaves(parent)) | set(netns.list_named())
     with contextlib.suppress(FileNotFoundError):
         ids |= {f[: -len(".lock")] for f in os.listdir(registry.RUNS_DIR) if f.endswith(".lock")}
+    with contextlib.suppress(FileNotFoundError):
+        ids |= {d for d in os.listdir(WAKE_DIRS) if d.startswith("gw-") and os.path.isdir(os.path.join(WAKE_DIRS, d))}
     return sorted(i for i in ids if not registry.alive(i))
 
 
@@ -74,6 +81,7 @@ def collect(parent: str, salvage: Callable[[str, int], None] | None = None,
             netns.remove_named(run_id)
             for staged in glob.glob(os.path.join(STAGED_ROOT, f"{run_id}-*")):
                 shutil.rmtree(staged, ignore_errors=True)
+            shutil.rmtree(os.path.join(WAKE_DIRS, run_id), ignore_errors=True)
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(registry.lock_path(run_id))
             registry.forget(run_id)
