@@ -64,10 +64,9 @@ def collect(parent: str, salvage: Callable[[str, int], None] | None = None,
     for run_id in stale_runs(parent):
         if run_id in keep:
             continue
-        waiter = registry.waiter_alive(run_id)
-        if waiter is not None and waiting_for is not None and (registry.saved(run_id) or {}).get("socket") == waiting_for:
-            waiter = None
-        if waiter is not None:
+        state = registry.saved(run_id)
+        waiter = None if state is None else registry.waiter_alive(run_id, state)
+        if waiter is not None and (waiting_for is None or state.get("socket") != waiting_for):
             out.waiting.append((run_id, waiter))
             continue
         leaf = os.path.join(parent, run_id)

@@ -105,11 +105,11 @@ def process_started(pid: int) -> int | None:
         return None
 
 
-def waiter_alive(run_id: str) -> int | None:
+def waiter_alive(run_id: str, state: dict[str, Any] | None = None) -> int | None:
     """The pid of a shared-mode run's waiter (its client, the agent's parent) if that very
     process still lives (the pid and start time :func:`save` kept); None otherwise or for a
-    run the daemon did not save."""
-    got = saved(run_id)
+    run the daemon did not save. ``state``: what :func:`saved` gave, if the caller read it."""
+    got = saved(run_id) if state is None else state
     if got is None:
         return None
     pid, started = got.get("owner_pid"), got.get("owner_starttime")

@@ -316,7 +316,7 @@ class Daemon:
         for run_id in gc.stale_runs(parent):
             saved = registry.saved(run_id)
             if (saved is not None and saved.get("socket") == self.socket_path
-                    and registry.waiter_alive(run_id) is not None and cgroup.populated(os.path.join(parent, run_id))):
+                    and registry.waiter_alive(run_id, saved) is not None and cgroup.populated(os.path.join(parent, run_id))):
                 out.add(run_id)
         return out
 
