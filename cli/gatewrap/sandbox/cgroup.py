@@ -67,14 +67,13 @@ def create_leaf(parent: str, run_id: str) -> tuple[str, int]:
 def populated(path: str) -> bool:
     """Whether any process is in the cgroup or below (``cgroup.events`` ``populated``)."""
     try:
-        with open(os.path.join(path, "cgroup.events")) as f:
-            for line in f:
-                k, _, v = line.partition(" ")
-                if k == "populated":
-                    return v.strip() == "1"
+        fd = os.open(os.path.join(path, "cgroup.events"), os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
         return False
-    return False
+    try:
+        return _populated_fd(fd)
+    finally:
+        os.close(fd)
 
 
 def kill(path: str, timeout: float = 5.0) -> None:
