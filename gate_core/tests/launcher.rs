@@ -150,6 +150,11 @@ fn exec_failures_name_the_command() {
             }
         }
     }
+    let mut bad = request(&["true"], &ns, &cg, NOBODY, &cwd.join("gone"));
+    let e = spawn(&bad).expect_err("a missing working directory refused");
+    assert!(e.is_exec() && e.to_string().contains("working directory"), "{e}");
+    bad = request(&["true", "a\0b"], &ns, &cg, NOBODY, &cwd);
+    assert!(matches!(spawn(&bad), Err(SpawnError::NulInArg(_))));
     let mut bad = request(&["true"], &ns, &cg, NOBODY, &cwd);
     bad.netns_path = PathBuf::from("/run/netns/gw-does-not-exist");
     assert!(matches!(spawn(&bad), Err(SpawnError::Netns { .. })));
@@ -157,7 +162,7 @@ fn exec_failures_name_the_command() {
     bad.cgroup_dir = PathBuf::from("/sys/fs/cgroup/gw-does-not-exist");
     let e = spawn(&bad).expect_err("missing cgroup refused");
     assert!(!e.is_exec() && e.errno() == libc::ENOENT, "{e}");
-    assert!(e.to_string().starts_with("cannot open /sys/fs/cgroup/gw-does-not-exist/cgroup.procs"), "{e}");
+    assert!(e.to_string().starts_with("cannot open /sys/fs/cgroup/gw-does-not-exist to join the cgroup"), "{e}");
 }
 
 #[test]
@@ -183,4 +188,32 @@ fn the_baseline_filter_refuses_new_namespaces_but_leaves_nsjail_its_own() {
         let pid = spawn(&req).expect("spawn");
         assert_eq!(wait_exit_code(pid) == 0, ok, "{case}");
     }
+}
+
+#[test]
+fn the_path_is_searched_as_execvp_does() {
+    require_root();
+    let ns = Netns::new("l4");
+    let cg = Cgroup::new("l4");
+    let tmp = tmpdir("l4");
+    let cwd = tmp.path.clone();
+    // An entry holding a non-executable file of the same name comes first: execvp(3) goes on
+    // to the next entry, and reports EACCES only when no entry has the command.
+    let refused = cwd.join("refused");
+    std::fs::create_dir(&refused).expect("mkdir");
+    std::fs::write(refused.join("true"), "#!/bin/sh\nexit 3\n").expect("write");
+    let mut req = request(&["true"], &ns, &cg, NOBODY, &cwd);
+    req.env = vec![("PATH".into(), format!("{}:/usr/bin:/bin", refused.display()))];
+    let pid = spawn(&req).expect("found in a later entry");
+    assert_eq!(wait_exit_code(pid), 0);
+    req.env = vec![("PATH".into(), refused.display().to_string())];
+    let e = spawn(&req).expect_err("only a refused candidate");
+    assert_eq!(e.errno(), libc::EACCES, "{e}");
+    // The child is born in the run's cgroup (CLONE_INTO_CGROUP): it is there before exec.
+    let mut req = request(&["sleep", "30"], &ns, &cg, NOBODY, &cwd);
+    req.env = vec![("PATH".into(), "/usr/bin:/bin".into())];
+    let pid = spawn(&req).expect("spawn");
+    let procs = std::fs::read_to_string(cg.dir.join("cgroup.procs")).expect("procs");
+    kill_and_reap(pid);
+    assert!(procs.lines().any(|l| l == pid.to_string()), "{procs}");
 }

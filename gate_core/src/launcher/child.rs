@@ -1,4 +1,10 @@
-//! What runs in the forked child between `fork` and `exec`: async-signal-safe calls only.
+//! What runs in the cloned child between `clone3` and `execve`: async-signal-safe calls only.
+//!
+//! The child is made by a raw `clone3(2)` (no glibc `fork`), so glibc's view of the process
+//! (its thread list, the cached thread id) is the parent's: the child makes system calls
+//! directly where glibc would act on "all threads" (`setgroups`, `setresgid`, `setresuid`
+//! broadcast to every thread in a multithreaded process, nptl(7)), and calls no function that
+//! takes a lock or allocates.
 
 use std::ffi::CString;
 use std::fmt;
@@ -19,7 +25,6 @@ pub enum Step {
     Signals = 1,
     Setsid,
     Setns,
-    Cgroup,
     Unshare,
     MountPrivate,
     RootMount,
@@ -35,14 +40,17 @@ pub enum Step {
     Landlock,
     Seccomp,
     CloseRange,
+    /// chdir(2) to the working directory (reported as an exec error, as std's spawn did).
+    Chdir,
+    /// execve(2) of every candidate path failed.
+    Exec,
 }
 
 impl Step {
-    const ALL: [Step; 19] = [
+    const ALL: [Step; 20] = [
         Step::Signals,
         Step::Setsid,
         Step::Setns,
-        Step::Cgroup,
         Step::Unshare,
         Step::MountPrivate,
         Step::RootMount,
@@ -58,6 +66,8 @@ impl Step {
         Step::Landlock,
         Step::Seccomp,
         Step::CloseRange,
+        Step::Chdir,
+        Step::Exec,
     ];
 
     pub fn from_code(code: u8) -> Option<Step> {
@@ -71,7 +81,6 @@ impl fmt::Display for Step {
             Step::Signals => "resetting SIGPIPE/SIGXFSZ",
             Step::Setsid => "setsid",
             Step::Setns => "setns into the sandbox netns",
-            Step::Cgroup => "joining the sandbox cgroup",
             Step::Unshare => "unshare(CLONE_NEWNS | CLONE_NEWCGROUP)",
             Step::MountPrivate => "making the mount namespace private",
             Step::RootMount => "making the root directory a mount point (open_tree, move_mount, chroot)",
@@ -87,15 +96,26 @@ impl fmt::Display for Step {
             Step::Landlock => "landlock_restrict_self (the launcher's Landlock domain)",
             Step::Seccomp => "installing the baseline seccomp filter",
             Step::CloseRange => "close_range(CLOSE_RANGE_CLOEXEC)",
+            Step::Chdir => "chdir to the working directory",
+            Step::Exec => "execve",
         })
     }
 }
 
-/// Everything the child needs, prepared before `fork`.
+/// Everything the child needs, prepared before `clone3`.
 pub struct Plan {
     pub netns_fd: libc::c_int,
-    pub procs_fd: libc::c_int,
+    /// Written by the child when a step fails: the [`Step`] code, then errno (i32, native
+    /// byte order): [`REPORT_BYTES`] bytes, one atomic pipe write (pipe(7): PIPE_BUF).
     pub status_fd: libc::c_int,
+    /// The paths to try with execve(2), in order: the program itself when it names a path,
+    /// else each `PATH` entry joined with it (as execvp(3) searches).
+    pub exec_paths: Vec<CString>,
+    /// NULL-terminated pointers into `owned`'s strings (argv, then `KEY=value` pairs).
+    pub argv: Vec<*const libc::c_char>,
+    pub envp: Vec<*const libc::c_char>,
+    /// The strings `argv` and `envp` point into, kept alive with the plan.
+    pub _owned: (Vec<CString>, Vec<CString>),
     pub groups: Vec<libc::gid_t>,
     pub uid: libc::uid_t,
     pub gid: libc::gid_t,
@@ -129,12 +149,27 @@ struct CapData {
     inheritable: u32,
 }
 
+/// Bytes of one failure report on the status pipe: the step's code and an i32 errno.
+pub const REPORT_BYTES: usize = 5;
+
+/// Decode a report written by [`Plan::fail`]: the step and its errno.
+pub fn decode_report(buf: &[u8; REPORT_BYTES]) -> Option<(Step, i32)> {
+    let errno = i32::from_ne_bytes([buf[1], buf[2], buf[3], buf[4]]);
+    Step::from_code(buf[0]).map(|step| (step, errno))
+}
+
 impl Plan {
+    fn fail_with(&self, step: Step, errno: i32) {
+        let e = errno.to_ne_bytes();
+        let report: [u8; REPORT_BYTES] = [step as u8, e[0], e[1], e[2], e[3]];
+        // SAFETY: write(2) from a local; the result does not matter (the parent then sees
+        // the child exit without a report and says so).
+        unsafe { libc::write(self.status_fd, report.as_ptr().cast(), REPORT_BYTES) };
+    }
+
     fn fail(&self, step: Step) -> io::Error {
         let err = io::Error::last_os_error();
-        let code = step as u8;
-        // SAFETY: write(2) of one byte from a local; the result does not matter.
-        unsafe { libc::write(self.status_fd, (&code as *const u8).cast(), 1) };
+        self.fail_with(step, err.raw_os_error().unwrap_or(libc::EIO));
         err
     }
 
@@ -201,8 +236,8 @@ impl Plan {
         self.check(Step::RootMount, libc::chdir(self.cwd.as_ptr()).into())
     }
 
-    /// Enter the sandbox and drop privileges, in this order: signals, netns, cgroup,
-    /// cgroup + mount namespaces (hidden and read-only paths), the agent's user without
+    /// Enter the sandbox and drop privileges, in this order (the child was born in the run's
+    /// cgroup: `CLONE_INTO_CGROUP`): signals, netns, cgroup + mount namespaces (hidden and read-only paths), the agent's user without
     /// capabilities ([`Plan::drop_to_agent`], unless the exec'd jail does it), no_new_privs,
     /// the Landlock domain (before the filters, which then need not allow its system calls),
     /// the baseline seccomp filters, and close-on-exec for every fd above 2.
@@ -226,8 +261,6 @@ impl Plan {
             // shell gatewrap was started from (tty_ioctl(4)); gatewrap forwards Ctrl-C.
             self.check(Step::Setsid, libc::setsid().into())?;
             self.check(Step::Setns, libc::setns(self.netns_fd, libc::CLONE_NEWNET).into())?;
-            let n = libc::write(self.procs_fd, b"0".as_ptr().cast(), 1);
-            self.check(Step::Cgroup, n as libc::c_long)?;
             self.isolate_mounts()?;
             if self.drop_privileges {
                 self.drop_to_agent()?;
@@ -244,7 +277,7 @@ impl Plan {
                     return Err(self.fail(Step::Seccomp));
                 }
             }
-            // Mark, don't close: std's exec-error pipe must stay open until exec.
+            // Mark, don't close: the status pipe must stay open until exec.
             let rc = libc::syscall(libc::SYS_close_range, 3 as libc::c_uint, libc::c_uint::MAX, CLOSE_RANGE_CLOEXEC);
             self.check(Step::CloseRange, rc)?;
         }
@@ -257,8 +290,10 @@ impl Plan {
     /// SAFETY: plain system calls on prepared values, no allocation.
     unsafe fn drop_to_agent(&self) -> io::Result<()> {
         {
-            self.check(Step::Setgroups, libc::setgroups(self.groups.len(), self.groups.as_ptr()).into())?;
-            self.check(Step::Setresgid, libc::setresgid(self.gid, self.gid, self.gid).into())?;
+            // Raw system calls: glibc's wrappers would signal the parent's other threads.
+            let rc = libc::syscall(libc::SYS_setgroups, self.groups.len(), self.groups.as_ptr());
+            self.check(Step::Setgroups, rc)?;
+            self.check(Step::Setresgid, libc::syscall(libc::SYS_setresgid, self.gid, self.gid, self.gid))?;
             // Done for every uid (not only root): with the bounding set empty, nothing the
             // child execs can gain a capability back.
             for cap in 0..=self.last_cap {
@@ -267,11 +302,48 @@ impl Plan {
             }
             let rc = libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong, 0, 0, 0);
             self.check(Step::Ambient, rc.into())?;
-            self.check(Step::Setresuid, libc::setresuid(self.uid, self.uid, self.uid).into())?;
+            self.check(Step::Setresuid, libc::syscall(libc::SYS_setresuid, self.uid, self.uid, self.uid))?;
             let header = CapHeader { version: LINUX_CAPABILITY_VERSION_3, pid: 0 };
             let data = [CapData { effective: 0, permitted: 0, inheritable: 0 }; 2];
             let rc = libc::syscall(libc::SYS_capset, &header as *const CapHeader, data.as_ptr());
             self.check(Step::Capset, rc)
         }
+    }
+}
+
+impl Plan {
+    /// The child's whole life: the working directory, [`Plan::enter`], then execve(2) of
+    /// each of `exec_paths` until one succeeds. Never returns: on a failure the step and
+    /// errno go to the status pipe and the child exits with 127.
+    ///
+    /// SAFETY: to be called only in the child of `clone3`, on a plan prepared before it.
+    pub unsafe fn run_child(&self) -> ! {
+        if libc::chdir(self.cwd.as_ptr()) != 0 {
+            self.fail(Step::Chdir);
+            libc::_exit(127);
+        }
+        if self.enter().is_ok() {
+            let errno = self.exec();
+            self.fail_with(Step::Exec, errno);
+        }
+        libc::_exit(127)
+    }
+
+    /// execve(2) each candidate in turn, as execvp(3) does: a missing file or folder tries
+    /// the next, a refused one is remembered (EACCES wins over ENOENT), anything else stops
+    /// the search. Returns the errno to report.
+    unsafe fn exec(&self) -> i32 {
+        let mut refused = false;
+        let mut last = libc::ENOENT;
+        for path in &self.exec_paths {
+            libc::execve(path.as_ptr(), self.argv.as_ptr(), self.envp.as_ptr());
+            last = *libc::__errno_location();
+            match last {
+                libc::EACCES => refused = true,
+                libc::ENOENT | libc::ENOTDIR | libc::ESTALE | libc::ENODEV | libc::ETIMEDOUT => {}
+                _ => return last,
+            }
+        }
+        if refused { libc::EACCES } else { last }
     }
 }

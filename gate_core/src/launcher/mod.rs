@@ -1,8 +1,15 @@
-//! The pre-exec launcher: fork, enter the sandbox, drop privileges, exec.
+//! The pre-exec launcher: clone into the run's cgroup, enter the sandbox, drop privileges, exec.
 //!
 //! Everything that can allocate or fail for ordinary reasons (opening the netns and the
-//! cgroup's `cgroup.procs`, reading `cap_last_cap`) happens before `fork`; the child only
-//! makes async-signal-safe system calls on memory prepared in advance.
+//! cgroup's folder, reading `cap_last_cap`, the argv, environment and exec paths) happens
+//! before `clone3`; the child only makes async-signal-safe system calls on memory prepared
+//! in advance.
+//!
+//! The child is born in the cgroup (`clone3(2)` with `CLONE_INTO_CGROUP`, Linux 5.7)
+//! rather than moving itself there by writing `cgroup.procs`: a move takes the cgroup
+//! threadgroup rwsem for writing, which waits out an RCU grace period (~10 ms here when
+//! nothing else moved a task just before; cgroups(7), the `favordynmods` mount option), while
+//! a birth in the cgroup takes it only for reading.
 
 mod child;
 pub mod landlock;
@@ -10,14 +17,13 @@ pub mod seccomp;
 #[cfg(test)]
 mod tests;
 
-use std::ffi::{CString, OsStr};
-use std::os::unix::ffi::OsStrExt;
-use std::fs::{File, OpenOptions};
+use std::ffi::CString;
+use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::process::CommandExt;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 pub use child::Step;
 pub use seccomp::Mode;
@@ -55,6 +61,10 @@ pub enum SpawnError {
     Cgroup { path: PathBuf, source: io::Error },
     #[error("path {0} contains a NUL byte")]
     NulInPath(PathBuf),
+    #[error("the command's arguments or environment contain a NUL byte: {0:?}")]
+    NulInArg(String),
+    #[error("clone3(CLONE_INTO_CGROUP) failed (Linux 5.7 or later is needed): {0}")]
+    Clone(io::Error),
     #[error("cannot read /proc/sys/kernel/cap_last_cap: {0}")]
     CapLastCap(io::Error),
     #[error("cannot create the launcher's status pipe: {0}")]
@@ -83,13 +93,16 @@ impl SpawnError {
     /// The errno to report (`EINVAL` for errors without one).
     pub fn errno(&self) -> i32 {
         match self {
-            SpawnError::EmptyArgv | SpawnError::NulInPath(_) | SpawnError::Seccomp(_) => libc::EINVAL,
+            SpawnError::EmptyArgv | SpawnError::NulInPath(_) | SpawnError::NulInArg(_) | SpawnError::Seccomp(_) => {
+                libc::EINVAL
+            }
             SpawnError::NotFound(_) => libc::ENOENT,
             SpawnError::PermissionDenied(_) => libc::EACCES,
             SpawnError::Netns { source, .. }
             | SpawnError::Cgroup { source, .. }
             | SpawnError::CapLastCap(source)
             | SpawnError::Pipe(source)
+            | SpawnError::Clone(source)
             | SpawnError::Exec { source, .. }
             | SpawnError::Landlock { source, .. }
             | SpawnError::Child { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
@@ -104,22 +117,38 @@ fn cap_last_cap() -> Result<u32, SpawnError> {
     })
 }
 
-/// A pipe the child writes one [`Step`] byte to when a step fails (both ends close on exec).
+/// A pipe the child reports a failed step on (both ends close on exec: end of file then
+/// means the exec happened). Blocking: the parent reads until the child has exec'd or failed.
 fn status_pipe() -> Result<(OwnedFd, OwnedFd), SpawnError> {
     let mut fds = [-1i32; 2];
     // SAFETY: fds is a valid array of two ints.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) } != 0 {
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
         return Err(SpawnError::Pipe(io::Error::last_os_error()));
     }
     // SAFETY: pipe2 returned two fresh descriptors that nothing else owns.
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
-fn read_step(r: &OwnedFd) -> Option<Step> {
-    let mut b = 0u8;
-    // SAFETY: reading one byte into a valid local.
-    let n = unsafe { libc::read(r.as_raw_fd(), (&mut b as *mut u8).cast(), 1) };
-    (n == 1).then(|| Step::from_code(b)).flatten()
+/// Wait for the child's report: `None` at end of file (it exec'd), else the failed step and
+/// its errno. A short read (the child died mid-write) reads as an exec that never happened.
+fn read_report(r: &OwnedFd) -> Option<(Step, i32)> {
+    let mut buf = [0u8; child::REPORT_BYTES];
+    let mut got = 0;
+    while got < buf.len() {
+        // SAFETY: reading into the unfilled tail of a local buffer.
+        let n = unsafe { libc::read(r.as_raw_fd(), buf[got..].as_mut_ptr().cast(), buf.len() - got) };
+        match n {
+            0 => break,
+            n if n > 0 => got += n as usize,
+            _ if io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) => {}
+            _ => break,
+        }
+    }
+    match got {
+        0 => None,
+        child::REPORT_BYTES => child::decode_report(&buf),
+        _ => Some((Step::Exec, libc::EIO)),
+    }
 }
 
 fn c_paths(paths: &[PathBuf]) -> Result<Vec<CString>, SpawnError> {
@@ -129,26 +158,77 @@ fn c_paths(paths: &[PathBuf]) -> Result<Vec<CString>, SpawnError> {
         .collect()
 }
 
+fn c_string(s: String) -> Result<CString, SpawnError> {
+    CString::new(s).map_err(|e| SpawnError::NulInArg(String::from_utf8_lossy(&e.into_vec()).into_owned()))
+}
+
+/// The paths execve(2) tries for `program`, as execvp(3) searches: the program itself when it
+/// contains a `/`, else each entry of the child's `PATH` (this process's when the request sets
+/// none; an empty entry is the working directory) joined with it.
+fn exec_paths(program: &str, env: &[(String, String)]) -> Result<Vec<CString>, SpawnError> {
+    if program.contains('/') {
+        return Ok(vec![c_string(program.to_string())?]);
+    }
+    let path = env
+        .iter()
+        .find(|(k, _)| k == "PATH")
+        .map(|(_, v)| v.clone())
+        .or_else(|| std::env::var("PATH").ok())
+        .unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".to_string());
+    path.split(':')
+        .map(|dir| c_string(if dir.is_empty() { program.to_string() } else { format!("{dir}/{program}") }))
+        .collect()
+}
+
+/// The `clone_args` of clone3(2) (linux/sched.h, `CLONE_ARGS_SIZE_VER2`: 88 bytes).
+#[repr(C)]
+#[derive(Default)]
+struct CloneArgs {
+    flags: u64,
+    pidfd: u64,
+    child_tid: u64,
+    parent_tid: u64,
+    exit_signal: u64,
+    stack: u64,
+    stack_size: u64,
+    tls: u64,
+    set_tid: u64,
+    set_tid_size: u64,
+    cgroup: u64,
+}
+
+/// `CLONE_INTO_CGROUP` (linux/sched.h).
+const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
+
 /// Start `req.argv` inside the sandbox; returns the child's pid (the caller reaps it).
+///
+/// Returns once the child has exec'd (or failed: then it is reaped here and its step and
+/// errno make the error).
 pub fn spawn(req: &SpawnRequest) -> Result<u32, SpawnError> {
     let program = req.argv.first().ok_or(SpawnError::EmptyArgv)?;
     let netns = File::open(&req.netns_path)
         .map_err(|source| SpawnError::Netns { path: req.netns_path.clone(), source })?;
-    let procs_path = req.cgroup_dir.join("cgroup.procs");
-    let procs = OpenOptions::new()
-        .write(true)
-        .open(&procs_path)
-        .map_err(|source| SpawnError::Cgroup { path: procs_path.clone(), source })?;
+    let cgroup = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
+        .open(&req.cgroup_dir)
+        .map_err(|source| SpawnError::Cgroup { path: req.cgroup_dir.clone(), source })?;
     let (status_r, status_w) = status_pipe()?;
     let abi = landlock::abi();
     let ruleset = landlock::ruleset_for(abi, req.mode)
         .map(|attr| landlock::create(&attr))
         .transpose()
         .map_err(|source| SpawnError::Landlock { abi: abi.unwrap_or(0), source })?;
+    let argv_store = req.argv.iter().cloned().map(c_string).collect::<Result<Vec<_>, _>>()?;
+    let envp_store = req.env.iter().map(|(k, v)| c_string(format!("{k}={v}"))).collect::<Result<Vec<_>, _>>()?;
+    let nul_terminated = |v: &[CString]| v.iter().map(|s| s.as_ptr()).chain([std::ptr::null()]).collect::<Vec<_>>();
     let plan = child::Plan {
         netns_fd: netns.as_raw_fd(),
-        procs_fd: procs.as_raw_fd(),
         status_fd: status_w.as_raw_fd(),
+        exec_paths: exec_paths(program, &req.env)?,
+        argv: nul_terminated(&argv_store),
+        envp: nul_terminated(&envp_store),
+        _owned: (argv_store, envp_store),
         groups: req.groups.iter().map(|&g| g as libc::gid_t).collect(),
         uid: req.uid,
         gid: req.gid,
@@ -161,27 +241,38 @@ pub fn spawn(req: &SpawnRequest) -> Result<u32, SpawnError> {
         filters: seccomp::build(req.mode)?,
     };
 
-    let mut cmd = Command::new(program);
-    cmd.args(&req.argv[1..]).env_clear().current_dir(&req.cwd);
-    for (k, v) in &req.env {
-        cmd.env(OsStr::new(k), OsStr::new(v));
+    let args = CloneArgs {
+        flags: CLONE_INTO_CGROUP,
+        exit_signal: libc::SIGCHLD as u64,
+        cgroup: cgroup.as_raw_fd() as u64,
+        ..CloneArgs::default()
+    };
+    // SAFETY: clone3 without CLONE_VM copies the address space as fork does; the child runs
+    // only Plan::run_child (system calls on the prepared plan) and never returns.
+    let pid = unsafe { libc::syscall(libc::SYS_clone3, &args as *const CloneArgs, std::mem::size_of::<CloneArgs>()) };
+    if pid == 0 {
+        // SAFETY: this is the child of clone3, and the plan was prepared before it.
+        unsafe { plan.run_child() }
     }
-    // SAFETY: Plan::enter only makes async-signal-safe system calls and does not allocate.
-    unsafe { cmd.pre_exec(move || plan.enter()) };
-    let result = cmd.spawn();
+    let clone_error = (pid < 0).then(io::Error::last_os_error);
     drop(status_w);
-    drop(netns);
-    drop(procs);
-    drop(ruleset);
-    match result {
-        Ok(child) => Ok(child.id()),
-        Err(source) => Err(match read_step(&status_r) {
-            Some(step) => SpawnError::Child { step, source },
-            None => exec_error(program, &req.cwd, source),
-        }),
+    if let Some(e) = clone_error {
+        return Err(SpawnError::Clone(e));
     }
+    let report = read_report(&status_r);
+    drop(netns);
+    drop(cgroup);
+    drop(ruleset);
+    let Some((step, errno)) = report else { return Ok(pid as u32) };
+    let mut status = 0;
+    // SAFETY: reaping our own child, which has exited or is about to (_exit after the report).
+    unsafe { libc::waitpid(pid as libc::pid_t, &mut status, 0) };
+    let source = io::Error::from_raw_os_error(errno);
+    Err(match step {
+        Step::Chdir | Step::Exec => exec_error(program, &req.cwd, source),
+        step => SpawnError::Child { step, source },
+    })
 }
-
 fn exec_error(program: &str, cwd: &Path, source: io::Error) -> SpawnError {
     match source.raw_os_error() {
         Some(libc::ENOENT) if !cwd.is_dir() => SpawnError::Exec {
