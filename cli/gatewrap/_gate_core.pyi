@@ -402,9 +402,10 @@ def spawn_agent(
 ) -> int:
     """Start ``argv`` inside the sandbox and return its pid (reap it with ``os.waitpid``).
 
-    The environment is exactly ``env``; ``argv[0]`` is looked up on ``env["PATH"]``. Before
-    exec, in this order, the child: resets SIGPIPE/SIGXFSZ to default and empties the signal
-    mask; joins the netns and the cgroup (``cgroup_dir/cgroup.procs``); enters new cgroup and
+    The child is born in ``cgroup_dir`` (clone3(2) ``CLONE_INTO_CGROUP``, Linux 5.7+). The
+    environment is exactly ``env``; ``argv[0]`` is looked up on ``env["PATH"]`` as execvp(3)
+    does. Before exec, in this order, the child: enters the working directory; resets
+    SIGPIPE/SIGXFSZ to default and empties the signal mask; joins the netns; enters new cgroup and
     mount namespaces (mounts private), covers each ``hide`` path with an empty read-only tmpfs
     and bind-mounts each ``readonly`` path read-only onto itself; sets ``groups``, then gid; empties the capability
     bounding and ambient sets; sets uid; clears every capability (even for uid 0); sets
