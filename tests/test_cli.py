@@ -131,7 +131,7 @@ def test_every_other_command_line_is_left_to_click(args):
 def test_the_fast_shared_runs_path_imports_no_click():
     code = ("import json, sys; from gatewrap import entry; from gatewrap.shared import client; "
             "entry.shared_run(['run', '--shared', '--allow', 'a.test', '--', '/bin/true'], {}); "
-            f"print(json.dumps([m for m in {['click', *NOT_ON_THE_SHARED_RUNS_PATH]!r} if m in sys.modules]))")
+            f"print(json.dumps([m for m in {['click', 'typing', *NOT_ON_THE_SHARED_RUNS_PATH]!r} if m in sys.modules]))")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout) == []

@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any, Callable
+#: typing is not imported (~3 ms of every shared run's client start): annotations only.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable
 
 #: The options of ``run`` this parser takes (each with one value), by the name of their field.
 VALUED = {"--allow": "allow", "--deny": "deny", "--policy": "policy_file", "--audit-log": "audit_log"}
