@@ -50,14 +50,14 @@ ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
 CPU: list[float] = []
 
 
-def wall(argv: list[str]) -> float:
-    """Seconds one run of ``argv`` takes (stdio to /dev/null); exits if it fails. Its CPU
-    time (user + system of it and its waited-for children, getrusage(2) RUSAGE_CHILDREN) is
-    appended to :data:`CPU`."""
+def wall(argv: list[str], env: dict[str, str] | None = None) -> float:
+    """Seconds one run of ``argv`` takes (stdio to /dev/null; ``env``: its environment, default
+    :data:`ENV`); exits if it fails. Its CPU time (user + system of it and its waited-for
+    children, getrusage(2) RUSAGE_CHILDREN) is appended to :data:`CPU`."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t = time.perf_counter()
     rc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                        env=ENV).returncode
+                        env=ENV if env is None else env).returncode
     took = time.perf_counter() - t
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     CPU.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
@@ -66,8 +66,14 @@ def wall(argv: list[str]) -> float:
     return took
 
 
-#: The socket of the daemon ``--shared`` starts (one of the bench's own).
+#: The socket of the daemon ``--shared`` starts (one of the bench's own); the Nth build's
+#: daemon (N > 0) listens on ``bench-startup-N.sock`` beside it.
 SOCKET = "/run/gatewrap/bench-startup.sock"
+
+
+def socket_of(build: int) -> str:
+    """The socket of build number ``build``'s daemon (see :data:`SOCKET`)."""
+    return SOCKET if build == 0 else SOCKET.replace(".sock", f"-{build}.sock")
 
 
 def python_of(gatewrap: str) -> str:
@@ -107,6 +113,9 @@ def main() -> int:
     builds = args.gatewrap or [str(Path(sys.executable).parent / "gatewrap")]
     log = os.path.join(tempfile.mkdtemp(prefix="gw-startup-"), "audit.jsonl")
     cmds: dict[str, list[str]] = {}
+    #: Each build's shared runs go to that build's own daemon (the client and the daemon
+    #: speak one version of the protocol).
+    envs: dict[str, dict[str, str]] = {}
     for i, gw in enumerate(builds):
         label = "gatewrap run -- /bin/true" + (f" [{gw}]" if len(builds) > 1 else "")
         cmds[label] = [gw, "run", "--audit-log", log, "--", "/bin/true"]
@@ -114,20 +123,22 @@ def main() -> int:
             cmds[label.replace("run --", "run --jail none --")] = [gw, "run", "--jail", "none", "--audit-log", log,
                                                                "--", "/bin/true"]
         if args.shared:
-            cmds[label.replace("run --", "run --shared --")] = [gw, "run", "--shared", "--audit-log", log, "--", "/bin/true"]
+            name = label.replace("run --", "run --shared --")
+            cmds[name] = [gw, "run", "--shared", "--audit-log", log, "--", "/bin/true"]
+            envs[name] = dict(ENV, GATEWRAP_DAEMON_SOCKET=socket_of(i))
     with contextlib.ExitStack() as daemons:  # stopped however the measuring ends (a failed run exits)
         if args.shared:
-            daemons.enter_context(SharedDaemon([builds[0]], SOCKET))
-            ENV["GATEWRAP_DAEMON_SOCKET"] = SOCKET  # the shared runs go to it
+            for i, gw in enumerate(builds):
+                daemons.enter_context(SharedDaemon([gw], socket_of(i)))
         cmds[f"{python_of(builds[0])} -c pass"] = [python_of(builds[0]), "-c", "pass"]
         cmds.update(peers())
-        for argv in cmds.values():  # warm-up: pins, page cache
-            wall(argv)
+        for name, argv in cmds.items():  # warm-up: pins, page cache
+            wall(argv, envs.get(name))
         times: dict[str, list[float]] = {k: [] for k in cmds}
         cpu: dict[str, list[float]] = {k: [] for k in cmds}
         for _ in range(args.runs):
             for name, argv in cmds.items():
-                times[name].append(wall(argv))
+                times[name].append(wall(argv, envs.get(name)))
                 cpu[name].append(CPU[-1])
         cold: dict[str, list[float]] = {}
         for _ in range(args.cold):

@@ -83,6 +83,71 @@ def test_a_shared_runs_client_imports_only_what_it_needs():
     assert json.loads(p.stdout) == []
 
 
+#: Command lines gatewrap.entry parses without click, each as click parses it.
+FAST_SHARED_RUNS = [
+    ["run", "--shared", "--", "/bin/true"],
+    ["run", "--shared", "/bin/echo", "--allow", "x"],
+    ["run", "--allow", "a.test", "--shared", "--allow=b.test:8080", "--deny", "c.test", "--", "sh", "-c", "exit 3"],
+    ["run", "--shared", "--json", "--audit-log", "/var/log/gw/a.jsonl", "--audit-log=/var/log/gw/b.jsonl", "--", "true"],
+    ["run", "--shared", "--policy", "no-such-policy.toml", "--", "true"],
+    ["run", "--shared", "--", "--", "-x"],
+]
+#: Command lines left to click (its checks, its messages), with GATEWRAP_SHARED unset.
+CLICKS_OWN = [
+    ["run", "--", "/bin/true"], ["run", "--shared", "--help"], ["run", "--shared", "-h", "--", "true"],
+    ["run", "--shared"], ["run", "--shared", "--"], ["run", "--shared", "--allow"],
+    ["run", "--shared", "--allow", "--", "true"], ["run", "--shared", "--allow=", "--", "true"],
+    ["run", "--shared", "--memory", "1G", "--", "true"], ["run", "--shared=1", "--", "true"],
+    ["run", "--shared", "--policy", "/", "--", "true"], ["run", "--shared", "-", "true"],
+    ["--version"], ["ps"], ["run", "--shared", "--jail", "none", "--", "true"],
+]
+
+
+@pytest.mark.parametrize("args", FAST_SHARED_RUNS, ids=" ".join)
+def test_a_common_shared_run_is_parsed_without_click_as_click_parses_it(args):
+    from gatewrap import cli, entry
+
+    params = dict(cli.run.make_context("run", list(args[1:])).params)
+    assert params.pop("shared") is True
+    summary = "json" if params.pop("as_json") else "text"
+    assert entry.shared_run(args, {}) == (cli.run_fields(**params), summary)
+
+
+def test_gatewrap_shared_1_in_the_environment_is_a_shared_run_for_the_fast_parser_too():
+    from gatewrap import entry
+
+    fields, _ = entry.shared_run(["run", "--", "true"], {"GATEWRAP_SHARED": "1"})
+    assert fields["argv"] == ["true"]
+    assert entry.shared_run(["run", "--", "true"], {"GATEWRAP_SHARED": "yes"}) is None  # click's to read
+
+
+@pytest.mark.parametrize("args", CLICKS_OWN, ids=" ".join)
+def test_every_other_command_line_is_left_to_click(args):
+    from gatewrap import entry
+
+    assert entry.shared_run(args, {}) is None
+
+
+def test_the_fast_shared_runs_path_imports_no_click():
+    code = ("import json, sys; from gatewrap import entry; from gatewrap.shared import client; "
+            "entry.shared_run(['run', '--shared', '--allow', 'a.test', '--', '/bin/true'], {}); "
+            f"print(json.dumps([m for m in {['click', 'typing', *NOT_ON_THE_SHARED_RUNS_PATH]!r} if m in sys.modules]))")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout) == []
+
+
+def test_a_fast_shared_runs_failure_reads_as_clicks_would():
+    # not root (as nobody): the same message and exit code whichever parser took the line
+    said = []
+    for args in (["run", "--shared", "--", "/bin/true"], ["run", "--shared", "--timeout", "5", "--", "/bin/true"]):
+        p = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups",
+                            sys.executable, "-m", "gatewrap", *args], capture_output=True, text=True, timeout=60)
+        assert p.returncode == 125, p.stderr
+        said.append(p.stderr)
+    assert said[0] == said[1] and said[0].startswith("gatewrap: ") and "root" in said[0], said
+
+
 def test_the_lazy_commands_are_listed_and_run_as_before():
     p = _gw("--help")
     assert p.returncode == 0

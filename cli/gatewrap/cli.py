@@ -152,16 +152,11 @@ def run(allow: tuple[str, ...], deny: tuple[str, ...], policy_file: str | None, 
     Example:
       sudo gatewrap run --allow pypi.org --allow files.pythonhosted.org -- python agent.py
     """
-    # The fields of a RunOptions, as its JSON form (limits a dict): a shared run sends them to
-    # the daemon, which makes the RunOptions (run_types' dataclasses are not built here).
-    fields = dict(argv=list(command), allow=list(allow), deny=list(deny), policy_file=policy_file,
-                  user=user, audit_log=audit_log, audit_max_size=audit_max_size, audit_keep=audit_keep,
-                  nameservers=list(nameservers) or None, port=port,
-                  cwd=workdir, jail=jail, ro_binds=[os.path.abspath(p) for p in ro_binds],
-                  rw_binds=[os.path.abspath(p) for p in rw_binds], timeout=timeout,
-                  limits=dict(memory=memory, cpus=cpus, pids=pids), public_ranges=list(public_ranges),
-                  ca_dir=os.path.abspath(ca_dir), upstream_ca=[os.path.abspath(p) for p in upstream_ca],
-                  state=state, notify_webhook=notify_webhook)
+    fields = run_fields(allow=allow, deny=deny, policy_file=policy_file, user=user, audit_log=audit_log,
+                        audit_max_size=audit_max_size, audit_keep=audit_keep, nameservers=nameservers,
+                        public_ranges=public_ranges, port=port, workdir=workdir, jail=jail, ro_binds=ro_binds,
+                        rw_binds=rw_binds, timeout=timeout, memory=memory, cpus=cpus, pids=pids, ca_dir=ca_dir,
+                        upstream_ca=upstream_ca, state=state, notify_webhook=notify_webhook, command=command)
     if shared:
         from .errors import require_root
         from .shared import client
@@ -178,6 +173,25 @@ def run(allow: tuple[str, ...], deny: tuple[str, ...], policy_file: str | None, 
     else:
         click.echo(summary_line(result), err=True)
     return result.exit_code
+
+
+def run_fields(allow: Any, deny: Any, policy_file: str | None, user: str | None, audit_log: str, audit_max_size: int,
+               audit_keep: int | None, nameservers: Any, public_ranges: Any, port: int, workdir: str | None,
+               jail: str, ro_binds: Any, rw_binds: Any, timeout: float | None, memory: int | None,
+               cpus: float | None, pids: int | None, ca_dir: str, upstream_ca: Any, state: str | None,
+               notify_webhook: str | None, command: Any) -> dict[str, Any]:
+    """The fields of a RunOptions, as its JSON form (limits a dict), from ``run``'s parsed
+    options: a shared run sends them to the daemon, which makes the RunOptions (run_types'
+    dataclasses are not built in the client). :mod:`gatewrap.entry` makes the same without
+    click for the common shared run."""
+    return dict(argv=list(command), allow=list(allow), deny=list(deny), policy_file=policy_file,
+                user=user, audit_log=audit_log, audit_max_size=audit_max_size, audit_keep=audit_keep,
+                nameservers=list(nameservers) or None, port=port,
+                cwd=workdir, jail=jail, ro_binds=[os.path.abspath(p) for p in ro_binds],
+                rw_binds=[os.path.abspath(p) for p in rw_binds], timeout=timeout,
+                limits=dict(memory=memory, cpus=cpus, pids=pids), public_ranges=list(public_ranges),
+                ca_dir=os.path.abspath(ca_dir), upstream_ca=[os.path.abspath(p) for p in upstream_ca],
+                state=state, notify_webhook=notify_webhook)
 
 
 def _size(value: str | None) -> int | None:
@@ -253,28 +267,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def entry_point() -> None:
-    """The ``gatewrap`` console script and ``python -m gatewrap``: :func:`main`, then exit
-    without the interpreter's finalization (about 10 ms of CPU tearing down every module of
-    a process that ends anyway). By then everything gatewrap writes is written: the audit log
-    is synced by the run, stdout and stderr are flushed here. While a thread other than the
-    main one is still running, or on an uncaught exception, Python exits as usual."""
-    import threading
+    """:func:`main` as the console script runs it (:func:`gatewrap.entry.exit_after`)."""
+    from .entry import exit_after
 
-    try:
-        main()
-        code: Any = 0
-    except SystemExit as e:
-        code = e.code
-    if threading.active_count() > 1:
-        sys.exit(code)
-    if code is None:
-        code = 0
-    elif not isinstance(code, int):  # sys.exit("message"): printed, exit 1, as Python does
-        print(code, file=sys.stderr)
-        code = 1
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):  # a closed pipe: nothing more can reach it
-            pass
-    os._exit(code & 0xFF)
+    exit_after(main)

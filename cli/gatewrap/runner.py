@@ -335,6 +335,23 @@ class Sandbox:
         self._socket_scan: _OnThread | None = None
         #: A taken-back run's counts from before the take-back (its records in the audit log).
         self._earlier = dict.fromkeys(("allowed", "denied", "failed", "direct_egress"), 0)
+        #: Leaving the ``with`` does not wait for the release :meth:`finish` started (the
+        #: run's ring buffer leaving the hooks' map of maps waits an RCU grace period, ~12 ms):
+        #: :meth:`wait_released` does. The daemon's runs: their clients need not wait for it.
+        self.release_later = False
+
+    def _release_configured(self, configuring: "_OnThread | None", run_hooks: Any = None) -> None:
+        """The undo of the run's hook configuration (:func:`_release_configured`), left to
+        :meth:`wait_released` when :attr:`release_later` is set and :meth:`finish` started it."""
+        if self.release_later and self._releasing:
+            return
+        _release_configured(configuring, self._releasing, run_hooks)
+
+    def wait_released(self) -> None:
+        """Wait for the release of the run's hook configuration that :meth:`finish` started
+        (raising its error); nothing to wait for when the run did not get there."""
+        for releasing in self._releasing:
+            releasing.result()
 
     def __enter__(self) -> "Sandbox":
         try:
@@ -367,7 +384,7 @@ class Sandbox:
         # (~10 ms, bpf(2) MAP_UPDATE_ELEM on a map of maps): done on a thread while the netns
         # and the gate start; joined before the kernel-denial reader starts, so before any spawn.
         configuring = _OnThread(hooks.configure, cgroup_id, GATE_IP4, GATE_IP6, [opts.port, DNS_PORT], [DNS_PORT])
-        undo.callback(_release_configured, configuring, self._releasing)
+        undo.callback(self._release_configured, configuring)
         ns = netns.create()
         undo.callback(ns.close)
         ca_cert = self._start_gate(ns.path)
@@ -430,7 +447,7 @@ class Sandbox:
         if run_hooks is None:
             raise GatewrapError(f"run {run_id}'s ring buffer is gone from the hooks' maps")
         self._run_hooks = run_hooks
-        undo.callback(_release_configured, None, self._releasing, run_hooks)
+        undo.callback(self._release_configured, None, run_hooks)
         if saved.get("staged"):
             undo.callback(shutil.rmtree, saved["staged"], True)
         ns = netns.of_cgroup(leaf, saved.get("netns_ino", -1))

@@ -19,7 +19,10 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import NoReturn
+#: typing is not imported (~3 ms of every shared run's client start): annotations only.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import NoReturn
 
 from ..errors import GatewrapError
 
