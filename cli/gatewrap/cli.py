@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from . import __version__
+from .entry import DEFAULT_AUDIT_LOG, DEFAULT_AUDIT_MAX_SIZE, DEFAULT_CA_DIR, DEFAULT_JAIL, DEFAULT_PORT, run_fields
 from .errors import EXIT_GATEWRAP, GatewrapError
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -69,11 +70,11 @@ def cli() -> None:
               help="Policy file (TOML; format in the README's Policy section). Without it: deny everything "
                    "no --allow names.")
 @click.option("--user", metavar="USER", help="Run the agent as USER (name or uid). Default: the user who ran sudo.")
-@click.option("--audit-log", default="/var/log/gatewrap/audit.jsonl", show_default=True, metavar="PATH",
+@click.option("--audit-log", default=DEFAULT_AUDIT_LOG, show_default=True, metavar="PATH",
               help="Append audit records (JSON lines) here: a regular file (a link, FIFO or device is "
                    "refused) in a directory only root can write. While a record cannot be written "
                    "(a full disk), the gate answers every request 503.")
-@click.option("--audit-max-size", "audit_max_size", default="100M", show_default=True, metavar="SIZE",
+@click.option("--audit-max-size", "audit_max_size", default=DEFAULT_AUDIT_MAX_SIZE, show_default=True, metavar="SIZE",
               callback=lambda c, p, v: _log_size(v),
               help="Rotate the audit log before it grows past SIZE (bytes, or K, M, G; at least 4K; 0: never): "
                    "the file becomes PATH.<first seq, 12 digits> and the new file's first record, a signed "
@@ -86,11 +87,11 @@ def cli() -> None:
 @click.option("--public-range", "public_ranges", multiple=True, metavar="CIDR",
               help="Treat addresses in CIDR as public for the SSRF guard (e.g. a lab network in a "
                    "documentation range). Never covers metadata addresses. Repeatable.")
-@click.option("--port", default=3128, show_default=True, type=click.IntRange(1, 65535),
+@click.option("--port", default=DEFAULT_PORT, show_default=True, type=click.IntRange(1, 65535),
               help="Port of the gate inside the sandbox (127.0.0.1 and [::1]).")
 @click.option("--workdir", type=click.Path(file_okay=False, exists=True), metavar="DIR",
               help="Working directory of the agent. Default: the current one.")
-@click.option("--jail", type=click.Choice(["nsjail", "none"]), default="nsjail", show_default=True,
+@click.option("--jail", type=click.Choice(["nsjail", "none"]), default=DEFAULT_JAIL, show_default=True,
               help="Run the agent under nsjail (private mount/pid/ipc/uts namespaces, the system read-only, "
                    "private HOME, /tmp and /run, nothing else unless bound, seccomp). 'none' is weaker and says so.")
 @click.option("--ro-bind", "ro_binds", multiple=True, type=click.Path(exists=True), metavar="PATH",
@@ -106,7 +107,7 @@ def cli() -> None:
               help="Memory limit of the whole run (cgroup v2 memory.max), e.g. 512M, 2G; no swap.")
 @click.option("--cpus", type=click.FloatRange(min=0.01), metavar="N", help="CPU limit (cgroup v2 cpu.max), e.g. 0.5.")
 @click.option("--pids", type=click.IntRange(min=1), metavar="N", help="Most tasks (processes + threads) at once (pids.max).")
-@click.option("--ca-dir", default="/var/lib/gatewrap/ca", show_default=True, metavar="DIR",
+@click.option("--ca-dir", default=DEFAULT_CA_DIR, show_default=True, metavar="DIR",
               help="The TLS inspection CA (made on first use: ca.crt, and private/ca.key, hidden from the agent).")
 @click.option("--upstream-ca", "upstream_ca", multiple=True, type=click.Path(exists=True, dir_okay=False), metavar="FILE",
               help="PEM CA certificates the gate trusts upstream when inspecting, besides Mozilla's roots. Repeatable.")
@@ -173,25 +174,6 @@ def run(allow: tuple[str, ...], deny: tuple[str, ...], policy_file: str | None, 
     else:
         click.echo(summary_line(result), err=True)
     return result.exit_code
-
-
-def run_fields(allow: Any, deny: Any, policy_file: str | None, user: str | None, audit_log: str, audit_max_size: int,
-               audit_keep: int | None, nameservers: Any, public_ranges: Any, port: int, workdir: str | None,
-               jail: str, ro_binds: Any, rw_binds: Any, timeout: float | None, memory: int | None,
-               cpus: float | None, pids: int | None, ca_dir: str, upstream_ca: Any, state: str | None,
-               notify_webhook: str | None, command: Any) -> dict[str, Any]:
-    """The fields of a RunOptions, as its JSON form (limits a dict), from ``run``'s parsed
-    options: a shared run sends them to the daemon, which makes the RunOptions (run_types'
-    dataclasses are not built in the client). :mod:`gatewrap.entry` makes the same without
-    click for the common shared run."""
-    return dict(argv=list(command), allow=list(allow), deny=list(deny), policy_file=policy_file,
-                user=user, audit_log=audit_log, audit_max_size=audit_max_size, audit_keep=audit_keep,
-                nameservers=list(nameservers) or None, port=port,
-                cwd=workdir, jail=jail, ro_binds=[os.path.abspath(p) for p in ro_binds],
-                rw_binds=[os.path.abspath(p) for p in rw_binds], timeout=timeout,
-                limits=dict(memory=memory, cpus=cpus, pids=pids), public_ranges=list(public_ranges),
-                ca_dir=os.path.abspath(ca_dir), upstream_ca=[os.path.abspath(p) for p in upstream_ca],
-                state=state, notify_webhook=notify_webhook)
 
 
 def _size(value: str | None) -> int | None:

@@ -21,15 +21,17 @@ if TYPE_CHECKING:
 
 #: The options of ``run`` this parser takes (each with one value), by the name of their field.
 VALUED = {"--allow": "allow", "--deny": "deny", "--policy": "policy_file", "--audit-log": "audit_log"}
-#: ``run``'s defaults of the fields it sends (gatewrap.cli's options say the same).
+#: ``run``'s defaults: the click options of gatewrap.cli take them from here, so that both
+#: parsers make the same fields.
 DEFAULT_AUDIT_LOG = "/var/log/gatewrap/audit.jsonl"
 DEFAULT_AUDIT_MAX_SIZE = "100M"
 DEFAULT_CA_DIR = "/var/lib/gatewrap/ca"
 DEFAULT_PORT = 3128
+DEFAULT_JAIL = "nsjail"
 
 
 def shared_run(args: list[str], environ: dict[str, str] | os._Environ[str]) -> tuple[dict[str, Any], str] | None:
-    """The fields (:func:`gatewrap.cli.run_fields`) and summary form (``text`` or ``json``) of
+    """The fields (:func:`run_fields`) and summary form (``text`` or ``json``) of
     the shared run ``args`` (the command line after ``gatewrap``) asks for, exactly as click
     would parse them; None for anything else (click's to parse)."""
     if not args or args[0] != "run":
@@ -75,12 +77,31 @@ def shared_run(args: list[str], environ: dict[str, str] | os._Environ[str]) -> t
         return None  # click.Path(dir_okay=False) says what is wrong with it
     from .sizes import parse_size
 
-    fields = dict(argv=list(command), allow=picked["allow"], deny=picked["deny"], policy_file=policy, user=None,
-                  audit_log=picked["audit_log"], audit_max_size=parse_size(DEFAULT_AUDIT_MAX_SIZE), audit_keep=None,
-                  nameservers=None, port=DEFAULT_PORT, cwd=None, jail="nsjail", ro_binds=[], rw_binds=[],
-                  timeout=None, limits=dict(memory=None, cpus=None, pids=None), public_ranges=[],
-                  ca_dir=os.path.abspath(DEFAULT_CA_DIR), upstream_ca=[], state=None, notify_webhook=None)
+    fields = run_fields(allow=picked["allow"], deny=picked["deny"], policy_file=policy, user=None,
+                        audit_log=picked["audit_log"], audit_max_size=parse_size(DEFAULT_AUDIT_MAX_SIZE),
+                        audit_keep=None, nameservers=(), public_ranges=(), port=DEFAULT_PORT, workdir=None,
+                        jail=DEFAULT_JAIL, ro_binds=(), rw_binds=(), timeout=None, memory=None, cpus=None,
+                        pids=None, ca_dir=DEFAULT_CA_DIR, upstream_ca=(), state=None, notify_webhook=None,
+                        command=command)
     return fields, "json" if as_json else "text"
+
+
+def run_fields(allow: Any, deny: Any, policy_file: str | None, user: str | None, audit_log: str, audit_max_size: int,
+               audit_keep: int | None, nameservers: Any, public_ranges: Any, port: int, workdir: str | None,
+               jail: str, ro_binds: Any, rw_binds: Any, timeout: float | None, memory: int | None,
+               cpus: float | None, pids: int | None, ca_dir: str, upstream_ca: Any, state: str | None,
+               notify_webhook: str | None, command: Any) -> dict[str, Any]:
+    """The fields of a RunOptions, as its JSON form (limits a dict), from ``run``'s parsed
+    options (click's in gatewrap.cli, or :func:`shared_run`'s): a shared run sends them to the
+    daemon, which makes the RunOptions (run_types' dataclasses are not built in the client)."""
+    return dict(argv=list(command), allow=list(allow), deny=list(deny), policy_file=policy_file,
+                user=user, audit_log=audit_log, audit_max_size=audit_max_size, audit_keep=audit_keep,
+                nameservers=list(nameservers) or None, port=port,
+                cwd=workdir, jail=jail, ro_binds=[os.path.abspath(p) for p in ro_binds],
+                rw_binds=[os.path.abspath(p) for p in rw_binds], timeout=timeout,
+                limits=dict(memory=memory, cpus=cpus, pids=pids), public_ranges=list(public_ranges),
+                ca_dir=os.path.abspath(ca_dir), upstream_ca=[os.path.abspath(p) for p in upstream_ca],
+                state=state, notify_webhook=notify_webhook)
 
 
 def _run_shared(fields: dict[str, Any], summary: str) -> None:
