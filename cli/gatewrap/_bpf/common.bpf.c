@@ -164,7 +164,8 @@ static __always_inline void fold_overflow(void *rb, struct gw_fold_key *k, struc
 
 /* A first attempt: remember it (within the run's quota of keys) and send it at once, so the
  * live notice is immediate. Returns 0 when it is handled, -1 when the caller must fold it
- * as a repeat (another CPU inserted the same key first). */
+ * as a repeat (another CPU inserted the same key first). fold_overflow is called from one
+ * place: each call inlines it, fold_repeat with it. */
 static __always_inline int fold_first(void *rb, struct gw_fold_key *k, struct gw_event *ev, __u64 now)
 {
 	__u64 *keys = gw_fold_keys.lookup(&ev->cgroup_id);
@@ -173,33 +174,31 @@ static __always_inline int fold_first(void *rb, struct gw_fold_key *k, struct gw
 	struct gw_fold *got;
 	int err;
 
-	if (!f || !keys || *keys >= GW_MAX_FOLDS_PER_RUN) {
-		fold_overflow(rb, k, ev, now);
-		return 0;
+	if (f && keys && *keys < GW_MAX_FOLDS_PER_RUN) {
+		ev->count = 1;
+		ev->first_ns = now;
+		ev->last_ns = now;
+		f->pending = 0;
+		f->emitted_ns = now;
+		f->first_ns = now;
+		f->last_ns = now;
+		f->first = *ev;
+		err = gw_folds.insert(k, f);
+		if (err == -EEXIST)
+			return -1;
+		if (err == 0) {
+			__sync_fetch_and_add(keys, 1);
+			if (emit(rb, ev) == 0)
+				return 0;
+			got = gw_folds.lookup(k);
+			if (got)
+				__sync_fetch_and_add(&got->pending, 1);
+			else
+				count_lost(ev->cgroup_id);
+			return 0;
+		}
 	}
-	ev->count = 1;
-	ev->first_ns = now;
-	ev->last_ns = now;
-	f->pending = 0;
-	f->emitted_ns = now;
-	f->first_ns = now;
-	f->last_ns = now;
-	f->first = *ev;
-	err = gw_folds.insert(k, f);
-	if (err == -EEXIST)
-		return -1;
-	if (err != 0) {  /* gw_folds is full */
-		fold_overflow(rb, k, ev, now);
-		return 0;
-	}
-	__sync_fetch_and_add(keys, 1);
-	if (emit(rb, ev) == 0)
-		return 0;
-	got = gw_folds.lookup(k);
-	if (got)
-		__sync_fetch_and_add(&got->pending, 1);
-	else
-		count_lost(ev->cgroup_id);
+	fold_overflow(rb, k, ev, now);  /* the run's quota is used up, or gw_folds is full */
 	return 0;
 }
 
