@@ -2,12 +2,20 @@
  * files as one text with this file first: bcc rewrites map calls (gw_runs.lookup())
  * only in its main text, not in included headers. */
 #include <uapi/linux/bpf.h>
-#include <uapi/linux/in.h>
-#include <uapi/linux/in6.h>
-#include <linux/socket.h>
-#include <linux/net.h>
 #include <uapi/asm-generic/errno-base.h>
 #include "gate.h"
+
+/* The socket ABI values the hooks compare with (socket(2), include/uapi/linux/in.h), written
+ * out: the kernel defines AF_* and SOCK_* only in its internal linux/socket.h and linux/net.h
+ * (uapi/linux/in.h includes the former), which pull in hundreds of kernel headers that bcc
+ * parses twice per compile: 2-3 s of a cold start, against ~0.1 s for these lines. SOCK_*
+ * differ on MIPS only (arch/mips/include/asm/socket.h), where gatewrap does not run. */
+#define AF_INET 2
+#define AF_INET6 10
+#define SOCK_STREAM 1
+#define SOCK_DGRAM 2
+#define IPPROTO_TCP 6
+#define IPPROTO_UDP 17
 
 BPF_TABLE_PINNED("hash", u64, struct gw_run_config, gw_runs, GW_MAX_RUNS,
 		 GW_PIN_DIR "/gw_runs");
@@ -156,7 +164,8 @@ static __always_inline void fold_overflow(void *rb, struct gw_fold_key *k, struc
 
 /* A first attempt: remember it (within the run's quota of keys) and send it at once, so the
  * live notice is immediate. Returns 0 when it is handled, -1 when the caller must fold it
- * as a repeat (another CPU inserted the same key first). */
+ * as a repeat (another CPU inserted the same key first). fold_overflow is called from one
+ * place: each call inlines it, fold_repeat with it. */
 static __always_inline int fold_first(void *rb, struct gw_fold_key *k, struct gw_event *ev, __u64 now)
 {
 	__u64 *keys = gw_fold_keys.lookup(&ev->cgroup_id);
@@ -165,33 +174,31 @@ static __always_inline int fold_first(void *rb, struct gw_fold_key *k, struct gw
 	struct gw_fold *got;
 	int err;
 
-	if (!f || !keys || *keys >= GW_MAX_FOLDS_PER_RUN) {
-		fold_overflow(rb, k, ev, now);
-		return 0;
+	if (f && keys && *keys < GW_MAX_FOLDS_PER_RUN) {
+		ev->count = 1;
+		ev->first_ns = now;
+		ev->last_ns = now;
+		f->pending = 0;
+		f->emitted_ns = now;
+		f->first_ns = now;
+		f->last_ns = now;
+		f->first = *ev;
+		err = gw_folds.insert(k, f);
+		if (err == -EEXIST)
+			return -1;
+		if (err == 0) {
+			__sync_fetch_and_add(keys, 1);
+			if (emit(rb, ev) == 0)
+				return 0;
+			got = gw_folds.lookup(k);
+			if (got)
+				__sync_fetch_and_add(&got->pending, 1);
+			else
+				count_lost(ev->cgroup_id);
+			return 0;
+		}
 	}
-	ev->count = 1;
-	ev->first_ns = now;
-	ev->last_ns = now;
-	f->pending = 0;
-	f->emitted_ns = now;
-	f->first_ns = now;
-	f->last_ns = now;
-	f->first = *ev;
-	err = gw_folds.insert(k, f);
-	if (err == -EEXIST)
-		return -1;
-	if (err != 0) {  /* gw_folds is full */
-		fold_overflow(rb, k, ev, now);
-		return 0;
-	}
-	__sync_fetch_and_add(keys, 1);
-	if (emit(rb, ev) == 0)
-		return 0;
-	got = gw_folds.lookup(k);
-	if (got)
-		__sync_fetch_and_add(&got->pending, 1);
-	else
-		count_lost(ev->cgroup_id);
+	fold_overflow(rb, k, ev, now);  /* the run's quota is used up, or gw_folds is full */
 	return 0;
 }
 

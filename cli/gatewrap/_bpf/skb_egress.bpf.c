@@ -10,26 +10,6 @@
 #include <uapi/linux/ip.h>
 #include <uapi/linux/ipv6.h>
 
-static __always_inline int skb_drop(__u64 cgid, __u16 family, __u8 proto, __u8 verdict,
-				    const __u32 *dst, int v6, __u16 port)
-{
-	struct gw_event ev = {};
-
-	ev.cgroup_id = cgid;
-	ev.family = family;
-	ev.protocol = proto;
-	ev.dst_port = port;
-	ev.hook = GW_HOOK_SKB_EGRESS;
-	ev.verdict = verdict;
-	ev.dst.v6[0] = dst[0];
-	if (v6) {
-		ev.dst.v6[1] = dst[1];
-		ev.dst.v6[2] = dst[2];
-		ev.dst.v6[3] = dst[3];
-	}
-	return deny(&ev);
-}
-
 static __always_inline __u16 dst_port(struct __sk_buff *skb, __u32 l4_off)
 {
 	__u16 port = 0;
@@ -38,52 +18,65 @@ static __always_inline __u16 dst_port(struct __sk_buff *skb, __u32 l4_off)
 	return bpf_ntohs(port);
 }
 
-static __always_inline int egress4(struct __sk_buff *skb, __u64 cgid, const struct gw_run_config *cfg)
+/* Why an IPv4 packet may not leave (a GW_DENY_*), or 0; fills ev's family, protocol,
+ * destination and port as far as the packet was read. */
+static __always_inline __u8 egress4(struct __sk_buff *skb, const struct gw_run_config *cfg,
+				    struct gw_event *ev)
 {
 	struct iphdr ip = {};
-	__u32 dst[4] = {};
 
+	ev->family = AF_INET;
 	if (bpf_skb_load_bytes(skb, 0, &ip, sizeof(ip)) < 0)
-		return skb_drop(cgid, AF_INET, 0, GW_DENY_NOT_GATE, dst, 0, 0);
-	dst[0] = ip.daddr;
+		return GW_DENY_NOT_GATE;
+	ev->dst.v4 = ip.daddr;
+	ev->protocol = ip.protocol;
 	if (ip.ihl != 5)
-		return skb_drop(cgid, AF_INET, ip.protocol, GW_DENY_IP_OPTIONS, dst, 0, 0);
+		return GW_DENY_IP_OPTIONS;
 	if (ip.protocol != IPPROTO_TCP && ip.protocol != IPPROTO_UDP)
-		return skb_drop(cgid, AF_INET, ip.protocol, GW_DENY_SOCK_KIND, dst, 0, 0);
-	__u16 port = dst_port(skb, sizeof(ip));
-	if (is_gate4(cfg, ip.protocol == IPPROTO_UDP, ip.daddr, port))
-		return 1;
-	return skb_drop(cgid, AF_INET, ip.protocol, GW_DENY_NOT_GATE, dst, 0, port);
+		return GW_DENY_SOCK_KIND;
+	ev->dst_port = dst_port(skb, sizeof(ip));
+	if (is_gate4(cfg, ip.protocol == IPPROTO_UDP, ip.daddr, ev->dst_port))
+		return 0;
+	return GW_DENY_NOT_GATE;
 }
 
-static __always_inline int egress6(struct __sk_buff *skb, __u64 cgid, const struct gw_run_config *cfg)
+static __always_inline __u8 egress6(struct __sk_buff *skb, const struct gw_run_config *cfg,
+				    struct gw_event *ev)
 {
 	struct ipv6hdr ip6 = {};
-	__u32 dst[4] = {};
 
+	ev->family = AF_INET6;
 	if (bpf_skb_load_bytes(skb, 0, &ip6, sizeof(ip6)) < 0)
-		return skb_drop(cgid, AF_INET6, 0, GW_DENY_NOT_GATE, dst, 1, 0);
-	__builtin_memcpy(dst, &ip6.daddr, sizeof(dst));
+		return GW_DENY_NOT_GATE;
+	__builtin_memcpy(ev->dst.v6, &ip6.daddr, sizeof(ev->dst.v6));
+	ev->protocol = ip6.nexthdr;
 	/* Any extension header (routing header type 0/2/3 included) is refused. */
 	if (ip6.nexthdr != IPPROTO_TCP && ip6.nexthdr != IPPROTO_UDP)
-		return skb_drop(cgid, AF_INET6, ip6.nexthdr, GW_DENY_IP_OPTIONS, dst, 1, 0);
-	__u16 port = dst_port(skb, sizeof(ip6));
-	if (is_gate6(cfg, ip6.nexthdr == IPPROTO_UDP, dst, port))
-		return 1;
-	return skb_drop(cgid, AF_INET6, ip6.nexthdr, GW_DENY_NOT_GATE, dst, 1, port);
+		return GW_DENY_IP_OPTIONS;
+	ev->dst_port = dst_port(skb, sizeof(ip6));
+	if (is_gate6(cfg, ip6.nexthdr == IPPROTO_UDP, ev->dst.v6, ev->dst_port))
+		return 0;
+	return GW_DENY_NOT_GATE;
 }
 
+/* One deny() call, as in sock_addr.bpf.c: each call inlines the whole recording path. */
 int gw_skb_egress(struct __sk_buff *skb)
 {
 	__u64 cgid = bpf_skb_cgroup_id(skb);
 	struct gw_run_config *cfg = gw_runs.lookup(&cgid);
-	__u32 none[4] = {};
+	struct gw_event ev = {};
+	__u8 verdict = GW_DENY_SOCK_KIND;
 
 	if (!cfg)
-		return skb_drop(cgid, 0, 0, GW_DENY_NO_RUN, none, 0, 0);
-	if (skb->protocol == bpf_htons(ETH_P_IP))
-		return egress4(skb, cgid, cfg);
-	if (skb->protocol == bpf_htons(ETH_P_IPV6))
-		return egress6(skb, cgid, cfg);
-	return skb_drop(cgid, 0, 0, GW_DENY_SOCK_KIND, none, 0, 0);
+		verdict = GW_DENY_NO_RUN;
+	else if (skb->protocol == bpf_htons(ETH_P_IP))
+		verdict = egress4(skb, cfg, &ev);
+	else if (skb->protocol == bpf_htons(ETH_P_IPV6))
+		verdict = egress6(skb, cfg, &ev);
+	if (!verdict)
+		return 1;
+	ev.cgroup_id = cgid;
+	ev.hook = GW_HOOK_SKB_EGRESS;
+	ev.verdict = verdict;
+	return deny(&ev);
 }

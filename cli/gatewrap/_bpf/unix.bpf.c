@@ -9,7 +9,7 @@
  * kfunc, which bcc cannot call), so it is read with bpf_probe_read_kernel. */
 struct gw_sock_addr_kern {
 	void *sk;
-	struct sockaddr *uaddr;
+	void *uaddr;                    /* struct sockaddr * */
 	__u64 tmp_reg;
 	void *t_ctx;
 	__u32 uaddrlen;

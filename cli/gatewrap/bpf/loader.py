@@ -453,7 +453,7 @@ def load_or_reuse(parent_cgroup: str) -> Hooks:
     """Make sure the hooks are loaded, pinned and attached to ``parent_cgroup``; return them.
 
     The first run after boot (or after the sources change) compiles ``sock_addr.bpf.c``
-    with bcc (~0.7 s), pins its maps and programs, attaches the programs with
+    with bcc (~0.7 s on a 2-core host), pins its maps and programs, attaches the programs with
     ``BPF_F_ALLOW_MULTI`` and caches bcc's description of the structs in
     ``/run/gatewrap/bpf/<hash>.json``; later runs reuse all of it without compiling, and
     without loading bcc at all, and only check, with ``BPF_PROG_QUERY``, that every program
