@@ -320,11 +320,11 @@ impl AuditLog {
         let w = &mut *guard;
         let werr = |source| AuditError::Write { path: self.path.clone(), source };
         let mut tries = 0;
-        loop {
+        let end = loop {
             flock(&w.file, libc::LOCK_EX).map_err(werr)?;
-            let current = rotate::is_current(&self.path, &w.file);
-            if matches!(current, Ok(true)) {
-                break;
+            let current = rotate::current_len(&self.path, &w.file);
+            if let Ok(Some(len)) = current {
+                break len;
             }
             let _ = flock(&w.file, libc::LOCK_UN);
             current.map_err(werr)?;
@@ -334,9 +334,9 @@ impl AuditLog {
             w.known = None;
             w.file = open_file(&self.path)?;
             tries += 1;
-        }
+        };
+        // The length from the check above: the file is locked, so it holds.
         let mut locked = Locked(w);
-        let end = locked.file.metadata().map_err(werr)?.len();
         // Taken: only a successful append of this call sets it again.
         let head = match locked.known.take() {
             Some((len, head)) if len == end => head,

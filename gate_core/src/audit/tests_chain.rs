@@ -201,3 +201,11 @@ fn hostile_strings_give_one_escaped_line_each() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn hex_is_lowercase_two_digits_a_byte() {
+    let h: [u8; 32] = std::array::from_fn(|i| (i * 37 + 5) as u8);
+    let want: String = h.iter().map(|b| format!("{b:02x}")).collect();
+    assert_eq!(hex(&h), want);
+    assert_eq!(hex(&[0u8; 32]), "0".repeat(64));
+}
