@@ -29,7 +29,13 @@ pub fn hash(line: &[u8]) -> [u8; 32] {
 
 /// Lowercase hex of a hash.
 pub fn hex(h: &[u8; 32]) -> String {
-    h.iter().map(|b| format!("{b:02x}")).collect()
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(64);
+    for b in h {
+        out.push(DIGITS[usize::from(b >> 4)] as char);
+        out.push(DIGITS[usize::from(b & 15)] as char);
+    }
+    out
 }
 
 /// The chain's head as the file holds it: the hash and `seq` of its last line.

@@ -113,6 +113,12 @@ struct Writer {
     file: File,
     /// When this writer last checkpointed (or opened the log).
     last_checkpoint: Instant,
+    /// The file's length and chain head right after this writer's last append to it: when
+    /// the locked file still has that length, nobody appended since (the log only grows,
+    /// and a cut write is cut back to the same bytes; another file at the path is another
+    /// inode, see [`AuditLog::at_head`]), so its last line need not be read back and
+    /// hashed again. `None` after anything else (an error, a rotation, a reopen).
+    known: Option<(u64, chain::Head)>,
 }
 
 /// `path` opened (created, mode 0640) for appending and reading back: without following a
@@ -166,7 +172,7 @@ impl AuditLog {
         };
         root_dir::ensure(dir, 0o750, 0o022).map_err(AuditError::Dir)?;
         let file = open_file(&path)?;
-        let file = Mutex::new(Writer { file, last_checkpoint: Instant::now() });
+        let file = Mutex::new(Writer { file, last_checkpoint: Instant::now(), known: None });
         Ok(AuditLog { path, file, key: None, every: CHECKPOINT_RECORDS, interval: CHECKPOINT_INTERVAL, rotation: None })
     }
 
@@ -219,11 +225,21 @@ impl AuditLog {
             let line = chain::place(&line, prefix_len(&time), head.seq + 1, &head.hash);
             self.append(&w.file, end, &line)?;
             let seq = head.seq + 1;
+            let hash = chain::hash(line.as_bytes());
+            let end = end + line.len() as u64;
+            let start = end - line.len() as u64;
+            w.known = Some((end, chain::Head { hash, seq, checkpoint: false, start }));
             let due = (self.every != 0 && seq % self.every == 0) || w.last_checkpoint.elapsed() >= self.interval;
             if due && self.key.is_some() {
-                let end = end + line.len() as u64;
-                match self.checkpoint_line(seq, &chain::hash(line.as_bytes()), None).and_then(|l| self.append(&w.file, end, &l)) {
-                    Ok(()) => w.last_checkpoint = Instant::now(),
+                match self.checkpoint_line(seq, &hash, None) {
+                    Ok(l) => match self.append(&w.file, end, &l) {
+                        Ok(()) => {
+                            w.last_checkpoint = Instant::now();
+                            let head = chain::Head { hash: chain::hash(l.as_bytes()), seq: seq + 1, checkpoint: true, start: end };
+                            w.known = Some((end + l.len() as u64, head));
+                        }
+                        Err(e) => tracing::warn!("audit checkpoint not written, retried with the next record: {e}"),
+                    },
                     Err(e) => tracing::warn!("audit checkpoint not written, retried with the next record: {e}"),
                 }
             }
@@ -304,23 +320,28 @@ impl AuditLog {
         let w = &mut *guard;
         let werr = |source| AuditError::Write { path: self.path.clone(), source };
         let mut tries = 0;
-        loop {
+        let end = loop {
             flock(&w.file, libc::LOCK_EX).map_err(werr)?;
-            let current = rotate::is_current(&self.path, &w.file);
-            if matches!(current, Ok(true)) {
-                break;
+            let current = rotate::current_len(&self.path, &w.file);
+            if let Ok(Some(len)) = current {
+                break len;
             }
             let _ = flock(&w.file, libc::LOCK_UN);
             current.map_err(werr)?;
             if tries == REOPEN_TRIES {
                 return Err(werr(io::Error::other(format!("the log was replaced {REOPEN_TRIES} times while this writer waited"))));
             }
+            w.known = None;
             w.file = open_file(&self.path)?;
             tries += 1;
-        }
+        };
+        // The length from the check above: the file is locked, so it holds.
         let mut locked = Locked(w);
-        let end = locked.file.metadata().map_err(werr)?.len();
-        let head = chain::Head::of_file(&locked.file, end).map_err(werr)?;
+        // Taken: only a successful append of this call sets it again.
+        let head = match locked.known.take() {
+            Some((len, head)) if len == end => head,
+            _ => chain::Head::of_file(&locked.file, end).map_err(werr)?,
+        };
         f(&mut locked, end, head)
     }
 

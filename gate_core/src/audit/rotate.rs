@@ -148,13 +148,14 @@ pub fn prune(path: &Path, keep: usize) -> Vec<(PathBuf, io::Error)> {
     failed
 }
 
-/// Whether `file` (locked) is still the file at `path`: the same device and inode.
-/// False when the path is gone or names another file (rotated, or replaced).
-pub fn is_current(path: &Path, file: &File) -> io::Result<bool> {
+/// `file`'s length in bytes when it (locked) is still the file at `path`: the same device
+/// and inode. None when the path is gone or names another file (rotated, or replaced).
+pub fn current_len(path: &Path, file: &File) -> io::Result<Option<u64>> {
     let mine = file.metadata()?;
     match fs::symlink_metadata(path) {
-        Ok(there) => Ok((mine.dev(), mine.ino()) == (there.dev(), there.ino())),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+        Ok(there) if (mine.dev(), mine.ino()) == (there.dev(), there.ino()) => Ok(Some(mine.len())),
+        Ok(_) => Ok(None),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(e),
     }
 }

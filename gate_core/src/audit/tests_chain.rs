@@ -67,6 +67,37 @@ fn writers_on_separate_handles_keep_one_chain() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A writer remembers the head it wrote last and reads the file back only when the file's
+/// length changed: with two handles taking turns (each finds the other's record), one
+/// writing several in a row (it finds its own), checkpoints in between, and a record
+/// appended behind both handles' backs by a plain write, the file stays one chain.
+#[test]
+fn a_writer_that_remembers_its_head_still_follows_every_other_writer() {
+    let dir = scratch("remembered");
+    let path = dir.join("audit.jsonl");
+    let key = NoteKey::load_or_create(&dir.join("key").join("audit-key")).expect("key");
+    let a = AuditLog::open(&path).expect("open").with_checkpoints(key, 4, Duration::from_secs(3600));
+    let b = AuditLog::open(&path).expect("open");
+    for i in 0..10 {
+        a.write(obj(json!({"w": "a", "i": i}))).expect("write");
+        if i % 3 == 0 {
+            b.write(obj(json!({"w": "b", "i": i}))).expect("write");
+        }
+    }
+    // Another writer of the same format (e.g. after a crash of this one), not through a handle.
+    let lines = check_chain(&path);
+    let bytes = std::fs::read(&path).expect("read");
+    let last = bytes[..bytes.len() - 1].iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+    let rec = format!("{{\"v\":1,\"time\":\"t\",\"seq\":{},\"prev\":\"{}\",\"w\":\"raw\"}}\n", lines.len() + 1, hex(&hash(&bytes[last..])));
+    std::io::Write::write_all(&mut std::fs::OpenOptions::new().append(true).open(&path).expect("open"), rec.as_bytes()).expect("append");
+    a.write(obj(json!({"w": "a", "i": "after"}))).expect("write");
+    let lines = check_chain(&path);
+    assert_eq!(lines.iter().filter(|v| v["w"] == json!("raw")).count(), 1);
+    assert_eq!(lines.last().map(|v| v["i"].clone()), Some(json!("after")));
+    assert!(lines.iter().any(|v| v["event"] == json!("checkpoint")), "checkpoints were written");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn a_log_begun_before_the_chain_is_continued_from_its_last_line() {
     let dir = scratch("legacy");
@@ -169,4 +200,12 @@ fn hostile_strings_give_one_escaped_line_each() {
         assert_eq!(recs[i]["comm"], json!(s), "record {i} round-trips");
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn hex_is_lowercase_two_digits_a_byte() {
+    let h: [u8; 32] = std::array::from_fn(|i| (i * 37 + 5) as u8);
+    let want: String = h.iter().map(|b| format!("{b:02x}")).collect();
+    assert_eq!(hex(&h), want);
+    assert_eq!(hex(&[0u8; 32]), "0".repeat(64));
 }

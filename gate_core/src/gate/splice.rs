@@ -18,9 +18,14 @@ use tokio::net::TcpStream;
 
 use super::idle::{self, Activity, Ended};
 
-/// Bytes asked of one splice(2) and the pipe's capacity (`F_SETPIPE_SZ`; the default
-/// 64 KiB is kept if the kernel refuses, e.g. over /proc/sys/fs/pipe-max-size).
+/// Bytes asked of one splice(2), and the capacity a pipe is given (`F_SETPIPE_SZ`) once one
+/// splice filled its default 64 KiB (the default is kept if the kernel refuses, e.g. over
+/// /proc/sys/fs/pipe-max-size). Only a bulk transfer grows its pipe: a tunnel of short
+/// exchanges (one request at a time, a TLS handshake) never fills 64 KiB, and growing every
+/// pipe at the start cost each new tunnel two `fcntl`s and 256-slot rings to allocate and free.
 const CHUNK: usize = 1024 * 1024;
+/// A pipe's capacity before it is grown, in bytes (pipe(7): 16 pages).
+const DEFAULT_PIPE: usize = 64 * 1024;
 
 /// A pipe, both ends non-blocking and close-on-exec.
 struct Pipe {
@@ -36,10 +41,13 @@ impl Pipe {
             return Err(io::Error::last_os_error());
         }
         // SAFETY: pipe2 succeeded, so both are open descriptors that nothing else owns.
-        let pipe = unsafe { Pipe { read: OwnedFd::from_raw_fd(fds[0]), write: OwnedFd::from_raw_fd(fds[1]) } };
-        // SAFETY: F_SETPIPE_SZ takes an int; a failure leaves the pipe as it was.
-        unsafe { libc::fcntl(pipe.write.as_raw_fd(), libc::F_SETPIPE_SZ, CHUNK as libc::c_int) };
-        Ok(pipe)
+        Ok(unsafe { Pipe { read: OwnedFd::from_raw_fd(fds[0]), write: OwnedFd::from_raw_fd(fds[1]) } })
+    }
+
+    /// Give the pipe [`CHUNK`] bytes of capacity; a failure leaves it as it was.
+    fn grow(&self) {
+        // SAFETY: F_SETPIPE_SZ takes an int.
+        unsafe { libc::fcntl(self.write.as_raw_fd(), libc::F_SETPIPE_SZ, CHUNK as libc::c_int) };
     }
 }
 
@@ -72,6 +80,7 @@ async fn write_all(to: &TcpStream, mut buf: &[u8]) -> io::Result<()> {
 /// Returns the bytes moved.
 async fn pump(from: &TcpStream, to: &TcpStream, pipe: Pipe, activity: &Activity) -> io::Result<u64> {
     let mut total = 0u64;
+    let mut grown = false;
     loop {
         from.readable().await?;
         let n = match from.try_io(Interest::READABLE, || splice(from.as_raw_fd(), pipe.write.as_raw_fd(), CHUNK)) {
@@ -97,6 +106,11 @@ async fn pump(from: &TcpStream, to: &TcpStream, pipe: Pipe, activity: &Activity)
             }
         }
         total += n as u64;
+        // The pipe is empty again, so a larger capacity cannot fail for its contents.
+        if !grown && n >= DEFAULT_PIPE {
+            pipe.grow();
+            grown = true;
+        }
     }
 }
 
