@@ -75,12 +75,17 @@ NOT_ON_THE_SHARED_RUNS_PATH = [
 def test_a_shared_runs_client_imports_only_what_it_needs():
     # what `gatewrap run --shared` imports up to asking the daemon: the CLI, the options
     # parsed (their callbacks run) and the client
-    code = ("import json, sys; from gatewrap import cli; from gatewrap.shared import client; "
-            "cli.run.make_context('run', ['--shared', '--memory', '1G', '--', '/bin/true']); "
-            f"print(json.dumps([m for m in {NOT_ON_THE_SHARED_RUNS_PATH!r} if m in sys.modules]))")
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert _imported_of("from gatewrap import cli; from gatewrap.shared import client; "
+                        "cli.run.make_context('run', ['--shared', '--memory', '1G', '--', '/bin/true'])",
+                        NOT_ON_THE_SHARED_RUNS_PATH) == []
+
+
+def _imported_of(code: str, modules: list[str]) -> list[str]:
+    """Which of ``modules`` a fresh interpreter has imported after running ``code``."""
+    probe = f"import json, sys; {code}; print(json.dumps([m for m in {modules!r} if m in sys.modules]))"
+    p = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
-    assert json.loads(p.stdout) == []
+    return json.loads(p.stdout)
 
 
 #: Command lines gatewrap.entry parses without click, each as click parses it.
@@ -129,12 +134,9 @@ def test_every_other_command_line_is_left_to_click(args):
 
 
 def test_the_fast_shared_runs_path_imports_no_click():
-    code = ("import json, sys; from gatewrap import entry; from gatewrap.shared import client; "
-            "entry.shared_run(['run', '--shared', '--allow', 'a.test', '--', '/bin/true'], {}); "
-            f"print(json.dumps([m for m in {['click', 'typing', *NOT_ON_THE_SHARED_RUNS_PATH]!r} if m in sys.modules]))")
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert p.returncode == 0, p.stderr
-    assert json.loads(p.stdout) == []
+    assert _imported_of("from gatewrap import entry; from gatewrap.shared import client; "
+                        "entry.shared_run(['run', '--shared', '--allow', 'a.test', '--', '/bin/true'], {})",
+                        ["click", "typing", *NOT_ON_THE_SHARED_RUNS_PATH]) == []
 
 
 def test_a_fast_shared_runs_failure_reads_as_clicks_would():
