@@ -332,3 +332,15 @@ def test_a_daemon_started_on_demand_runs_in_a_cgroup_of_its_own(net, tmp_path):
         with contextlib.suppress(Exception):
             os.kill(d.status()["pid"], signal.SIGTERM)
         d.stop()
+
+
+def test_a_shared_runs_relative_paths_are_the_clients_not_the_daemons(net, daemon, tmp_path):
+    # The daemon works in /: a relative --policy or --audit-log names the client's file.
+    (tmp_path / "policy.toml").write_text('[[rule]]\nhost = "allowed.test"\naction = "allow"\n')
+    cmd = gatewrap_cmd("run", "--shared", "--policy", "policy.toml", "--audit-log", "rel.jsonl", "--resolver",
+                       net.dns_server, "--workdir", "/tmp", "--ro-bind", net.tmpdir, *PUBLIC_RANGES, "--",
+                       *CURL, "http://allowed.test/")
+    p = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, env=_env(daemon), timeout=120)
+    assert p.returncode == 0 and p.stdout.strip() == "200", p.stderr
+    assert any(r.get("dst_host") == "allowed.test" for r in _records(tmp_path / "rel.jsonl"))
+    assert not os.path.exists("/rel.jsonl")
