@@ -392,7 +392,7 @@ class Sandbox:
         self._start_denials()
         for warning in _public_range_warnings(opts.public_ranges):
             print(warning, file=err)
-        loader.verify_attached(parent, hooks.pin_dir)
+        loader.verify_attached(parent, hooks)
         staged, mounts, replaced, notes = shims.stage_run(run_id, opts.jail == "nsjail", ca_cert, p.env)
         undo.callback(shutil.rmtree, staged, True)
         for note in notes:

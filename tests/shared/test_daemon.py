@@ -344,3 +344,22 @@ def test_a_shared_runs_relative_paths_are_the_clients_not_the_daemons(net, daemo
     assert p.returncode == 0 and p.stdout.strip() == "200", p.stderr
     assert any(r.get("dst_host") == "allowed.test" for r in _records(tmp_path / "rel.jsonl"))
     assert not os.path.exists("/rel.jsonl")
+
+
+def test_a_daemon_whose_hooks_were_loaded_again_starts_new_runs_on_the_new_ones(net, daemon, tmp_path):
+    # Hooks loaded again (an unload, another version, a chroot's gatewrap on this kernel) pin
+    # new maps: a run configured in the daemon's old ones could not even reach its gate.
+    from gatewrap.bpf import loader
+    from gatewrap.sandbox import cgroup
+
+    audit = tmp_path / "before.jsonl"
+    p = subprocess.run(_run_cmd(net, audit, [*CURL, "http://allowed.test/"], allow=["allowed.test"]),
+                       capture_output=True, text=True, env=_env(daemon), timeout=120)
+    assert p.returncode == 0 and p.stdout.strip() == "200", p.stderr
+    loader.unload(cgroup.parent_dir())
+    loader.load_or_reuse(cgroup.parent_dir()).close()
+    audit = tmp_path / "after.jsonl"
+    p = subprocess.run(_run_cmd(net, audit, [*CURL, "http://allowed.test/"], allow=["allowed.test"]),
+                       capture_output=True, text=True, env=_env(daemon), timeout=120)
+    assert p.returncode == 0 and p.stdout.strip() == "200", p.stderr + daemon.log_text()
+    assert "new runs use the new ones" in daemon.log_text()

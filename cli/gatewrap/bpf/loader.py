@@ -171,6 +171,24 @@ class Hooks:
         self._fold_key_type = ctype_of(layouts["gw_folds.key"])
         self._fds = {name: libbpf.obj_get(f"{pin_dir}/{name}") for name in PINNED_MAPS}
 
+    def is_current(self) -> bool:
+        """True while the maps this process holds are the ones pinned now: hooks loaded again
+        (an unload, another gatewrap version, a chroot's gatewrap on the same kernel) pin new
+        maps at the same paths, and the programs attached then read only those, so a run
+        configured in the old ones would have no egress and none of its denials recorded.
+        A missing pin reads as not current."""
+        try:
+            for name, fd in self._fds.items():
+                pinned = libbpf.obj_get(f"{self.pin_dir}/{name}")
+                try:
+                    if libbpf.obj_id(pinned) != libbpf.obj_id(fd):
+                        return False
+                finally:
+                    os.close(pinned)
+        except OSError:
+            return False
+        return True
+
     def close(self) -> None:
         """Close the map fds (the pins and attachments stay)."""
         for fd in self._fds.values():
@@ -551,12 +569,17 @@ def _attach_one(bpf: Any, name: str, at: int, pin_dir: str, parent_fd: int) -> i
         os.close(fd)
 
 
-def verify_attached(parent_cgroup: str, pin_dir: str) -> None:
-    """Check that every pinned hook is attached to ``parent_cgroup`` (fail closed before a spawn).
+def verify_attached(parent_cgroup: str, hooks: Hooks) -> None:
+    """Check that every pinned hook is attached to ``parent_cgroup`` and that ``hooks`` holds
+    the maps pinned now (:meth:`Hooks.is_current`): fail closed before a spawn.
 
     Raises:
-        BpfError: a hook is missing.
+        BpfError: a hook is missing, or the hooks were loaded again since ``hooks`` was opened.
     """
+    pin_dir = hooks.pin_dir
+    if not hooks.is_current():
+        raise BpfError("the hooks were loaded again since this gatewrap opened them (an unload, or another "
+                       "gatewrap version); refusing to start the agent, run again")
     parent_fd = os.open(parent_cgroup, os.O_RDONLY | os.O_DIRECTORY)
     try:
         for name, _, at in HOOKS:

@@ -398,6 +398,17 @@ class Daemon:
                     os.close(fd)
             conn.close()
 
+    def _current_hooks(self) -> loader.Hooks:
+        """The hooks for a new run: the ones this daemon opened, or, once they were loaded again
+        by another gatewrap (an unload, another version: :meth:`loader.Hooks.is_current`), the
+        new ones. The old ones stay open for the runs configured in them."""
+        with self._lock:
+            assert self.hooks is not None
+            if not self.hooks.is_current():
+                self.hooks = loader.load_or_reuse(cgroup.parent_dir())
+                self.say("the hooks were loaded again by another gatewrap: new runs use the new ones")
+            return self.hooks
+
     def _run(self, conn: socket.socket, reader: protocol.Reader, msg: dict[str, Any], client_pid: int) -> None:
         """A run's life on the daemon's side: plan, set up, hand the spawn to the client,
         wait for its ``exit CODE``, finish, send the summary."""
@@ -408,7 +419,7 @@ class Daemon:
             opts = options(msg.get("opts"))
             try:
                 planned = runner.plan(opts, err, self.audit_log)  # type: ignore[arg-type]
-                box = runner.Sandbox(planned, err, hooks=self.hooks, owner_pid=client_pid,  # type: ignore[arg-type]
+                box = runner.Sandbox(planned, err, hooks=self._current_hooks(), owner_pid=client_pid,  # type: ignore[arg-type]
                                      shared_runtime=True, notice_fd=err.fileno(),
                                      reader=self.reader, socket=self.socket_path,
                                      summary="json" if msg.get("summary") == "json" else "text")
