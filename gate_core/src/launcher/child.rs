@@ -237,7 +237,8 @@ impl Plan {
     }
 
     /// Enter the sandbox and drop privileges, in this order (the child was born in the run's
-    /// cgroup: `CLONE_INTO_CGROUP`): signals, netns, cgroup + mount namespaces (hidden and read-only paths), the agent's user without
+    /// cgroup: `CLONE_INTO_CGROUP`): signals, netns, cgroup + mount namespaces (hidden and read-only paths;
+    /// then the working directory entered again, through them), the agent's user without
     /// capabilities ([`Plan::drop_to_agent`], unless the exec'd jail does it), no_new_privs,
     /// the Landlock domain (before the filters, which then need not allow its system calls),
     /// the baseline seccomp filters, and close-on-exec for every fd above 2.
@@ -262,6 +263,10 @@ impl Plan {
             self.check(Step::Setsid, libc::setsid().into())?;
             self.check(Step::Setns, libc::setns(self.netns_fd, libc::CLONE_NEWNET).into())?;
             self.isolate_mounts()?;
+            // Again, through the mounts just made: the working directory entered before them
+            // is a reference to its dentry, which a tmpfs mounted over a hidden path does not
+            // move (a cwd under /sys/fs/cgroup would still be the host's cgroupfs).
+            self.check(Step::Chdir, libc::chdir(self.cwd.as_ptr()).into())?;
             if self.drop_privileges {
                 self.drop_to_agent()?;
             }
