@@ -30,6 +30,8 @@ pub enum Step {
     RootMount,
     Hide,
     ReadOnly,
+    /// chdir(2) to the working directory again, through the mounts just made.
+    Reenter,
     Setgroups,
     Setresgid,
     BoundingSet,
@@ -47,7 +49,7 @@ pub enum Step {
 }
 
 impl Step {
-    const ALL: [Step; 20] = [
+    const ALL: [Step; 21] = [
         Step::Signals,
         Step::Setsid,
         Step::Setns,
@@ -56,6 +58,7 @@ impl Step {
         Step::RootMount,
         Step::Hide,
         Step::ReadOnly,
+        Step::Reenter,
         Step::Setgroups,
         Step::Setresgid,
         Step::BoundingSet,
@@ -86,6 +89,7 @@ impl fmt::Display for Step {
             Step::RootMount => "making the root directory a mount point (open_tree, move_mount, chroot)",
             Step::Hide => "hiding a host path under an empty tmpfs",
             Step::ReadOnly => "making a host path read-only",
+            Step::Reenter => "entering the working directory in the agent's mount namespace (is it under a path hidden from the agent, such as /sys/fs/cgroup or /sys/fs/bpf?)",
             Step::Setgroups => "setgroups",
             Step::Setresgid => "setresgid",
             Step::BoundingSet => "dropping the capability bounding set",
@@ -266,7 +270,7 @@ impl Plan {
             // Again, through the mounts just made: the working directory entered before them
             // is a reference to its dentry, which a tmpfs mounted over a hidden path does not
             // move (a cwd under /sys/fs/cgroup would still be the host's cgroupfs).
-            self.check(Step::Chdir, libc::chdir(self.cwd.as_ptr()).into())?;
+            self.check(Step::Reenter, libc::chdir(self.cwd.as_ptr()).into())?;
             if self.drop_privileges {
                 self.drop_to_agent()?;
             }
