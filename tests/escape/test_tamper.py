@@ -206,22 +206,14 @@ def test_a_working_directory_under_a_hidden_path_does_not_reach_the_host_tree(ga
     workdir = _cgroup_parent() if where == "cgroup parent" else "/sys/fs/bpf"
     body = "attempt('listdir .', lambda: sorted(os.listdir('.')))"
     r = gatewrap(python_argv(body), extra=[*NOJAIL_ROOT, "--workdir", workdir], user_env=False, timeout=30)
-    a = last_attempt(r)
-    outcome(HIDDEN_CGROUPFS if where == "cgroup parent" else "mount ns: bpffs hidden under an empty mode-000 tmpfs",
-            f"{a['errno'] or 'succeeded'} (listdir . in {workdir})", "OPEN" if a["errno"] is None else "held")
+    layer = HIDDEN_CGROUPFS if where == "cgroup parent" else "mount ns: bpffs hidden under an empty mode-000 tmpfs"
+    if where == "cgroup parent":
+        # Below the hidden mount point: not there at all in the agent's view; the run does not start.
+        outcome(layer, "ENOENT (the launcher's chdir)", "held" if r.returncode == 125 else "OPEN")
+        assert r.returncode == 125 and not attempts(r.stdout), (r.stdout, r.stderr)
+        assert "entering the working directory in the agent's mount namespace" in r.stderr, r.stderr
+        return
+    a = last_attempt(r)  # the hidden mount point itself: the empty mode-000 tmpfs
+    outcome(layer, f"{a['errno'] or 'succeeded'} (listdir . in {workdir})", "OPEN" if a["errno"] is None else "held")
     assert a["errno"] == "EACCES", (a, r.stderr)
 
-
-def test_a_working_directory_in_the_audit_logs_folder_does_not_make_the_log_writable(gatewrap, quiet_net, outcome, tmp_path):
-    # The same: the audit log's folder is bound read-only in the agent's mount namespace, but
-    # a cwd entered before that bind was the writable original, and a root agent (the log's
-    # owner) could append to or truncate the log through "./audit-N.jsonl".
-    body = ("import glob\n"
-            "logs = sorted(glob.glob('audit-*.jsonl'))\n"
-            "attempt('append to ' + ','.join(logs), lambda: open(logs[0], 'a').write('forged\\n'))")
-    r = gatewrap(python_argv(body), extra=[*NOJAIL_ROOT, "--workdir", str(tmp_path)], user_env=False, timeout=30)
-    a = last_attempt(r)
-    outcome("mount ns: the audit log's folder bound read-only", f"{a['errno'] or 'succeeded'} ({a['step']})",
-            "OPEN" if a["errno"] is None else "held")
-    assert a["errno"] == "EROFS", (a, r.stderr)
-    assert "forged" not in r.audit_path.read_text()

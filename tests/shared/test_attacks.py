@@ -497,8 +497,8 @@ def test_a_shared_runs_relative_policy_and_audit_log_are_the_clients_files_not_t
     assert not os.path.exists("/rel-audit.jsonl")
 
 
-def test_a_shared_runs_relative_workdir_is_the_clients_folder_not_the_daemons(daemon, shown):
-    p = subprocess.run([*gatewrap_cmd("run", "--audit-log", str(shown.parent / f"{shown.name}.jsonl"),
+def test_a_shared_runs_relative_workdir_is_the_clients_folder_not_the_daemons(daemon, shown, tmp_path):
+    p = subprocess.run([*gatewrap_cmd("run", "--audit-log", str(tmp_path / "audit.jsonl"),
                                       "--workdir", shown.name), "--", AGENT_PYTHON, "-c", "import os; print(os.getcwd())"],
                        capture_output=True, text=True, env=_env(daemon), cwd=shown.parent, timeout=120)
     assert p.returncode == 0, p.stderr
