@@ -96,6 +96,9 @@ FAST_SHARED_RUNS = [
     ["run", "--shared", "--json", "--audit-log", "/var/log/gw/a.jsonl", "--audit-log=/var/log/gw/b.jsonl", "--", "true"],
     ["run", "--shared", "--policy", "no-such-policy.toml", "--", "true"],
     ["run", "--shared", "--", "--", "-x"],
+    ["run", "--policy", "a.toml", "--shared", "--policy=b.toml", "--deny=e.test=f", "--json", "--json", "cmd", "--", "x"],
+    ["run", "--deny", "a.test", "--shared", "--shared", "--allow", "=", "--deny", "x=y", "--", "-"],
+    ["run", "--shared", "--audit-log", "rel/audit.jsonl", "--policy", "rel.toml", "cmd"],
 ]
 #: Command lines left to click (its checks, its messages), with GATEWRAP_SHARED unset.
 CLICKS_OWN = [
@@ -124,6 +127,51 @@ def test_gatewrap_shared_1_in_the_environment_is_a_shared_run_for_the_fast_parse
     fields, _ = entry.shared_run(["run", "--", "true"], {"GATEWRAP_SHARED": "1"})
     assert fields["argv"] == ["true"]
     assert entry.shared_run(["run", "--", "true"], {"GATEWRAP_SHARED": "yes"}) is None  # click's to read
+
+
+#: Words of a shared run's command line, for command lines made of them at random.
+WORDS = ["--shared", "--json", "--allow", "a.test", "--allow=b.test", "--deny", "c.test", "--deny=d.test=x",
+         "--policy", "p.toml", "--policy=/tmp", "--audit-log", "/tmp/x.jsonl", "--", "cmd", "-x", "-", "--allow=",
+         "--deny=-q", "--shared=", "--js", "--all", "--ALLOW", "-h", "--policy=", "=", "--allow=--"]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_command_lines_made_of_run_s_words_are_read_by_the_fast_parser_as_click_reads_them_or_left_to_it(seed, monkeypatch):
+    import random
+
+    import click
+
+    from gatewrap import cli, entry
+
+    rng = random.Random(seed)
+    for _ in range(1500):
+        args = ["run", *rng.choices(WORDS, k=rng.randint(1, 7))]
+        env = rng.choice([{}, {"GATEWRAP_SHARED": "1"}, {"GATEWRAP_SHARED": "true"}, {"GATEWRAP_SHARED": "0"}])
+        fast = entry.shared_run(args, env)
+        if fast is None:
+            continue  # click's to read
+        monkeypatch.delenv("GATEWRAP_SHARED", raising=False)
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        try:
+            params = dict(cli.run.make_context("run", list(args[1:])).params)
+        except click.ClickException as e:
+            raise AssertionError(f"{args} {env}: the fast parser took what click refuses ({e})") from None
+        assert params.pop("shared") is True, (args, env)
+        summary = "json" if params.pop("as_json") else "text"
+        assert fast == (cli.run_fields(**params), summary), (args, env)
+
+
+def test_a_shared_runs_paths_are_absolute_for_the_daemon_whose_working_directory_is_another(tmp_path, monkeypatch):
+    from gatewrap import cli, entry
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "w").mkdir()
+    fields, _ = entry.shared_run(["run", "--shared", "--policy", "p.toml", "--audit-log", "a.jsonl", "--", "true"], {})
+    assert (fields["policy_file"], fields["audit_log"]) == (str(tmp_path / "p.toml"), str(tmp_path / "a.jsonl"))
+    params = dict(cli.run.make_context("run", ["--shared", "--workdir", "w", "--", "true"]).params)
+    del params["shared"], params["as_json"]
+    assert cli.run_fields(**params)["cwd"] == str(tmp_path / "w")
 
 
 @pytest.mark.parametrize("args", CLICKS_OWN, ids=" ".join)

@@ -91,16 +91,18 @@ def run_fields(allow: Any, deny: Any, policy_file: str | None, user: str | None,
                jail: str, ro_binds: Any, rw_binds: Any, timeout: float | None, memory: int | None,
                cpus: float | None, pids: int | None, ca_dir: str, upstream_ca: Any, state: str | None,
                notify_webhook: str | None, command: Any) -> dict[str, Any]:
-    """The fields of a RunOptions, as its JSON form (limits a dict), from ``run``'s parsed
-    options (click's in gatewrap.cli, or :func:`shared_run`'s): a shared run sends them to the
-    daemon, which makes the RunOptions (run_types' dataclasses are not built in the client).
-    Every path is made absolute against this process's working directory: the daemon's is
-    ``/``."""
+    """The fields of a RunOptions, as its JSON form (limits a dict; every path absolute), from
+    ``run``'s parsed options (click's in gatewrap.cli, or :func:`shared_run`'s): a shared run
+    sends them to the daemon, which makes the RunOptions (run_types' dataclasses are not built
+    in the client)."""
+    # Every path absolute, as the client's working directory makes it: a shared run's paths are
+    # used by the daemon, whose working directory is another (/).
     return dict(argv=list(command), allow=list(allow), deny=list(deny),
                 policy_file=None if policy_file is None else os.path.abspath(policy_file),
-                user=user, audit_log=os.path.abspath(audit_log), audit_max_size=audit_max_size, audit_keep=audit_keep,
-                nameservers=list(nameservers) or None, port=port,
-                cwd=workdir, jail=jail, ro_binds=[os.path.abspath(p) for p in ro_binds],
+                user=user, audit_log=os.path.abspath(audit_log), audit_max_size=audit_max_size,
+                audit_keep=audit_keep, nameservers=list(nameservers) or None, port=port,
+                cwd=None if workdir is None else os.path.abspath(workdir), jail=jail,
+                ro_binds=[os.path.abspath(p) for p in ro_binds],
                 rw_binds=[os.path.abspath(p) for p in rw_binds], timeout=timeout,
                 limits=dict(memory=memory, cpus=cpus, pids=pids), public_ranges=list(public_ranges),
                 ca_dir=os.path.abspath(ca_dir), upstream_ca=[os.path.abspath(p) for p in upstream_ca],

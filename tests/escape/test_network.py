@@ -99,6 +99,37 @@ VECTORS = [
     Vector("UDP sendto a v4-mapped IPv6 address",
            f"attempt('sendto', sock(V6, UDP).sendto, b'x', ('::ffff:{INET4}', {ECHO}))",
            "EPERM", rec("sendmsg4", "udp", INET4, ECHO)),
+    # --- address forms the hooks see another way
+    Vector("UDP sendto an AF_UNSPEC address (udp_sendmsg takes it as AF_INET)",
+           "s = sock(V4, UDP)\n"
+           f"sa = struct.pack('=H', 0) + struct.pack('!H', {ECHO}) + socket.inet_aton('{INET4}') + bytes(8)\n"
+           "attempt('sendto', lambda: check(libc.sendto(s.fileno(), b'x', 1, 0, sa, len(sa))))",
+           "EPERM", rec("sendmsg4", "udp", INET4, ECHO, family="ipv4")),
+    Vector("UDP connect to the gate's DNS stub, then sendto another host",
+           f"s = sock(V4, UDP)\ns.connect(('{GATE4}', 53))\n"
+           f"attempt('sendto', s.sendto, b'x', ('{INET4}', {ECHO}))",
+           "EPERM", rec("sendmsg4", "udp", INET4, ECHO)),
+    Vector("UDP connect to the gate's DNS stub over IPv6, then sendto a v4-mapped host",
+           f"s = sock(V6, UDP)\ns.connect(('{GATE6}', 53))\n"
+           f"attempt('sendto', s.sendto, b'x', ('::ffff:{INET4}', {ECHO}))",
+           "EPERM", rec("sendmsg4", "udp", INET4, ECHO)),
+    Vector("UDP on an AF_INET6 socket sendto an AF_INET address (udpv6_sendmsg hands it to udp_sendmsg)",
+           "s = sock(V6, UDP)\n"
+           f"sa = struct.pack('=H', socket.AF_INET) + struct.pack('!H', {ECHO}) + socket.inet_aton('{INET4}') + bytes(8)\n"
+           "attempt('sendto', lambda: check(libc.sendto(s.fileno(), b'x', 1, 0, sa, len(sa))))",
+           "EPERM", rec("sendmsg4", "udp", INET4, ECHO)),
+    Vector("TCP connect to the v4-mapped gate on another port",
+           f"attempt('connect', sock(V6, TCP).connect, ('::ffff:{GATE4}', 3129))",
+           "EPERM", rec("connect6", "tcp", f"::ffff:{GATE4}", 3129)),
+    Vector("UDP sendto the gate's TCP port (a TCP port is not a UDP one)",
+           f"attempt('sendto', sock(V4, UDP).sendto, b'x', ('{GATE4}', {GATE_PORT}))",
+           "EPERM", rec("sendmsg4", "udp", GATE4, GATE_PORT)),
+    Vector("SOCK_SEQPACKET inet socket (SCTP's kind)",
+           "attempt('socket', sock, V4, socket.SOCK_SEQPACKET, 0)",
+           "ESOCKTNOSUPPORT", None, layer="kernel: no SOCK_SEQPACKET inet protocol without SCTP"),
+    Vector("TCP socket with an explicit IPPROTO_TCP then connect",
+           f"attempt('connect', sock(V4, TCP, socket.IPPROTO_TCP).connect, ('{INET4}', {ECHO}))",
+           "EPERM", rec("connect4", "tcp", INET4, ECHO)),
     # --- control messages, batches
     Vector("UDP sendmsg with an IP_PKTINFO control message", PKTINFO4,
            "EPERM", rec("sendmsg4", "udp", dst_port=ECHO)),

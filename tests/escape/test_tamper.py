@@ -195,3 +195,25 @@ def test_a_socket_inherited_from_gatewraps_caller_does_not_reach_the_agent(tmp_p
     assert data == b""
     assert Run(p.returncode, out, err, audit).records(event="direct_egress") == []
 
+
+
+@pytest.mark.parametrize("where", ["cgroup parent", "bpffs"])
+def test_a_working_directory_under_a_hidden_path_does_not_reach_the_host_tree(gatewrap, quiet_net, outcome, where):
+    # The launcher entered the working directory before it covered the hidden paths with an
+    # empty tmpfs: a process's cwd is a reference to the dentry, which a mount on top of it
+    # does not move, so "." was still the host's cgroupfs (every run's cgroup.kill, its own
+    # pids.max) or bpffs (the pins).
+    workdir = _cgroup_parent() if where == "cgroup parent" else "/sys/fs/bpf"
+    body = "attempt('listdir .', lambda: sorted(os.listdir('.')))"
+    r = gatewrap(python_argv(body), extra=[*NOJAIL_ROOT, "--workdir", workdir], user_env=False, timeout=30)
+    layer = HIDDEN_CGROUPFS if where == "cgroup parent" else "mount ns: bpffs hidden under an empty mode-000 tmpfs"
+    if where == "cgroup parent":
+        # Below the hidden mount point: not there at all in the agent's view; the run does not start.
+        outcome(layer, "ENOENT (the launcher's chdir)", "held" if r.returncode == 125 else "OPEN")
+        assert r.returncode == 125 and not attempts(r.stdout), (r.stdout, r.stderr)
+        assert "entering the working directory in the agent's mount namespace" in r.stderr, r.stderr
+        return
+    a = last_attempt(r)  # the hidden mount point itself: the empty mode-000 tmpfs
+    outcome(layer, f"{a['errno'] or 'succeeded'} (listdir . in {workdir})", "OPEN" if a["errno"] is None else "held")
+    assert a["errno"] == "EACCES", (a, r.stderr)
+

@@ -480,3 +480,26 @@ def test_dns_queries_held_over_the_record_rate_are_counted_though_the_daemon_sto
         if second is not None:
             second.stop()
         subprocess.run(gatewrap_cmd("gc"), capture_output=True, timeout=120)
+
+
+def test_a_shared_runs_relative_policy_and_audit_log_are_the_clients_files_not_the_daemons(daemon, tmp_path):
+    # The daemon's working directory is / (or wherever it was started): a relative --policy
+    # read there is another file than the one the user named (or none), and a relative
+    # --audit-log writes the run's records somewhere else.
+    (tmp_path / "rel-policy.toml").write_text('version = 1\ndefault = "deny"\n\n[[rule]]\nhost = "rel.test"\naction = "allow"\n')
+    p = subprocess.run([*gatewrap_cmd("run", "--policy", "rel-policy.toml", "--audit-log", "rel-audit.jsonl",
+                                      "--workdir", "/tmp"), "--", "/bin/true"],
+                       capture_output=True, text=True, env=_env(daemon), cwd=tmp_path, timeout=120)
+    assert p.returncode == 0, p.stderr
+    records = _records(tmp_path / "rel-audit.jsonl")
+    start = [r for r in records if r.get("event") == "run_start"]
+    assert len(start) == 1, records
+    assert not os.path.exists("/rel-audit.jsonl")
+
+
+def test_a_shared_runs_relative_workdir_is_the_clients_folder_not_the_daemons(daemon, shown, tmp_path):
+    p = subprocess.run([*gatewrap_cmd("run", "--audit-log", str(tmp_path / "audit.jsonl"),
+                                      "--workdir", shown.name), "--", AGENT_PYTHON, "-c", "import os; print(os.getcwd())"],
+                       capture_output=True, text=True, env=_env(daemon), cwd=shown.parent, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == [str(shown)]

@@ -334,18 +334,6 @@ def test_a_daemon_started_on_demand_runs_in_a_cgroup_of_its_own(net, tmp_path):
         d.stop()
 
 
-def test_a_shared_runs_relative_paths_are_the_clients_not_the_daemons(net, daemon, tmp_path):
-    # The daemon works in /: a relative --policy or --audit-log names the client's file.
-    (tmp_path / "policy.toml").write_text('[[rule]]\nhost = "allowed.test"\naction = "allow"\n')
-    cmd = gatewrap_cmd("run", "--shared", "--policy", "policy.toml", "--audit-log", "rel.jsonl", "--resolver",
-                       net.dns_server, "--workdir", "/tmp", "--ro-bind", net.tmpdir, *PUBLIC_RANGES, "--",
-                       *CURL, "http://allowed.test/")
-    p = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, env=_env(daemon), timeout=120)
-    assert p.returncode == 0 and p.stdout.strip() == "200", p.stderr
-    assert any(r.get("dst_host") == "allowed.test" for r in _records(tmp_path / "rel.jsonl"))
-    assert not os.path.exists("/rel.jsonl")
-
-
 def test_a_daemon_whose_hooks_were_loaded_again_starts_new_runs_on_the_new_ones(net, daemon, tmp_path):
     # Hooks loaded again (an unload, another version, a chroot's gatewrap on this kernel) pin
     # new maps: a run configured in the daemon's old ones could not even reach its gate.

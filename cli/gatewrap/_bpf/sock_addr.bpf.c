@@ -54,8 +54,9 @@ static __always_inline int check4(struct bpf_sock_addr *ctx, __u8 hook)
 	if (!verdict)
 		return 1;
 	fill_event(&ev, ctx, cgid, hook, verdict);
-	if (verdict != GW_DENY_FAMILY)
-		ev.dst.v4 = ctx->user_ip4;
+	/* Whatever the family: udp_sendmsg sends to an AF_UNSPEC address as to an AF_INET one,
+	 * so user_ip4 is where the datagram would have gone. */
+	ev.dst.v4 = ctx->user_ip4;
 	return deny(&ev);
 }
 

@@ -89,6 +89,9 @@ OPTIONAL_HOOKS = ("gw_connect_unix", "gw_sendmsg_unix")
 #: enum gw_hook and enum gw_verdict of bpf/gate.h, as the audit log names them.
 HOOK_NAMES = {1: "connect4", 2: "connect6", 3: "sendmsg4", 4: "sendmsg6", 5: "sock_create", 6: "skb_egress",
               7: "setsockopt", 8: "connect_unix", 9: "sendmsg_unix"}
+#: The hooks of enum gw_hook that see an IPv4 sockaddr (connect4, sendmsg4): one of family
+#: AF_UNSPEC there is a destination too (udp_sendmsg takes it as AF_INET).
+V4_ADDR_HOOKS = (1, 3)
 #: GW_ALLOW_UNIX of enum gw_verdict: the unix socket hooks' (which allow).
 VERDICT_ALLOW_UNIX = 7
 VERDICT_NAMES = {
@@ -316,13 +319,15 @@ class Hooks:
                 text = "@" + raw[1:].decode("utf-8", "backslashreplace") if raw[0] == 0 else \
                     raw.split(b"\0", 1)[0].decode("utf-8", "backslashreplace")
                 path = text
-        elif e.family == socket.AF_INET:
+        elif e.family == socket.AF_INET or (e.family == socket.AF_UNSPEC and e.hook in V4_ADDR_HOOKS):
+            # udp_sendmsg sends to an AF_UNSPEC address as to an AF_INET one: an IPv4 destination.
             ip = str(ipaddress.IPv4Address(int(e.dst.v4).to_bytes(4, "little")))
         else:
             v6 = ipaddress.IPv6Address(b"".join(int(w).to_bytes(4, "little") for w in e.dst.v6))
             ip = f"::ffff:{v6.ipv4_mapped}" if v6.ipv4_mapped else str(v6)
+        family = socket.AF_INET if e.family == socket.AF_UNSPEC and e.hook in V4_ADDR_HOOKS else e.family
         return _Event(
-            cgroup_id=e.cgroup_id, pid=e.pid, tgid=e.tgid, uid=e.uid, family=e.family,
+            cgroup_id=e.cgroup_id, pid=e.pid, tgid=e.tgid, uid=e.uid, family=family,
             dst_ip=ip, dst_port=e.dst_port, sock_type=e.sock_type, protocol=e.protocol,
             hook=HOOK_NAMES.get(e.hook, str(e.hook)),
             verdict=VERDICT_NAMES.get(e.verdict, str(e.verdict)),

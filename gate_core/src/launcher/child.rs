@@ -30,6 +30,8 @@ pub enum Step {
     RootMount,
     Hide,
     ReadOnly,
+    /// chdir(2) to the working directory again, through the mounts just made.
+    Reenter,
     Setgroups,
     Setresgid,
     BoundingSet,
@@ -47,7 +49,7 @@ pub enum Step {
 }
 
 impl Step {
-    const ALL: [Step; 20] = [
+    const ALL: [Step; 21] = [
         Step::Signals,
         Step::Setsid,
         Step::Setns,
@@ -56,6 +58,7 @@ impl Step {
         Step::RootMount,
         Step::Hide,
         Step::ReadOnly,
+        Step::Reenter,
         Step::Setgroups,
         Step::Setresgid,
         Step::BoundingSet,
@@ -86,6 +89,7 @@ impl fmt::Display for Step {
             Step::RootMount => "making the root directory a mount point (open_tree, move_mount, chroot)",
             Step::Hide => "hiding a host path under an empty tmpfs",
             Step::ReadOnly => "making a host path read-only",
+            Step::Reenter => "entering the working directory in the agent's mount namespace (is it under a path hidden from the agent, such as /sys/fs/cgroup or /sys/fs/bpf?)",
             Step::Setgroups => "setgroups",
             Step::Setresgid => "setresgid",
             Step::BoundingSet => "dropping the capability bounding set",
@@ -237,7 +241,8 @@ impl Plan {
     }
 
     /// Enter the sandbox and drop privileges, in this order (the child was born in the run's
-    /// cgroup: `CLONE_INTO_CGROUP`): signals, netns, cgroup + mount namespaces (hidden and read-only paths), the agent's user without
+    /// cgroup: `CLONE_INTO_CGROUP`): signals, netns, cgroup + mount namespaces (hidden and read-only paths;
+    /// then the working directory entered again, through them), the agent's user without
     /// capabilities ([`Plan::drop_to_agent`], unless the exec'd jail does it), no_new_privs,
     /// the Landlock domain (before the filters, which then need not allow its system calls),
     /// the baseline seccomp filters, and close-on-exec for every fd above 2.
@@ -262,6 +267,10 @@ impl Plan {
             self.check(Step::Setsid, libc::setsid().into())?;
             self.check(Step::Setns, libc::setns(self.netns_fd, libc::CLONE_NEWNET).into())?;
             self.isolate_mounts()?;
+            // Again, through the mounts just made: the working directory entered before them
+            // is a reference to its dentry, which a tmpfs mounted over a hidden path does not
+            // move (a cwd under /sys/fs/cgroup would still be the host's cgroupfs).
+            self.check(Step::Reenter, libc::chdir(self.cwd.as_ptr()).into())?;
             if self.drop_privileges {
                 self.drop_to_agent()?;
             }
