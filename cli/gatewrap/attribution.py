@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from .procstat import ppid_and_start
+
 # /proc is read directly, not through psutil: importing psutil costs ~25 ms of a run of its
 # own's start (its first kernel event is nsjail's own look for nscd's socket, on every run),
 # for the three fields of /proc/PID/stat and the readlink used here.
@@ -52,16 +54,12 @@ def comm_of(pid: int) -> str:
 
 
 def _stat(pid: int) -> tuple[int, int]:
-    """(ppid, starttime in clock ticks since boot) of process ``pid``: fields 4 and 22 of
-    /proc/PID/stat (proc(5)), read after the command name's last ')' (it may hold any byte).
-    Raises :class:`Gone` if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-        fields = stat[stat.rfind(b")") + 2:].split()
-        return int(fields[1]), int(fields[19])
-    except (OSError, IndexError, ValueError) as e:
-        raise Gone(pid) from e
+    """(ppid, starttime in clock ticks since boot) of process ``pid``
+    (:func:`gatewrap.procstat.ppid_and_start`). Raises :class:`Gone` if it is gone."""
+    stat = ppid_and_start(pid)
+    if stat is None:
+        raise Gone(pid)
+    return stat
 
 
 def _exe(pid: int) -> str:

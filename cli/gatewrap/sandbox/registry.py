@@ -12,6 +12,8 @@ import os
 import time
 from typing import Any
 
+from ..procstat import ppid_and_start
+
 RUNS_DIR = "/run/gatewrap/runs"
 
 
@@ -91,18 +93,8 @@ def process_started(pid: int) -> int | None:
     /proc/PID/stat, proc(5)); None if there is no such process. With the pid it names one
     process: a pid reused later has another start time. Ticks since boot, not a wall-clock
     time (psutil's create_time adds the boot time, which moves with a step of the clock)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    # The command name (field 2) is in parentheses and may hold any byte: fields 3 and on
-    # follow its last ')'.
-    fields = stat[stat.rfind(b")") + 2:].split()
-    try:
-        return int(fields[19])
-    except (IndexError, ValueError):
-        return None
+    stat = ppid_and_start(pid)
+    return None if stat is None else stat[1]
 
 
 def waiter_alive(run_id: str, state: dict[str, Any] | None = None) -> int | None:
