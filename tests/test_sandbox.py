@@ -313,3 +313,56 @@ def test_gc_removes_the_approvals_wake_folder_a_killed_run_left():
     g = subprocess.run(gatewrap_cmd("gc", "--json"), capture_output=True, text=True, timeout=60)
     assert g.returncode == 0, g.stderr
     assert run_id in json.loads(g.stdout)["runs"] and not os.path.exists(folder)
+
+
+#: The bounds nsjail applies unless its profile says otherwise (nsjail --help, config.proto),
+#: with what the profile must say instead: none of them is a bound the user asked for.
+NSJAIL_DEFAULT_BOUNDS = {
+    "time_limit": "0",  # nsjail: 600 s of wall time, then SIGKILL (137)
+    "rlimit_as_type": "INF",  # nsjail: 4096 MiB
+    "rlimit_cpu_type": "INF",  # nsjail: 600 s of CPU
+    "rlimit_fsize_type": "INF",  # nsjail: 1 MiB
+    "rlimit_nofile_type": "SOFT",  # nsjail: 32
+}
+
+
+def test_the_jail_profile_overrides_every_bound_nsjail_sets_by_default():
+    from gatewrap.sandbox import jail
+
+    settings = {}
+    for line in jail.PROFILE.read_text().splitlines():
+        key, sep, value = line.partition(":")
+        if sep and not line.startswith(("#", " ")) and "{" not in key:
+            settings[key.strip()] = value.strip().strip('"')
+    for key, value in NSJAIL_DEFAULT_BOUNDS.items():
+        assert settings.get(key) == value, f"agent.cfg: {key} must be {value} (nsjail's default bounds the agent)"
+    argv = jail.wrap(["/bin/true"], _nobody(), "/tmp", [], nsjail="/usr/local/bin/nsjail")
+    assert not {"-t", "--time_limit", "--max_cpus"} & set(argv)
+
+
+def _nobody():
+    from gatewrap.sandbox import user
+
+    return user.Target(name="nobody", uid=65534, gid=65534, groups=(65534,), home="/nonexistent")
+
+
+def _limits(text: str) -> dict[str, tuple[str, str]]:
+    """/proc/PID/limits (proc(5)) as {name: (soft, hard)}."""
+    rows = {}
+    for line in text.splitlines()[1:]:
+        name, soft, hard = line[:26].strip(), *line[26:].split()[:2]
+        rows[name] = (soft, hard)
+    return rows
+
+
+def test_the_agent_has_no_limit_the_user_did_not_set(gatewrap):
+    """The jail adds no wall-clock, CPU, size or file bound: the agent's limits are the caller's
+    (the core size is 0 by design: no core dump of an agent leaves its memory on the host)."""
+    r = gatewrap(["/bin/cat", "/proc/self/limits"])
+    assert r.returncode == 0, r.stderr
+    agent, here = _limits(r.stdout), _limits(open("/proc/self/limits").read())
+    for name in ("Max cpu time", "Max file size", "Max data size", "Max address space"):
+        assert agent[name] == ("unlimited", "unlimited"), name
+    for name in ("Max open files", "Max stack size", "Max locked memory", "Max realtime priority",
+                 "Max msgqueue size", "Max pending signals"):
+        assert agent[name][0] == here[name][0], (name, agent[name], here[name])
