@@ -95,6 +95,15 @@ def _own_records(run_id: str, info: dict[str, Any], **filters: Any) -> Iterator[
         return
 
 
+def unended(run_id: str, info: dict[str, Any]) -> bool:
+    """Whether run ``run_id`` started (its ``run_start`` is in its audit log, read from where
+    its lock file ``info`` says its records start) and has no ``run_end`` after it."""
+    last = None
+    for rec in _own_records(run_id, info, events=("run_start", "run_end")):
+        last = rec.get("event")
+    return last == "run_start"
+
+
 def counts_so_far(run_id: str, info: dict[str, Any]) -> tuple[RunCounts, str | None]:
     """Run ``run_id``'s counts from its records written so far (as ``run_end`` counts them),
     read from the position its lock file ``info`` (:func:`registry.info`) names, and the
