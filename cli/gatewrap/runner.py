@@ -400,8 +400,8 @@ class Sandbox:
             collected = gc.collect(parent, salvager(hooks, "a starting gatewrap run"))
             for stale in collected.runs:
                 print(f"gatewrap: removed stale sandbox {stale} (its gatewrap had died)", file=err)
-            for run_id, why in gc.untold(collected.left):
-                print(f"gatewrap: {gc.left_line(run_id, why)}", file=err)
+            for foreign, why in gc.untold(collected.left):
+                print(f"gatewrap: {gc.left_line(foreign, why)}", file=err)
         leaf, cgroup_id = cgroup.create_leaf(parent, run_id)
         self.leaf = leaf
         undo.callback(cgroup.kill_and_remove, leaf)

@@ -252,8 +252,8 @@ class Daemon:
                                waiting_for=self.socket_path)
         for stale in collected.runs:
             self.say(f"removed stale sandbox {stale} (its gatewrap had died)")
-        for run_id, why in gc.untold(collected.left):
-            self.say(gc.left_line(run_id, why))
+        for foreign, why in gc.untold(collected.left):
+            self.say(gc.left_line(foreign, why))
         if swept := self.hooks.sweep(parent):
             self.say(f"dropped the hooks' map entries of {swept} cgroups that are gone")
         if self.awaiting:
