@@ -219,6 +219,9 @@ def stop(run_id: str, timeout: float) -> Stopped:
     info = registry.info(run_id)
     if info is None or not registry.owned(run_id) or not isinstance(info.get("pid"), int):
         raise NoSuchRun(f"no live run {run_id} (gatewrap ps lists them)")
+    foreign = registry.unproven(run_id, info)
+    if foreign is not None:  # its pid numbers another process here
+        raise GatewrapError(f"run {run_id} is not this gatewrap's to stop: {foreign}")
     try:
         pidfd = os.pidfd_open(info["pid"])
     except ProcessLookupError:
