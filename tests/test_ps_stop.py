@@ -116,3 +116,32 @@ def test_without_root_ps_and_stop_exit_125_and_say_to_use_sudo(cmd):
             f"os.setresuid(65534, 65534, 0); main({cmd!r})")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert p.returncode == 125 and f"sudo gatewrap {cmd[0]}" in p.stderr, p.stderr
+
+
+def test_stop_refuses_a_run_whose_gatewrap_is_in_another_pid_namespace_and_signals_nothing(tmp_path):
+    """A registry shared with a gatewrap in another pid namespace (a container given the
+    host's /run): the pid its lock file names is another process here (a sleep of this
+    test's, standing for whatever has that number), so stop refuses and signals nothing."""
+    run_id = "gw-" + os.urandom(5).hex()
+    bystander = subprocess.Popen(["sleep", "60"])
+    holder = subprocess.Popen(
+        ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", textwrap.dedent(f"""
+            import sys
+            from gatewrap.sandbox import registry
+            fd = registry.claim({run_id!r}, {str(tmp_path / 'audit.jsonl')!r}, pid={bystander.pid})
+            print("held", flush=True)
+            sys.stdin.read()
+            registry.release({run_id!r}, fd)
+        """)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        s = subprocess.run(gatewrap_cmd("stop", run_id, "--timeout", "1"), capture_output=True, text=True, timeout=60)
+        time.sleep(0.2)
+        bystander_alive = bystander.poll() is None
+    finally:
+        holder.communicate("", timeout=30)
+        bystander.kill()
+        bystander.wait()
+    assert bystander_alive, "stop signalled the process its pid names here"
+    assert s.returncode == 125, s.stderr
+    assert f"run {run_id} is not this gatewrap's to stop" in s.stderr and "another pid namespace" in s.stderr

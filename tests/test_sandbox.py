@@ -267,6 +267,75 @@ def test_sigkill_of_gatewrap_fails_closed_and_gc_removes_the_sandbox(net, tmp_pa
     assert recs[-2]["event"] == "run_end" and "gatewrap died" in recs[-2]["reason"]
 
 
+@pytest.mark.own_process
+def test_gc_closes_a_started_run_whose_gatewrap_died_in_its_teardown(tmp_path):
+    """gatewrap SIGKILLed after its run's cgroup was removed and before its run_end (the
+    teardown cut short): no cgroup, no ring buffer left, but its lock file and run_start are;
+    gc proves its owner dead and writes the run_end, once."""
+    from gatewrap.sandbox import cgroup
+
+    audit = tmp_path / "audit.jsonl"
+    env = dict(os.environ, SUDO_UID="65534", SUDO_GID="65534")
+    p = subprocess.Popen(gatewrap_cmd("run", "--audit-log", str(audit), "--workdir", "/tmp", "--",
+                                      "/bin/sh", "-c", "echo ready; exec sleep 60"),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    assert p.stdout.readline() == "ready\n", p.stderr.read()
+    p.kill()
+    p.wait()
+    run_id = _run_id(audit)
+    cgroup.kill_and_remove(os.path.join(cgroup.parent_dir(), run_id))
+    assert os.path.exists(f"/run/gatewrap/runs/{run_id}.lock")
+    g = subprocess.run(gatewrap_cmd("gc", "--json"), capture_output=True, text=True, timeout=60)
+    assert g.returncode == 0, g.stderr
+    assert run_id in json.loads(g.stdout)["runs"]
+    assert not os.path.exists(f"/run/gatewrap/runs/{run_id}.lock")
+    recs = [json.loads(line) for line in audit.read_text().splitlines()]
+    ends = [r for r in recs if r["event"] == "run_end"]
+    assert [(e["run"], e["reason"], e["direct_egress"]) for e in ends] == [
+        (run_id, "gatewrap died; collected by gatewrap gc", 0)]
+    assert recs[-1]["event"] == "checkpoint", "gc signs what it wrote"
+    again = subprocess.run(gatewrap_cmd("gc", "--json"), capture_output=True, text=True, timeout=60)
+    assert run_id not in json.loads(again.stdout)["runs"]
+    assert len([line for line in audit.read_text().splitlines() if '"run_end"' in line]) == 1
+
+
+#: Runs that fail after their run_start is written, and how: (extra options, environment,
+#: a script's first line or None for /bin/true, exit code, the run_end's reason).
+FAILS_AFTER_RUN_START = {
+    "nsjail missing (GATEWRAP_NSJAIL names no file)":
+        ([], {"GATEWRAP_NSJAIL": "/nonexistent/nsjail"}, None, 127,
+         "the agent could not be started: command not found: /nonexistent/nsjail"),
+    "the command's exec failing in the launcher (its interpreter is missing)":
+        (["--jail", "none"], {}, "#!/nonexistent/interpreter", 127, "the agent could not be started: "),
+}
+
+
+@pytest.mark.parametrize("case", list(FAILS_AFTER_RUN_START), ids=list(FAILS_AFTER_RUN_START))
+def test_a_run_that_fails_after_run_start_gets_a_run_end_with_the_reason(gatewrap, case):
+    import shutil
+    import tempfile
+
+    extra, env, first_line, code, reason = FAILS_AFTER_RUN_START[case]
+    folder = tempfile.mkdtemp(prefix="gwt-fails-")
+    try:
+        os.chmod(folder, 0o755)
+        argv = ["/bin/true"]
+        if first_line is not None:
+            argv = [os.path.join(folder, "agent")]
+            with open(argv[0], "w") as f:
+                f.write(f"{first_line}\n")
+            os.chmod(argv[0], 0o755)
+        r = gatewrap(argv, extra=extra, env=env)
+    finally:
+        shutil.rmtree(folder)
+    assert r.returncode == code, r.stderr
+    starts, ends = r.records(event="run_start"), r.records(event="run_end")
+    assert len(starts) == 1 and len(ends) == 1, r.audit()
+    assert ends[0]["run"] == starts[0]["run"] and ends[0]["exit_code"] == code
+    assert ends[0]["reason"].startswith(reason), ends[0]
+    assert r.audit()[-1]["event"] == "checkpoint"
+
+
 def test_a_command_the_agents_user_cannot_reach_exits_126_and_says_why(gatewrap, tmp_path):
     closed = tmp_path / "closed"
     closed.mkdir(mode=0o700)

@@ -270,32 +270,35 @@ class SharedReader:
                     drain()
 
 
-def salvage(hooks: Any, audit_factory: Callable[[str], Any], run_id: str, cgroup_id: int,
-            audit_path: str | None, reason: str = "gatewrap died; collected by gatewrap gc") -> int:
+def salvage(hooks: Any, audit_factory: Callable[[str], Any], run_id: str, cgroup_id: int | None,
+            audit_path: str | None, reason: str = "gatewrap died; collected by gatewrap gc", close: bool = True) -> int:
     """Record what a dead run's ring buffer still holds, then drop its map entries.
 
-    Writes each event, then a ``run_end`` that says the run's gatewrap died, to the run's
-    own audit log (``audit_path``, from its lock file; skipped when unknown). Returns the
-    number of records written.
+    Writes each event, then (``close``: the run started and its log has no ``run_end``) a
+    ``run_end`` with ``reason``, to the run's own audit log (``audit_path``, from its lock
+    file; skipped when unknown). ``cgroup_id`` None: the run's cgroup is gone already (its
+    gatewrap died in its teardown), so is its ring buffer. Returns the number of records written.
     """
-    rb = hooks.orphan(cgroup_id)
-    written = 0
+    rb = None if cgroup_id is None else hooks.orphan(cgroup_id)
+    records: list[dict[str, Any]] = []
     if rb is not None and audit_path is not None:
-        audit = audit_factory(audit_path)
-        records: list[dict[str, Any]] = []
         rb.open(lambda ev: records.append(record_of(ev, run_id)))
         rb.drain()
         rb.flush(lambda ev: records.append(record_of(ev, run_id)))
+    written = 0
+    if audit_path is not None and (records or close):
+        audit = audit_factory(audit_path)
         for rec in records:
             audit.write(rec)
-        audit.write({"run": run_id, "event": "run_end", "reason": reason,
-                     "direct_egress": sum(r["count"] for r in records if r["event"] == "direct_egress"),
-                     "lost_events": rb.lost()})
+        if close:
+            audit.write({"run": run_id, "event": "run_end", "reason": reason,
+                         "direct_egress": sum(r["count"] for r in records if r["event"] == "direct_egress"),
+                         "lost_events": 0 if rb is None else rb.lost()})
         audit.checkpoint()
         audit.sync()
-        written = len(records) + 1
+        written = len(records) + int(close)
     if rb is not None:
         rb.release()
-    else:
+    elif cgroup_id is not None:
         hooks.forget(cgroup_id)
     return written

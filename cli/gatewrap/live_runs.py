@@ -95,6 +95,15 @@ def _own_records(run_id: str, info: dict[str, Any], **filters: Any) -> Iterator[
         return
 
 
+def unended(run_id: str, info: dict[str, Any]) -> bool:
+    """Whether run ``run_id`` started (its ``run_start`` is in its audit log, read from where
+    its lock file ``info`` says its records start) and has no ``run_end`` after it."""
+    last = None
+    for rec in _own_records(run_id, info, events=("run_start", "run_end")):
+        last = rec.get("event")
+    return last == "run_start"
+
+
 def counts_so_far(run_id: str, info: dict[str, Any]) -> tuple[RunCounts, str | None]:
     """Run ``run_id``'s counts from its records written so far (as ``run_end`` counts them),
     read from the position its lock file ``info`` (:func:`registry.info`) names, and the
@@ -210,6 +219,9 @@ def stop(run_id: str, timeout: float) -> Stopped:
     info = registry.info(run_id)
     if info is None or not registry.owned(run_id) or not isinstance(info.get("pid"), int):
         raise NoSuchRun(f"no live run {run_id} (gatewrap ps lists them)")
+    foreign = registry.unproven(run_id, info)
+    if foreign is not None:  # its pid numbers another process here
+        raise GatewrapError(f"run {run_id} is not this gatewrap's to stop: {foreign}")
     try:
         pidfd = os.pidfd_open(info["pid"])
     except ProcessLookupError:

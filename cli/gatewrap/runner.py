@@ -172,7 +172,11 @@ def run(opts: RunOptions, stderr: TextIO | None = None) -> RunResult:
         become_subreaper()
         raise_fd_limit()
         with Sandbox(planned, err) as box:
-            pid = spawn(box.spawn_spec())
+            try:
+                pid = spawn(box.spawn_spec())
+            except GatewrapError as e:
+                box.finish(e.exit_code, reason=f"{AGENT_NOT_STARTED}: {e}")
+                raise
             exit_code = wait_forwarding_signals(pid, opts.timeout, box.leaf, err)
             return box.finish(exit_code, reap=pid)
     finally:
@@ -335,6 +339,8 @@ class Sandbox:
         self._socket_scan: _OnThread | None = None
         #: A taken-back run's counts from before the take-back (its records in the audit log).
         self._earlier = dict.fromkeys(("allowed", "denied", "failed", "direct_egress"), 0)
+        #: The run's run_end is written (by :meth:`finish` or :meth:`_close_unended`).
+        self._ended = False
         #: Leaving the ``with`` does not wait for the release :meth:`finish` started (the
         #: run's ring buffer leaving the hooks' map of maps waits an RCU grace period, ~12 ms):
         #: :meth:`wait_released` does. The daemon's runs: their clients need not wait for it.
@@ -357,12 +363,29 @@ class Sandbox:
         try:
             self._set_up()
         except BaseException:
-            self._undo.close()
+            self._undo.__exit__(*sys.exc_info())
             raise
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self._undo.close()
+        self._undo.__exit__(*exc)
+
+    def _close_unended(self, _type: Any, exc: BaseException | None, _tb: Any) -> None:
+        """Undo step of a run whose ``run_start`` is written: left before :meth:`finish` wrote
+        its ``run_end`` (a failure after ``run_start``: in its set-up, its spawn, a daemon's
+        hand-over), the run still gets one, whose reason is the failure, and gatewrap's exit
+        code (125, or the error's own) when there was one."""
+        if self._ended:
+            return
+        denials = getattr(self, "_denials", None)
+        end: dict[str, Any] = {"run": self.plan.run_id, "event": "run_end"}
+        if exc is not None:
+            end["exit_code"] = exc.exit_code if isinstance(exc, GatewrapError) else EXIT_GATEWRAP
+        end.update(direct_egress=0 if denials is None else denials.count, lost_events=0,
+                   reason=f"gatewrap failed after run_start: {exc}" if exc is not None
+                   else "the sandbox was torn down before the agent's end was known")
+        self._ended = True
+        _write_run_end(self.plan.audit, end, self.err)
 
     def _set_up(self) -> None:
         p, opts, err, undo = self.plan, self.plan.opts, self.err, self._undo
@@ -374,8 +397,11 @@ class Sandbox:
         if hooks is None:
             hooks = loader.load_or_reuse(parent)
             undo.callback(hooks.close)
-            for stale in gc.collect(parent, salvager(hooks, "a starting gatewrap run")).runs:
+            collected = gc.collect(parent, salvager(hooks, "a starting gatewrap run"))
+            for stale in collected.runs:
                 print(f"gatewrap: removed stale sandbox {stale} (its gatewrap had died)", file=err)
+            for foreign, why in gc.untold(collected.left):
+                print(f"gatewrap: {gc.left_line(foreign, why)}", file=err)
         leaf, cgroup_id = cgroup.create_leaf(parent, run_id)
         self.leaf = leaf
         undo.callback(cgroup.kill_and_remove, leaf)
@@ -404,6 +430,7 @@ class Sandbox:
         except OSError as e:
             raise GatewrapError(f"{e.strerror}: a run starts only once its run_start record is written; "
                                 "free space there, or choose another --audit-log") from e
+        undo.push(self._close_unended)
         self._spec = self._agent(ns, staged, mounts)
         if self._shared_runtime:  # a daemon's run: what a restarted daemon needs to take it back
             registry.save(run_id, {"opts": dataclasses.asdict(opts), "policy_text": p.policy_text,
@@ -470,6 +497,7 @@ class Sandbox:
             p.audit.write(resumed)
         except OSError as e:
             raise GatewrapError(f"{e.strerror}: a run is taken back only once its run_resumed record is written") from e
+        undo.push(self._close_unended)
         # From here on, records are the new gate's and reader's: after run_resumed in the log.
         self._start_gate(ns.path)
         self._start_denials()
@@ -590,7 +618,8 @@ class Sandbox:
         (the rest of the teardown is left to leaving the ``with``). ``reap``: the agent's pid,
         when it is this process's child (reaped here after the kill). ``exit_code`` None: the
         agent's end is unknown (the shared mode's client went away); ``run_end`` then has no
-        exit_code but ``reason``, and the result says 125."""
+        exit_code but ``reason``, and the result says 125. ``reason`` with an exit code: why
+        the run ended so (the agent could not be started: 126, 127)."""
         p, run_id = self.plan, self.plan.run_id
         if self._socket_scan is not None:
             self._socket_scan.result()
@@ -624,6 +653,9 @@ class Sandbox:
         if exit_code is None:
             del end["exit_code"]
             end["reason"] = reason or "the agent's end is unknown"
+        elif reason is not None:
+            end["reason"] = reason
+        self._ended = True
         _write_run_end(p.audit, {"run": run_id, "event": "run_end", **end}, self.err)
         return result
 
@@ -755,6 +787,10 @@ def _write_run_end(audit: Any, record: dict[str, Any], err: TextIO) -> None:
         print(f"gatewrap: the run_end record could not be written: {e.strerror}", file=err, flush=True)
 
 
+#: The start of a run_end's reason when the agent's spawn failed (its exit code 125/126/127).
+AGENT_NOT_STARTED = "the agent could not be started"
+
+
 def collect_stale() -> gc.Collected:
     """``gatewrap gc``: remove every stale sandbox and its BPF map entries.
 
@@ -773,12 +809,18 @@ def collect_stale() -> gc.Collected:
 
 
 def salvager(hooks: loader.Hooks, by: str = "gatewrap gc") -> Any:
-    """gc's salvage step: a dead run's last kernel denials go to its own audit log, then a
-    ``run_end`` whose reason names ``by``, who collected it."""
+    """gc's salvage step: a dead run's last kernel denials go to its own audit log, then, if
+    the run started and has no ``run_end`` there (:func:`live_runs.unended`), a ``run_end``
+    whose reason names ``by``, who collected it."""
     from . import _gate_core as core
     from .kernel_denials import salvage
+    from .live_runs import unended
 
-    return lambda run_id, cgroup_id: salvage(hooks, core.AuditLog, run_id, cgroup_id, registry.audit_log_of(run_id),
-                                             reason=f"gatewrap died; collected by {by}")
+    def salvage_one(run_id: str, cgroup_id: int | None) -> None:
+        got = registry.info(run_id)
+        salvage(hooks, core.AuditLog, run_id, cgroup_id, None if got is None else got.get("audit_log"),
+                reason=f"gatewrap died; collected by {by}", close=got is not None and unended(run_id, got))
+
+    return salvage_one
 
 

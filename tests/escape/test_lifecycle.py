@@ -4,9 +4,11 @@ closed, and ``gatewrap gc`` removes it."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
+import signal
 import subprocess
 import time
 
@@ -195,3 +197,103 @@ def _cgroup_exists(run_id: str) -> bool:
     from gatewrap.sandbox import cgroup
 
     return os.path.isdir(os.path.join(cgroup.parent_dir(), run_id))
+
+
+#: An agent that answers each line on its stdin with one attempt at its gate (the gate's
+#: listener and the hooks' configuration of its cgroup both still there: connected).
+ANSWERING = """
+    print("ready", flush=True)
+    for _ in sys.stdin:
+        attempt("gate", sock(V4, TCP).connect, ("127.0.0.1", 3128))
+"""
+
+
+def _second_install(script: str, **popen) -> subprocess.Popen:
+    """``script`` (sh) run by another install of gatewrap on this kernel: this venv's gatewrap
+    (``$GW``) in a mount and pid namespace of its own (``unshare --mount --pid --fork
+    --mount-proc``), with a registry and state of its own (tmpfs over /run/gatewrap and
+    /var/lib/gatewrap there), as a chroot's or a container's would be; the cgroup
+    hierarchy and bpffs are the kernel's, shared."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWRAP_")}
+    env.update(SUDO_UID="65534", SUDO_GID="65534", GW=" ".join(gatewrap_cmd()))
+    setup = ("mount -t tmpfs -o mode=0755 gatewrap-second /run/gatewrap && "
+             "mount -t tmpfs -o mode=0755 gatewrap-second /var/lib/gatewrap && ")
+    popen.setdefault("stdout", subprocess.PIPE)
+    popen.setdefault("stderr", subprocess.STDOUT)
+    return subprocess.Popen(["unshare", "--mount", "--pid", "--fork", "--mount-proc", "/bin/sh", "-c", setup + script],
+                            env=env, text=True, start_new_session=True, **popen)
+
+
+def test_another_gatewrap_in_its_own_mount_and_pid_namespace_leaves_the_hosts_live_runs_alone(tmp_path, outcome):
+    """another gatewrap on the same kernel (its own mount and pid namespace) starts a run and collects."""
+    from shared.conftest import Daemon
+
+    own_env = {k: v for k, v in os.environ.items() if k not in ("GATEWRAP_SHARED", "GATEWRAP_DAEMON_SOCKET")}
+    own_env.update(SUDO_UID="65534", SUDO_GID="65534")
+    d = Daemon().start()
+
+    def host_run(name: str, env: dict) -> tuple[subprocess.Popen, str]:
+        audit = tmp_path / f"{name}.jsonl"
+        p = subprocess.Popen(gatewrap_cmd("run", "--audit-log", str(audit), "--workdir", "/tmp", "--",
+                                          *python_argv(ANSWERING)),
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        assert p.stdout.readline() == "ready\n", p.stderr.read()
+        return p, run_id_of(audit)
+
+    def answer(p: subprocess.Popen) -> str | None:
+        p.stdin.write("go\n")
+        p.stdin.flush()
+        got = attempts(p.stdout.readline())
+        return got[0]["errno"] if got else "NO ANSWER"
+
+    procs: list[subprocess.Popen] = []
+    second_long = None
+    try:
+        own, own_id = host_run("own", own_env)
+        procs.append(own)
+        shared, shared_id = host_run("shared", {**own_env, **d.env})
+        procs.append(shared)
+        killed, killed_id = host_run("killed", own_env)
+        killed.kill()
+        killed.wait()
+        # The second install starts a run (its start-up collection) and runs its gc.
+        second = _second_install(f"$GW run --audit-log {tmp_path}/second.jsonl --workdir /tmp -- /bin/true; "
+                                 "echo \"run exit $?\"; $GW gc; echo \"gc exit $?\"")
+        said, _ = second.communicate(timeout=120)
+        answers = {"own": answer(own), "shared": answer(shared)}
+        # The converse, from the host: its own dead run is collected, the second's live one left.
+        second_long = _second_install(f"exec $GW run --audit-log {tmp_path}/second-long.jsonl --workdir /tmp -- "
+                                      "/bin/sh -c 'echo ready; exec sleep 120'", stderr=subprocess.DEVNULL)
+        assert second_long.stdout.readline() == "ready\n"
+        second_id = run_id_of(tmp_path / "second-long.jsonl")
+        g = subprocess.run(gatewrap_cmd("gc", "--json"), capture_output=True, text=True, timeout=60, env=own_env)
+        host_gc = json.loads(g.stdout)
+        after = {"own": answer(own), "shared": answer(shared)}
+        second_procs = _run_procs(second_id)
+    finally:
+        for p in procs:
+            with contextlib.suppress(OSError):
+                p.stdin.close()
+        if second_long is not None:
+            os.killpg(second_long.pid, signal.SIGTERM)
+            second_long.wait(timeout=60)
+        for p in procs:
+            p.wait(timeout=60)
+        d.stop()
+    not_ours = "alone: not started by this gatewrap's registry (another install on this kernel?)"
+    survived = answers == after == {"own": None, "shared": None}
+    outcome("gc: only what the run registry and pid namespace prove dead",
+            f"the host's runs {'answer through their gates' if survived else 'LOST: ' + str((answers, after))}; "
+            f"the second gatewrap {'says it left them alone' if f'left {own_id} {not_ours}' in said else 'SAID NOTHING'}",
+            "held" if survived else "OPEN")
+    assert "run exit 0" in said and "gc exit 0" in said, said
+    for run_id in (own_id, shared_id, killed_id):  # said by its run's start, and by its gc
+        assert said.count(f"left {run_id} {not_ours}") == 2 and f"gatewrap: left {run_id}" in said, said
+    assert "removed" not in said, said
+    assert answers == {"own": None, "shared": None}, (answers, said)
+    assert after == {"own": None, "shared": None}, (after, host_gc)
+    assert killed_id in host_gc["runs"], host_gc
+    assert [second_id, "not started by this gatewrap's registry (another install on this kernel?)"] in host_gc["left"]
+    assert not {own_id, shared_id} & {r for r, _ in host_gc["left"]} and not {own_id, shared_id} & set(host_gc["runs"])
+    assert second_procs, "the second install's run lived through the host's gc"
+    assert not _cgroup_exists(second_id), "its own gatewrap tore it down when stopped"

@@ -467,9 +467,14 @@ def _layout_descs(bpf: Any, bcc: Any) -> dict[str, Any]:
     return descs
 
 
-def _complete(pin_dir: str, layout_path: str) -> bool:
+def _pinned(pin_dir: str) -> bool:
+    """Whether every map and (non-optional) program of the hooks is pinned in ``pin_dir``."""
     names = [*PINNED_MAPS, *(f"prog_{name}" for name, _, _ in HOOKS if name not in OPTIONAL_HOOKS)]
-    return os.path.exists(layout_path) and all(os.path.exists(f"{pin_dir}/{n}") for n in names)
+    return all(os.path.exists(f"{pin_dir}/{n}") for n in names)
+
+
+def _complete(pin_dir: str, layout_path: str) -> bool:
+    return os.path.exists(layout_path) and _pinned(pin_dir)
 
 
 def load_or_reuse(parent_cgroup: str) -> Hooks:
@@ -500,15 +505,24 @@ def load_or_reuse(parent_cgroup: str) -> Hooks:
             _remove_stale(digest)
             bpf = None
             if not _complete(pin_dir, layout_path):
-                # Partial state (a pin removed by hand, a crash mid-load): start clean, so
-                # no attached program keeps a map that later runs no longer configure.
-                _remove_stale(None)
-                os.makedirs(pin_dir, exist_ok=True)
+                pinned = _pinned(pin_dir)
+                if not pinned:
+                    # Partial state (a pin removed by hand, a crash mid-load): start clean, so
+                    # no attached program keeps a map that later runs no longer configure.
+                    _remove_stale(None)
+                    os.makedirs(pin_dir, exist_ok=True)
                 bcc = _bcc()
                 bpf = _compile(bcc, pin_dir)
                 with open(layout_path + ".tmp", "w") as f:
                     json.dump(_layout_descs(bpf, bcc), f)
                 os.replace(layout_path + ".tmp", layout_path)
+                if pinned:
+                    # Every pin there but no layout here: pinned by a gatewrap whose /run is
+                    # not this one's (another install on this kernel: a chroot, a container),
+                    # whose runs are configured in those maps. Only the layouts are made here
+                    # (bcc opened the pinned maps, BPF_TABLE_PINNED); the pinned programs stay
+                    # attached: loading them again would leave its runs without egress.
+                    bpf = None
             keep = {_attach_one(bpf, name, at, pin_dir, parent_fd) for name, _, at in HOOKS}
             _detach_foreign(parent_fd, keep - {None})
         except OSError as e:

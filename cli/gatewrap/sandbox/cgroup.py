@@ -76,6 +76,18 @@ def populated(path: str) -> bool:
         os.close(fd)
 
 
+def has_unseen(path: str) -> bool:
+    """Whether the cgroup holds a process outside this process's pid namespace: its
+    ``cgroup.procs`` lists such a process as pid 0 (the pid it has here; task_pid_vnr(),
+    kernel/cgroup/cgroup.c), as a gatewrap in a child pid namespace sees the host's agents.
+    False for a cgroup that is gone."""
+    try:
+        with open(os.path.join(path, "cgroup.procs"), "rb") as f:
+            return any(line.strip() == b"0" for line in f)
+    except FileNotFoundError:
+        return False
+
+
 def kill(path: str, timeout: float = 5.0) -> None:
     """SIGKILL every process in the cgroup (``cgroup.kill``) and wait until it is empty.
 

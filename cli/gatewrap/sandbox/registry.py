@@ -1,7 +1,10 @@
 """Which runs are alive: each run holds an exclusive flock(2) on ``/run/gatewrap/runs/<run-id>.lock``.
 
 The kernel drops the lock when the gatewrap process dies, however it dies (SIGKILL
-included), so a sandbox whose lock can be taken has no owner and is stale.
+included), so a sandbox whose lock can be taken has no owner and is stale, if the lock file
+is the one its gatewrap locked and its owner is one this gatewrap can see
+(:func:`unproven`): another install on the same kernel (a chroot, a container) keeps
+registries and pids of its own, and its runs are not ours to judge.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import os
 import time
 from typing import Any
 
-from ..procstat import ppid_and_start
+from ..procstat import pid_view, ppid_and_start
 
 RUNS_DIR = "/run/gatewrap/runs"
 
@@ -25,12 +28,16 @@ def lock_path(run_id: str) -> str:
 def claim(run_id: str, audit_log: str, pid: int | None = None, since: dict[str, Any] | None = None) -> int:
     """Create and lock the run's lock file; returns the fd (close it to release).
 
-    The file holds ``{"audit_log", "audit_offset", "audit_dev", "audit_ino", "pid", "started"}``:
-    where the run's audit log is (for :func:`audit_log_of` after a crash), its size in bytes now
-    and the file's device and inode (the run's records all come after that point, so ``gatewrap
-    ps`` reads from there, through the log's rotations since), the pid of the run's gatewrap
-    (``gatewrap stop`` signals it; ``pid``, default this process: the shared mode's daemon names
-    the client) and the time (Unix seconds). The fd is close-on-exec, so the agent never
+    The file holds ``{"audit_log", "audit_offset", "audit_dev", "audit_ino", "pid", "pid_start",
+    "pid_view", "registry", "started"}``: where the run's audit log is (for gc's ``run_end``
+    after a crash), its size in bytes now and the file's device and inode (the run's records all
+    come after that point, so ``gatewrap ps`` reads from there, through the log's rotations
+    since), the pid of the run's gatewrap (``gatewrap stop`` signals it; ``pid``, default this
+    process: the shared mode's daemon names the client), that process's start time (clock ticks
+    since boot, :func:`process_started`), the pid namespace those pids are numbered in
+    (:func:`gatewrap.procstat.pid_view`; None if this /proc is another namespace's), the
+    registry folder's ``[st_dev, st_ino]`` (:func:`identity`) and the time (Unix seconds).
+    :func:`unproven` reads them before a gc removes the run. The fd is close-on-exec, so the agent never
     inherits it. ``since``: the run's earlier lock file (:func:`info`; a run a restarted
     daemon takes back), whose audit position and start time are kept, so ``ps`` still reads
     the run's records from its ``run_start``.
@@ -46,8 +53,10 @@ def claim(run_id: str, audit_log: str, pid: int | None = None, since: dict[str, 
         offset, dev, ino = st.st_size, st.st_dev, st.st_ino
     except OSError:
         offset, dev, ino = 0, None, None
+    owner = os.getpid() if pid is None else pid
     state = {"audit_log": os.path.abspath(audit_log), "audit_offset": offset, "audit_dev": dev, "audit_ino": ino,
-             "pid": os.getpid() if pid is None else pid, "started": time.time()}
+             "pid": owner, "pid_start": process_started(owner), "pid_view": pid_view(), "registry": identity(),
+             "started": time.time()}
     if since is not None and since.get("audit_log") == state["audit_log"]:
         state.update({k: since[k] for k in ("audit_offset", "audit_dev", "audit_ino", "started") if k in since})
     os.write(fd, json.dumps(state).encode())
@@ -120,12 +129,6 @@ def info(run_id: str) -> dict[str, Any] | None:
     return got if isinstance(got, dict) else None
 
 
-def audit_log_of(run_id: str) -> str | None:
-    """The audit log a (dead) run was writing to, from its lock file; None if unknown."""
-    got = info(run_id)
-    return got.get("audit_log") if got else None
-
-
 def live() -> list[str]:
     """Ids of the runs a gatewrap process owns now, sorted: its lock is held, or it is a
     shared-mode run whose daemon died and whose waiter waits for the next (:func:`waiter_alive`)."""
@@ -153,10 +156,51 @@ def release(run_id: str, fd: int) -> None:
     os.close(fd)
 
 
-def alive(run_id: str) -> bool:
-    """Whether a gatewrap process still owns ``run_id``."""
+def identity() -> list[int] | None:
+    """``[st_dev, st_ino]`` of this registry's folder (None if there is none yet): a lock file
+    read through another mount of another file system (an overlay's copy of a host's
+    /run, whose flock(2) is not the host's) names a registry other than this one."""
     try:
-        fd = os.open(lock_path(run_id), os.O_RDWR | os.O_CLOEXEC)
+        st = os.stat(RUNS_DIR)
+    except FileNotFoundError:
+        return None
+    return [st.st_dev, st.st_ino]
+
+
+def unproven(run_id: str, got: dict[str, Any] | None) -> str | None:
+    """Why this gatewrap cannot tell whether the owner of ``run_id``, whose lock is free,
+    is dead (a clause for "left RUN alone: ..."); None when it can: the lock file ``got``
+    (:func:`info`) was written through this registry and names an owner in the pid
+    namespace this /proc shows. A lock file of an older version, without these fields, is
+    judged by its lock alone, as that version did."""
+    if got is None:
+        return None
+    if "registry" in got and got["registry"] != identity():
+        return "its registry entry was written through another mount of " + RUNS_DIR + " (another install on this kernel?)"
+    if "pid_view" in got and (got["pid_view"] is None or got["pid_view"] != pid_view()):
+        return (f"its gatewrap (pid {got.get('pid')} there) is in another pid namespace than this gatewrap's: "
+                "only a gatewrap there can tell whether it lives")
+    return None
+
+
+def owner_lives(got: dict[str, Any] | None) -> int | None:
+    """The pid of the owner a lock file ``got`` names if that very process (pid and start
+    time) lives in this pid namespace; None otherwise, or for a lock file without a start
+    time (an older version's). Call it only where :func:`unproven` said None."""
+    if got is None:
+        return None
+    pid, started = got.get("pid"), got.get("pid_start")
+    if not isinstance(pid, int) or pid <= 0 or not isinstance(started, int):
+        return None
+    return pid if process_started(pid) == started else None
+
+
+def alive(run_id: str) -> bool:
+    """Whether a gatewrap process still owns ``run_id``: its lock is held. The lock file is
+    opened read-only (flock(2) needs no more): opening an overlay's lower file for writing
+    would copy it up, and the copy's lock is never held."""
+    try:
+        fd = os.open(lock_path(run_id), os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
         return False
     try:

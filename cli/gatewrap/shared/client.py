@@ -148,7 +148,15 @@ def run(fields: dict[str, Any], summary: str = "text") -> NoReturn | int:
     signal.pthread_sigmask(signal.SIG_BLOCK, set(agent_process.FORWARDED) | {signal.SIGCHLD})
     agent_process.become_subreaper()
     agent_process.raise_fd_limit()  # the agent inherits it, as from a run of its own
-    pid = agent_process.spawn(spec)  # a failure closes the connection: the daemon tears the sandbox down
+    try:
+        pid = agent_process.spawn(spec)
+    except GatewrapError as e:
+        # The daemon closes the run with this reason (its run_end) and tears the sandbox down;
+        # the daemon's closing the connection says it is done.
+        with contextlib.suppress(OSError):
+            protocol.send_line(sock, f"failed {e.exit_code} {' '.join(str(e).split())}")
+            reader.rest()
+        raise
     found = waiter.find()
     if found is not None:
         waiter.exec_waiter(pid, sock.fileno(), timeout, spec["cgroup_dir"], resume=(path, reply["run"]))

@@ -248,9 +248,12 @@ class Daemon:
         for run_id in self.awaiting:
             self.say(f"run {run_id} of the last daemon still runs: waiting {TAKE_BACK_WINDOW:g} s for its "
                      "gatewrap run to come back")
-        for stale in gc.collect(parent, runner.salvager(self.hooks, "the gatewrap daemon"), keep=self.awaiting,
-                                waiting_for=self.socket_path).runs:
+        collected = gc.collect(parent, runner.salvager(self.hooks, "the gatewrap daemon"), keep=self.awaiting,
+                               waiting_for=self.socket_path)
+        for stale in collected.runs:
             self.say(f"removed stale sandbox {stale} (its gatewrap had died)")
+        for foreign, why in gc.untold(collected.left):
+            self.say(gc.left_line(foreign, why))
         if swept := self.hooks.sweep(parent):
             self.say(f"dropped the hooks' map entries of {swept} cgroups that are gone")
         if self.awaiting:
@@ -443,8 +446,13 @@ class Daemon:
             self.runs[run_id] = box
         box.release_later = True
         try:
-            code = _exit_code(reader.line())
+            line = reader.line()
+            code = _exit_code(line)
             with self._ending:
+                failed = _failure(line)
+                if failed is not None:
+                    box.finish(failed[0], reason=f"{runner.AGENT_NOT_STARTED}: {failed[1]}")
+                    return
                 if code is None:
                     box.finish(None, reason="the client (gatewrap run) went away before the agent's end")
                     return
@@ -476,6 +484,17 @@ def _terminal_of(fds: list[int]) -> Terminal:
     if len(fds) == 1:
         return Terminal(fds.pop())
     return Terminal(os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC))
+
+
+def _failure(line: bytes | None) -> tuple[int, str] | None:
+    """(CODE, MESSAGE) of a ``failed CODE MESSAGE`` line (the client could not start the
+    agent); None for anything else. CODE is gatewrap's: 125, 126 or 127."""
+    if line is None or not line.startswith(b"failed "):
+        return None
+    code, _, message = line[len(b"failed "):].decode(errors="replace").strip().partition(" ")
+    if code not in ("125", "126", "127"):
+        return None
+    return int(code), message[:1000]
 
 
 def _exit_code(line: bytes | None) -> int | None:

@@ -7,11 +7,13 @@ One connection is one run (or one status question). Messages are JSON objects, o
    sent with the client's stderr as SCM_RIGHTS (unix(7)): the run's notices go there.
 2. daemon -> client: ``{"spawn": spawn_agent keyword arguments}`` once the sandbox is up, or
    ``{"error": MESSAGE, "exit_code": N}`` (nothing was left behind).
-3. client -> daemon: ``exit CODE`` once the agent has exited (the waiter, or the client).
-4. daemon -> client: the closing summary (one line), then the daemon closes the connection.
+3. client -> daemon: ``exit CODE`` once the agent has exited (the waiter, or the client), or
+   ``failed CODE MESSAGE`` (one line) when the client could not start the agent.
+4. daemon -> client: the closing summary (one line; none after ``failed``), then the daemon
+   closes the connection.
 
-A connection that ends before step 3 (the client died, or could not spawn) has its sandbox
-torn down: its processes killed, its records closed.
+A connection that ends before step 3 (the client died) has its sandbox torn down: its
+processes killed, its records closed.
 
 ``{"op": "status"}`` is answered with ``{"pid", "started", "runs": [run ids]}``.
 
