@@ -521,11 +521,11 @@ class Sandbox:
         self._denials = denials
         self._undo.callback(denials.stop)
 
-    def _announce(self, overridden: list[str]) -> None:
+    def _announce(self, replaced: list[str]) -> None:
         """Say what gatewrap changed for the agent, and as whom it runs."""
         p, err = self.plan, self.err
-        if overridden:
-            print(f"gatewrap: replaced your {', '.join(overridden)} so the agent uses the gate", file=err)
+        if replaced:
+            print(f"gatewrap: replaced your {', '.join(replaced)} so the agent uses the gate", file=err)
         if p.target.uid == 0:
             print("gatewrap: warning: the agent runs as root, unjailed (no capabilities, but it owns the "
                   "host's root files); prefer sudo from a user, or --user", file=err)
