@@ -59,7 +59,8 @@ def test_a_bad_env_file_line_is_named_by_file_and_line_without_its_value(text, s
 def test_the_agent_keeps_a_short_set_of_the_callers_and_its_users_identity():
     caller = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_TIME": "de_DE.UTF-8", "TERM": "xterm", "TZ": "UTC",
               "COLORTERM": "truecolor", "LANGUAGE": "de", "HOME": "/root", "USER": "root", "LOGNAME": "root",
-              "GITHUB_TOKEN": "t", "EDITOR": "vi", "SHELL": "/bin/zsh", "SUDO_UID": "1000", "TMPDIR": "/var/tmp"}
+              "GITHUB_TOKEN": "t", "EDITOR": "vi", "SHELL": "/bin/zsh", "SUDO_UID": "1000", "TMPDIR": "/var/tmp",
+              "LC_SECRET_TOKEN": "carried by ssh's AcceptEnv LC_*"}
     env, passed, notes = environment.build(caller, TARGET, [])
     assert env == {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_TIME": "de_DE.UTF-8", "TERM": "xterm", "TZ": "UTC",
                    "COLORTERM": "truecolor", "LANGUAGE": "de", "HOME": "/home/alice", "USER": "alice",

@@ -3,7 +3,8 @@
 Of the environment gatewrap was started with, only a short set rides in:
 
 - ``PATH`` (the caller's, else :data:`DEFAULT_PATH`): where the agent's commands are found;
-- ``LANG``, ``LANGUAGE``, ``LC_*``, ``TZ``: how text, dates and times are shown;
+- ``LANG``, ``LANGUAGE``, ``LC_*`` (the 13 categories of locale(7)), ``TZ``: how text, dates
+  and times are shown;
 - ``TERM``, ``COLORTERM``: what the terminal the agent shares can display.
 
 ``HOME``, ``USER`` and ``LOGNAME`` are the agent's user's (its passwd entry), never the
@@ -33,9 +34,12 @@ from dataclasses import dataclass
 from ..errors import GatewrapError
 from .user import Target
 
-#: The caller's variables the agent gets, besides ``LC_*`` (:data:`KEPT_PREFIX`).
-KEPT = ("PATH", "LANG", "LANGUAGE", "TZ", "TERM", "COLORTERM")
-KEPT_PREFIX = "LC_"
+#: The caller's variables the agent gets: the locale's (``LC_*``: glibc's categories,
+#: locale(7), not any name that starts so: ssh's ``AcceptEnv LC_*`` has made ``LC_`` a way to
+#: carry anything), the time zone, the terminal's.
+KEPT = frozenset({"PATH", "LANG", "LANGUAGE", "TZ", "TERM", "COLORTERM", "LC_ALL", "LC_CTYPE", "LC_COLLATE",
+                  "LC_MESSAGES", "LC_MONETARY", "LC_NUMERIC", "LC_TIME", "LC_ADDRESS", "LC_IDENTIFICATION",
+                  "LC_MEASUREMENT", "LC_NAME", "LC_PAPER", "LC_TELEPHONE"})
 #: The agent's PATH when the caller has none (sudo's secure_path has the same folders).
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 #: A name: letters, digits and ``_``, not starting with a digit (POSIX.1-2017 XBD 8.1, with
@@ -169,12 +173,12 @@ def named(policy_env: list[tuple[str, int]], policy_file: str | None, env_files:
 
 
 def build(environ: dict[str, str], target: Target, entries: list[Named]) -> tuple[dict[str, str], list[str], list[str]]:
-    """The agent's environment before the shims' variables: :data:`KEPT` and ``LC_*`` of
-    ``environ`` (the caller's), HOME/USER/LOGNAME of ``target``, then ``entries`` (later
+    """The agent's environment before the shims' variables: :data:`KEPT` of ``environ`` (the
+    caller's), HOME/USER/LOGNAME of ``target``, then ``entries`` (later
     winning). Returns (the environment, the names passed because they were named, sorted;
     notes for stderr: a named variable the caller does not have).
     """
-    env = {k: v for k, v in environ.items() if k in KEPT or k.startswith(KEPT_PREFIX)}
+    env = {k: v for k, v in environ.items() if k in KEPT}
     env.setdefault("PATH", DEFAULT_PATH)
     env.update(HOME=target.home, USER=target.name, LOGNAME=target.name)
     passed: set[str] = set()
