@@ -48,7 +48,8 @@ def main() -> int:
                "--ro-bind", net.tmpdir, "--audit-log", audit,
                # the fake internet uses documentation addresses: count them as public
                "--public-range", "198.51.100.128/25", "--public-range", "2001:db8:100::/48",
-               "--ro-bind", shown, "--workdir", "/tmp", "--", "/usr/bin/python3", agent]
+               "--ro-bind", shown, "--workdir", "/tmp", "--env", "REQUESTS_CA_BUNDLE",
+               "--", "/usr/bin/python3", agent]
         print("$ " + " ".join(cmd), flush=True)
         rc = subprocess.run(cmd, env=env).returncode
         print(f"\n$ gatewrap audit --format table --log {audit}", flush=True)

@@ -243,7 +243,7 @@ def gatewrap_cmd(*args: str) -> list[str]:
 
 
 def run_gatewrap(net, audit: Path, argv=None, *, python=None, allow=(), deny=(), extra=(), env=None,
-                 timeout=60, user_env=True) -> Run:
+                 timeout=60, user_env=True, unnamed=None) -> Run:
     """Run ``gatewrap run`` once against ``net`` with its audit log at ``audit``; see
     :func:`gatewrap` for the arguments. For module-scoped runs (one sandbox, many cases)."""
     if python is not None:
@@ -255,13 +255,18 @@ def run_gatewrap(net, audit: Path, argv=None, *, python=None, allow=(), deny=(),
         cmd += ["--allow", a]
     for d in deny:
         cmd += ["--deny", d]
-    cmd += [*extra, "--", *argv]
     e = dict(os.environ)
     if user_env:
         e.update(SUDO_UID=str(AGENT_UID), SUDO_GID=str(AGENT_UID))
-    e["GW_TEST_AUDIT"] = str(audit)
-    e.update(REQUESTS_CA_BUNDLE=net.ca_path, CURL_CA_BUNDLE=net.ca_path, SSL_CERT_FILE=net.ca_path)
-    e.update(env or {})
+    # For the agent (named: nothing of gatewrap's environment reaches it otherwise): the fake
+    # internet's CA, the audit log's path, and ``env``'s, but for gatewrap's own settings.
+    agent_env = {"GW_TEST_AUDIT": str(audit), "REQUESTS_CA_BUNDLE": net.ca_path, "CURL_CA_BUNDLE": net.ca_path,
+                 "SSL_CERT_FILE": net.ca_path, **(env or {})}
+    e.update(agent_env, **(unnamed or {}))
+    for name in agent_env:
+        if not name.startswith(("GATEWRAP_", "SUDO_")):
+            cmd += ["--env", name]
+    cmd += [*extra, "--", *argv]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=e, cwd=ROOT)
     return Run(p.returncode, p.stdout, p.stderr, audit)
 
@@ -272,7 +277,11 @@ def gatewrap(net, tmp_path):
 
     ``gatewrap(argv, allow=[...], python=CODE, env={...})`` runs ``argv`` (or, with
     ``python``, Debian's python3 running CODE) as uid 65534, resolving through the fake
-    DNS, with a fresh audit log, and returns a :class:`Run`.
+    DNS, with a fresh audit log, and returns a :class:`Run`. ``env``'s variables are set
+    in gatewrap's environment and named with ``--env`` (but SUDO_* and GATEWRAP_*, which
+    are gatewrap's); so are REQUESTS_CA_BUNDLE, CURL_CA_BUNDLE and SSL_CERT_FILE (the fake
+    internet's CA) and GW_TEST_AUDIT (the run's audit log). ``unnamed``'s are set in
+    gatewrap's environment only (which the agent must not see).
     """
 
     def _run(argv=None, **kw) -> Run:

@@ -291,6 +291,11 @@ BAD_FILES = [
      'invalid host "a..test": empty label'),
     ("allow_private on a deny rule is refused", '[[rule]]\nhost = "a.test"\naction = "deny"\nallow_private = true\n',
      "allow_private"),
+    ("gatewrap's own variable in [sandbox] env is refused", '[sandbox]\nenv = ["A",\n  "GATEWRAP_STATE"]\n',
+     "3: [sandbox] env: GATEWRAP_STATE: gatewrap's own settings never reach the agent"),
+    ("a proxy variable in [sandbox] env is refused", '[sandbox]\nenv = ["http_proxy=http://x.test"]\n',
+     "2: [sandbox] env: http_proxy: gatewrap sets http_proxy in every run"),
+    ("a bad name in [sandbox] env is refused", '[sandbox]\nenv = ["A B=1"]\n', "2: [sandbox] env: 'A B' is not a variable name"),
 ]
 
 
@@ -301,6 +306,17 @@ def test_check_refuses_a_bad_file_with_file_and_line(capsys, policy_file, text, 
     assert (code, out) == (1, "")
     assert err.startswith(f"gatewrap: {path}:") and needle in err
     assert len(err.strip().splitlines()) == 1, err
+
+
+def test_check_shows_the_sandbox_env_names_but_no_value(capsys, policy_file):
+    path = policy_file('[sandbox]\nenv = ["OPENAI_API_KEY",\n  "LOG_LEVEL=debug-secret"]\n')
+    code, out, _ = gw(capsys, "policy", "check", path)
+    assert code == 0 and "debug-secret" not in out
+    assert out.splitlines()[-2:] == ["  env OPENAI_API_KEY  (line 2)", "  env LOG_LEVEL=…  (line 3)"]
+    code, out, _ = gw(capsys, "policy", "check", path, "--json")
+    assert json.loads(out)["sandbox"]["env"] == [{"name": "OPENAI_API_KEY", "value": False, "line": 2},
+                                                 {"name": "LOG_LEVEL", "value": True, "line": 3}]
+    assert "debug-secret" not in out
 
 
 def test_check_json_on_a_bad_file(capsys, policy_file):

@@ -139,6 +139,8 @@ class Policy:
         host paths the run shows in the jail read-only / writable (as ``--ro-bind``/``--bind``);
         empty lists without one. Paths are absolute, without ``.``/``..`` components and not
         ``/`` (:meth:`from_toml` raises :class:`PolicyError` naming the line otherwise).
+        ``"env"``: ``[(entry, line)]``, ``NAME`` or ``NAME=VALUE`` as written (as ``--env``;
+        checked by :mod:`gatewrap.sandbox.environment`).
         """
 
 class AuditLog:

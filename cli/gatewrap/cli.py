@@ -119,6 +119,16 @@ def cli() -> None:
               help="POST each approval the run asks for to URL (a Slack incoming webhook takes it as it is), "
                    "signed as Standard Webhooks do with the secret in /etc/gatewrap/webhook-secret. "
                    "Default: the policy's [notify] webhook, else the config file's.")
+@click.option("--env", "env_vars", multiple=True, metavar="NAME[=VALUE]",
+              help="Pass NAME to the agent: your value, or VALUE (a command line is visible to every user: "
+                   "prefer NAME, or --env-file, for a secret; sudo keeps few variables: sudo "
+                   "--preserve-env=NAME). The agent gets only PATH, LANG, LANGUAGE, LC_*, TZ, TERM, COLORTERM, "
+                   "its user's HOME/USER/LOGNAME, gatewrap's proxy and CA variables, and what is named. "
+                   "Never GATEWRAP_* nor the proxy variables. Policy file: [sandbox] env. Repeatable.")
+@click.option("--env-file", "env_files", multiple=True, metavar="FILE",
+              help="Pass the variables of FILE, read as the user who ran sudo: docker's --env-file format "
+                   "(NAME=VALUE or NAME per line, the value verbatim, no quotes removed; # comments). "
+                   "--env wins over it. Repeatable.")
 @click.option("--shared", is_flag=True, envvar="GATEWRAP_SHARED",
               help="Let the host's one gatewrap daemon set up and serve the sandbox (started on demand; "
                    "see gatewrap daemon --help): a run then costs ~1.5 MB of gatewrap's memory instead of a "
@@ -129,7 +139,7 @@ def run(allow: tuple[str, ...], deny: tuple[str, ...], policy_file: str | None, 
         audit_log: str, audit_max_size: int, audit_keep: int | None, nameservers: tuple[str, ...], public_ranges: tuple[str, ...], port: int, workdir: str | None, jail: str,
         ro_binds: tuple[str, ...], rw_binds: tuple[str, ...], timeout: float | None, memory: int | None,
         cpus: float | None, pids: int | None, ca_dir: str, upstream_ca: tuple[str, ...], state: str | None,
-        notify_webhook: str | None, shared: bool, as_json: bool, command: tuple[str, ...]) -> int:
+        notify_webhook: str | None, env_vars: tuple[str, ...], env_files: tuple[str, ...], shared: bool, as_json: bool, command: tuple[str, ...]) -> int:
     """Run COMMAND in a sandbox whose only egress is the gate.
 
     \b
@@ -157,7 +167,8 @@ def run(allow: tuple[str, ...], deny: tuple[str, ...], policy_file: str | None, 
                         audit_max_size=audit_max_size, audit_keep=audit_keep, nameservers=nameservers,
                         public_ranges=public_ranges, port=port, workdir=workdir, jail=jail, ro_binds=ro_binds,
                         rw_binds=rw_binds, timeout=timeout, memory=memory, cpus=cpus, pids=pids, ca_dir=ca_dir,
-                        upstream_ca=upstream_ca, state=state, notify_webhook=notify_webhook, command=command)
+                        upstream_ca=upstream_ca, state=state, notify_webhook=notify_webhook, env_vars=env_vars,
+                        env_files=env_files, command=command)
     if shared:
         from .errors import require_root
         from .shared import client

@@ -1,7 +1,7 @@
 """The ``gatewrap`` console script and ``python -m gatewrap``.
 
 The common shared run, ``gatewrap run --shared [--allow H] [--deny H] [--policy F]
-[--audit-log P] [--json] -- COMMAND...`` (or ``$GATEWRAP_SHARED=1`` instead of ``--shared``),
+[--audit-log P] [--env NAME[=VALUE]] [--env-file F] [--json] -- COMMAND...`` (or ``$GATEWRAP_SHARED=1`` instead of ``--shared``),
 is parsed here without click: importing click (and the inspect, uuid, platform and datetime
 modules it imports) was about a third of such a run's client start-up, before it even asks
 the daemon for a sandbox. Every other command line, and any option, value or form this
@@ -20,7 +20,8 @@ if TYPE_CHECKING:
     from typing import Any, Callable
 
 #: The options of ``run`` this parser takes (each with one value), by the name of their field.
-VALUED = {"--allow": "allow", "--deny": "deny", "--policy": "policy_file", "--audit-log": "audit_log"}
+VALUED = {"--allow": "allow", "--deny": "deny", "--policy": "policy_file", "--audit-log": "audit_log",
+          "--env": "env_vars", "--env-file": "env_files"}
 #: ``run``'s defaults: the click options of gatewrap.cli take them from here, so that both
 #: parsers make the same fields.
 DEFAULT_AUDIT_LOG = "/var/log/gatewrap/audit.jsonl"
@@ -36,7 +37,8 @@ def shared_run(args: list[str], environ: dict[str, str] | os._Environ[str]) -> t
     would parse them; None for anything else (click's to parse)."""
     if not args or args[0] != "run":
         return None
-    picked: dict[str, Any] = {"allow": [], "deny": [], "policy_file": None, "audit_log": DEFAULT_AUDIT_LOG}
+    picked: dict[str, Any] = {"allow": [], "deny": [], "policy_file": None, "audit_log": DEFAULT_AUDIT_LOG,
+                              "env_vars": [], "env_files": []}
     shared = as_json = False
     i = 1
     while i < len(args):
@@ -82,7 +84,7 @@ def shared_run(args: list[str], environ: dict[str, str] | os._Environ[str]) -> t
                         audit_keep=None, nameservers=(), public_ranges=(), port=DEFAULT_PORT, workdir=None,
                         jail=DEFAULT_JAIL, ro_binds=(), rw_binds=(), timeout=None, memory=None, cpus=None,
                         pids=None, ca_dir=DEFAULT_CA_DIR, upstream_ca=(), state=None, notify_webhook=None,
-                        command=command)
+                        env_vars=picked["env_vars"], env_files=picked["env_files"], command=command)
     return fields, "json" if as_json else "text"
 
 
@@ -90,7 +92,7 @@ def run_fields(allow: Any, deny: Any, policy_file: str | None, user: str | None,
                audit_keep: int | None, nameservers: Any, public_ranges: Any, port: int, workdir: str | None,
                jail: str, ro_binds: Any, rw_binds: Any, timeout: float | None, memory: int | None,
                cpus: float | None, pids: int | None, ca_dir: str, upstream_ca: Any, state: str | None,
-               notify_webhook: str | None, command: Any) -> dict[str, Any]:
+               notify_webhook: str | None, env_vars: Any, env_files: Any, command: Any) -> dict[str, Any]:
     """The fields of a RunOptions, as its JSON form (limits a dict; every path absolute), from
     ``run``'s parsed options (click's in gatewrap.cli, or :func:`shared_run`'s): a shared run
     sends them to the daemon, which makes the RunOptions (run_types' dataclasses are not built
@@ -106,7 +108,8 @@ def run_fields(allow: Any, deny: Any, policy_file: str | None, user: str | None,
                 rw_binds=[os.path.abspath(p) for p in rw_binds], timeout=timeout,
                 limits=dict(memory=memory, cpus=cpus, pids=pids), public_ranges=list(public_ranges),
                 ca_dir=os.path.abspath(ca_dir), upstream_ca=[os.path.abspath(p) for p in upstream_ca],
-                state=state, notify_webhook=notify_webhook)
+                state=state, notify_webhook=notify_webhook, env_vars=list(env_vars),
+                env_files=[os.path.abspath(p) for p in env_files])
 
 
 def _run_shared(fields: dict[str, Any], summary: str) -> None:

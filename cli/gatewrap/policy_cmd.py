@@ -37,11 +37,14 @@ class CheckResult:
     mode: str | None = None
     rules: list[dict[str, Any]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
-    #: The ``[sandbox]`` table: {"ro_bind": [(path, line)], "bind": [(path, line)]}.
-    sandbox: dict[str, list] = field(default_factory=lambda: {"ro_bind": [], "bind": []})
+    #: The ``[sandbox]`` table: {"ro_bind": [(path, line)], "bind": [(path, line)],
+    #: "env": [(NAME or NAME=VALUE, line)]}.
+    sandbox: dict[str, list] = field(default_factory=lambda: {"ro_bind": [], "bind": [], "env": []})
 
     def as_record(self) -> dict[str, Any]:
-        sandbox = {k: [{"path": p, "line": n} for p, n in v] for k, v in self.sandbox.items()}
+        sandbox = {k: [{"path": p, "line": n} for p, n in v] for k, v in self.sandbox.items() if k != "env"}
+        # names only: a value the policy sets may be a secret
+        sandbox["env"] = [{"name": e.partition("=")[0], "value": "=" in e, "line": n} for e, n in self.sandbox["env"]]
         return {"file": self.file, "valid": self.ok, "error": self.error, "default": self.default,
                 "mode": self.mode, "rules": self.rules, "warnings": self.warnings, "sandbox": sandbox}
 
@@ -65,6 +68,13 @@ def check_file(path: str) -> CheckResult:
     try:
         policy = core.Policy.from_toml(text, path)
     except core.PolicyError as e:
+        return CheckResult(path, False, error=_one_line(str(e)))
+    from .sandbox import environment
+
+    try:
+        for entry, line in policy.sandbox()["env"]:
+            environment.parse_entry(entry, f"{path}:{line}: [sandbox] env")
+    except GatewrapError as e:
         return CheckResult(path, False, error=_one_line(str(e)))
     rules = policy.describe()
     return CheckResult(path, True, default=policy.default, mode=policy.mode, rules=rules,
@@ -124,6 +134,11 @@ def check_lines(res: CheckResult) -> list[str]:
     if shown:
         lines.append("sandbox: host paths shown in the jail, besides the system (read-only) and the workdir")
         lines += [f"  {key} {p}  (line {n})" for key, p, n in shown]
+    if res.sandbox["env"]:
+        lines.append("sandbox: environment variables the agent gets by name, besides PATH, LANG, LC_*, TZ, TERM, "
+                     "HOME and gatewrap's (=…: a value the policy sets, not shown; else the caller's)")
+        lines += [f"  env {entry.partition('=')[0]}{'=…' if '=' in entry else ''}  (line {n})"
+                  for entry, n in res.sandbox["env"]]
     return lines
 
 

@@ -46,7 +46,12 @@ class RunOptions:
     #: ``--notify-webhook``: where an approval is announced (else the policy's ``[notify]
     #: webhook``, else the config file's).
     notify_webhook: str | None = None
-    #: The environment gatewrap was started with (the agent's is made from it; SUDO_UID,
+    #: ``--env``: NAME (the caller's value) or NAME=VALUE, in order; ``--env-file`` paths
+    #: (:mod:`gatewrap.sandbox.environment` says what the agent's environment is).
+    env_vars: list[str] = field(default_factory=list)
+    env_files: list[str] = field(default_factory=list)
+    #: The environment gatewrap was started with (the agent's takes a few of it and what is
+    #: named: :mod:`gatewrap.sandbox.environment`; SUDO_UID,
     #: GATEWRAP_STATE, GATEWRAP_CONFIG and GATEWRAP_NSJAIL are read from it). None: this
     #: process's own; the shared mode's daemon gets the client's.
     environ: dict[str, str] | None = None

@@ -27,7 +27,7 @@ from .policy import build_policy, read_policy_text, sandbox_binds
 from .run_types import DEFAULT_AUDIT_LOG, DEFAULT_CA_DIR, RunOptions, RunResult, audit_command, summary_line
 
 __all__ = ["DEFAULT_AUDIT_LOG", "RunOptions", "RunResult", "Sandbox", "plan", "run", "spawn", "summary_line"]
-from .sandbox import cgroup, gc, jail, limits, netns, registry, user, view
+from .sandbox import cgroup, environment, gc, jail, limits, netns, registry, user, view
 from .sandbox.mounts import mount_table
 
 #: The audit log's checkpoint signing key (gate_core audit/note.rs DEFAULT_KEY).
@@ -194,8 +194,9 @@ class Plan:
     target: user.Target
     #: The agent's environment (the shims' variables added by :class:`Sandbox`).
     env: dict[str, str]
-    #: The user's proxy variables gatewrap replaced (said on stderr).
-    overridden: list[str]
+    #: The names of the variables passed because they were named (--env, --env-file, the
+    #: policy's [sandbox] env): run_start lists them, never their values.
+    env_names: list[str]
     cwd: str
     #: The command, its program looked up on the agent's PATH.
     argv: list[str]
@@ -244,9 +245,11 @@ def plan(opts: RunOptions, err: TextIO, audit_logs: Any = open_audit_log) -> Pla
         jail.refuse_root(target.uid)
     run_id = new_run_id()
     # What the agent runs, where and with what: checked before anything is set up.
-    env, overridden = shims.agent_env(dict(environ), GATE_IP4, opts.port)
-    if target.uid != os.getuid():
-        env.update(HOME=target.home, USER=target.name, LOGNAME=target.name)
+    entries = environment.named(policy.sandbox()["env"], opts.policy_file, opts.env_files, opts.env_vars, environ)
+    base, env_names, notes = environment.build(environ, target, entries)
+    for note in notes:
+        print(note, file=err)
+    env = shims.agent_env(base, GATE_IP4, opts.port)
     cwd = opts.cwd or os.getcwd()
     env["PWD"] = cwd
     argv = _resolve_command(opts.argv, env, target, cwd)
@@ -272,7 +275,7 @@ def plan(opts: RunOptions, err: TextIO, audit_logs: Any = open_audit_log) -> Pla
             "under /usr (e.g. /usr/bin/python3)", exit_code=EXIT_NOT_FOUND)
     audit = audit_logs(opts)
     breakpoints = _approvals(opts, policy, run_id, audit, err)
-    return Plan(opts, run_id, policy, target, env, overridden, cwd, argv, ro_binds, rw_binds, audit, breakpoints,
+    return Plan(opts, run_id, policy, target, env, env_names, cwd, argv, ro_binds, rw_binds, audit, breakpoints,
                 policy_text)
 
 
@@ -423,10 +426,10 @@ class Sandbox:
         undo.callback(shutil.rmtree, staged, True)
         for note in notes:
             print(note, file=err)
-        self._announce(p.overridden + replaced)
+        self._announce(replaced)
         try:
             p.audit.write({"run": run_id, "event": "run_start", "argv": opts.argv, "uid": p.target.uid,
-                           "cgroup_id": cgroup_id, "gate": p.gate_url})
+                           "cgroup_id": cgroup_id, "gate": p.gate_url, **({"env": p.env_names} if p.env_names else {})})
         except OSError as e:
             raise GatewrapError(f"{e.strerror}: a run starts only once its run_start record is written; "
                                 "free space there, or choose another --audit-log") from e
@@ -546,11 +549,11 @@ class Sandbox:
         self._denials = denials
         self._undo.callback(denials.stop)
 
-    def _announce(self, overridden: list[str]) -> None:
+    def _announce(self, replaced: list[str]) -> None:
         """Say what gatewrap changed for the agent, and as whom it runs."""
         p, err = self.plan, self.err
-        if overridden:
-            print(f"gatewrap: replaced your {', '.join(overridden)} so the agent uses the gate", file=err)
+        if replaced:
+            print(f"gatewrap: replaced your {', '.join(replaced)} so the agent uses the gate", file=err)
         if p.target.uid == 0:
             print("gatewrap: warning: the agent runs as root, unjailed (no capabilities, but it owns the "
                   "host's root files); prefer sudo from a user, or --user", file=err)

@@ -23,16 +23,16 @@ def env_table(table: str = "env") -> dict[str, str]:
         return dict(tomllib.load(f)[table])
 
 
-def agent_env(base: dict[str, str], host: str, port: int) -> tuple[dict[str, str], list[str]]:
-    """Return (the agent's environment, names of user variables that were overridden).
-
-    ``base`` is copied; every variable of the table replaces the user's value, since a
-    proxy variable that points elsewhere would only make the agent fail at the kernel.
-    ``host``/``port``: the gate's listener in the sandbox (e.g. ``127.0.0.1``, 3128).
+def agent_env(base: dict[str, str], host: str, port: int) -> dict[str, str]:
+    """Return the agent's environment: ``base`` (:mod:`gatewrap.sandbox.environment`'s,
+    copied) with every variable of the table set. ``host``/``port``: the gate's listener in
+    the sandbox (e.g. ``127.0.0.1``, 3128). ``base`` holds none of the table's names (naming
+    one is refused: a proxy variable that points elsewhere would only fail at the kernel).
     """
     env = dict(base)
     fields = {"proxy": f"http://{host}:{port}", "host": host, "port": str(port)}
-    return env, _set_table(env, "env", fields)
+    _set_table(env, "env", fields)
+    return env
 
 
 def add_ca_env(env: dict[str, str], ca: str, bundle: str) -> list[str]:

@@ -31,6 +31,7 @@
 //! [sandbox]              # optional: host paths shown in the agent's jail (`sandbox.rs`)
 //! ro_bind = ["/opt/tools"]   # read-only, as `gatewrap run --ro-bind`
 //! bind = ["/srv/scratch"]    # writable, as `gatewrap run --bind`
+//! env = ["OPENAI_API_KEY"]   # the agent's environment, as `gatewrap run --env`
 //! ```
 //! `default` may also be `"ask"`. Durations are `duration.rs`'s grammar (`30s`, `10m`, `2h`).
 //! Any other key is refused with its line.
@@ -79,6 +80,7 @@ struct NotifySchema {
 struct SandboxSchema {
     ro_bind: Option<SpannedList<String>>,
     bind: Option<SpannedList<String>>,
+    env: Option<SpannedList<String>>,
 }
 
 #[derive(Deserialize)]
@@ -279,7 +281,9 @@ impl Reader<'_> {
 
     fn sandbox(&self, s: Option<&SandboxSchema>) -> Result<Sandbox, PolicyError> {
         let Some(s) = s else { return Ok(Sandbox::default()) };
-        Ok(Sandbox { ro_bind: self.sandbox_paths(s.ro_bind.as_ref())?, bind: self.sandbox_paths(s.bind.as_ref())? })
+        let env = s.env.as_ref().map_or(&[][..], |l| l.get_ref()).iter();
+        let env = env.map(|e| SandboxPath { path: e.get_ref().clone(), line: self.line(e.span().start) }).collect();
+        Ok(Sandbox { ro_bind: self.sandbox_paths(s.ro_bind.as_ref())?, bind: self.sandbox_paths(s.bind.as_ref())?, env })
     }
 
     /// The `[notify]` table: `webhook` must be an http(s) URL (the WHATWG URL parser).

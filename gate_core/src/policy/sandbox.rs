@@ -1,12 +1,18 @@
 //! The policy file's `[sandbox]` table: host paths the run shows in the agent's jail, as
-//! `gatewrap run --ro-bind PATH` / `--bind PATH` would. The gate does not use them; they
-//! live in the policy so that a team shares one file for what the agent may reach.
+//! `gatewrap run --ro-bind PATH` / `--bind PATH` would, and environment variables the agent
+//! gets, as `gatewrap run --env` would. The gate does not use them; they live in the policy
+//! so that a team shares one file for what the agent may reach.
 //!
 //! ```toml
 //! [sandbox]
 //! ro_bind = ["/opt/tools", "/srv/datasets"]   # shown read-only
 //! bind = ["/srv/scratch"]                     # shown writable
+//! env = ["OPENAI_API_KEY", "LOG_LEVEL=debug"]  # NAME (the caller's value) or NAME=VALUE
 //! ```
+//!
+//! `env` entries are kept as written, each with its line: gatewrap's Python side
+//! (`cli/gatewrap/sandbox/environment.py`) reads and checks them, the one place the rule of
+//! which names may be passed is written (for `--env` and `--env-file` too).
 
 /// One host path of `[sandbox]`, with the 1-based line it was written on.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,6 +28,8 @@ pub struct Sandbox {
     pub ro_bind: Vec<SandboxPath>,
     /// `bind = [..]`: shown writable (its own file system; submounts stay read-only).
     pub bind: Vec<SandboxPath>,
+    /// `env = [..]`: `NAME` or `NAME=VALUE` entries, as written (`path` holds the entry).
+    pub env: Vec<SandboxPath>,
 }
 
 /// Why a `[sandbox]` path is refused, or `None` if it is usable: it must be absolute,

@@ -16,7 +16,14 @@ fn sandbox_paths_are_read_with_their_lines() {
     let none = from_toml("default = \"deny\"\n", "p.toml").expect("parses");
     assert!(none.sandbox.ro_bind.is_empty() && none.sandbox.bind.is_empty(), "no [sandbox]: nothing bound");
     let empty = from_toml("[sandbox]\n", "p.toml").expect("an empty [sandbox] parses");
-    assert!(empty.sandbox.ro_bind.is_empty() && empty.sandbox.bind.is_empty());
+    assert!(empty.sandbox.ro_bind.is_empty() && empty.sandbox.bind.is_empty() && empty.sandbox.env.is_empty());
+}
+
+#[test]
+fn sandbox_env_entries_are_kept_as_written_with_their_lines() {
+    // checked by gatewrap's Python side (cli/gatewrap/sandbox/environment.py), for --env too
+    let p = from_toml("[sandbox]\nenv = [\n  \"OPENAI_API_KEY\",\n  \"LOG=a = b \",\n]\n", "p.toml").expect("parses");
+    assert_eq!(paths(&p.sandbox.env), vec![("OPENAI_API_KEY", 3), ("LOG=a = b ", 4)]);
 }
 
 #[test]
@@ -29,6 +36,7 @@ fn bad_sandbox_tables_name_the_line() {
         ("a dot-dot component", "[sandbox]\nro_bind = [\"/opt/../root\"]\n", "p.toml:2: invalid path \"/opt/../root\": a path cannot have . or .. components; write it out"),
         ("the root", "[sandbox]\nro_bind = [\"//\"]\n", "p.toml:2: invalid path \"//\": binding / would show the whole host (its sockets and secrets too); name the folders the agent needs"),
         ("a number in the list", "[sandbox]\nro_bind = [\"/a\",\n 7]\n", "p.toml:3: invalid type: integer `7`, expected a string"),
+        ("env as a table", "[sandbox]\nenv = { A = \"1\" }\n", "p.toml:2: invalid type: map, expected a sequence"),
     ];
     for (case, text, want) in table {
         match from_toml(text, "p.toml") {
