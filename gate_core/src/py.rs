@@ -139,13 +139,15 @@ impl PyPolicy {
         Ok(d)
     }
 
-    /// The file's `[sandbox]` table: {"ro_bind": [(path, line)], "bind": [(path, line)]}.
+    /// The file's `[sandbox]` table: {"ro_bind": [(path, line)], "bind": [(path, line)],
+    /// "unprotect": [(path, line)]}.
     fn sandbox<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let p = self.read();
         let d = PyDict::new(py);
         let pairs = |list: &[policy::SandboxPath]| list.iter().map(|s| (s.path.clone(), s.line)).collect::<Vec<_>>();
         d.set_item("ro_bind", pairs(&p.sandbox.ro_bind))?;
         d.set_item("bind", pairs(&p.sandbox.bind))?;
+        d.set_item("unprotect", pairs(&p.sandbox.unprotect))?;
         Ok(d)
     }
 

@@ -31,6 +31,7 @@
 //! [sandbox]              # optional: host paths shown in the agent's jail (`sandbox.rs`)
 //! ro_bind = ["/opt/tools"]   # read-only, as `gatewrap run --ro-bind`
 //! bind = ["/srv/scratch"]    # writable, as `gatewrap run --bind`
+//! unprotect = [".vscode"]    # a protected path left writable, as `gatewrap run --unprotect`
 //! ```
 //! `default` may also be `"ask"`. Durations are `duration.rs`'s grammar (`30s`, `10m`, `2h`).
 //! Any other key is refused with its line.
@@ -44,7 +45,7 @@ use super::decide::is_upper_method;
 use super::duration::parse_duration;
 use super::path::PathPattern;
 use super::rules::{Action, ApprovalLimits, Hold, Mode, Notify, Origin, Policy, Ports, Rule, Scheme};
-use super::sandbox::{path_problem, Sandbox, SandboxPath};
+use super::sandbox::{path_problem, unprotect_problem, Sandbox, SandboxPath};
 use super::PolicyError;
 
 type SpannedList<T> = Spanned<Vec<Spanned<T>>>;
@@ -79,6 +80,7 @@ struct NotifySchema {
 struct SandboxSchema {
     ro_bind: Option<SpannedList<String>>,
     bind: Option<SpannedList<String>>,
+    unprotect: Option<SpannedList<String>>,
 }
 
 #[derive(Deserialize)]
@@ -266,11 +268,15 @@ impl Reader<'_> {
         Ok(Budget { count, per })
     }
 
-    fn sandbox_paths(&self, list: Option<&SpannedList<String>>) -> Result<Vec<SandboxPath>, PolicyError> {
+    fn sandbox_paths(
+        &self,
+        list: Option<&SpannedList<String>>,
+        problem: fn(&str) -> Option<&'static str>,
+    ) -> Result<Vec<SandboxPath>, PolicyError> {
         let Some(list) = list else { return Ok(Vec::new()) };
         list.get_ref()
             .iter()
-            .map(|p| match path_problem(p.get_ref()) {
+            .map(|p| match problem(p.get_ref()) {
                 Some(why) => Err(self.err(p.span().start, format!("invalid path {:?}: {why}", p.get_ref()))),
                 None => Ok(SandboxPath { path: p.get_ref().clone(), line: self.line(p.span().start) }),
             })
@@ -279,7 +285,11 @@ impl Reader<'_> {
 
     fn sandbox(&self, s: Option<&SandboxSchema>) -> Result<Sandbox, PolicyError> {
         let Some(s) = s else { return Ok(Sandbox::default()) };
-        Ok(Sandbox { ro_bind: self.sandbox_paths(s.ro_bind.as_ref())?, bind: self.sandbox_paths(s.bind.as_ref())? })
+        Ok(Sandbox {
+            ro_bind: self.sandbox_paths(s.ro_bind.as_ref(), path_problem)?,
+            bind: self.sandbox_paths(s.bind.as_ref(), path_problem)?,
+            unprotect: self.sandbox_paths(s.unprotect.as_ref(), unprotect_problem)?,
+        })
     }
 
     /// The `[notify]` table: `webhook` must be an http(s) URL (the WHATWG URL parser).

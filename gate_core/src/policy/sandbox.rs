@@ -6,7 +6,13 @@
 //! [sandbox]
 //! ro_bind = ["/opt/tools", "/srv/datasets"]   # shown read-only
 //! bind = ["/srv/scratch"]                     # shown writable
+//! unprotect = [".vscode", "/srv/scratch/.envrc"] # left writable though tools run it
 //! ```
+//!
+//! `unprotect` names protected paths (cli/gatewrap/sandbox/protect.py: `.git/config`,
+//! `.git/hooks`, `.envrc`, `.vscode/`...) the agent may change, as `gatewrap run --unprotect
+//! PATH`: an absolute path, or one relative to each writable path (the working directory
+//! first).
 
 /// One host path of `[sandbox]`, with the 1-based line it was written on.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,6 +28,9 @@ pub struct Sandbox {
     pub ro_bind: Vec<SandboxPath>,
     /// `bind = [..]`: shown writable (its own file system; submounts stay read-only).
     pub bind: Vec<SandboxPath>,
+    /// `unprotect = [..]`: protected paths left writable (absolute, or relative to each
+    /// writable path).
+    pub unprotect: Vec<SandboxPath>,
 }
 
 /// Why a `[sandbox]` path is refused, or `None` if it is usable: it must be absolute,
@@ -39,6 +48,21 @@ pub fn path_problem(path: &str) -> Option<&'static str> {
     }
     if path.split('/').all(str::is_empty) {
         return Some("binding / would show the whole host (its sockets and secrets too); name the folders the agent needs");
+    }
+    None
+}
+
+/// Why an `unprotect` entry is refused, or `None` if it is usable: absolute or relative, but
+/// not empty, with no `.`/`..` component and no NUL.
+pub fn unprotect_problem(path: &str) -> Option<&'static str> {
+    if path.contains('\0') {
+        return Some("a path cannot contain NUL");
+    }
+    if path.split('/').all(str::is_empty) {
+        return Some("expected a protected path, e.g. \".vscode\" or \"/srv/repo/.git/hooks\"");
+    }
+    if path.split('/').any(|c| c == "." || c == "..") {
+        return Some("a path cannot have . or .. components; write it out");
     }
     None
 }
