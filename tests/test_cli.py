@@ -99,6 +99,7 @@ FAST_SHARED_RUNS = [
     ["run", "--policy", "a.toml", "--shared", "--policy=b.toml", "--deny=e.test=f", "--json", "--json", "cmd", "--", "x"],
     ["run", "--deny", "a.test", "--shared", "--shared", "--allow", "=", "--deny", "x=y", "--", "-"],
     ["run", "--shared", "--audit-log", "rel/audit.jsonl", "--policy", "rel.toml", "cmd"],
+    ["run", "--shared", "--unprotect", ".vscode", "--unprotect=/srv/r/.git/hooks", "--", "true"],
 ]
 #: Command lines left to click (its checks, its messages), with GATEWRAP_SHARED unset.
 CLICKS_OWN = [
@@ -132,7 +133,8 @@ def test_gatewrap_shared_1_in_the_environment_is_a_shared_run_for_the_fast_parse
 #: Words of a shared run's command line, for command lines made of them at random.
 WORDS = ["--shared", "--json", "--allow", "a.test", "--allow=b.test", "--deny", "c.test", "--deny=d.test=x",
          "--policy", "p.toml", "--policy=/tmp", "--audit-log", "/tmp/x.jsonl", "--", "cmd", "-x", "-", "--allow=",
-         "--deny=-q", "--shared=", "--js", "--all", "--ALLOW", "-h", "--policy=", "=", "--allow=--"]
+         "--deny=-q", "--shared=", "--js", "--all", "--ALLOW", "-h", "--policy=", "=", "--allow=--",
+         "--unprotect", ".envrc", "--unprotect="]
 
 
 @pytest.mark.parametrize("seed", range(4))
