@@ -182,3 +182,56 @@ def test_unprotect_leaves_a_path_writable_and_says_so(tmp_path):
         assert "left writable (--unprotect" in p.stderr and ".git/config" in p.stderr
     finally:
         shutil.rmtree(top, ignore_errors=True)
+
+
+@pytest.mark.parametrize("case, make, message", [
+    ("a FIFO at .envrc (writes into it pass a read-only mount)",
+     lambda w: os.mkfifo(w / ".envrc"), "is a FIFO, where tools read code"),
+    ("a nested repository whose path nsjail cannot name (a ':')",
+     lambda w: subprocess.run(["git", "init", "-q", str(w / "a:b")], check=True), "cannot protect"),
+])
+def test_a_protected_path_that_cannot_be_protected_stops_the_run_before_the_agent(tmp_path, case, make, message):
+    top = Path(tempfile.mkdtemp(prefix="gwt-protect-bad-"))
+    top.chmod(0o755)
+    try:
+        subprocess.run(["git", "init", "-q", str(top / "w")], check=True)
+        make(top / "w")
+        subprocess.run(["chown", "-R", f"{AGENT_UID}:{AGENT_UID}", str(top)], check=True)
+        audit = tmp_path / "audit.jsonl"
+        cmd = gatewrap_cmd("run", "--audit-log", str(audit), "--workdir", str(top / "w"), "--", "/bin/sh", "-c",
+                           f"touch {top}/ran")
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=60,
+                           env={**os.environ, "SUDO_UID": str(AGENT_UID), "SUDO_GID": str(AGENT_UID)})
+        assert p.returncode == 125, (case, p.stderr)
+        assert message in p.stderr and "--unprotect" in p.stderr, p.stderr
+        assert not (top / "ran").exists(), "the agent must not start"
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+
+
+def test_a_git_file_naming_etc_and_a_config_link_leading_out_mount_nothing_over_them(tmp_path):
+    """Hostile pointers: ``.git`` a file saying ``gitdir: /etc``, a nested ``.git/config`` a link to
+    a file outside the working directory. The run starts; nothing outside is bound over; the
+    link's target on the host stays as it was (in the jail the link leads into the jail's own
+    /tmp, where the write lands and is gone with the run)."""
+    top = Path(tempfile.mkdtemp(prefix="gwt-protect-ptr-"))
+    top.chmod(0o755)
+    try:
+        (top / "w").mkdir()
+        (top / "w/.git").write_text("gitdir: /etc\n")
+        subprocess.run(["git", "init", "-q", str(top / "w/n")], check=True)
+        (top / "outside.cfg").write_text("[core]\n")
+        os.remove(top / "w/n/.git/config")
+        os.symlink(str(top / "outside.cfg"), top / "w/n/.git/config")
+        subprocess.run(["chown", "-R", "-h", f"{AGENT_UID}:{AGENT_UID}", str(top)], check=True)
+        audit = tmp_path / "audit.jsonl"
+        cmd = gatewrap_cmd("run", "--audit-log", str(audit), "--workdir", str(top / "w"), "--", "/bin/sh", "-c",
+                           "echo x > n/.git/config; echo \"LINK $?\"; grep -c . /proc/self/mountinfo")
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=60,
+                           env={**os.environ, "SUDO_UID": str(AGENT_UID), "SUDO_GID": str(AGENT_UID)})
+        assert p.returncode == 0, p.stderr
+        assert "LINK" in p.stdout, p.stdout
+        assert (top / "outside.cfg").read_text() == "[core]\n"
+        assert (top / "w/.git").read_text() == "gitdir: /etc\n"
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
