@@ -204,3 +204,16 @@ def test_the_view_shows_each_protected_path_read_only_after_its_writable_bind(re
     order = [(m.kind, m.dst) for m in mounts]
     assert order.index(("rw", str(repo))) < order.index(("ro", str(repo / ".git/config")))
     assert ("ro", str(repo / ".git/hooks")) in order and ("ro", str(repo / ".git/info")) in order
+
+
+def test_the_summary_names_what_was_moved_aside_and_run_end_leaves_it_to_the_records():
+    from gatewrap.run_types import RunResult, summary_line
+
+    moved = [{"path": "/w/.envrc", "moved_to": "/w/.envrc.gatewrap-gw-0123456789", "change": "created"},
+             {"path": "/w/a\nb/.git/config", "moved_to": "/w/a\nb/.git/config.gatewrap-gw-0123456789",
+              "change": "replaced"}]
+    line = summary_line(RunResult("gw-0123456789", 0, 0, 0, 0, 0, 0, "/var/log/gatewrap/audit.jsonl", protected=moved))
+    assert "2 protected paths the agent made or replaced, moved aside" in line
+    assert "'/w/.envrc' -> '.envrc.gatewrap-gw-0123456789'" in line
+    assert "\n" not in line, "a name with a newline is escaped"
+    assert RunResult("gw-0123456789", 0, 0, 0, 0, 0, 0, "x").as_record().get("protected") is None

@@ -139,6 +139,8 @@ class Policy:
         host paths the run shows in the jail read-only / writable (as ``--ro-bind``/``--bind``);
         empty lists without one. Paths are absolute, without ``.``/``..`` components and not
         ``/`` (:meth:`from_toml` raises :class:`PolicyError` naming the line otherwise).
+        ``"unprotect": [(path, line)]``: protected paths left writable (as ``--unprotect``),
+        absolute or relative to each writable path, without ``.``/``..`` components.
         """
 
 class AuditLog:
