@@ -217,3 +217,13 @@ def test_the_summary_names_what_was_moved_aside_and_run_end_leaves_it_to_the_rec
     assert "'/w/.envrc' -> '.envrc.gatewrap-gw-0123456789'" in line
     assert "\n" not in line, "a name with a newline is escaped"
     assert RunResult("gw-0123456789", 0, 0, 0, 0, 0, 0, "x").as_record().get("protected") is None
+
+
+def test_a_fifo_made_at_git_or_commondir_during_the_run_does_not_block_the_sweep(repo):
+    start = protect.scan([str(repo)])
+    (repo / "n").mkdir()
+    os.mkfifo(repo / "n/.git")
+    os.mkfifo(repo / ".git/commondir")
+    moved, failed = protect.sweep(start, [str(repo)], "gw-0123456789")
+    assert not failed
+    assert sorted(os.path.relpath(m.path, repo) for m in moved) == [".git/commondir", "n/.git"]

@@ -108,15 +108,31 @@ def _gitdir_named(pointer: str) -> str | None:
     ``.git`` link names, resolved (realpath); None if it names none."""
     if os.path.islink(pointer):
         return os.path.realpath(pointer)
-    try:
-        with open(pointer, "rb") as f:
-            first = f.read(4096).split(b"\n", 1)[0]
-    except OSError:
-        return None
+    first = _first_line(pointer)
     if not first.startswith(b"gitdir:"):
         return None
     target = os.fsdecode(first[len(b"gitdir:"):].strip())
     return os.path.realpath(os.path.join(os.path.dirname(pointer), target)) if target else None
+
+
+def _first_line(path: str) -> bytes:
+    """The first line of regular file ``path`` (at most 4096 bytes); b"" for anything else: a
+    FIFO planted at ``.git`` or ``commondir`` must not block the walk (opened ``O_NONBLOCK``,
+    checked with fstat(2) before any read; a link is not followed; a device is never opened)."""
+    try:
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            return b""
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return b""
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return b""
+        return os.read(fd, 4096).split(b"\n", 1)[0]
+    except OSError:
+        return b""
+    finally:
+        os.close(fd)
 
 
 class _Walk:
@@ -173,14 +189,9 @@ class _Walk:
         for part in GIT_PARTS:
             self.add(os.path.join(folder, part))
         common = os.path.join(folder, "commondir")
-        if os.path.isfile(common) and not os.path.islink(common):
-            try:
-                with open(common, "rb") as f:
-                    named = os.fsdecode(f.read(4096).split(b"\n", 1)[0].strip())
-            except OSError:
-                named = ""
-            if named:
-                self.pointed(common, os.path.realpath(os.path.join(folder, named)), depth)
+        named = os.fsdecode(_first_line(common).strip())
+        if named:
+            self.pointed(common, os.path.realpath(os.path.join(folder, named)), depth)
         worktrees = os.path.join(folder, "worktrees")
         for entry in _subfolders(worktrees):
             for part in WORKTREE_PARTS:
