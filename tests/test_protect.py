@@ -227,3 +227,20 @@ def test_a_fifo_made_at_git_or_commondir_during_the_run_does_not_block_the_sweep
     moved, failed = protect.sweep(start, [str(repo)], "gw-0123456789")
     assert not failed
     assert sorted(os.path.relpath(m.path, repo) for m in moved) == [".git/commondir", "n/.git"]
+
+
+def test_repositories_nested_in_submodule_folders_share_the_walks_bound(tmp_path):
+    """An agent's tree made to be slow (submodule folders of submodule folders) is bounded as a
+    whole: 4 levels of 6 made-up submodules each would be 1,555 repositories."""
+    root = tmp_path / "w"
+
+    def make(folder, level):
+        (folder / "HEAD").parent.mkdir(parents=True, exist_ok=True)
+        (folder / "HEAD").write_text("ref: refs/heads/main\n")
+        if level < 4:
+            for i in range(6):
+                make(folder / "modules" / f"m{i}", level + 1)
+
+    make(root / ".git", 0)
+    found = protect.scan([str(root)], limit=300)
+    assert found.truncated and len(found.watched) < 300

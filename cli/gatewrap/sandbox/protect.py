@@ -138,8 +138,11 @@ def _first_line(path: str) -> bytes:
 class _Walk:
     """One :func:`scan`: the state of the walk and what it found."""
 
-    def __init__(self, roots: list[str], unprotect: list[str], strict: bool = True):
+    def __init__(self, roots: list[str], unprotect: list[str], strict: bool = True, limit: int = SCAN_LIMIT):
         self.roots = roots
+        #: Entries left to look at (the main walk's and the submodules' and worktrees' lists
+        #: share it: a tree of nested repositories made to be slow is bounded as a whole).
+        self.budget = limit
         self.strict = strict
         self.unprotect = unprotect
         self.out = Protected()
@@ -180,10 +183,18 @@ class _Walk:
                 "does not stop writes into it; remove it, or --unprotect it")
         self.out.readonly.append(path)
 
+    def spend(self, n: int = 1) -> bool:
+        """Take ``n`` entries from the budget; False (and ``truncated``) once it is spent."""
+        self.budget -= n
+        if self.budget < 0:
+            self.out.truncated = True
+            return False
+        return True
+
     def gitdir(self, folder: str, depth: int = 0) -> None:
         """The parts of repository folder ``folder`` (real path) git runs, its submodules' and
         its worktrees' too; the common folder a ``commondir`` names, once."""
-        if folder in self.gitdirs or depth > 8:
+        if folder in self.gitdirs or depth > 8 or not self.spend(len(GIT_PARTS)):
             return
         self.gitdirs.add(folder)
         for part in GIT_PARTS:
@@ -194,6 +205,8 @@ class _Walk:
             self.pointed(common, os.path.realpath(os.path.join(folder, named)), depth)
         worktrees = os.path.join(folder, "worktrees")
         for entry in _subfolders(worktrees):
+            if not self.spend():
+                return
             for part in WORKTREE_PARTS:
                 self.add(os.path.join(worktrees, entry, part))
         modules = os.path.join(folder, "modules")
@@ -204,6 +217,8 @@ class _Walk:
             for name in _subfolders(here):
                 sub = os.path.join(here, name)
                 found += 1
+                if not self.spend():
+                    return
                 if os.path.isfile(os.path.join(sub, "HEAD")):
                     self.gitdir(sub, depth + 1)
                 else:  # a submodule named a/b: modules/a/b
@@ -218,8 +233,7 @@ class _Walk:
         elif os.path.isdir(target):
             self.out.outside.append((pointer, f"names {target}, outside the writable paths"))
 
-    def walk(self, limit: int, home: str) -> None:
-        seen = 0
+    def walk(self, home: str) -> None:
         for root in self.roots:
             if home and _inside(home, root):
                 for name in HOME_NAMES:
@@ -234,9 +248,7 @@ class _Walk:
                 except OSError:
                     continue
                 for entry in entries:
-                    seen += 1
-                    if seen > limit:
-                        self.out.truncated = True
+                    if not self.spend():
                         return
                     try:
                         folder = entry.is_dir(follow_symlinks=False)
@@ -292,8 +304,8 @@ def scan(roots: list[str], unprotect: list[str] = (), home: str = "", limit: int
             unprotect_abs += [os.path.normpath(u), os.path.realpath(u)]
         else:
             unprotect_abs += [os.path.join(r, os.path.normpath(u)) for r in real]
-    w = _Walk(outer, sorted(set(unprotect_abs)), strict)
-    w.walk(limit, os.path.realpath(home) if home else "")
+    w = _Walk(outer, sorted(set(unprotect_abs)), strict, limit)
+    w.walk(os.path.realpath(home) if home else "")
     w.out.readonly = sorted(set(w.out.readonly), key=lambda p: (p.count("/"), p))
     return w.out
 
