@@ -100,6 +100,7 @@ FAST_SHARED_RUNS = [
     ["run", "--deny", "a.test", "--shared", "--shared", "--allow", "=", "--deny", "x=y", "--", "-"],
     ["run", "--shared", "--audit-log", "rel/audit.jsonl", "--policy", "rel.toml", "cmd"],
     ["run", "--shared", "--env", "TOKEN", "--env=A=b c", "--env-file", "rel.env", "--env", "B=", "--env-file=/x.env", "cmd"],
+    ["run", "--shared", "--unprotect", ".vscode", "--unprotect=/srv/r/.git/hooks", "--", "true"],
 ]
 #: Command lines left to click (its checks, its messages), with GATEWRAP_SHARED unset.
 CLICKS_OWN = [
@@ -134,7 +135,8 @@ def test_gatewrap_shared_1_in_the_environment_is_a_shared_run_for_the_fast_parse
 WORDS = ["--shared", "--json", "--allow", "a.test", "--allow=b.test", "--deny", "c.test", "--deny=d.test=x",
          "--policy", "p.toml", "--policy=/tmp", "--audit-log", "/tmp/x.jsonl", "--", "cmd", "-x", "-", "--allow=",
          "--deny=-q", "--shared=", "--js", "--all", "--ALLOW", "-h", "--policy=", "=", "--allow=--",
-         "--env", "TOKEN", "--env=A=1", "--env-file", "rel.env", "--env-file=", "--envfile"]
+         "--env", "TOKEN", "--env=A=1", "--env-file", "rel.env", "--env-file=", "--envfile",
+         "--unprotect", ".envrc", "--unprotect="]
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -490,3 +490,26 @@ def test_the_example_policies_check_without_warnings(example):
     p = subprocess.run([sys.executable, "-m", "gatewrap", "policy", "check", str(path)],
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 0 and "warning" not in p.stderr, p.stderr
+
+
+# --- policy check --workdir: the protected paths of a run there --------------------------------
+
+def test_check_with_a_workdir_lists_its_protected_paths_and_the_unprotected_ones(capsys, policy_file, tmp_path):
+    work = tmp_path / "work"
+    for folder in ("work/.git/hooks", "work/.vscode", "bound/.idea"):
+        (tmp_path / folder).mkdir(parents=True)
+    (work / ".git/config").write_text("[core]\n")
+    path = policy_file(f'[sandbox]\nbind = ["{tmp_path / "bound"}"]\nunprotect = [".vscode"]\n')
+    code, out, _ = gw(capsys, "policy", "check", path, "--workdir", str(work))
+    assert code == 0
+    got = out.split("protected in ", 1)[1].splitlines()
+    assert got[0].startswith(f"{work} and the bind paths (read-only for the agent")
+    assert [line.strip() for line in got[1:4]] == [str(tmp_path / "bound/.idea"), str(work / ".git/config"),
+                                                   str(work / ".git/hooks")]
+    assert f"  left writable: {work / '.vscode'}" in got
+    code, out, _ = gw(capsys, "policy", "check", path, "--workdir", str(work), "--json")
+    record = json.loads(out)["protected"]
+    assert record["workdir"] == str(work) and record["unprotected"] == [str(work / ".vscode")]
+    assert str(work / ".git/info") in record["watched"] and str(work / ".git/info") not in record["readonly"]
+    code, out, _ = gw(capsys, "policy", "check", path)
+    assert "protected in" not in out, "only with --workdir"

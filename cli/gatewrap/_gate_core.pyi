@@ -141,6 +141,8 @@ class Policy:
         ``/`` (:meth:`from_toml` raises :class:`PolicyError` naming the line otherwise).
         ``"env"``: ``[(entry, line)]``, ``NAME`` or ``NAME=VALUE`` as written (as ``--env``;
         checked by :mod:`gatewrap.sandbox.environment`).
+        ``"unprotect": [(path, line)]``: protected paths left writable (as ``--unprotect``),
+        absolute or relative to each writable path, without ``.``/``..`` components.
         """
 
 class AuditLog:

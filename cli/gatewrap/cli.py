@@ -101,6 +101,11 @@ def cli() -> None:
 @click.option("--bind", "rw_binds", multiple=True, type=click.Path(exists=True), metavar="PATH",
               help="Show host PATH writable in the jail (its own file system; mounts below it stay read-only "
                    "unless named too). Policy file: [sandbox] bind. Repeatable.")
+@click.option("--unprotect", "unprotect", multiple=True, metavar="PATH",
+              help="Leave PATH writable though other tools run it: in the workdir and --bind paths, .git's "
+                   "config, hooks and info, .envrc, .vscode/, .idea/, .devcontainer/ (and nested repositories') "
+                   "are read-only for the agent, and any it makes is moved aside (NAME.gatewrap-RUN) after the "
+                   "run; `gatewrap policy check` lists them. Policy file: [sandbox] unprotect. Repeatable.")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
               help="Kill the agent and its children after SECONDS; exit code 124.")
 @click.option("--memory", metavar="SIZE", callback=lambda c, p, v: _size(v),
@@ -137,7 +142,7 @@ def cli() -> None:
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def run(allow: tuple[str, ...], deny: tuple[str, ...], policy_file: str | None, user: str | None,
         audit_log: str, audit_max_size: int, audit_keep: int | None, nameservers: tuple[str, ...], public_ranges: tuple[str, ...], port: int, workdir: str | None, jail: str,
-        ro_binds: tuple[str, ...], rw_binds: tuple[str, ...], timeout: float | None, memory: int | None,
+        ro_binds: tuple[str, ...], rw_binds: tuple[str, ...], unprotect: tuple[str, ...], timeout: float | None, memory: int | None,
         cpus: float | None, pids: int | None, ca_dir: str, upstream_ca: tuple[str, ...], state: str | None,
         notify_webhook: str | None, env_vars: tuple[str, ...], env_files: tuple[str, ...], shared: bool, as_json: bool, command: tuple[str, ...]) -> int:
     """Run COMMAND in a sandbox whose only egress is the gate.
@@ -166,7 +171,7 @@ def run(allow: tuple[str, ...], deny: tuple[str, ...], policy_file: str | None, 
     fields = run_fields(allow=allow, deny=deny, policy_file=policy_file, user=user, audit_log=audit_log,
                         audit_max_size=audit_max_size, audit_keep=audit_keep, nameservers=nameservers,
                         public_ranges=public_ranges, port=port, workdir=workdir, jail=jail, ro_binds=ro_binds,
-                        rw_binds=rw_binds, timeout=timeout, memory=memory, cpus=cpus, pids=pids, ca_dir=ca_dir,
+                        rw_binds=rw_binds, unprotect=unprotect, timeout=timeout, memory=memory, cpus=cpus, pids=pids, ca_dir=ca_dir,
                         upstream_ca=upstream_ca, state=state, notify_webhook=notify_webhook, env_vars=env_vars,
                         env_files=env_files, command=command)
     if shared:

@@ -18,19 +18,30 @@ def policy_group() -> None:
 @policy_group.command("check", context_settings=CONTEXT)
 @click.argument("file", type=click.Path(exists=True, dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
-def policy_check(file: str, as_json: bool) -> int:
-    """Load FILE and summarise it: default, mode, and its rules in evaluation order.
+@click.option("--workdir", type=click.Path(file_okay=False, exists=True), metavar="DIR",
+              help="List the protected paths a run in DIR would have (in DIR and the policy's [sandbox] bind "
+                   "paths): read-only for the agent; one it makes is moved aside after the run.")
+@click.option("--unprotect", "unprotect", multiple=True, metavar="PATH",
+              help="As in `run`: a protected path left writable. Repeatable.")
+def policy_check(file: str, as_json: bool, workdir: str | None, unprotect: tuple[str, ...]) -> int:
+    """Load FILE and summarise it: default, mode, and its rules in evaluation order; with
+    --workdir DIR, the protected paths of a run there (.git's config, hooks and info, .envrc,
+    .vscode/...: read-only for the agent, and any it makes moved aside after the run).
 
     Exit 0 when FILE is valid (warnings, e.g. a policy that allows everything, go to stderr),
     1 when it is not (`gatewrap: FILE:LINE: message`), 125 when it cannot be read.
 
     \b
-    Example:
+    Examples:
       gatewrap policy check policy.toml
+      gatewrap policy check policy.toml --workdir ~/src/project
     """
+    import os
+
     from .policy_cmd import check_file, check_lines
 
-    res = check_file(file)
+    res = check_file(file, workdir=None if workdir is None else os.path.abspath(workdir),
+                     unprotect=[os.path.abspath(u) for u in unprotect])
     for line in [json.dumps(res.as_record())] if as_json else check_lines(res):
         click.echo(line)
     for w in res.warnings:

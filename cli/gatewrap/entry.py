@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 
 #: The options of ``run`` this parser takes (each with one value), by the name of their field.
 VALUED = {"--allow": "allow", "--deny": "deny", "--policy": "policy_file", "--audit-log": "audit_log",
-          "--env": "env_vars", "--env-file": "env_files"}
+          "--env": "env_vars", "--env-file": "env_files",
+          "--unprotect": "unprotect"}
 #: ``run``'s defaults: the click options of gatewrap.cli take them from here, so that both
 #: parsers make the same fields.
 DEFAULT_AUDIT_LOG = "/var/log/gatewrap/audit.jsonl"
@@ -38,7 +39,7 @@ def shared_run(args: list[str], environ: dict[str, str] | os._Environ[str]) -> t
     if not args or args[0] != "run":
         return None
     picked: dict[str, Any] = {"allow": [], "deny": [], "policy_file": None, "audit_log": DEFAULT_AUDIT_LOG,
-                              "env_vars": [], "env_files": []}
+                              "env_vars": [], "env_files": [], "unprotect": []}
     shared = as_json = False
     i = 1
     while i < len(args):
@@ -82,7 +83,7 @@ def shared_run(args: list[str], environ: dict[str, str] | os._Environ[str]) -> t
     fields = run_fields(allow=picked["allow"], deny=picked["deny"], policy_file=policy, user=None,
                         audit_log=picked["audit_log"], audit_max_size=parse_size(DEFAULT_AUDIT_MAX_SIZE),
                         audit_keep=None, nameservers=(), public_ranges=(), port=DEFAULT_PORT, workdir=None,
-                        jail=DEFAULT_JAIL, ro_binds=(), rw_binds=(), timeout=None, memory=None, cpus=None,
+                        jail=DEFAULT_JAIL, ro_binds=(), rw_binds=(), unprotect=picked["unprotect"], timeout=None, memory=None, cpus=None,
                         pids=None, ca_dir=DEFAULT_CA_DIR, upstream_ca=(), state=None, notify_webhook=None,
                         env_vars=picked["env_vars"], env_files=picked["env_files"], command=command)
     return fields, "json" if as_json else "text"
@@ -90,7 +91,7 @@ def shared_run(args: list[str], environ: dict[str, str] | os._Environ[str]) -> t
 
 def run_fields(allow: Any, deny: Any, policy_file: str | None, user: str | None, audit_log: str, audit_max_size: int,
                audit_keep: int | None, nameservers: Any, public_ranges: Any, port: int, workdir: str | None,
-               jail: str, ro_binds: Any, rw_binds: Any, timeout: float | None, memory: int | None,
+               jail: str, ro_binds: Any, rw_binds: Any, unprotect: Any, timeout: float | None, memory: int | None,
                cpus: float | None, pids: int | None, ca_dir: str, upstream_ca: Any, state: str | None,
                notify_webhook: str | None, env_vars: Any, env_files: Any, command: Any) -> dict[str, Any]:
     """The fields of a RunOptions, as its JSON form (limits a dict; every path absolute), from
@@ -105,7 +106,8 @@ def run_fields(allow: Any, deny: Any, policy_file: str | None, user: str | None,
                 audit_keep=audit_keep, nameservers=list(nameservers) or None, port=port,
                 cwd=None if workdir is None else os.path.abspath(workdir), jail=jail,
                 ro_binds=[os.path.abspath(p) for p in ro_binds],
-                rw_binds=[os.path.abspath(p) for p in rw_binds], timeout=timeout,
+                rw_binds=[os.path.abspath(p) for p in rw_binds], unprotect=[os.path.abspath(p) for p in unprotect],
+                timeout=timeout,
                 limits=dict(memory=memory, cpus=cpus, pids=pids), public_ranges=list(public_ranges),
                 ca_dir=os.path.abspath(ca_dir), upstream_ca=[os.path.abspath(p) for p in upstream_ca],
                 state=state, notify_webhook=notify_webhook, env_vars=list(env_vars),

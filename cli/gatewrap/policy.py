@@ -72,3 +72,9 @@ def sandbox_binds(policy: Any, policy_file: str | None) -> tuple[list[str], list
                                     "create it or remove it from the policy")
             paths.append(path)
     return out
+
+
+def sandbox_unprotect(policy: Any) -> list[str]:
+    """The policy file's ``[sandbox] unprotect`` paths (absolute, or relative to each writable
+    path), as ``--unprotect`` would give them; [] from an extension without the key."""
+    return [path for path, _line in policy.sandbox().get("unprotect", [])]

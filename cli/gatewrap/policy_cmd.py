@@ -38,19 +38,32 @@ class CheckResult:
     rules: list[dict[str, Any]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     #: The ``[sandbox]`` table: {"ro_bind": [(path, line)], "bind": [(path, line)],
-    #: "env": [(NAME or NAME=VALUE, line)]}.
-    sandbox: dict[str, list] = field(default_factory=lambda: {"ro_bind": [], "bind": [], "env": []})
+    #: "unprotect": [(path, line)], "env": [(NAME or NAME=VALUE, line)]}.
+    sandbox: dict[str, list] = field(default_factory=lambda: {"ro_bind": [], "bind": [], "unprotect": [], "env": []})
+    #: The protected paths of a run in ``workdir`` (:func:`gatewrap.sandbox.protect.scan`), or
+    #: None when not asked.
+    protected: Any = None
+    workdir: str | None = None
 
     def as_record(self) -> dict[str, Any]:
         sandbox = {k: [{"path": p, "line": n} for p, n in v] for k, v in self.sandbox.items() if k != "env"}
         # names only: a value the policy sets may be a secret
         sandbox["env"] = [{"name": e.partition("=")[0], "value": "=" in e, "line": n} for e, n in self.sandbox["env"]]
-        return {"file": self.file, "valid": self.ok, "error": self.error, "default": self.default,
-                "mode": self.mode, "rules": self.rules, "warnings": self.warnings, "sandbox": sandbox}
+        out = {"file": self.file, "valid": self.ok, "error": self.error, "default": self.default,
+               "mode": self.mode, "rules": self.rules, "warnings": self.warnings, "sandbox": sandbox}
+        if self.protected is not None:
+            pr = self.protected
+            out["protected"] = {"workdir": self.workdir, "readonly": pr.readonly,
+                                "watched": sorted(pr.watched), "unprotected": pr.unprotected,
+                                "outside": [{"path": p, "why": w} for p, w in pr.outside],
+                                "truncated": pr.truncated}
+        return out
 
 
-def check_file(path: str) -> CheckResult:
-    """Load the policy file ``path``.
+def check_file(path: str, workdir: str | None = None, unprotect: list[str] = ()) -> CheckResult:
+    """Load the policy file ``path``; with ``workdir``, also find the protected paths a run
+    there would have (its ``[sandbox] bind`` paths too; ``unprotect`` and the policy's
+    ``[sandbox] unprotect`` left writable).
 
     Returns a :class:`CheckResult`; an invalid file is a result with ``ok`` False and
     ``error`` ``"FILE:LINE: message"`` (one line). Raises :class:`GatewrapError` (exit 125)
@@ -77,8 +90,19 @@ def check_file(path: str) -> CheckResult:
     except GatewrapError as e:
         return CheckResult(path, False, error=_one_line(str(e)))
     rules = policy.describe()
-    return CheckResult(path, True, default=policy.default, mode=policy.mode, rules=rules,
-                       warnings=_warnings(policy.default, policy.mode, rules), sandbox=policy.sandbox())
+    res = CheckResult(path, True, default=policy.default, mode=policy.mode, rules=rules,
+                      warnings=_warnings(policy.default, policy.mode, rules), sandbox=policy.sandbox())
+    if workdir is not None:
+        from .sandbox import protect
+
+        binds = [p for p, _ in res.sandbox.get("bind", [])]
+        extra = [p for p, _ in res.sandbox.get("unprotect", [])]
+        try:
+            res.protected = protect.scan(protect.writable_roots(workdir, binds), [*unprotect, *extra])
+        except GatewrapError as e:
+            res.warnings.append(f"a run in {workdir} would not start: {e}")
+        res.workdir = workdir
+    return res
 
 
 def _warnings(default: str, mode: str, rules: list[dict[str, Any]]) -> list[str]:
@@ -130,7 +154,7 @@ def check_lines(res: CheckResult) -> list[str]:
         widths = [max(len(row[i]) for row in rows) for i in range(4)]
         for row in rows:
             lines.append(("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)) + f"  {row[4]}").rstrip())
-    shown = [(key, p, n) for key in ("ro_bind", "bind") for p, n in res.sandbox[key]]
+    shown = [(key, p, n) for key in ("ro_bind", "bind", "unprotect") for p, n in res.sandbox.get(key, [])]
     if shown:
         lines.append("sandbox: host paths shown in the jail, besides the system (read-only) and the workdir")
         lines += [f"  {key} {p}  (line {n})" for key, p, n in shown]
@@ -139,7 +163,24 @@ def check_lines(res: CheckResult) -> list[str]:
                      "HOME and gatewrap's (=…: a value the policy sets, not shown; else the caller's)")
         lines += [f"  env {entry.partition('=')[0]}{'=…' if '=' in entry else ''}  (line {n})"
                   for entry, n in res.sandbox["env"]]
+    pr = res.protected
+    if pr is not None:
+        lines.append(f"protected in {res.workdir} and the bind paths (read-only for the agent; one it makes is "
+                     "moved aside after the run):")
+        lines += [f"  {_shown(p)}" for p in pr.readonly] or ["  (none yet)"]
+        absent = [p for p, ident in sorted(pr.watched.items()) if ident is None]
+        if absent:
+            lines.append(f"  + {len(absent)} absent now, moved aside if the run makes them (e.g. {_shown(absent[0])})")
+        lines += [f"  left writable: {_shown(p)}" for p in pr.unprotected]
+        lines += [f"  not protected: {_shown(p)} ({why})" for p, why in pr.outside]
+        if pr.truncated:
+            lines.append("  (the walk stopped at its bound: deeper repositories are not protected)")
     return lines
+
+
+def _shown(path: str) -> str:
+    """A path on one line: control characters (a newline in a name) escaped."""
+    return path if path.isprintable() else repr(path)
 
 
 @dataclass

@@ -35,6 +35,8 @@ class RunOptions:
     jail: str = "nsjail"
     ro_binds: list[str] = field(default_factory=list)
     rw_binds: list[str] = field(default_factory=list)
+    #: ``--unprotect``: protected paths (:mod:`gatewrap.sandbox.protect`) left writable.
+    unprotect: list[str] = field(default_factory=list)
     timeout: float | None = None
     limits: Limits = field(default_factory=Limits)
     public_ranges: list[str] = field(default_factory=list)
@@ -80,6 +82,9 @@ class RunResult:
     #: The run's approvals (``ApprovalStore.counts``: asked, approved, rejected, expired,
     #: granted, by_grant), or None when the run had no approvals store.
     approvals: dict[str, int] | None = None
+    #: Protected-class paths the run made or replaced, moved aside after it:
+    #: [{"path", "moved_to", "change"}] (:func:`gatewrap.sandbox.protect.sweep`).
+    protected: list[dict[str, str]] = field(default_factory=list)
 
     def as_record(self) -> dict[str, Any]:
         """The summary with the audit log's field names (as in its ``run_end`` record)."""
@@ -87,7 +92,8 @@ class RunResult:
                 "denied": self.denied, "failed": self.failed, "direct_egress": self.direct_egress,
                 "inspected": self.inspected, "would_deny": self.would_deny,
                 "lost_events": self.lost, "audit_log": self.audit_log,
-                **({"approvals": self.approvals} if self.approvals is not None else {})}
+                **({"approvals": self.approvals} if self.approvals is not None else {}),
+                **({"protected": self.protected} if self.protected else {})}
 
 def summary_line(r: RunResult) -> str:
     """The one line printed when a run ends."""
@@ -98,7 +104,7 @@ def summary_line(r: RunResult) -> str:
         f"{f', {r.failed} upstream failed' if r.failed else ''}"
         f"{f', {r.inspected} tunnels TLS-inspected' if r.inspected else ''}"
         f"{f', {r.would_deny} would be denied in enforce mode (report mode)' if r.would_deny else ''}{lost}"
-        f"{_approvals_part(r.approvals)}; "
+        f"{_approvals_part(r.approvals)}{_protected_part(r.protected)}; "
         f"audit log {r.audit_log} ({audit_command(r.run_id, r.audit_log)})"
     )
 
@@ -110,6 +116,16 @@ def audit_command(run_id: str, audit_log: str) -> str:
 
     log = "" if os.path.abspath(audit_log) == DEFAULT_AUDIT_LOG else f" --log {shlex.quote(audit_log)}"
     return f"gatewrap audit --run {run_id}{log}"
+
+
+def _protected_part(moved: list[dict[str, str]]) -> str:
+    """The summary's protected paths the run made or replaced (moved aside, never deleted)."""
+    if not moved:
+        return ""
+    names = ", ".join(f"{m['path']!r} -> {os.path.basename(m['moved_to'])!r}" for m in moved[:5])
+    more = f" and {len(moved) - 5} more" if len(moved) > 5 else ""
+    return (f", {len(moved)} protected path{'s' if len(moved) > 1 else ''} the agent made or replaced, "
+            f"moved aside (review before use; tools run them): {names}{more}")
 
 
 def _approvals_part(c: dict[str, int] | None) -> str:

@@ -140,7 +140,7 @@ impl PyPolicy {
     }
 
     /// The file's `[sandbox]` table: {"ro_bind": [(path, line)], "bind": [(path, line)],
-    /// "env": [(entry, line)]}.
+    /// "env": [(entry, line)], "unprotect": [(path, line)]}.
     fn sandbox<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let p = self.read();
         let d = PyDict::new(py);
@@ -148,6 +148,7 @@ impl PyPolicy {
         d.set_item("ro_bind", pairs(&p.sandbox.ro_bind))?;
         d.set_item("bind", pairs(&p.sandbox.bind))?;
         d.set_item("env", pairs(&p.sandbox.env))?;
+        d.set_item("unprotect", pairs(&p.sandbox.unprotect))?;
         Ok(d)
     }
 

@@ -10,7 +10,9 @@ per run and in this order of depth (a parent before what is mounted inside it):
 - a private, empty, writable tmpfs at the agent's ``$HOME`` (unless the home is itself named);
 - the working directory, writable;
 - the paths the user names (``--ro-bind``/``--bind``, the policy's ``[sandbox]`` table) and
-  gatewrap's own shim mounts.
+  gatewrap's own shim mounts;
+- the protected paths in the writable ones (:mod:`.protect`: ``.git/config``, ``.git/hooks``,
+  ``.envrc``...), each bound read-only over itself after the writable bind that holds it.
 
 Nothing else of the host is there: host sockets, the user's secrets and other file systems
 are absent, not merely read-only.
@@ -121,15 +123,32 @@ def _checked(path: str) -> str:
     return path
 
 
+def protected_mounts(paths: list[str]) -> list[Mount]:
+    """The read-only mounts of the protected paths ``paths`` (host paths: :func:`.protect.scan`),
+    each over itself where the jail shows it.
+
+    Raises:
+        GatewrapError: a path nsjail's mount flags cannot name (a ``:`` in it).
+    """
+    for path in paths:
+        if ":" in path:
+            raise GatewrapError(f"cannot protect {path!r} in the jail: nsjail's mount flags cannot name a path "
+                                "with ':'; rename it, or --unprotect it (what the agent writes there then runs "
+                                "later, outside)")
+    return [Mount("ro", path, in_jail(path)) for path in paths]
+
+
 def build(cwd: str, home: str, target: user.Target, ro_binds: list[str], rw_binds: list[str],
-          extra: list[tuple[str, str]] = (), mount_points: list[str] | None = None) -> list[Mount]:
+          extra: list[tuple[str, str]] = (), mount_points: list[str] | None = None,
+          protected: list[str] = ()) -> list[Mount]:
     """The run's mounts, in the order nsjail must make them (after the profile's).
 
     ``cwd``: the working directory (writable unless it is one of :data:`PRIVATE`); ``home``:
     the agent's home, an empty tmpfs unless it is one of :data:`PRIVATE`, the working
     directory or a named path (or missing below a bound folder, where it cannot be made); ``ro_binds``/``rw_binds``: host paths shown read-only / writable; ``extra``:
     (host path, path in the jail) pairs shown read-only (gatewrap's shims); ``mount_points``:
-    the host's (default :func:`host_mount_points`).
+    the host's (default :func:`host_mount_points`); ``protected``: paths in the writable ones
+    shown read-only (:func:`protected_mounts`).
 
     Raises:
         GatewrapError: a path nsjail cannot name (a ``:`` in it), or one that resolves to ``/``,
@@ -167,6 +186,7 @@ def build(cwd: str, home: str, target: user.Target, ro_binds: list[str], rw_bind
         mounts.append(Mount("tmpfs", "", home))
     for src, dst in extra:
         mounts.append(Mount("ro", src, dst))
+    mounts += protected_mounts(list(protected))
     covered = {m.dst for m in mounts}
     for dst, real in trees:
         for point in points:
@@ -231,6 +251,7 @@ def socket_notice(mounts: list[Mount], home: str) -> str | None:
     socket, which the agent can connect to; None when none does."""
     named = [m.dst for m in mounts if m.kind in ("ro", "rw") and m.src == m.dst and m.dst not in BASE
              and not any(_inside(m.dst, b) for b in BASE)]
+    named = [p for p in named if not any(q != p and _inside(p, q) for q in named)]  # a protected path: its bind's
     found = sockets_under([p for p in named if os.path.isdir(p)], hidden=[home]) + \
         [p for p in named if not os.path.isdir(p) and _is_socket(p)]
     if not found:

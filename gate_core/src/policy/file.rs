@@ -32,6 +32,7 @@
 //! ro_bind = ["/opt/tools"]   # read-only, as `gatewrap run --ro-bind`
 //! bind = ["/srv/scratch"]    # writable, as `gatewrap run --bind`
 //! env = ["OPENAI_API_KEY"]   # the agent's environment, as `gatewrap run --env`
+//! unprotect = [".vscode"]    # a protected path left writable, as `gatewrap run --unprotect`
 //! ```
 //! `default` may also be `"ask"`. Durations are `duration.rs`'s grammar (`30s`, `10m`, `2h`).
 //! Any other key is refused with its line.
@@ -45,7 +46,7 @@ use super::decide::is_upper_method;
 use super::duration::parse_duration;
 use super::path::PathPattern;
 use super::rules::{Action, ApprovalLimits, Hold, Mode, Notify, Origin, Policy, Ports, Rule, Scheme};
-use super::sandbox::{path_problem, Sandbox, SandboxPath};
+use super::sandbox::{path_problem, unprotect_problem, Sandbox, SandboxPath};
 use super::PolicyError;
 
 type SpannedList<T> = Spanned<Vec<Spanned<T>>>;
@@ -81,6 +82,7 @@ struct SandboxSchema {
     ro_bind: Option<SpannedList<String>>,
     bind: Option<SpannedList<String>>,
     env: Option<SpannedList<String>>,
+    unprotect: Option<SpannedList<String>>,
 }
 
 #[derive(Deserialize)]
@@ -268,11 +270,15 @@ impl Reader<'_> {
         Ok(Budget { count, per })
     }
 
-    fn sandbox_paths(&self, list: Option<&SpannedList<String>>) -> Result<Vec<SandboxPath>, PolicyError> {
+    fn sandbox_paths(
+        &self,
+        list: Option<&SpannedList<String>>,
+        problem: fn(&str) -> Option<&'static str>,
+    ) -> Result<Vec<SandboxPath>, PolicyError> {
         let Some(list) = list else { return Ok(Vec::new()) };
         list.get_ref()
             .iter()
-            .map(|p| match path_problem(p.get_ref()) {
+            .map(|p| match problem(p.get_ref()) {
                 Some(why) => Err(self.err(p.span().start, format!("invalid path {:?}: {why}", p.get_ref()))),
                 None => Ok(SandboxPath { path: p.get_ref().clone(), line: self.line(p.span().start) }),
             })
@@ -283,7 +289,12 @@ impl Reader<'_> {
         let Some(s) = s else { return Ok(Sandbox::default()) };
         let env = s.env.as_ref().map_or(&[][..], |l| l.get_ref()).iter();
         let env = env.map(|e| SandboxPath { path: e.get_ref().clone(), line: self.line(e.span().start) }).collect();
-        Ok(Sandbox { ro_bind: self.sandbox_paths(s.ro_bind.as_ref())?, bind: self.sandbox_paths(s.bind.as_ref())?, env })
+        Ok(Sandbox {
+            ro_bind: self.sandbox_paths(s.ro_bind.as_ref(), path_problem)?,
+            bind: self.sandbox_paths(s.bind.as_ref(), path_problem)?,
+            unprotect: self.sandbox_paths(s.unprotect.as_ref(), unprotect_problem)?,
+            env,
+        })
     }
 
     /// The `[notify]` table: `webhook` must be an http(s) URL (the WHATWG URL parser).

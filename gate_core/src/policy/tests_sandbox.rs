@@ -27,6 +27,14 @@ fn sandbox_env_entries_are_kept_as_written_with_their_lines() {
 }
 
 #[test]
+fn unprotect_takes_relative_and_absolute_paths_with_their_lines() {
+    let text = "[sandbox]\nbind = [\"/srv\"]\nunprotect = [\n  \".vscode\",\n  \"/srv/repo/.git/hooks\",\n]\n";
+    let p = from_toml(text, "p.toml").expect("parses");
+    assert_eq!(paths(&p.sandbox.unprotect), vec![(".vscode", 4), ("/srv/repo/.git/hooks", 5)]);
+    assert!(from_toml("[sandbox]\n", "p.toml").expect("parses").sandbox.unprotect.is_empty(), "nothing unprotected by default");
+}
+
+#[test]
 fn bad_sandbox_tables_name_the_line() {
     let table: &[(&str, &str, &str)] = &[
         ("an unknown key", "[sandbox]\nro_bind = []\nrw_bind = [\"/x\"]\n", "p.toml:3: unknown key `rw_bind`"),
@@ -37,6 +45,8 @@ fn bad_sandbox_tables_name_the_line() {
         ("the root", "[sandbox]\nro_bind = [\"//\"]\n", "p.toml:2: invalid path \"//\": binding / would show the whole host (its sockets and secrets too); name the folders the agent needs"),
         ("a number in the list", "[sandbox]\nro_bind = [\"/a\",\n 7]\n", "p.toml:3: invalid type: integer `7`, expected a string"),
         ("env as a table", "[sandbox]\nenv = { A = \"1\" }\n", "p.toml:2: invalid type: map, expected a sequence"),
+        ("an empty unprotect entry", "[sandbox]\nunprotect = [\"\"]\n", "p.toml:2: invalid path \"\": expected a protected path, e.g. \".vscode\" or \"/srv/repo/.git/hooks\""),
+        ("an unprotect entry leaving its folder", "[sandbox]\nunprotect = [\"../x/.git\"]\n", "p.toml:2: invalid path \"../x/.git\": a path cannot have . or .. components; write it out"),
     ];
     for (case, text, want) in table {
         match from_toml(text, "p.toml") {
