@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from ..errors import SandboxError
 from ..shims import STAGED_ROOT
-from . import cgroup, netns, registry
+from . import cgroup, limits, netns, registry
 
 
 @dataclass
@@ -31,9 +31,9 @@ WAKE_DIRS = "/run/gatewrap"
 
 
 def stale_runs(parent: str) -> list[str]:
-    """Run ids with a cgroup, a lock file, a wake socket's folder or a named netns (older
+    """Run ids with a cgroup (v2, or v1: :func:`limits.v1_runs`), a lock file, a wake socket's folder or a named netns (older
     versions') but no live gatewrap process."""
-    ids = set(cgroup.list_leaves(parent)) | set(netns.list_named())
+    ids = set(cgroup.list_leaves(parent)) | set(netns.list_named()) | limits.v1_runs()
     with contextlib.suppress(FileNotFoundError):
         ids |= {f[: -len(".lock")] for f in os.listdir(registry.RUNS_DIR) if f.endswith(".lock")}
     with contextlib.suppress(FileNotFoundError):
@@ -77,6 +77,7 @@ def collect(parent: str, salvage: Callable[[str, int], None] | None = None,
                 if salvage is not None:
                     salvage(run_id, cgroup_id)
             cgroup.kill_and_remove(leaf)
+            limits.remove(run_id)
             netns.remove_named(run_id)
             for staged in glob.glob(os.path.join(STAGED_ROOT, f"{run_id}-*")):
                 shutil.rmtree(staged, ignore_errors=True)
