@@ -25,9 +25,10 @@ import pytest
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results.json"
 
-#: The table's order: the network vectors, then tampering, then processes and lifetime, then
+#: The table's order: the network vectors, then tampering, then processes and lifetime, the
+#: host's resources, then
 #: the gate's own faults (audit log, listeners).
-MODULE_ORDER = ["test_network.py", "test_tamper.py", "test_lifecycle.py", "test_audit_flood.py",
+MODULE_ORDER = ["test_network.py", "test_tamper.py", "test_lifecycle.py", "test_bounds.py", "test_audit_flood.py",
                 "test_audit_failclosed.py"]
 
 _entries: dict[str, dict] = {}
