@@ -240,3 +240,31 @@ def test_gc_removes_the_cgroup_v1_leaves_a_dead_run_left(tmp_path):
     assert g.returncode == 0, g.stderr
     assert run_id in json.loads(g.stdout)["runs"]
     assert [os.path.exists(leaf) for leaf in leaves] == [False] * len(leaves)
+
+
+MOUNTS = """\
+cgroup2 /sys/fs/cgroup/unified cgroup2 rw,nosuid,nodev,noexec,relatime 0 0
+cgroup /sys/fs/cgroup/pids cgroup rw,nosuid,nodev,noexec,relatime,pids 0 0
+cgroup /sys/fs/cgroup/cpu,cpuacct cgroup rw,nosuid,nodev,noexec,relatime,cpu,cpuacct 0 0
+cgroup /sys/fs/cgroup/net_cls cgroup rw,nosuid,nodev,noexec,relatime,net_cls 0 0
+"""
+
+
+@pytest.mark.parametrize("controller,mount", [
+    ("pids", "/sys/fs/cgroup/pids"),
+    ("cpu", "/sys/fs/cgroup/cpu,cpuacct"),  # co-mounted: the option list names it
+    ("memory", None),  # no v1 hierarchy has it: memory is refused, not ignored
+    ("cls", None),  # a word inside another controller's name is not that controller
+])
+def test_a_controllers_v1_hierarchy_is_found_by_its_mount_options(tmp_path, controller, mount):
+    mounts = tmp_path / "mounts"
+    mounts.write_text(MOUNTS)
+    assert limits.v1_mount(controller, str(mounts)) == mount
+
+
+@pytest.mark.parametrize("budget", ["18M", "32M", "4G", "100G"])
+def test_the_tmpfs_parts_are_whole_pages_within_the_budget(budget):
+    parts = tmpfs.split(parse_size(budget))
+    assert sum(parts.values()) <= parse_size(budget)
+    assert all(v % 4096 == 0 and v >= 1 << 20 for v in parts.values()), parts
+    assert parts["/tmp"] >= parts["home"] == parts["/dev/shm"]
