@@ -426,7 +426,8 @@ def _limits(text: str) -> dict[str, tuple[str, str]]:
 
 def test_the_agent_has_no_limit_the_user_did_not_set(gatewrap):
     """The jail adds no wall-clock, CPU, size or file bound: the agent's limits are the caller's
-    (the core size is 0 by design: no core dump of an agent leaves its memory on the host)."""
+    (the core size is 0 by design: no core dump of an agent leaves its memory on the host;
+    processes are bounded by the run's pids cgroup, see tests/test_limits.py)."""
     r = gatewrap(["/bin/cat", "/proc/self/limits"])
     assert r.returncode == 0, r.stderr
     agent, here = _limits(r.stdout), _limits(open("/proc/self/limits").read())
@@ -435,3 +436,11 @@ def test_the_agent_has_no_limit_the_user_did_not_set(gatewrap):
     for name in ("Max open files", "Max stack size", "Max locked memory", "Max realtime priority",
                  "Max msgqueue size", "Max pending signals"):
         assert agent[name][0] == here[name][0], (name, agent[name], here[name])
+    # Processes: the run's pids cgroup bounds them (--pids); RLIMIT_NPROC, which counts the
+    # user's processes host-wide, is the caller's, or the --pids bound where no pids
+    # controller exists (gatewrap.sandbox.limits).
+    from gatewrap.entry import DEFAULT_PIDS
+    from gatewrap.sandbox import limits
+
+    nproc = here["Max processes"][0] if limits.where("pids") else DEFAULT_PIDS
+    assert agent["Max processes"] == (nproc, nproc), agent["Max processes"]

@@ -403,12 +403,18 @@ def spawn_agent(
     hide: list[str] = ...,
     readonly: list[str] = ...,
     jail: str = "none",
+    join_cgroups: list[str] = ...,
+    oom_score_adj: int | None = None,
+    nproc: int | None = None,
 ) -> int:
     """Start ``argv`` inside the sandbox and return its pid (reap it with ``os.waitpid``).
 
     The child is born in ``cgroup_dir`` (clone3(2) ``CLONE_INTO_CGROUP``, Linux 5.7+). The
     environment is exactly ``env``; ``argv[0]`` is looked up on ``env["PATH"]`` as execvp(3)
-    does. Before exec, in this order, the child: enters the working directory; resets
+    does. Before exec, in this order, the child: enters the working directory; joins each
+    ``join_cgroups`` folder (cgroup v1 leaves: ``0`` written to its ``cgroup.procs``, opened
+    by the parent); writes ``oom_score_adj`` (proc(5)) and sets RLIMIT_NPROC to ``nproc``
+    (soft and hard) when given; resets
     SIGPIPE/SIGXFSZ to default and empties the signal mask; joins the netns; enters new cgroup and
     mount namespaces (mounts private), covers each ``hide`` path with an empty read-only tmpfs
     and bind-mounts each ``readonly`` path read-only onto itself; sets ``groups``, then gid; empties the capability

@@ -23,6 +23,15 @@ from .sandbox import cgroup
 #: terminal), so Ctrl-C reaches it only through gatewrap.
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 PR_SET_CHILD_SUBREAPER = 36
+#: oom_score_adj (proc(5), -1000..1000) of gatewrap's own processes: a run's gatewrap (its
+#: gate), the shared mode's daemon and waiter. Protected from the OOM killer's choice, not
+#: exempt (-1000 would be): a leak of gatewrap's own can still be stopped.
+GATEWRAP_OOM_SCORE_ADJ = -900
+#: The agent's, set by the launcher before its exec and inherited by all it starts: under
+#: memory pressure the kernel ends an agent's process before any host process. The agent
+#: cannot lower it where gatewrap has CAP_SYS_RESOURCE (the launcher's write as root then sets
+#: the floor too, fs/proc/base.c __set_oom_adj); without it, down to gatewrap's own floor.
+AGENT_OOM_SCORE_ADJ = 1000
 
 
 def _exit_code(status: int) -> int:
@@ -123,6 +132,13 @@ def spawn(spec: dict[str, Any]) -> int:
         raise GatewrapError(e.strerror, exit_code=code) from e
     finally:
         os.close(ns)
+
+
+def protect_from_oom() -> None:
+    """Lower this process's oom_score_adj to :data:`GATEWRAP_OOM_SCORE_ADJ` (needs
+    CAP_SYS_RESOURCE; where refused, as in a container without it, it stays as it was)."""
+    with contextlib.suppress(OSError), open("/proc/self/oom_score_adj", "w") as f:
+        f.write(str(GATEWRAP_OOM_SCORE_ADJ))
 
 
 def raise_fd_limit() -> None:

@@ -10,7 +10,9 @@ from typing import Any
 import click
 
 from . import __version__
-from .entry import DEFAULT_AUDIT_LOG, DEFAULT_AUDIT_MAX_SIZE, DEFAULT_CA_DIR, DEFAULT_JAIL, DEFAULT_PORT, run_fields
+from .entry import (DEFAULT_AUDIT_LOG, DEFAULT_AUDIT_MAX_SIZE, DEFAULT_CA_DIR, DEFAULT_JAIL, DEFAULT_MEMORY,
+                    DEFAULT_PIDS, DEFAULT_PORT, DEFAULT_TMPFS, run_fields)
+from .sizes import parse_count, parse_memory
 from .errors import EXIT_GATEWRAP, GatewrapError
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -108,10 +110,25 @@ def cli() -> None:
                    "run; `gatewrap policy check` lists them. Policy file: [sandbox] unprotect. Repeatable.")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
               help="Kill the agent and its children after SECONDS; exit code 124.")
-@click.option("--memory", metavar="SIZE", callback=lambda c, p, v: _size(v),
-              help="Memory limit of the whole run (cgroup v2 memory.max), e.g. 512M, 2G; no swap.")
-@click.option("--cpus", type=click.FloatRange(min=0.01), metavar="N", help="CPU limit (cgroup v2 cpu.max), e.g. 0.5.")
-@click.option("--pids", type=click.IntRange(min=1), metavar="N", help="Most tasks (processes + threads) at once (pids.max).")
+@click.option("--memory", default=DEFAULT_MEMORY, show_default=True, metavar="SIZE|N%|max",
+              callback=lambda c, p, v: _bound(parse_memory, v),
+              help="Memory bound of the whole run (its processes, their kernel memory and the files in the "
+                   "jail's tmpfs), no swap: a size (512M, 2G), a share of the host's RAM (25%), or max (none; "
+                   "all runs together stay under 75% of RAM). Past it the kernel's OOM killer ends a process "
+                   "of the run, said in the summary. cgroup v2 memory.max, else cgroup v1 memory.limit_in_bytes.")
+@click.option("--cpus", type=click.FloatRange(min=0.01), metavar="N",
+              help="CPU limit (cgroup v2 cpu.max, else v1 cpu.cfs_quota_us), e.g. 0.5. Default: none.")
+@click.option("--pids", default=DEFAULT_PIDS, show_default=True, metavar="N|max",
+              callback=lambda c, p, v: _bound(parse_count, v),
+              help="Most tasks (processes + threads) of the run at once, or max (none; all runs together "
+                   "stay under half of kernel.pid_max): a fork past it fails with EAGAIN, counted in the "
+                   "summary. cgroup v2 pids.max, else cgroup v1 pids.max; with no pids controller, "
+                   "RLIMIT_NPROC, which counts all of the agent's user's processes on the host.")
+@click.option("--tmpfs", "tmpfs", default=DEFAULT_TMPFS, show_default=True, metavar="SIZE",
+              callback=lambda c, p, v: _tmpfs(v),
+              help="Budget of the jail's in-memory file systems: /tmp gets half, the agent's home and "
+                   "/dev/shm a quarter each (after 1 MiB each for /run and /dev, read-only); a write past "
+                   "a part fails with ENOSPC. Their files count against --memory too.")
 @click.option("--ca-dir", default=DEFAULT_CA_DIR, show_default=True, metavar="DIR",
               help="The TLS inspection CA (made on first use: ca.crt, and private/ca.key, hidden from the agent).")
 @click.option("--upstream-ca", "upstream_ca", multiple=True, type=click.Path(exists=True, dir_okay=False), metavar="FILE",
@@ -143,7 +160,7 @@ def cli() -> None:
 def run(allow: tuple[str, ...], deny: tuple[str, ...], policy_file: str | None, user: str | None,
         audit_log: str, audit_max_size: int, audit_keep: int | None, nameservers: tuple[str, ...], public_ranges: tuple[str, ...], port: int, workdir: str | None, jail: str,
         ro_binds: tuple[str, ...], rw_binds: tuple[str, ...], unprotect: tuple[str, ...], timeout: float | None, memory: int | None,
-        cpus: float | None, pids: int | None, ca_dir: str, upstream_ca: tuple[str, ...], state: str | None,
+        cpus: float | None, pids: int | None, tmpfs: int, ca_dir: str, upstream_ca: tuple[str, ...], state: str | None,
         notify_webhook: str | None, env_vars: tuple[str, ...], env_files: tuple[str, ...], shared: bool, as_json: bool, command: tuple[str, ...]) -> int:
     """Run COMMAND in a sandbox whose only egress is the gate.
 
@@ -171,7 +188,7 @@ def run(allow: tuple[str, ...], deny: tuple[str, ...], policy_file: str | None, 
     fields = run_fields(allow=allow, deny=deny, policy_file=policy_file, user=user, audit_log=audit_log,
                         audit_max_size=audit_max_size, audit_keep=audit_keep, nameservers=nameservers,
                         public_ranges=public_ranges, port=port, workdir=workdir, jail=jail, ro_binds=ro_binds,
-                        rw_binds=rw_binds, unprotect=unprotect, timeout=timeout, memory=memory, cpus=cpus, pids=pids, ca_dir=ca_dir,
+                        rw_binds=rw_binds, unprotect=unprotect, timeout=timeout, memory=memory, cpus=cpus, pids=pids, tmpfs=tmpfs, ca_dir=ca_dir,
                         upstream_ca=upstream_ca, state=state, notify_webhook=notify_webhook, env_vars=env_vars,
                         env_files=env_files, command=command)
     if shared:
@@ -201,6 +218,25 @@ def _size(value: str | None) -> int | None:
         return parse_size(value)
     except ValueError as e:
         raise click.BadParameter(str(e)) from None
+
+
+def _bound(parse, value: str) -> int | None:
+    """``--memory``/``--pids``: ``parse`` (:mod:`gatewrap.sizes`) of ``value``, None for ``max``."""
+    try:
+        return parse(value)
+    except (ValueError, OSError) as e:
+        raise click.BadParameter(str(e)) from None
+
+
+def _tmpfs(value: str) -> int:
+    """``--tmpfs``: a size of at least :data:`gatewrap.sandbox.tmpfs.MIN_BUDGET`."""
+    from .sandbox.tmpfs import MIN_BUDGET
+
+    size = _size(value)
+    assert size is not None
+    if size < MIN_BUDGET:
+        raise click.BadParameter(f"{value!r} is below {MIN_BUDGET >> 20}M, the least the jail's tmpfs mounts need")
+    return size
 
 
 def _log_size(value: str) -> int:

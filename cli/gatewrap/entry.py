@@ -30,6 +30,18 @@ DEFAULT_AUDIT_MAX_SIZE = "100M"
 DEFAULT_CA_DIR = "/var/lib/gatewrap/ca"
 DEFAULT_PORT = 3128
 DEFAULT_JAIL = "nsjail"
+#: The run's bounds (README "Resource bounds"; gatewrap.sandbox.limits enforces them).
+#: Tasks (processes + threads) at once: room for a large parallel build with a headless
+#: browser (hundreds), while a fork bomb stops at an eighth of the smallest default
+#: kernel.pid_max (32768); all runs together stay under half of the host's pids.
+DEFAULT_PIDS = "4096"
+#: Memory (processes, their kernel memory, the jail's tmpfs files): half of the host's RAM,
+#: so one run's hog is killed in its run before the host's memory runs out (all runs
+#: together: three quarters).
+DEFAULT_MEMORY = "50%"
+#: The jail's in-memory file systems together (gatewrap.sandbox.tmpfs splits it): /tmp
+#: keeps the 2 GiB it had.
+DEFAULT_TMPFS = "4G"
 
 
 def shared_run(args: list[str], environ: dict[str, str] | os._Environ[str]) -> tuple[dict[str, Any], str] | None:
@@ -78,13 +90,14 @@ def shared_run(args: list[str], environ: dict[str, str] | os._Environ[str]) -> t
     policy = picked["policy_file"]
     if policy is not None and os.path.exists(policy) and (os.path.isdir(policy) or not os.access(policy, os.R_OK)):
         return None  # click.Path(dir_okay=False) says what is wrong with it
-    from .sizes import parse_size
+    from .sizes import parse_count, parse_memory, parse_size
 
     fields = run_fields(allow=picked["allow"], deny=picked["deny"], policy_file=policy, user=None,
                         audit_log=picked["audit_log"], audit_max_size=parse_size(DEFAULT_AUDIT_MAX_SIZE),
                         audit_keep=None, nameservers=(), public_ranges=(), port=DEFAULT_PORT, workdir=None,
-                        jail=DEFAULT_JAIL, ro_binds=(), rw_binds=(), unprotect=picked["unprotect"], timeout=None, memory=None, cpus=None,
-                        pids=None, ca_dir=DEFAULT_CA_DIR, upstream_ca=(), state=None, notify_webhook=None,
+                        jail=DEFAULT_JAIL, ro_binds=(), rw_binds=(), unprotect=picked["unprotect"], timeout=None,
+                        memory=parse_memory(DEFAULT_MEMORY), cpus=None, pids=parse_count(DEFAULT_PIDS),
+                        tmpfs=parse_size(DEFAULT_TMPFS), ca_dir=DEFAULT_CA_DIR, upstream_ca=(), state=None, notify_webhook=None,
                         env_vars=picked["env_vars"], env_files=picked["env_files"], command=command)
     return fields, "json" if as_json else "text"
 
@@ -92,7 +105,7 @@ def shared_run(args: list[str], environ: dict[str, str] | os._Environ[str]) -> t
 def run_fields(allow: Any, deny: Any, policy_file: str | None, user: str | None, audit_log: str, audit_max_size: int,
                audit_keep: int | None, nameservers: Any, public_ranges: Any, port: int, workdir: str | None,
                jail: str, ro_binds: Any, rw_binds: Any, unprotect: Any, timeout: float | None, memory: int | None,
-               cpus: float | None, pids: int | None, ca_dir: str, upstream_ca: Any, state: str | None,
+               cpus: float | None, pids: int | None, tmpfs: int, ca_dir: str, upstream_ca: Any, state: str | None,
                notify_webhook: str | None, env_vars: Any, env_files: Any, command: Any) -> dict[str, Any]:
     """The fields of a RunOptions, as its JSON form (limits a dict; every path absolute), from
     ``run``'s parsed options (click's in gatewrap.cli, or :func:`shared_run`'s): a shared run
@@ -108,7 +121,7 @@ def run_fields(allow: Any, deny: Any, policy_file: str | None, user: str | None,
                 ro_binds=[os.path.abspath(p) for p in ro_binds],
                 rw_binds=[os.path.abspath(p) for p in rw_binds], unprotect=[os.path.abspath(p) for p in unprotect],
                 timeout=timeout,
-                limits=dict(memory=memory, cpus=cpus, pids=pids), public_ranges=list(public_ranges),
+                limits=dict(memory=memory, cpus=cpus, pids=pids, tmpfs=tmpfs), public_ranges=list(public_ranges),
                 ca_dir=os.path.abspath(ca_dir), upstream_ca=[os.path.abspath(p) for p in upstream_ca],
                 state=state, notify_webhook=notify_webhook, env_vars=list(env_vars),
                 env_files=[os.path.abspath(p) for p in env_files])

@@ -85,13 +85,18 @@ class RunResult:
     #: Protected-class paths the run made or replaced, moved aside after it:
     #: [{"path", "moved_to", "change"}] (:func:`gatewrap.sandbox.protect.sweep`).
     protected: list[dict[str, str]] = field(default_factory=list)
+    #: Forks refused at the run's pids bound, and processes of the run the OOM killer ended
+    #: (:func:`gatewrap.sandbox.limits.hits`).
+    pids_refused: int = 0
+    oom_kills: int = 0
 
     def as_record(self) -> dict[str, Any]:
         """The summary with the audit log's field names (as in its ``run_end`` record)."""
         return {"run": self.run_id, "exit_code": self.exit_code, "allowed": self.allowed,
                 "denied": self.denied, "failed": self.failed, "direct_egress": self.direct_egress,
                 "inspected": self.inspected, "would_deny": self.would_deny,
-                "lost_events": self.lost, "audit_log": self.audit_log,
+                "lost_events": self.lost, "pids_refused": self.pids_refused, "oom_kills": self.oom_kills,
+                "audit_log": self.audit_log,
                 **({"approvals": self.approvals} if self.approvals is not None else {}),
                 **({"protected": self.protected} if self.protected else {})}
 
@@ -104,6 +109,8 @@ def summary_line(r: RunResult) -> str:
         f"{f', {r.failed} upstream failed' if r.failed else ''}"
         f"{f', {r.inspected} tunnels TLS-inspected' if r.inspected else ''}"
         f"{f', {r.would_deny} would be denied in enforce mode (report mode)' if r.would_deny else ''}{lost}"
+        f"{f', {r.pids_refused} forks refused at the pids bound (--pids)' if r.pids_refused else ''}"
+        f"{f', {r.oom_kills} processes killed for memory (OOM; --memory)' if r.oom_kills else ''}"
         f"{_approvals_part(r.approvals)}{_protected_part(r.protected)}; "
         f"audit log {r.audit_log} ({audit_command(r.run_id, r.audit_log)})"
     )

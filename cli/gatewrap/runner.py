@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from . import agent_process, attribution, shims
-from .agent_process import FORWARDED, become_subreaper, raise_fd_limit, spawn, wait_forwarding_signals
+from .agent_process import (AGENT_OOM_SCORE_ADJ, FORWARDED, become_subreaper, protect_from_oom, raise_fd_limit, spawn,
+                            wait_forwarding_signals)
 from .bpf import loader
 from .errors import EXIT_CANNOT_EXEC, EXIT_GATEWRAP, EXIT_NOT_FOUND, GatewrapError, require_root
 from .kernel_denials import KernelDenials
@@ -171,6 +172,7 @@ def run(opts: RunOptions, stderr: TextIO | None = None) -> RunResult:
     try:
         become_subreaper()
         raise_fd_limit()
+        protect_from_oom()
         with Sandbox(planned, err) as box:
             try:
                 pid = spawn(box.spawn_spec())
@@ -377,6 +379,8 @@ class Sandbox:
         self._releasing: list[_OnThread] = []  # the release started at the run's end, if it got there
         self._spec: dict[str, Any] = {}
         self.leaf = ""
+        #: How the run's limits are enforced (limits.apply); a run taken back keeps its cgroups.
+        self._bounds = limits.Bounds()
         #: The look for unix sockets in the view (a thread; see _agent), None without the jail.
         self._socket_scan: _OnThread | None = None
         #: A taken-back run's counts from before the take-back (its records in the audit log).
@@ -446,8 +450,11 @@ class Sandbox:
                 print(f"gatewrap: {gc.left_line(foreign, why)}", file=err)
         leaf, cgroup_id = cgroup.create_leaf(parent, run_id)
         self.leaf = leaf
+        undo.callback(limits.remove, run_id)  # the cgroup v1 leaves, once the v2 leaf is empty
         undo.callback(cgroup.kill_and_remove, leaf)
-        limits.apply(leaf, opts.limits)
+        self._bounds = limits.apply(leaf, run_id, opts.limits)
+        for note in self._bounds.notes:
+            print(note, file=err)
         # Installing the run's ring buffer in the map of maps waits out an RCU grace period
         # (~10 ms, bpf(2) MAP_UPDATE_ELEM on a map of maps): done on a thread while the netns
         # and the gate start; joined before the kernel-denial reader starts, so before any spawn.
@@ -472,7 +479,7 @@ class Sandbox:
         self._announce(replaced)
         try:
             p.audit.write({"run": run_id, "event": "run_start", "argv": opts.argv, "uid": p.target.uid,
-                           "cgroup_id": cgroup_id, "gate": p.gate_url, **({"env": p.env_names} if p.env_names else {})})
+                           "cgroup_id": cgroup_id, "gate": p.gate_url, "limits": self._bounds.record, **({"env": p.env_names} if p.env_names else {})})
         except OSError as e:
             raise GatewrapError(f"{e.strerror}: a run starts only once its run_start record is written; "
                                 "free space there, or choose another --audit-log") from e
@@ -518,6 +525,7 @@ class Sandbox:
         if not same or not cgroup.populated(leaf):
             raise GatewrapError(f"run {run_id} has no sandbox left to take back")
         self.leaf = leaf
+        undo.callback(limits.remove, run_id)
         undo.callback(cgroup.kill_and_remove, leaf)
         kept = saved.get("protect") or {}  # what the start's scan found: the sweep at the end compares with it
         p.protect_roots, p.unprotect = list(kept.get("roots", [])), list(kept.get("unprotect", []))
@@ -637,7 +645,8 @@ class Sandbox:
             # on a thread, beside the spawn; its note follows when it is done, and finish()
             # waits for it, so it always comes before the summary.
             self._socket_scan = _OnThread(_tell_sockets, fs_view, target.home, err)
-            argv = jail.wrap(argv, target, cwd, fs_view, nsjail=jail.nsjail_path(opts.env()))
+            argv = jail.wrap(argv, target, cwd, fs_view, nsjail=jail.nsjail_path(opts.env()),
+                             tmpfs_budget=opts.limits.tmpfs)
         else:
             print(jail.WITHOUT_JAIL, file=err)
         hide = _hidden_paths(opts.ca_dir)
@@ -653,7 +662,8 @@ class Sandbox:
             readonly = [p for p in readonly if p != audit_dir]
         return {"argv": argv, "env": env, "cwd": cwd, "netns_path": ns.path, "netns_ino": ns.ino, "cgroup_dir": self.leaf,
                 "uid": target.uid, "gid": target.gid, "groups": list(target.groups),
-                "hide": hide, "readonly": readonly, "jail": opts.jail}
+                "hide": hide, "readonly": readonly, "jail": opts.jail, "join_cgroups": self._bounds.join,
+                "nproc": self._bounds.nproc, "oom_score_adj": AGENT_OOM_SCORE_ADJ}
 
     def _sweep_protected(self) -> list[dict[str, str]]:
         return _sweep_protected_of(self.plan, self.err)
@@ -686,6 +696,7 @@ class Sandbox:
         cgroup.kill(self.leaf)
         if reap is not None:
             agent_process.reap(reap)
+        hit = limits.hits(self.leaf, run_id)  # the tree is dead: the counts are final
         self._denials.stop()
         lost = self._run_hooks.lost() + self._denials.unrecorded
         # Removed only now: hooks.sweep (gc, a daemon's start) drops the map entries of every
@@ -707,7 +718,7 @@ class Sandbox:
                            counts.get("denied", 0) + e["denied"], counts.get("failed", 0) + e["failed"],
                            self._denials.count + e["direct_egress"], lost, p.opts.audit_log,
                            inspected=counts.get("inspected", 0), would_deny=counts.get("would_deny", 0),
-                           approvals=asked, protected=protected)
+                           approvals=asked, protected=protected, **hit)
         end = result.as_record()
         del end["audit_log"]
         end.pop("protected", None)  # each has a protected_path record of its own

@@ -442,7 +442,7 @@ fn landlock_abi() -> Option<u32> {
 }
 
 #[pyfunction]
-#[pyo3(signature = (argv, env, cwd, netns_path, cgroup_dir, uid, gid, groups, hide=Vec::new(), readonly=Vec::new(), jail="none"))]
+#[pyo3(signature = (argv, env, cwd, netns_path, cgroup_dir, uid, gid, groups, hide=Vec::new(), readonly=Vec::new(), jail="none", join_cgroups=Vec::new(), oom_score_adj=None, nproc=None))]
 #[allow(clippy::too_many_arguments)]
 fn spawn_agent(
     py: Python<'_>,
@@ -457,6 +457,9 @@ fn spawn_agent(
     hide: Vec<PathBuf>,
     readonly: Vec<PathBuf>,
     jail: &str,
+    join_cgroups: Vec<PathBuf>,
+    oom_score_adj: Option<i32>,
+    nproc: Option<u64>,
 ) -> PyResult<u32> {
     let mode = match jail {
         "nsjail" => launcher::Mode::Nsjail,
@@ -475,6 +478,9 @@ fn spawn_agent(
         hide,
         readonly,
         mode,
+        join_cgroups,
+        oom_score_adj,
+        nproc,
     };
     py.allow_threads(|| launcher::spawn(&req)).map_err(|e| spawn_err(py, e))
 }

@@ -24,6 +24,9 @@ fn request(argv: &[&str], ns: &Netns, cg: &Cgroup, uid: u32, cwd: &Path) -> Spaw
         hide: vec![],
         readonly: vec![],
         mode: Mode::Direct,
+        join_cgroups: vec![],
+        oom_score_adj: None,
+        nproc: None,
     }
 }
 
@@ -123,6 +126,74 @@ fn child_enters_the_sandbox_without_privileges() {
 
     // SAFETY: closing the fd opened above.
     unsafe { libc::close(leaked) };
+}
+
+/// A cgroup v1 pids leaf for one test (these hosts' hybrid layout); None where no v1 pids
+/// hierarchy is mounted.
+struct PidsV1(PathBuf);
+
+impl PidsV1 {
+    fn new(tag: &str) -> Option<PidsV1> {
+        let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+        let mount = mounts.lines().map(|l| l.split(' ').collect::<Vec<_>>()).find(|f| {
+            f.len() > 3 && f[2] == "cgroup" && f[3].split(',').any(|o| o == "pids")
+        })?[1]
+            .to_string();
+        let dir = PathBuf::from(mount).join(format!("gwtest-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir(&dir);
+        std::fs::create_dir(&dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
+        Some(PidsV1(dir))
+    }
+}
+
+impl Drop for PidsV1 {
+    fn drop(&mut self) {
+        for _ in 0..50 {
+            if std::fs::remove_dir(&self.0).is_ok() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+}
+
+#[test]
+fn the_child_joins_its_v1_cgroups_and_takes_its_bounds_before_exec() {
+    require_root();
+    let ns = Netns::new("l5");
+    let cg = Cgroup::new("l5");
+    let Some(v1) = PidsV1::new("l5") else {
+        eprintln!("no cgroup v1 pids hierarchy here: nothing to join");
+        return;
+    };
+    std::fs::write(v1.0.join("pids.max"), "3").expect("pids.max");
+    let tmp = tmpdir("l5");
+    let out = tmp.path.join("out");
+    let script = format!("exec > {} 2>&1; cat /proc/self/oom_score_adj; echo 100 > /proc/self/oom_score_adj; \
+                          cat /proc/self/oom_score_adj; grep 'Max processes' /proc/self/limits; \
+                          sleep 1 & sleep 1 & sleep 1 & wait", out.display());
+    let mut req = request(&["sh", "-c", &script], &ns, &cg, NOBODY, &tmp.path);
+    req.join_cgroups = vec![v1.0.clone()];
+    req.oom_score_adj = Some(1000);
+    req.nproc = Some(77);
+    let pid = spawn(&req).expect("spawn");
+    let code = wait_exit_code(pid);
+    let text = std::fs::read_to_string(&out).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.first(), Some(&"1000"), "the agent's oom_score_adj: {text}");
+    // The launcher's write sets the floor too only with CAP_SYS_RESOURCE (fs/proc/base.c,
+    // __set_oom_adj; capability 24, linux/capability.h), which some hosts' root lacks (these VMs' bounding set): then the agent
+    // may lower it down to the floor gatewrap itself has.
+    if status_field(std::process::id(), "CapEff").len() == 16
+        && u64::from_str_radix(&status_field(std::process::id(), "CapEff"), 16).unwrap_or(0) & (1 << 24) != 0
+    {
+        assert_eq!(lines.get(1), Some(&"1000"), "the agent cannot lower it: {text}");
+    }
+    assert!(text.contains("Max processes             77                   77"), "RLIMIT_NPROC: {text}");
+    // sh and two sleeps fill pids.max 3: the third fork is refused (dash exits 2).
+    assert_eq!((code, text.contains("Cannot fork")), (2, true), "a fork past the v1 pids.max fails: {text}");
+    let events = std::fs::read_to_string(v1.0.join("pids.events")).unwrap_or_default();
+    assert!(events.trim() != "max 0", "the refused fork is counted in the v1 leaf: {events}");
 }
 
 #[test]

@@ -25,9 +25,11 @@ import pytest
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results.json"
 
-#: The table's order: the network vectors, then tampering, then what the agent leaves behind
-#: (protected paths), then processes and lifetime, then the gate's own faults (audit log, listeners).
-MODULE_ORDER = ["test_network.py", "test_tamper.py", "test_protected.py", "test_lifecycle.py", "test_audit_flood.py",
+#: The table's order: the network vectors, then tampering, then what of the host reaches the
+#: agent (environment) and what the agent leaves behind (protected paths), then processes and
+#: lifetime, the host's resources, then the gate's own faults (audit log, listeners).
+MODULE_ORDER = ["test_network.py", "test_tamper.py", "test_environment.py", "test_protected.py", "test_lifecycle.py",
+                "test_bounds.py", "test_audit_flood.py",
                 "test_audit_failclosed.py"]
 
 _entries: dict[str, dict] = {}

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from ..errors import SandboxError
 from ..shims import STAGED_ROOT
-from . import cgroup, netns, registry
+from . import cgroup, limits, netns, registry
 
 
 @dataclass
@@ -38,7 +38,7 @@ WAKE_DIRS = "/run/gatewrap"
 
 
 def stale_runs(parent: str) -> list[str]:
-    """Run ids with a cgroup, a lock file, a wake socket's folder or a named netns (older
+    """Run ids with a cgroup (v2, or v1: :func:`limits.v1_runs`), a lock file, a wake socket's folder or a named netns (older
     versions') whose gatewrap is proven dead (:func:`sort_runs`)."""
     return sort_runs(parent)[0]
 
@@ -47,7 +47,7 @@ def sort_runs(parent: str) -> tuple[list[str], list[tuple[str, str]]]:
     """The runs under ``parent`` and in this registry that no gatewrap process holds, sorted
     in two: (run ids whose gatewrap is proven dead, [(run id, why it cannot be judged
     here)]). Runs whose lock is held are in neither."""
-    ids = set(cgroup.list_leaves(parent)) | set(netns.list_named())
+    ids = set(cgroup.list_leaves(parent)) | set(netns.list_named()) | limits.v1_runs()
     with contextlib.suppress(FileNotFoundError):
         ids |= {f[: -len(".lock")] for f in os.listdir(registry.RUNS_DIR) if f.endswith(".lock")}
     with contextlib.suppress(FileNotFoundError):
@@ -128,6 +128,7 @@ def collect(parent: str, salvage: Callable[[str, int], None] | None = None,
             if salvage is not None:
                 salvage(run_id, cgroup_id)
             cgroup.kill_and_remove(leaf)
+            limits.remove(run_id)
             netns.remove_named(run_id)
             for staged in glob.glob(os.path.join(STAGED_ROOT, f"{run_id}-*")):
                 shutil.rmtree(staged, ignore_errors=True)

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ..errors import GatewrapError
-from . import user, view
+from . import tmpfs, user, view
 
 PROFILE = Path(__file__).resolve().parent.parent / "_nsjail" / "agent.cfg"
 #: What `--jail none` gives up, said on stderr when it is chosen. What still holds without it:
@@ -61,9 +61,10 @@ def tini_path() -> str | None:
 
 
 def wrap(argv: list[str], target: user.Target, cwd: str, mounts: list[view.Mount],
-         nsjail: str | None = None) -> list[str]:
+         nsjail: str | None = None, tmpfs_budget: int = tmpfs.MIN_BUDGET) -> list[str]:
     """The command line that runs ``argv`` in the jail as ``target``, in ``cwd``, with the
-    file system view ``mounts`` (:func:`gatewrap.sandbox.view.build`) added to the profile's.
+    file system view ``mounts`` (:func:`gatewrap.sandbox.view.build`) added to the profile's,
+    its tmpfs mounts sized out of ``tmpfs_budget`` bytes (:mod:`gatewrap.sandbox.tmpfs`).
     ``nsjail``: the binary (default :func:`nsjail_path`).
 
     Raises:
@@ -83,5 +84,6 @@ def wrap(argv: list[str], target: user.Target, cwd: str, mounts: list[view.Mount
     for g in target.groups:
         if g != gid:
             cmd += ["-g", str(g)]
-    cmd += ["--cwd", cwd, *view.nsjail_args(mounts)]
+    cmd += ["--cwd", cwd, *tmpfs.nsjail_args(tmpfs_budget),
+            *view.nsjail_args(mounts, tmpfs.home_options(tmpfs_budget))]
     return [*cmd, "--", tini, "--", *argv]

@@ -44,8 +44,6 @@ BASE = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 #: Folders the jail makes its own (or leaves out): a working directory or home that is one
 #: of them is the jail's, not the host's.
 PRIVATE = ("/", "/tmp", "/run", "/var/run", "/dev", "/dev/shm", "/proc", "/sys")
-#: The agent's home: an empty tmpfs, as large as the profile's /tmp (bytes).
-HOME_OPTIONS = "mode=0700,size=2147483648"
 #: At most this many folder entries are looked at for sockets under the bound paths.
 SOCKET_SCAN_LIMIT = 100_000
 
@@ -59,12 +57,13 @@ class Mount:
     src: str
     dst: str
 
-    def nsjail_args(self) -> list[str]:
-        """nsjail's command-line flags for this mount (nsjail --help: -R, -B, -m, -s)."""
+    def nsjail_args(self, tmpfs_options: str) -> list[str]:
+        """nsjail's command-line flags for this mount (nsjail --help: -R, -B, -m, -s); a tmpfs
+        gets ``tmpfs_options`` (the home's: :func:`gatewrap.sandbox.tmpfs.home_options`)."""
         if self.kind == "symlink":
             return ["-s", f"{self.src}:{self.dst}"]
         if self.kind == "tmpfs":
-            return ["-m", f"none:{self.dst}:tmpfs:{HOME_OPTIONS}"]
+            return ["-m", f"none:{self.dst}:tmpfs:{tmpfs_options}"]
         spec = self.dst if self.src == self.dst else f"{self.src}:{self.dst}"
         return ["-R" if self.kind == "ro" else "-B", spec]
 
@@ -202,9 +201,9 @@ def build(cwd: str, home: str, target: user.Target, ro_binds: list[str], rw_bind
     return sorted(mounts, key=lambda m: _depth(m.dst))
 
 
-def nsjail_args(mounts: list[Mount]) -> list[str]:
-    """The flags of every mount, in order."""
-    return [arg for m in mounts for arg in m.nsjail_args()]
+def nsjail_args(mounts: list[Mount], tmpfs_options: str) -> list[str]:
+    """The flags of every mount, in order (a tmpfs with ``tmpfs_options``)."""
+    return [arg for m in mounts for arg in m.nsjail_args(tmpfs_options)]
 
 
 def sockets_under(paths: list[str], hidden: list[str] = (), limit: int = SOCKET_SCAN_LIMIT) -> list[str]:

@@ -148,6 +148,7 @@ def run(fields: dict[str, Any], summary: str = "text") -> NoReturn | int:
     signal.pthread_sigmask(signal.SIG_BLOCK, set(agent_process.FORWARDED) | {signal.SIGCHLD})
     agent_process.become_subreaper()
     agent_process.raise_fd_limit()  # the agent inherits it, as from a run of its own
+    agent_process.protect_from_oom()  # the waiter this process becomes: the run's end depends on it
     try:
         pid = agent_process.spawn(spec)
     except GatewrapError as e:

@@ -241,6 +241,7 @@ class Daemon:
         require_root("daemon")
         lock_fd = self._claim()
         runner.raise_fd_limit()
+        runner.protect_from_oom()
         parent = cgroup.parent_dir()
         self.hooks = loader.load_or_reuse(parent)
         self.reader = SharedReader()

@@ -22,7 +22,13 @@ const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
 pub enum Step {
-    Signals = 1,
+    /// Writing `0` (the writer) to a cgroup v1 `cgroup.procs` opened by the parent.
+    JoinCgroup = 1,
+    /// Writing the agent's `/proc/self/oom_score_adj`.
+    OomScoreAdj,
+    /// prlimit(RLIMIT_NPROC) where no pids controller bounds the run.
+    Nproc,
+    Signals,
     Setsid,
     Setns,
     Unshare,
@@ -49,7 +55,10 @@ pub enum Step {
 }
 
 impl Step {
-    const ALL: [Step; 21] = [
+    const ALL: [Step; 24] = [
+        Step::JoinCgroup,
+        Step::OomScoreAdj,
+        Step::Nproc,
         Step::Signals,
         Step::Setsid,
         Step::Setns,
@@ -81,6 +90,9 @@ impl Step {
 impl fmt::Display for Step {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
+            Step::JoinCgroup => "joining the run's cgroup v1 (writing 0 to its cgroup.procs)",
+            Step::OomScoreAdj => "setting the agent's oom_score_adj",
+            Step::Nproc => "setting the agent's RLIMIT_NPROC",
             Step::Signals => "resetting SIGPIPE/SIGXFSZ",
             Step::Setsid => "setsid",
             Step::Setns => "setns into the sandbox netns",
@@ -137,6 +149,14 @@ pub struct Plan {
     pub landlock_fd: Option<libc::c_int>,
     /// The baseline seccomp filters ([`super::seccomp::build`]), installed in this order.
     pub filters: Vec<seccompiler::BpfProgram>,
+    /// `cgroup.procs` of each cgroup v1 leaf of the run (pids, memory, cpu on a hybrid host),
+    /// opened for writing by the parent; the child writes `0` to each, which cgroup v1 reads
+    /// as "the writing task" (kernel/cgroup/cgroup.c, cgroup_procs_write_start).
+    pub join_fds: Vec<libc::c_int>,
+    /// The agent's oom_score_adj as the decimal text to write (proc(5)), or `None`.
+    pub oom_score_adj: Option<CString>,
+    /// RLIMIT_NPROC (soft and hard) for the agent, or `None` to keep the caller's.
+    pub nproc: Option<u64>,
 }
 
 #[repr(C)]
@@ -249,6 +269,7 @@ impl Plan {
     pub fn enter(&self) -> io::Result<()> {
         // SAFETY (whole block): plain system calls on prepared values, no allocation.
         unsafe {
+            self.bound()?;
             // Python ignores SIGPIPE and SIGXFSZ, and ignored signals survive exec.
             if libc::signal(libc::SIGPIPE, libc::SIG_DFL) == libc::SIG_ERR
                 || libc::signal(libc::SIGXFSZ, libc::SIG_DFL) == libc::SIG_ERR
@@ -289,6 +310,35 @@ impl Plan {
             // Mark, don't close: the status pipe must stay open until exec.
             let rc = libc::syscall(libc::SYS_close_range, 3 as libc::c_uint, libc::c_uint::MAX, CLOSE_RANGE_CLOEXEC);
             self.check(Step::CloseRange, rc)?;
+        }
+        Ok(())
+    }
+
+    /// The run's bounds, first of all (before anything the agent's code can reach): the
+    /// cgroup v1 leaves joined (their pids and memory limits then count this task and all it
+    /// starts; the cgroup v2 leaf was joined at birth), the oom_score_adj written while still
+    /// root (with CAP_SYS_RESOURCE the write also sets its floor, `oom_score_adj_min`, so the
+    /// agent cannot lower it again: fs/proc/base.c, __set_oom_adj) and RLIMIT_NPROC where asked.
+    ///
+    /// SAFETY: plain system calls on prepared values, no allocation.
+    unsafe fn bound(&self) -> io::Result<()> {
+        for &fd in &self.join_fds {
+            let n = libc::write(fd, c"0".as_ptr().cast(), 1);
+            self.check(Step::JoinCgroup, if n == 1 { 0 } else { -1 })?;
+        }
+        if let Some(adj) = &self.oom_score_adj {
+            let fd = libc::open(c"/proc/self/oom_score_adj".as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+            self.check(Step::OomScoreAdj, fd.into())?;
+            let len = adj.as_bytes().len();
+            let n = libc::write(fd, adj.as_ptr().cast(), len);
+            libc::close(fd);
+            self.check(Step::OomScoreAdj, if n == len as isize { 0 } else { -1 })?;
+        }
+        if let Some(n) = self.nproc {
+            let limit = libc::rlimit64 { rlim_cur: n, rlim_max: n };
+            let rc = libc::syscall(libc::SYS_prlimit64, 0, libc::RLIMIT_NPROC, &limit as *const libc::rlimit64,
+                                   ptr::null_mut::<libc::rlimit64>());
+            self.check(Step::Nproc, rc)?;
         }
         Ok(())
     }

@@ -49,6 +49,13 @@ pub struct SpawnRequest {
     /// chooses the baseline seccomp filter ([`seccomp`]) and whether the launcher drops
     /// privileges (only for the agent itself; no_new_privs is set in both modes).
     pub mode: Mode,
+    /// cgroup v1 leaves the agent joins before anything else (a hybrid host's pids, memory
+    /// and cpu controllers); the launcher opens their `cgroup.procs` before `clone3`.
+    pub join_cgroups: Vec<PathBuf>,
+    /// The agent's oom_score_adj (-1000..=1000, proc(5)), inherited by all it starts.
+    pub oom_score_adj: Option<i32>,
+    /// RLIMIT_NPROC for the agent (where no pids controller bounds the run).
+    pub nproc: Option<u64>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -213,6 +220,18 @@ pub fn spawn(req: &SpawnRequest) -> Result<u32, SpawnError> {
         .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
         .open(&req.cgroup_dir)
         .map_err(|source| SpawnError::Cgroup { path: req.cgroup_dir.clone(), source })?;
+    let joins = req
+        .join_cgroups
+        .iter()
+        .map(|dir| {
+            let path = dir.join("cgroup.procs");
+            std::fs::OpenOptions::new()
+                .write(true)
+                .custom_flags(libc::O_CLOEXEC)
+                .open(&path)
+                .map_err(|source| SpawnError::Cgroup { path, source })
+        })
+        .collect::<Result<Vec<File>, _>>()?;
     let (status_r, status_w) = status_pipe()?;
     let abi = landlock::abi();
     let ruleset = landlock::ruleset_for(abi, req.mode)
@@ -239,6 +258,9 @@ pub fn spawn(req: &SpawnRequest) -> Result<u32, SpawnError> {
         drop_privileges: req.mode == Mode::Direct,
         landlock_fd: ruleset.as_ref().map(|fd| fd.as_raw_fd()),
         filters: seccomp::build(req.mode)?,
+        join_fds: joins.iter().map(|f| f.as_raw_fd()).collect(),
+        oom_score_adj: req.oom_score_adj.map(|adj| c_string(adj.to_string())).transpose()?,
+        nproc: req.nproc,
     };
 
     let args = CloneArgs {
@@ -262,6 +284,7 @@ pub fn spawn(req: &SpawnRequest) -> Result<u32, SpawnError> {
     let report = read_report(&status_r);
     drop(netns);
     drop(cgroup);
+    drop(joins);
     drop(ruleset);
     let Some((step, errno)) = report else { return Ok(pid as u32) };
     let mut status = 0;
