@@ -448,11 +448,30 @@ class StaleDecision(ValueError):
     detail: str
     id: str
 
+class PendingLimit(ValueError):
+    """A new approval past a cap of pending approvals (``[approvals] max_pending`` per run,
+    ``max_pending_store`` per store): nothing was stored. ``scope`` is ``"run"`` or
+    ``"store"``, ``limit`` the cap."""
+
+    scope: str
+    limit: int
+
+class UnsafeStore(ValueError):
+    """A SQLite store whose file (or -wal, -shm, -journal) is not root's regular file with mode
+    0600, or whose folder is not root's and closed to others (checked as the audit log's):
+    a local user could have written approvals or decisions into it. The message says why and
+    what to do."""
+
+DEFAULT_MAX_PENDING: int
+DEFAULT_MAX_PENDING_STORE: int
+MAX_REASON: int
+
 class ApprovalStore:
     """The approvals store (issue 12): the truth about held requests, decisions and grants.
 
     ``url``: a path or ``sqlite:PATH`` (SQLite in WAL mode, busy timeout 5 s,
-    ``synchronous = NORMAL``: a commit survives any crash, not a power cut; a new file 0600, a new directory 0700), or
+    ``synchronous = NORMAL``: a commit survives any crash, not a power cut; a new file 0600, a new directory 0700;
+    an existing one must be root's alone, else :class:`UnsafeStore`), or
     ``postgresql://USER@HOST:PORT/DB`` (also ``postgres://``; plain TCP or a unix socket
     ``?host=/dir``: TLS to the server is not built). The schema is created on open
     (idempotent, ``meta.schema`` = "1"). Raises OSError (the file, or the database refused:
@@ -477,7 +496,9 @@ class ApprovalStore:
     A run dict: ``run_id``, ``started``, ``ended``, ``host``, ``pid``, ``wake``.
     """
 
-    def __init__(self, url: str) -> None: ...
+    def __init__(self, url: str, *, create: bool = True) -> None:
+        """Open the store; ``create=False``: a SQLite store that does not exist is not made
+        (FileNotFoundError), for commands that only read or decide."""
     @property
     def url(self) -> str:
         """The URL, any password shown as ``***``."""
@@ -554,7 +575,17 @@ class ApprovalStore:
         hold: str = "wait",
         grants_allowed: bool = True,
         idem_key: str | None = None,
+        max_pending: int = 100,
+        max_pending_store: int = 1000,
     ) -> tuple[dict[str, Any], bool]:
         """Persist a pending approval as the gate does, or join the pending one of the run
         with the same digest or ``idem_key``: (approval, new). For tools and tests of the CLI
-        and review page without a sandbox; headers are redacted before they are stored."""
+        and review page without a sandbox; headers are redacted before they are stored.
+        Raises :class:`PendingLimit` when a new one would pass ``max_pending`` pending
+        approvals of the run or ``max_pending_store`` in the store."""
+
+    def prune(self, before: float) -> dict[str, int]:
+        """Remove approvals rejected, sent, cancelled or expired (or pending past their
+        deadline) before ``before`` (Unix seconds), grants revoked or expired before it, and
+        runs ended before it with nothing left: ``{"approvals", "grants", "runs"}`` removed.
+        Never a pending approval still to be decided, nor an approved one still to be sent."""

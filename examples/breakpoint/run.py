@@ -120,13 +120,15 @@ def answer(run: subprocess.Popen, a: dict, env: dict[str, str], args: argparse.N
     each command shown; the run's exit code."""
     shown(["gatewrap", "approvals", "list"], env)
     shown(["gatewrap", "approvals", "show", a["id"]], env)
+    # --yes: this script has shown the request itself; a human at a terminal, without it, is
+    # shown the request the store holds and asked y/N
     if args.reject:
-        shown(["gatewrap", "approvals", "reject", a["id"], "--reason", args.reject], env)
+        shown(["gatewrap", "approvals", "reject", a["id"], "--reason", args.reject, "--yes"], env)
     else:
         if args.edit:
             editor = "sed -i s/all-customers@example.com/pricing-team@example.com/"
             shown(["gatewrap", "approvals", "edit", a["id"]], {**env, "EDITOR": editor})
-        shown(["gatewrap", "approvals", "approve", a["id"]], env)
+        shown(["gatewrap", "approvals", "approve", a["id"], "--yes"], env)
     return run.wait(timeout=120)
 
 

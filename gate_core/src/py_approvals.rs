@@ -12,6 +12,20 @@ use crate::approvals::{self, Approval, Grant, GrantSpec, NewApproval, Run, Store
 
 create_exception!(
     gatewrap._gate_core,
+    PendingLimit,
+    PyValueError,
+    "A new approval past a cap of pending approvals; `.scope` is \"run\" or \"store\", `.limit` the cap."
+);
+
+create_exception!(
+    gatewrap._gate_core,
+    UnsafeStore,
+    PyValueError,
+    "A SQLite store whose file or folder is not root's alone; the message says why and what to do."
+);
+
+create_exception!(
+    gatewrap._gate_core,
     StaleDecision,
     PyValueError,
     "A decision or edit made on a view of an approval that is no longer current; `.why` says why."
@@ -30,6 +44,15 @@ pub fn store_err(py: Python<'_>, e: StoreError) -> PyErr {
             err
         }
         StoreError::Invalid(m) => PyValueError::new_err(m),
+        StoreError::Full { scope, limit, msg } => {
+            let err = PendingLimit::new_err(msg);
+            let v = err.value(py);
+            let _ = v.setattr("scope", scope);
+            let _ = v.setattr("limit", limit);
+            err
+        }
+        StoreError::Unsafe { .. } => UnsafeStore::new_err(e.to_string()),
+        StoreError::Missing { .. } => PyOSError::new_err((libc::ENOENT, e.to_string())),
         StoreError::Io { ref source, .. } => PyOSError::new_err((source.raw_os_error().unwrap_or(libc::EIO), e.to_string())),
         StoreError::Db { .. } => PyOSError::new_err((libc::EIO, e.to_string())),
     }
@@ -136,9 +159,14 @@ impl PyApprovalStore {
 
 #[pymethods]
 impl PyApprovalStore {
+    /// Open the store at `url`; `create = False`: a SQLite store that does not exist is
+    /// not made (FileNotFoundError). UnsafeStore: its file or folder is not root's alone.
     #[new]
-    fn new(py: Python<'_>, url: String) -> PyResult<Self> {
-        let store = py.allow_threads(|| Store::open(&url)).map_err(|e| store_err(py, e))?;
+    #[pyo3(signature = (url, *, create = true))]
+    fn new(py: Python<'_>, url: String, create: bool) -> PyResult<Self> {
+        let store = py
+            .allow_threads(|| if create { Store::open(&url) } else { Store::open_existing(&url) })
+            .map_err(|e| store_err(py, e))?;
         let url = store.url().to_string();
         Ok(PyApprovalStore { inner: Mutex::new(store), url })
     }
@@ -242,7 +270,7 @@ impl PyApprovalStore {
 
     /// Persist a pending approval as the gate does (for tools and tests of the CLI and web
     /// page without a sandbox): (approval, new). Headers are redacted before they are stored.
-    #[pyo3(signature = (run_id, *, rule, method, url, headers, body, timeout = 600.0, hold = String::from("wait"), grants_allowed = true, idem_key = None))]
+    #[pyo3(signature = (run_id, *, rule, method, url, headers, body, timeout = 600.0, hold = String::from("wait"), grants_allowed = true, idem_key = None, max_pending = approvals::DEFAULT_MAX_PENDING, max_pending_store = approvals::DEFAULT_MAX_PENDING_STORE))]
     #[allow(clippy::too_many_arguments)]
     fn ask<'py>(
         &self,
@@ -257,6 +285,8 @@ impl PyApprovalStore {
         hold: String,
         grants_allowed: bool,
         idem_key: Option<String>,
+        max_pending: i64,
+        max_pending_store: i64,
     ) -> PyResult<(Bound<'py, PyDict>, bool)> {
         let req = NewApproval {
             run_id,
@@ -270,9 +300,22 @@ impl PyApprovalStore {
             hold,
             grants_allowed,
             body_limit: approvals::DEFAULT_BODY_LIMIT,
+            caps: approvals::PendingCaps { run: max_pending, store: max_pending_store },
         };
         let (a, new) = self.with(py, |s| s.ask(&req))?;
         Ok((approval_dict(py, &a)?, new))
+    }
+
+    /// Remove approvals decided, sent, cancelled or expired before `before` (Unix seconds),
+    /// grants revoked or expired before it, runs ended before it with nothing left:
+    /// {"approvals", "grants", "runs"} (how many of each).
+    fn prune<'py>(&self, py: Python<'py>, before: f64) -> PyResult<Bound<'py, PyDict>> {
+        let p = self.with(py, |s| s.prune(before))?;
+        let d = PyDict::new(py);
+        d.set_item("approvals", p.approvals)?;
+        d.set_item("grants", p.grants)?;
+        d.set_item("runs", p.runs)?;
+        Ok(d)
     }
 
     fn __repr__(&self) -> String {
@@ -286,6 +329,11 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let stale = py.get_type::<StaleDecision>();
     stale.setattr("why", "")?;
     m.add("StaleDecision", stale)?;
+    m.add("PendingLimit", py.get_type::<PendingLimit>())?;
+    m.add("UnsafeStore", py.get_type::<UnsafeStore>())?;
+    m.add("DEFAULT_MAX_PENDING", approvals::DEFAULT_MAX_PENDING)?;
+    m.add("DEFAULT_MAX_PENDING_STORE", approvals::DEFAULT_MAX_PENDING_STORE)?;
+    m.add("MAX_REASON", approvals::MAX_REASON)?;
     m.add_class::<PyApprovalStore>()?;
     Ok(())
 }

@@ -50,7 +50,7 @@ def test_approve_sends_the_request_once_and_the_agent_gets_the_answer(run, store
     assert "  POST /echo HTTP/1.1\n" in shown.stdout and "  host: allowed.test\n" in shown.stdout.lower()
     assert "authorization: [redacted]" in shown.stdout.lower() and "sk-secret-1" not in shown.stdout
     assert '"to": "all-customers@example.com"' in shown.stdout
-    ok = cli("approve", a["id"], "--state", store_url)
+    ok = cli("approve", a["id"], "--yes", "--state", store_url)
     assert ok.returncode == 0, ok.stderr
     assert ok.stdout.startswith(f"gatewrap: approved {a['id']}")
     out = run.finish()
@@ -67,7 +67,7 @@ def test_approve_sends_the_request_once_and_the_agent_gets_the_answer(run, store
 
 def test_reject_gives_the_agent_403_with_the_reason_and_sends_nothing(run, store_url, net):
     a = run.pending()
-    r = cli("reject", a["id"], "--reason", "not to all customers", "--state", store_url)
+    r = cli("reject", a["id"], "--reason", "not to all customers", "--yes", "--state", store_url)
     assert r.returncode == 0, r.stderr
     out = run.finish()
     assert out["agent"]["status"] == 403 and "not to all customers" in out["agent"]["body"]
@@ -102,8 +102,8 @@ def test_edit_changes_the_body_show_prints_the_diff_and_upstream_gets_the_edit(r
 
 def test_a_second_decision_is_refused_as_stale_and_names_who_answered(run, store_url):
     a = run.pending()
-    assert cli("approve", a["id"], "--state", store_url).returncode == 0
-    again = cli("reject", a["id"], "--reason", "too late", "--state", store_url, "--json",
+    assert cli("approve", a["id"], "--yes", "--state", store_url).returncode == 0
+    again = cli("reject", a["id"], "--reason", "too late", "--yes", "--state", store_url, "--json",
                 "--version", str(a["version"]), "--digest", a["digest"])
     assert again.returncode == 1
     doc = json.loads(again.stdout)
@@ -115,7 +115,7 @@ def test_a_second_decision_is_refused_as_stale_and_names_who_answered(run, store
 def test_a_decision_on_an_ended_run_is_refused_and_history_stays_listed(run, store_url, net):
     a = run.pending()
     run.stop()
-    r = cli("approve", a["id"], "--state", store_url)
+    r = cli("approve", a["id"], "--yes", "--state", store_url)
     assert r.returncode == 1 and "refused" in r.stderr, r.stderr
     assert net.access_entries(method="POST", path="/echo") == []
     listed = json.loads(cli("list", "--state", store_url, "--json").stdout)["approvals"]
@@ -129,14 +129,14 @@ def test_a_decision_after_gatewrap_was_killed_is_refused_and_nothing_is_sent(run
     run.proc.kill()  # SIGKILL: gatewrap cannot end its run in the store
     run.proc.communicate(timeout=30)
     assert run.store.get(a["id"])["status"] == "pending"
-    r = cli("approve", a["id"], "--state", store_url, "--json")
+    r = cli("approve", a["id"], "--yes", "--state", store_url, "--json")
     assert r.returncode == 1, r.stdout + r.stderr
     assert json.loads(r.stdout)["why"] == "run ended"
     assert run.store.get(a["id"])["status"] == "cancelled"
     assert net.access_entries(method="POST", path="/echo") == []
 
 
-def test_unknown_ids_exit_1_and_an_unopenable_store_exits_125(store_url, tmp_path):
+def test_unknown_ids_exit_1_and_an_unopenable_store_exits_125(store_url, store, tmp_path):
     r = cli("show", "ap-aaaaaaaaaaaaaaaaaaaa", "--state", store_url)
     assert r.returncode == 1 and "no approval ap-aaaaaaaaaaaaaaaaaaaa" in r.stderr
     (tmp_path / "file").write_text("")

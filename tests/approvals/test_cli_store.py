@@ -41,20 +41,20 @@ def test_list_and_show_print_the_request_with_credentials_redacted(store_url, as
 
 
 def test_approve_records_the_sudo_user_and_a_second_answer_is_refused_naming_them(store_url, asked, store):
-    r = cli("approve", asked["id"], "--state", store_url)
+    r = cli("approve", asked["id"], "--yes", "--state", store_url)
     assert r.returncode == 0, r.stderr
     a = store.get(asked["id"])
     assert (a["status"], a["decided_by"]) == ("approved", "alice")
     again = cli("reject", asked["id"], "--reason", "no", "--version", "1", "--digest", asked["digest"],
                 "--state", store_url)
     assert again.returncode == 1 and "refused as stale" in again.stderr and "alice" in again.stderr, again.stderr
-    j = cli("approve", asked["id"], "--state", store_url, "--json")
+    j = cli("approve", asked["id"], "--yes", "--state", store_url, "--json")
     assert j.returncode == 1 and json.loads(j.stdout)["ok"] is False
 
 
 def test_reject_needs_a_reason_and_keeps_it(store_url, asked, store):
-    assert cli("reject", asked["id"], "--state", store_url).returncode == 125  # a usage error
-    r = cli("reject", asked["id"], "--reason", "not to customers", "--state", store_url, "--json")
+    assert cli("reject", asked["id"], "--yes", "--state", store_url).returncode == 125  # a usage error
+    r = cli("reject", asked["id"], "--reason", "not to customers", "--yes", "--state", store_url, "--json")
     assert r.returncode == 0 and json.loads(r.stdout)["approval"]["reason"] == "not to customers"
     assert store.get(asked["id"])["status"] == "rejected"
 
@@ -96,9 +96,9 @@ def test_an_unchanged_edit_changes_nothing_and_a_credential_cannot_be_added(stor
 
 
 def test_an_approval_with_a_grant_lists_it_and_revoke_ends_it(store_url, asked, store):
-    wide = cli("approve", asked["id"], "--grant", "POST evil.test/", "--for", "30m", "--state", store_url)
+    wide = cli("approve", asked["id"], "--grant", "POST evil.test/", "--for", "30m", "--yes", "--state", store_url)
     assert wide.returncode == 1 and "own host only" in wide.stderr
-    r = cli("approve", asked["id"], "--grant", "POST mail.test/v3/", "--for", "30m", "--state", store_url)
+    r = cli("approve", asked["id"], "--grant", "POST mail.test/v3/", "--for", "30m", "--yes", "--state", store_url)
     assert r.returncode == 0, r.stderr
     (g,) = json.loads(cli("grants", "--state", store_url, "--json").stdout)["grants"]
     assert (g["run_id"], g["method"], g["host"], g["path_prefix"], g["created_by"]) == \
@@ -114,17 +114,17 @@ def test_an_approval_with_a_grant_lists_it_and_revoke_ends_it(store_url, asked, 
 
 def test_a_decision_after_the_run_ended_or_the_deadline_is_refused(store_url, asked, store):
     store.end_run(RUN)
-    r = cli("approve", asked["id"], "--state", store_url, "--json")
+    r = cli("approve", asked["id"], "--yes", "--state", store_url, "--json")
     assert r.returncode == 1 and json.loads(r.stdout)["why"] in ("run ended", "decided")
     store.start_run("gw-00000000a2")
     late, _ = store.ask("gw-00000000a2", rule="r", method="POST", url="https://mail.test/x", headers=[], body=b"",
                         timeout=0.001)
     time.sleep(0.01)  # past its deadline (not a timing assertion: any later moment is as past)
-    r = cli("approve", late["id"], "--state", store_url, "--json")
+    r = cli("approve", late["id"], "--yes", "--state", store_url, "--json")
     assert r.returncode == 1 and json.loads(r.stdout)["why"] == "expired"
 
 
-def test_an_unknown_id_exits_1_and_a_store_that_cannot_open_exits_125(store_url, tmp_path):
+def test_an_unknown_id_exits_1_and_a_store_that_cannot_open_exits_125(store_url, store, tmp_path):
     r = cli("show", "ap-aaaaaaaaaaaaaaaaaaaa", "--state", store_url)
     assert r.returncode == 1 and "no approval ap-aaaaaaaaaaaaaaaaaaaa" in r.stderr
     (tmp_path / "file").write_text("")

@@ -95,7 +95,8 @@ def test_approve_sends_once_after_the_decision(net, tmp_path):
     assert "hello-approve" in r.stdout and "Bearer s3cret" in r.stdout, "the original credentials are sent"
     assert r.stdout.strip().endswith("200")
     assert len(s.upstream("/echo?t=approve")) == 1
-    assert f"gatewrap: approval {a['id']}: POST http://allowed.test/echo?t=approve" in r.stderr
+    assert f"gatewrap: approval {a['id']} (digest {a['digest'][:12]}): POST http://allowed.test/echo?t=approve" \
+        in r.stderr, "the notice names the digest's first characters: a line forged for this id cannot match"
     assert [e["approval"] for e in events(r, "approval_asked")] == [a["id"]]
     assert events(r, "approval_approved")[0]["by"] == "tester"
     assert events(r, "approval_sent")[0]["status"] == 200

@@ -154,3 +154,25 @@ def test_two_tunnels_waiting_on_one_approval_open_once(net, tmp_path):
     assert tls_connections(net) == before + 1, "one approval, one tunnel"
     recs = r.records(event="connect", approval=a["id"])
     assert sorted(x["status"] for x in recs) == [200, 409]
+
+
+def test_past_the_run_s_pending_cap_a_request_is_refused_and_recorded_never_held(net, tmp_path):
+    """[approvals] max_pending = 1, hold = "return": the first request is held (409); a second,
+    different one while it is pending is refused at once (429, a `request` record with reason
+    `limit: ...`), asks nothing and sends nothing; the first's retry still joins its approval."""
+    script = "; ".join([
+        f"{post('/echo?t=cap-a', 'one')} > /tmp/a",
+        f"{post('/echo?t=cap-b', 'two')} > /tmp/b",
+        f"{post('/echo?t=cap-a', 'one')} > /tmp/a2",
+        "cat /tmp/a /tmp/b /tmp/a2",
+    ])
+    s = Session(net, tmp_path, script, hold="return", extra="\n[approvals]\nmax_pending = 1\n")
+    r = s.finish()
+    (a,) = s.store.list()
+    assert a["url"].endswith("t=cap-a"), "one approval: the refused request made none, the retry joined it"
+    assert r.stdout.count("\n409") == 2 and "\n429" in r.stdout and "max_pending = 1" in r.stdout, r.stdout
+    assert s.upstream("/echo?t=cap-a") == [] and s.upstream("/echo?t=cap-b") == []
+    (refused,) = [x for x in r.records(event="request") if x.get("status") == 429]
+    assert refused["decision"] == "denied" and refused["reason"].startswith("limit: run ") and \
+        "max_pending = 1" in refused["reason"]
+    assert [e["approval"] for e in r.records(event="approval_asked")] == [a["id"]]

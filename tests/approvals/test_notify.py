@@ -44,7 +44,7 @@ class Audit:
 
 def test_the_stderr_line_names_the_request_the_deadline_and_the_commands():
     line = notify.stderr_line(approval())
-    assert line == ("gatewrap: approval ap-abcdefghijklmnopqrst: POST https://mail.test/v3/send (rule "
+    assert line == ("gatewrap: approval ap-abcdefghijklmnopqrst (digest 111111111111): POST https://mail.test/v3/send (rule "
                     "policy.toml:rule[2]) waits until 2027-01-15T08:10:00Z; answer with: sudo gatewrap approvals "
                     "approve ap-abcdefghijklmnopqrst | reject ap-abcdefghijklmnopqrst --reason TEXT | show "
                     "ap-abcdefghijklmnopqrst")
@@ -114,7 +114,7 @@ def test_the_webhook_is_signed_as_standard_webhooks_verify_it(receiver):
     assert [(r["event"], r["channel"], r["ok"]) for r in audit.records] == [
         ("approval_notified", "stderr", True), ("approval_notified", "webhook", True)]
     assert audit.records[1]["approval"] == "ap-abcdefghijklmnopqrst" and audit.records[1]["version"] == 1
-    assert err.getvalue().startswith("gatewrap: approval ap-abcdefghijklmnopqrst: POST")
+    assert err.getvalue().startswith("gatewrap: approval ap-abcdefghijklmnopqrst (digest 111111111111): POST")
 
 
 def test_a_refused_webhook_is_recorded_as_not_ok_and_said_once(receiver):

@@ -133,7 +133,7 @@ def test_reject_on_the_page_keeps_the_reason(run, server, chromium):
 def test_a_page_answered_elsewhere_meanwhile_is_refused_as_stale_with_the_why(run, server, chromium, store_url):
     a = run.pending()
     chromium.get(server.base + a["review_path"])
-    assert cli("reject", a["id"], "--reason", "from the CLI", "--state", store_url).returncode == 0
+    assert cli("reject", a["id"], "--reason", "from the CLI", "--yes", "--state", store_url).returncode == 0
     _decide(chromium, "approve")
     msg = chromium.find_element(By.ID, "message").text
     assert msg.startswith("refused as stale (decided)") and "rejected by alice" in msg, msg
@@ -225,7 +225,7 @@ def test_a_grant_wider_than_the_requests_host_is_refused_on_the_page(run, server
 def test_a_grant_on_a_page_answered_elsewhere_meanwhile_is_refused_as_stale(run, server, chromium, store_url):
     a = run.pending()
     chromium.get(server.base + a["review_path"])
-    assert cli("reject", a["id"], "--reason", "from the CLI", "--state", store_url).returncode == 0
+    assert cli("reject", a["id"], "--reason", "from the CLI", "--yes", "--state", store_url).returncode == 0
     _decide(chromium, "grant")
     msg = chromium.find_element(By.ID, "message").text
     assert msg.startswith("refused as stale (decided)") and "rejected by alice" in msg, msg

@@ -35,7 +35,7 @@ def test_the_webhook_carries_the_request_and_a_valid_signature(net, tmp_path, st
         assert "all-customers@example.com" in doc["blocks"][2]["text"]["text"]
         assert doc["blocks"][3]["elements"][0]["url"] == "http://127.0.0.1:8377" + a["review_path"]
         assert "sk-secret-1" not in got.body.decode()
-        assert cli("approve", a["id"], "--state", store_url).returncode == 0
+        assert cli("approve", a["id"], "--yes", "--state", store_url).returncode == 0
         assert run.finish()["agent"]["status"] == 200
         (rec,) = run.records(event="approval_notified")
         assert (rec["approval"], rec["channel"], rec["ok"], rec["version"]) == (a["id"], "webhook", True, 1)

@@ -14,6 +14,8 @@ from ..text import printable
 from . import decide as dec
 from . import render, state
 
+#: Longest ``prune --older-than``: 100 years, in seconds.
+PRUNE_MAX_SECONDS = 100 * 366 * 86400
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
@@ -38,7 +40,51 @@ def _common(f: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _store(url: str | None) -> Any:
-    return state.open_store(state.resolve_url(url))
+    """The store the flag, environment or config file names; never made here (only a run
+    makes one): a missing one is said (125)."""
+    return state.open_store(state.resolve_url(url), create=False)
+
+
+def _on_a_terminal() -> bool:
+    """Whether a human can see a prompt and answer it: stdin and stdout are terminals."""
+    return sys.stdin.isatty() and sys.stdout.isatty()
+
+
+def _confirmed(store: Any, approval_id: str, verdict: str, version: int | None, digest: str | None,
+               yes: bool) -> tuple[int | None, str | None]:
+    """What a decision names: ``(version, digest)``. With ``--digest`` or ``--yes``, as given.
+    Else, on a terminal, the approval as the store holds it is printed (as ``show`` does,
+    every byte of the agent's escaped) and the human asked y/N: the decision then names the
+    version and digest shown, so a change meanwhile is refused as stale. The notice line on
+    the run's stderr is not what is decided on: the agent shares that stderr and can forge
+    it. Without a terminal: a usage error that says what to give.
+
+    Raises:
+        click.UsageError: no terminal, and neither ``--digest`` nor ``--yes``.
+        dec.Refused: (exit 1) the human answered no, or the approval is not there.
+    """
+    if digest is not None or yes:
+        return version, digest
+    if not _on_a_terminal():
+        raise click.UsageError(
+            f"{verdict} without a terminal must name what it decides on: --digest HEX (and --version N) as "
+            f"`gatewrap approvals show {approval_id}` prints them, or --yes to decide on the approval as it is now")
+    a = dec.current(store, approval_id)
+    click.echo(render.show(a))
+    click.echo("")
+    body = f"{a['body_len']} bytes of body" if a["body_len"] else "no body"
+    click.echo(printable(f"{verdict} {a['method']} {a['url']} ({body}) of run {a['run_id']}, version "
+                         f"{a['version']}, digest {a['digest']}"))
+    if not click.confirm(f"{verdict.capitalize()} {a['id']}?", default=False):
+        raise dec.Refused(f"{a['id']}: nothing was decided (you answered no)", "declined")
+    return a["version"] if version is None else version, a["digest"]
+
+
+def _yes(f: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option("--yes", "-y", "yes", is_flag=True,
+                        help="Decide without showing the request and asking (scripts). Without --yes or "
+                             "--digest, on a terminal, the request is shown and you are asked y/N; "
+                             "elsewhere the command refuses.")(f)
 
 
 def _out(as_json: bool, obj: Any, text: str) -> None:
@@ -58,8 +104,13 @@ def approvals() -> None:
     stale, with the why, and nothing is sent.
 
     \b
-    Exit codes: 0 done; 1 refused (stale, expired, not found; the message says why);
-    125 gatewrap itself failed (the store cannot be opened...).
+    Exit codes: 0 done; 1 refused (stale, expired, not found, answered no; the message
+    says why); 125 gatewrap itself failed (the store cannot be opened...).
+
+    \b
+    The notice line a run prints goes to the stderr its agent shares: the agent can print
+    a forged one. approve and reject show the request the store holds and ask y/N before
+    they decide (the line's digest is the first characters of the one they show).
 
     \b
     Examples:
@@ -70,6 +121,7 @@ def approvals() -> None:
       sudo gatewrap approvals reject ap-... --reason 'not to customers'
       sudo gatewrap approvals edit ap-...
       sudo gatewrap approvals serve      # the review pages on http://127.0.0.1:8377
+      sudo gatewrap approvals prune --older-than 30d
     """
 
 
@@ -144,21 +196,25 @@ def _seen(f: Callable[..., Any]) -> Callable[..., Any]:
               help="Also let this run's later requests matching METHOD on HOST under PATH-PREFIX through "
                    "without asking (the request's own host only; never other runs). Needs --for.")
 @click.option("--for", "duration", metavar="DURATION", help="How long the grant holds: 90s, 30m, 2h, 1d.")
+@_yes
 @_common
 def approve(approval_id: str, version: int | None, digest: str | None, grant: str | None, duration: str | None,
-            state_url: str | None, as_json: bool) -> int:
+            yes: bool, state_url: str | None, as_json: bool) -> int:
     """Approve: the gate sends the held request (the edited one, if edited) once, and the
     agent gets upstream's answer. Recorded with your name ($SUDO_USER, else your login).
+    On a terminal, without --digest, the request is shown first and you are asked y/N.
 
     \b
     Examples:
-      sudo gatewrap approvals approve ap-...
+      sudo gatewrap approvals approve ap-...                # shows it, asks y/N
       sudo gatewrap approvals approve ap-... --version 2 --digest 3f1c...
       sudo gatewrap approvals approve ap-... --grant 'POST mail.test/v3/' --for 30m
+      sudo gatewrap approvals approve ap-... --yes          # a script: no question
     """
     if (grant is None) != (duration is None):
         raise click.UsageError("--grant and --for go together, e.g. --grant 'POST mail.test/v3/' --for 30m")
     store = _store(state_url)
+    version, digest = _confirmed(store, approval_id, "approve", version, digest, yes)
     a = dec.decide(store, approval_id, "approve", by=state.decider(), version=version, digest=digest,
                    grant=(grant, duration) if grant and duration else None)
     g = f"; grant {a['grant_id']} lets later matching requests of run {a['run_id']} through" if a.get("grant_id") else ""
@@ -169,22 +225,37 @@ def approve(approval_id: str, version: int | None, digest: str | None, grant: st
 
 @approvals.command("reject", context_settings=CONTEXT)
 @click.argument("approval_id", metavar="ID")
-@click.option("--reason", required=True, metavar="TEXT", help="Why; the agent gets it in its 403.")
+@click.option("--reason", required=True, metavar="TEXT", callback=lambda _c, _p, v: _reason(v),
+              help="Why (up to 1000 characters); the agent gets it in its 403.")
 @_seen
+@_yes
 @_common
-def reject(approval_id: str, reason: str, version: int | None, digest: str | None, state_url: str | None,
-           as_json: bool) -> int:
-    """Reject: the agent gets 403 with your reason; nothing is sent upstream.
+def reject(approval_id: str, reason: str, version: int | None, digest: str | None, yes: bool,
+           state_url: str | None, as_json: bool) -> int:
+    """Reject: the agent gets 403 with your reason; nothing is sent upstream. On a
+    terminal, without --digest, the request is shown first and you are asked y/N.
 
     \b
-    Example:
+    Examples:
       sudo gatewrap approvals reject ap-... --reason 'no mail to customers from tests'
+      sudo gatewrap approvals reject ap-... --reason 'not now' --yes
     """
     store = _store(state_url)
+    version, digest = _confirmed(store, approval_id, "reject", version, digest, yes)
     a = dec.decide(store, approval_id, "reject", by=state.decider(), version=version, digest=digest, reason=reason)
     _out(as_json, {"ok": True, "approval": render.as_json(a)},
          printable(f"gatewrap: rejected {a['id']}: the agent gets 403 ({reason})"))
     return 0
+
+
+def _reason(text: str | None) -> str | None:
+    """``--reason``, at most ``MAX_REASON`` characters (the agent gets it in a 403, the audit
+    log keeps it). Raises click.BadParameter past it."""
+    from .. import _gate_core as core
+
+    if text is not None and len(text) > core.MAX_REASON:
+        raise click.BadParameter(f"{len(text)} characters; give at most {core.MAX_REASON}", param_hint="--reason")
+    return text
 
 
 @approvals.command("edit", context_settings=CONTEXT)
@@ -265,15 +336,55 @@ def revoke(grant_id: str, state_url: str | None, as_json: bool) -> int:
     return 0
 
 
+@approvals.command("prune", context_settings=CONTEXT)
+@click.option("--older-than", "older_than", required=True, metavar="DURATION",
+              help="Remove what was over before this long ago: N and a unit, e.g. 90s, 30m, 2h, 30d.")
+@_common
+def prune(older_than: str, state_url: str | None, as_json: bool) -> int:
+    """Remove approvals rejected, sent, cancelled or expired more than DURATION ago (their
+    bodies with them), grants revoked or expired that long ago, and ended runs with nothing
+    left. Never a pending approval still to be decided, nor an approved one still to be
+    sent. The audit log keeps every decision. SQLite reuses the freed pages (the file does
+    not shrink; `sqlite3 FILE VACUUM` does that).
+
+    \b
+    Examples:
+      sudo gatewrap approvals prune --older-than 30d
+      sudo gatewrap approvals prune --older-than 12h --json
+    """
+    import time
+
+    try:
+        seconds = dec.seconds(older_than)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--older-than") from None
+    if seconds > PRUNE_MAX_SECONDS:
+        raise click.BadParameter(f"{older_than!r} is more than 100 years: give N and a unit, e.g. 90s, 30m, 2h, 30d",
+                                 param_hint="--older-than")
+    before = time.time() - seconds
+    done = _store(state_url).prune(before)
+    if as_json:
+        click.echo(json.dumps({"ok": True, "before": render.when(before), **done}))
+    else:
+        click.echo(f"gatewrap: pruned {done['approvals']} approvals, {done['grants']} grants and {done['runs']} runs "
+                   f"over before {render.when(before)}")
+    return 0
+
+
 @approvals.command("serve", context_settings=CONTEXT)
 @click.option("--listen", default=None, metavar="HOST:PORT",
               help="Address of the review server. Default: [review] listen in the config file, else "
                    "127.0.0.1:8377.")
+@click.option("--name", "names", multiple=True, metavar="HOST",
+              help="A host name the pages may be reached by (repeatable), besides the listen address; "
+                   "default: [review] names in the config file (space-separated). Requests for any other "
+                   "Host are refused with 421.")
 @click.option("--allow-remote", is_flag=True,
               help="Listen on a non-loopback address anyway (the pages are plain HTTP: put TLS and "
                    "authentication in front).")
 @_common
-def serve(listen: str | None, allow_remote: bool, state_url: str | None, as_json: bool) -> int:
+def serve(listen: str | None, names: tuple[str, ...], allow_remote: bool, state_url: str | None,
+          as_json: bool) -> int:
     """Serve the review pages on the host: a list of approvals and one page per approval
     (its link holds the approval's own secret token) with Approve, Grant (approve, and let
     the run's later requests of a method, host and path prefix through for a while), Edit
@@ -282,7 +393,9 @@ def serve(listen: str | None, allow_remote: bool, state_url: str | None, as_json
 
     \b
     The list's address, printed at start, holds a key made anew each time: other users
-    of this host can reach a loopback port, not the list. Ctrl-C ends.
+    of this host can reach a loopback port, not the list. A request whose Host is not the
+    listen address nor a --name is refused (421): a web page whose name was rebound to this
+    address (DNS rebinding) reaches nothing. Ctrl-C ends.
 
     \b
     Examples:
@@ -299,9 +412,10 @@ def serve(listen: str | None, allow_remote: bool, state_url: str | None, as_json
     if not is_loopback(host) and not allow_remote:
         raise click.BadParameter(f"{host} is not a loopback address: the review pages would be reachable from "
                                  "the network; add --allow-remote if that is meant", param_hint="--listen")
-    store = state.open_store(state.resolve_url(state_url, config))
+    store = state.open_store(state.resolve_url(state_url, config), create=False)
+    names = names or tuple(config.get("review", {}).get("names", "").replace(",", " ").split())
     try:
-        server = ReviewServer(store, (host, port))
+        server = ReviewServer(store, (host, port), names=names)
     except OSError as e:
         raise GatewrapError(f"cannot listen on {host}:{port}: {e.strerror}; choose another with --listen") from e
     url = f"{server.base}/l/{server.list_key}"

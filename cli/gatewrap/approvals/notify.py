@@ -45,10 +45,18 @@ WEBHOOK_ATTEMPTS = 3
 EXCERPT = 600
 
 
+#: Characters of the digest the live line shows (gate_core hold.rs ``NOTICE_DIGEST_CHARS``).
+NOTICE_DIGEST_CHARS = 12
+
+
 def stderr_line(a: dict[str, Any]) -> str:
-    """The live line (APPROVALS.md): id, request, rule, deadline, the commands to answer."""
+    """The live line (APPROVALS.md): id, the first :data:`NOTICE_DIGEST_CHARS` of the digest
+    (``approve`` shows it whole before it asks: a line the agent forged on the stderr it
+    shares cannot name another request's), request, rule, deadline, the commands to answer.
+    The same text as gate_core hold.rs ``notice_line``."""
     return printable(
-        f"gatewrap: approval {a['id']}: {a['method']} {a['url']} (rule {a['rule']}) waits until "
+        f"gatewrap: approval {a['id']} (digest {a['digest'][:NOTICE_DIGEST_CHARS]}): {a['method']} {a['url']} "
+        f"(rule {a['rule']}) waits until "
         f"{when(a['deadline'])}; answer with: sudo gatewrap approvals approve {a['id']} | "
         f"reject {a['id']} --reason TEXT | show {a['id']}")
 

@@ -26,7 +26,7 @@ DEFAULT_CONFIG = "/etc/gatewrap/config.toml"
 CONFIG_KEYS = {
     "state": {"url"},
     "notify": {"webhook", "secret_file", "review_url"},
-    "review": {"listen"},
+    "review": {"listen", "names"},
 }
 
 
@@ -87,21 +87,31 @@ def explicit_url(flag: str | None, config: dict[str, dict[str, Any]] | None = No
     return url if (config or {}).get("state", {}).get("url") else None
 
 
-def open_store(url: str) -> Any:
-    """Open (and create) the store at ``url``: a ``gatewrap._gate_core.ApprovalStore``.
+def open_store(url: str, *, create: bool = True) -> Any:
+    """Open the store at ``url``: a ``gatewrap._gate_core.ApprovalStore``. ``create``: make a
+    SQLite store (and its folder) that does not exist, as a run does; the ``approvals``
+    commands only read or decide, and never make one (a mistyped path is said).
 
     Raises:
-        GatewrapError: (125) the store cannot be opened; the message names the URL (password
-            redacted by the store) and what to do.
+        GatewrapError: (125) the store cannot be opened, does not exist (not ``create``), or is
+            not root's alone; the message names the URL (password redacted by the store) and
+            what to do.
     """
     from .. import _gate_core as core
 
     try:
-        return core.ApprovalStore(url)
+        return core.ApprovalStore(url, create=create)
+    except core.UnsafeStore as e:  # the message says why and what to do
+        raise GatewrapError(f"cannot open the approvals store: {e}") from e
     except (OSError, ValueError) as e:
         shown = _redact(url)
-        hint = ("run with sudo (the default store is root's)" if isinstance(e, PermissionError)
-                else "check --state, $GATEWRAP_STATE or [state] url in " + config_path())
+        where = "check --state, $GATEWRAP_STATE or [state] url in " + config_path()
+        if isinstance(e, FileNotFoundError) and not create:
+            hint = f"no run has used this store yet, or it is another one: {where}"
+        elif isinstance(e, PermissionError):
+            hint = "run with sudo (the default store is root's)"
+        else:
+            hint = where
         raise GatewrapError(f"cannot open the approvals store {shown}: {e}; {hint}") from e
 
 

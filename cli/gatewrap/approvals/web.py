@@ -1,5 +1,11 @@
 """``gatewrap approvals serve``: the review pages, served on the host (127.0.0.1 by default).
 
+Every request whose ``Host`` is not this server's (its listen address as ``host:port``, the IP
+literal in any spelling, IPv6 in brackets; or a name given with ``--name`` / ``[review] names``,
+with any port) is answered 421 Misdirected Request (RFC 9110 §15.5.20) before anything else: a
+page of another site whose name an attacker rebound to 127.0.0.1 (DNS rebinding) sends its own
+name, so the same-origin rule, which only compares names, does not protect the pages then.
+
 Routes (everything else is 404):
 
 - ``GET /l/<list key>``: the list of approvals. The key is random per server start and printed
@@ -32,6 +38,7 @@ import hashlib
 import hmac
 import html
 import ipaddress
+import re
 import secrets
 import sys
 import urllib.parse
@@ -77,12 +84,18 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+#: A host name as ``Host`` may carry it (RFC 3986 reg-name, restricted to LDH labels and dots).
+_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?\.?")
+
+
 class ReviewServer(ThreadingHTTPServer):
-    """The review server over ``store`` (an ``ApprovalStore``); ``list_key`` opens the list."""
+    """The review server over ``store`` (an ``ApprovalStore``); ``list_key`` opens the list.
+    ``names``: host names it may be reached by besides its listen address (a listen host
+    given as a name counts as one)."""
 
     daemon_threads = True
 
-    def __init__(self, store: Any, listen: tuple[str, int]) -> None:
+    def __init__(self, store: Any, listen: tuple[str, int], names: tuple[str, ...] | list[str] = ()) -> None:
         import socket
 
         if ":" in listen[0]:
@@ -91,6 +104,33 @@ class ReviewServer(ThreadingHTTPServer):
         self.store = store
         self.list_key = secrets.token_urlsafe(24)
         self._key = secrets.token_bytes(32)
+        self.names = {n.lower().rstrip(".") for n in names}
+        if not _ip(listen[0]):
+            self.names.add(listen[0].lower().rstrip("."))
+
+    def is_own_host(self, value: str) -> bool:
+        """Whether a ``Host`` value names this server: its listen address and port (an IP
+        literal compared as an address: ``[0:0::1]:P`` is ``[::1]:P``; no port means 80, RFC
+        9110 §7.2), or one of :attr:`names` (case-insensitive, a final dot ignored, any
+        port: a TLS proxy in front sends its own)."""
+        v = value.strip()
+        if v.startswith("["):
+            m = re.fullmatch(r"\[([0-9A-Fa-f:.]+)\](?::([0-9]{1,5}))?", v)
+            if not m:
+                return False
+            host, port = m.group(1), m.group(2)
+            if _ip(host) is None or _ip(host).version != 6:
+                return False
+        else:
+            host, colon, port = v.partition(":")
+            if colon and not re.fullmatch(r"[0-9]{1,5}", port):
+                return False
+        ip = _ip(host)
+        if ip is None:
+            return bool(_NAME.fullmatch(host)) and host.lower().rstrip(".") in self.names
+        listen_ip = _ip(str(self.server_address[0]))
+        same = listen_ip is not None and (listen_ip.is_unspecified or ip == listen_ip)
+        return same and int(port or 80) == self.server_address[1]
 
     def csrf(self, token: str) -> str:
         """The CSRF token of the forms of approval ``token``'s page."""
@@ -101,6 +141,14 @@ class ReviewServer(ThreadingHTTPServer):
         """``http://host:port`` of this server."""
         host, port = self.server_address[:2]
         return f"http://[{host}]:{port}" if ":" in str(host) else f"http://{host}:{port}"
+
+
+def _ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """``text`` as an IP address (ipaddress's strict forms: ``127.1`` is not one), or None."""
+    try:
+        return ipaddress.ip_address(text)
+    except ValueError:
+        return None
 
 
 def e(v: Any) -> str:
@@ -126,6 +174,20 @@ class Handler(BaseHTTPRequestHandler):
             path = path[:3] + "…"
         print(printable(f"gatewrap: review {self.command} {path} {args[1] if len(args) > 1 else ''}"),
               file=sys.stderr, flush=True)
+
+    def parse_request(self) -> bool:
+        """http.server's parse, then the ``Host`` check (module docstring): one ``Host``
+        naming this server, else 421 and nothing else is done."""
+        if not super().parse_request():
+            return False
+        hosts = self.headers.get_all("Host") or []
+        if len(hosts) != 1 or not self.server.is_own_host(hosts[0]):
+            self.close_connection = True
+            self._send(HTTPStatus.MISDIRECTED_REQUEST, "misdirected request",
+                       "<p>421 Misdirected Request: this is not this server's name. Open the address that "
+                       "<code>gatewrap approvals serve</code> printed (or start it with <code>--name</code>).</p>")
+            return False
+        return True
 
     # --- routing
 
@@ -173,8 +235,9 @@ class Handler(BaseHTTPRequestHandler):
         try:
             if action == "edit":
                 parsed = editor.from_text(form.get("request", "").replace("\r\n", "\n"), a)
-                if parsed is None:
-                    return self._page(a, HTTPStatus.OK, ("Nothing was changed (the edit was empty).", False))
+                if parsed is None or (parsed[1] == bytes(a["body"])
+                                      and parsed[0] == [(str(n), str(v)) for n, v in a["headers"]]):
+                    return self._page(a, HTTPStatus.OK, ("Nothing was changed.", False))
                 dec.edit(self.server.store, a["id"], by=by, version=version, digest=digest,
                                  headers=parsed[0], body=parsed[1])
             elif action == "grant":
@@ -218,7 +281,7 @@ class Handler(BaseHTTPRequestHandler):
             return None
         # Origin: null is what our own pages' forms send under Referrer-Policy: no-referrer;
         # it is also what a sandboxed frame of any site sends: only Sec-Fetch-Site tells them apart.
-        if origin is not None and origin != self.server.base and not (origin == "null" and site == "same-origin"):
+        if origin is not None and not self._own_origin(origin) and not (origin == "null" and site == "same-origin"):
             self._send(HTTPStatus.FORBIDDEN, "refused", "<p>Refused: a form from another site (or from a browser "
                        "that sends <code>Origin: null</code> without <code>Sec-Fetch-Site</code>).</p>")
             return None
@@ -237,6 +300,12 @@ class Handler(BaseHTTPRequestHandler):
         raw = self.rfile.read(length).decode("utf-8", errors="replace")
         fields = urllib.parse.parse_qs(raw, keep_blank_values=True, max_num_fields=16)
         return {k: v[0] for k, v in fields.items()}
+
+    def _own_origin(self, origin: str) -> bool:
+        """An ``Origin`` of this server: its base, or http(s) with a host it answers to."""
+        scheme, sep, host = origin.partition("://")
+        return origin == self.server.base or (sep != "" and scheme in ("http", "https")
+                                              and self.server.is_own_host(host))
 
     # --- pages
 

@@ -29,6 +29,38 @@ pub mod status {
 /// Default limit of the body kept in the store (64 KiB); the digest covers the whole body.
 pub const DEFAULT_BODY_LIMIT: usize = 64 * 1024;
 
+/// Default cap of pending approvals of one run (the policy's `[approvals] max_pending`).
+pub const DEFAULT_MAX_PENDING: i64 = 100;
+/// Default cap of pending approvals in one store, all runs together (`[approvals]
+/// max_pending_store`): with the 64 KiB of body kept each, about 64 MiB.
+pub const DEFAULT_MAX_PENDING_STORE: i64 = 1000;
+/// Longest reason a decision may carry, in characters (the agent is told it in its 403).
+pub const MAX_REASON: usize = 1000;
+
+/// Caps of pending approvals (unexpired, undecided): past one, a new request is refused
+/// ([`StoreError::Full`]); joining a pending approval (an identical retry) is not capped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PendingCaps {
+    /// Per run.
+    pub run: i64,
+    /// Per store, all runs.
+    pub store: i64,
+}
+
+impl Default for PendingCaps {
+    fn default() -> Self {
+        PendingCaps { run: DEFAULT_MAX_PENDING, store: DEFAULT_MAX_PENDING_STORE }
+    }
+}
+
+/// What [`Store::prune`] removed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Pruned {
+    pub approvals: u64,
+    pub grants: u64,
+    pub runs: u64,
+}
+
 /// Default path of the embedded store.
 pub const DEFAULT_STATE: &str = "/var/lib/gatewrap/state.db";
 
@@ -188,6 +220,15 @@ pub enum StoreError {
     Db { url: String, msg: String },
     #[error("approvals store {url}: {source}")]
     Io { url: String, source: std::io::Error },
+    /// The store's file or folder is not root's alone (`msg`: why and what to do).
+    #[error("approvals store {url}: refused: {msg}")]
+    Unsafe { url: String, msg: String },
+    /// A store that does not exist, named by a command that would not make one.
+    #[error("approvals store {url}: {msg}")]
+    Missing { url: String, msg: String },
+    /// A new approval past a cap of pending approvals ([`PendingCaps`]): refused, never held.
+    #[error("{msg}")]
+    Full { scope: &'static str, limit: i64, msg: String },
 }
 
 pub type Result<T> = std::result::Result<T, StoreError>;

@@ -40,6 +40,7 @@ fn req(run_id: &str, body: &[u8]) -> NewApproval {
         hold: "wait".into(),
         grants_allowed: true,
         body_limit: DEFAULT_BODY_LIMIT,
+        caps: super::PendingCaps::default(),
     }
 }
 

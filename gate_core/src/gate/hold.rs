@@ -22,7 +22,7 @@ use hyper::http::request::Parts;
 use hyper::{Response, StatusCode};
 use serde_json::{Map, Value};
 
-use crate::approvals::{self, digest, redact, status, wake, Approval, NewApproval, Store, StoreError};
+use crate::approvals::{self, digest, redact, status, wake, Approval, NewApproval, PendingCaps, Store, StoreError};
 use crate::audit::{fields as f, GateRecord};
 use crate::policy::path::without_query;
 use crate::policy::{canonical_path, Action, Hold, Scheme, DEFAULT_ASK_TIMEOUT};
@@ -346,10 +346,11 @@ where
 {
     let ap = ctx.approvals.clone().expect("hold without approvals");
     let rule = adm.decision.rule.clone().unwrap_or_else(|| "default".into());
-    let (timeout, mode, grants_ok, cap) = {
+    let (timeout, mode, grants_ok, cap, caps) = {
         let p = ctx.policy.read().unwrap_or_else(|p| p.into_inner());
         let (t, m, g) = p.rule(&rule).map_or((DEFAULT_ASK_TIMEOUT, Hold::Wait, true), |r| (r.timeout.unwrap_or(DEFAULT_ASK_TIMEOUT), r.hold, r.grants));
-        (t, m, g, p.approvals.held_bytes)
+        let caps = PendingCaps { run: p.approvals.max_pending, store: p.approvals.max_pending_store };
+        (t, m, g, p.approvals.held_bytes, caps)
     };
     let run = ctx.run_id.clone();
     let method = method.to_string();
@@ -381,6 +382,7 @@ where
         hold: mode.as_str().into(),
         grants_allowed: grants_ok,
         body_limit: approvals::DEFAULT_BODY_LIMIT,
+        caps,
     };
     // With hold = "return", a retry joins the approval it already has (the human may have
     // edited it: the edited request is what goes on a yes), before any grant is looked at.
@@ -429,6 +431,12 @@ where
     };
     let (a, fresh) = match asked {
         Ok(ok) => ok,
+        Err(StoreError::Full { scope, msg, .. }) => {
+            // Past a cap: refused at once, never held (nothing asked, nothing sent, no webhook).
+            let code = if scope == "run" { StatusCode::TOO_MANY_REQUESTS } else { StatusCode::SERVICE_UNAVAILABLE };
+            let text = format!("gatewrap gate: this request needs approval, and {msg}; it was neither held nor sent.\n");
+            return (deny(ctx, rec.clone(), code, format!("limit: {msg}"), text), rec);
+        }
         Err(e) => return (store_failed(ctx, rec.clone(), &e), rec),
     };
     rec.approval = Some(a.id.clone());
@@ -442,14 +450,7 @@ where
             return (Held::Answer(respond::audit_unwritable(&e)), rec);
         }
         ap.first(&a.id, f::EVENT_APPROVAL_ASKED);
-        ctx.notices.say(&format!(
-            "gatewrap: approval {id}: {} {} (rule {}) waits until {}; answer with: sudo gatewrap approvals approve {id} | reject {id} --reason TEXT | show {id}",
-            a.method,
-            a.url,
-            a.rule,
-            approvals::rfc3339(a.deadline),
-            id = a.id
-        ));
+        ctx.notices.say(&notice_line(&a));
         if let Some(cb) = ap.on_asked.clone() {
             let copy = a.clone();
             tokio::task::spawn_blocking(move || cb(&copy));
@@ -457,6 +458,27 @@ where
     }
     let (a, claimed) = if mode == Hold::Return { (a, None) } else { wait(ctx, &ap, a).await };
     (outcome(ctx, &ap, a, claimed, rec.clone(), headers, bytes).await, rec)
+}
+
+/// Characters of the request's digest a notice line shows: 48 bits, enough that a line
+/// forged for the same approval id cannot name another request's digest by chance.
+pub const NOTICE_DIGEST_CHARS: usize = 12;
+
+/// The live line of a new approval on the run's stderr: its id and the first
+/// [`NOTICE_DIGEST_CHARS`] of its digest (which `gatewrap approvals approve` shows in full
+/// before it asks y/N: the agent shares that stderr and may print a forged line), the
+/// request, the rule, the deadline, the commands. Control characters escaped by `say`.
+/// The same text as `notify.stderr_line` (gatewrap's Python side).
+pub fn notice_line(a: &Approval) -> String {
+    format!(
+        "gatewrap: approval {id} (digest {dg}): {} {} (rule {}) waits until {}; answer with: sudo gatewrap approvals approve {id} | reject {id} --reason TEXT | show {id}",
+        a.method,
+        a.url,
+        a.rule,
+        approvals::rfc3339(a.deadline),
+        id = a.id,
+        dg = &a.digest[..a.digest.len().min(NOTICE_DIGEST_CHARS)],
+    )
 }
 
 /// Wait until `a` is no longer pending (re-read on a wake-up or every second), expiring

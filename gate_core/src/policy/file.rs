@@ -27,6 +27,8 @@
 //!
 //! [approvals]            # optional: limits of the gate's holds
 //! held_bytes = 268435456 # most bytes of request bodies held in memory at once (256 MiB)
+//! max_pending = 100      # most pending approvals of this run; past it a request is denied (429)
+//! max_pending_store = 1000 # most pending approvals in the store, all runs (then 503)
 //!
 //! [sandbox]              # optional: host paths shown in the agent's jail (`sandbox.rs`)
 //! ro_bind = ["/opt/tools"]   # read-only, as `gatewrap run --ro-bind`
@@ -68,6 +70,8 @@ struct FileSchema {
 #[serde(deny_unknown_fields)]
 struct ApprovalsSchema {
     held_bytes: Option<Spanned<i64>>,
+    max_pending: Option<Spanned<i64>>,
+    max_pending_store: Option<Spanned<i64>>,
 }
 
 #[derive(Deserialize)]
@@ -306,13 +310,28 @@ impl Reader<'_> {
         }
     }
 
-    /// The `[approvals]` table: `held_bytes` a positive integer (bytes).
+    /// The `[approvals]` table: `held_bytes`, `max_pending`, `max_pending_store`, each a
+    /// positive integer (bytes, approvals, approvals).
     fn approvals(&self, a: Option<&ApprovalsSchema>) -> Result<ApprovalLimits, PolicyError> {
-        let Some(n) = a.and_then(|a| a.held_bytes.as_ref()) else { return Ok(ApprovalLimits::default()) };
-        match u64::try_from(*n.get_ref()) {
-            Ok(v) if v > 0 => Ok(ApprovalLimits { held_bytes: v }),
-            _ => Err(self.err(n.span().start, format!("invalid held_bytes {}: expected a positive number of bytes", n.get_ref()))),
+        let mut limits = ApprovalLimits::default();
+        let Some(a) = a else { return Ok(limits) };
+        let positive = |n: &Option<Spanned<i64>>, key: &str, unit: &str| -> Result<Option<i64>, PolicyError> {
+            match n {
+                None => Ok(None),
+                Some(n) if *n.get_ref() > 0 => Ok(Some(*n.get_ref())),
+                Some(n) => Err(self.err(n.span().start, format!("invalid {key} {}: expected a positive number of {unit}", n.get_ref()))),
+            }
+        };
+        if let Some(v) = positive(&a.held_bytes, "held_bytes", "bytes")? {
+            limits.held_bytes = v as u64;
         }
+        if let Some(v) = positive(&a.max_pending, "max_pending", "approvals")? {
+            limits.max_pending = v;
+        }
+        if let Some(v) = positive(&a.max_pending_store, "max_pending_store", "approvals")? {
+            limits.max_pending_store = v;
+        }
+        Ok(limits)
     }
 
     fn policy(&self) -> Result<Policy, PolicyError> {

@@ -78,11 +78,21 @@ pub struct ApprovalLimits {
     /// `held_bytes = N`: most bytes of request bodies one gate holds in memory for
     /// approvals at once, over all its pending holds ([`DEFAULT_HELD_BYTES`]).
     pub held_bytes: u64,
+    /// `max_pending = N`: most pending approvals of one run
+    /// ([`crate::approvals::DEFAULT_MAX_PENDING`]).
+    pub max_pending: i64,
+    /// `max_pending_store = N`: most pending approvals in the store, all runs together
+    /// ([`crate::approvals::DEFAULT_MAX_PENDING_STORE`]).
+    pub max_pending_store: i64,
 }
 
 impl Default for ApprovalLimits {
     fn default() -> Self {
-        ApprovalLimits { held_bytes: DEFAULT_HELD_BYTES }
+        ApprovalLimits {
+            held_bytes: DEFAULT_HELD_BYTES,
+            max_pending: crate::approvals::DEFAULT_MAX_PENDING,
+            max_pending_store: crate::approvals::DEFAULT_MAX_PENDING_STORE,
+        }
     }
 }
 

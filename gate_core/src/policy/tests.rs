@@ -327,3 +327,15 @@ fn approvals_held_bytes_defaults_to_256_mib_and_must_be_positive() {
     }
     assert!(from_toml("[approvals]\nheld = 1\n", "p.toml").is_err(), "unknown keys are refused");
 }
+
+#[test]
+fn approvals_pending_caps_default_to_100_per_run_and_1000_per_store_and_must_be_positive() {
+    let p = from_toml("", "p.toml").expect("parses");
+    assert_eq!((p.approvals.max_pending, p.approvals.max_pending_store), (100, 1000));
+    let p = from_toml("[approvals]\nmax_pending = 3\nmax_pending_store = 7\n", "p.toml").expect("parses");
+    assert_eq!((p.approvals.max_pending, p.approvals.max_pending_store, p.approvals.held_bytes), (3, 7, super::DEFAULT_HELD_BYTES));
+    for (key, bad) in [("max_pending", "0"), ("max_pending_store", "-5")] {
+        let e = from_toml(&format!("[approvals]\n{key} = {bad}\n"), "p.toml").expect_err("refused");
+        assert!(e.to_string().contains(&format!("invalid {key} {bad}")), "{e}");
+    }
+}

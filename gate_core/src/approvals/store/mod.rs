@@ -13,7 +13,7 @@ mod sql;
 use subtle::ConstantTimeEq;
 
 use super::redact::{check_edit, redact};
-use super::{digest, new_id, new_token, now, status, Approval, Counts, Grant, GrantSpec, Result, Run, Stale, StoreError, Verdict};
+use super::{digest, new_id, new_token, now, status, Approval, Counts, Grant, GrantSpec, PendingCaps, Pruned, Result, Run, Stale, StoreError, Verdict, MAX_REASON};
 
 /// One value of a column or a parameter.
 #[derive(Debug, Clone, PartialEq)]
@@ -103,6 +103,10 @@ trait Db: Send {
     fn query(&mut self, sql: &str, params: &[Val]) -> std::result::Result<Vec<Vec<Val>>, String>;
     /// Start a write transaction (SQLite: `BEGIN IMMEDIATE`).
     fn begin(&mut self) -> std::result::Result<(), String>;
+    /// In a transaction: wait until no other one that took this lock is open (so two gates
+    /// counting pending approvals and inserting one cannot both pass a cap). SQLite: nothing
+    /// (`BEGIN IMMEDIATE` already admits one writer); PostgreSQL: an advisory lock.
+    fn lock_asks(&mut self) -> std::result::Result<(), String>;
     /// Tell the waiters of `run_wake` (the run's `wake` column) that approval `id` changed,
     /// after the commit. Best effort: a lost wake-up only delays (waiters re-read every second).
     fn wake(&mut self, run_wake: Option<&str>, id: &str);
@@ -124,6 +128,8 @@ pub struct NewApproval {
     pub hold: String,
     pub grants_allowed: bool,
     pub body_limit: usize,
+    /// Caps of pending approvals this request may not pass (a new approval only).
+    pub caps: PendingCaps,
 }
 
 /// An open store (one connection).
@@ -237,26 +243,49 @@ pub fn redact_url(url: &str) -> String {
     }
 }
 
+/// Whether `url` starts with a URL scheme (RFC 3986 §3.1: a letter, then letters, digits,
+/// `+`, `-`, `.`, then `:`): `sqlit:/x` is a mistyped scheme, not a relative path.
+fn has_scheme(url: &str) -> bool {
+    let Some((scheme, _)) = url.split_once(':') else { return false };
+    let mut chars = scheme.chars();
+    chars.next().is_some_and(|c| c.is_ascii_alphabetic()) && chars.all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c))
+}
+
 impl Store {
     /// Open (creating the schema if needed) the store at `url`: a path or `sqlite:PATH`
-    /// (WAL, busy timeout 5 s; the file 0600, a new parent directory 0700), or
-    /// `postgresql://user@host:port/db?..` (also `postgres://`).
-    /// Errors: [`StoreError::Io`] (the file or directory), [`StoreError::Db`] (the database
-    /// refused, or its schema is newer than this gatewrap), [`StoreError::Invalid`] (the URL).
+    /// (WAL, busy timeout 5 s; the file 0600, a new parent directory 0700, both checked to be
+    /// root's alone: `sqlite.rs`), or `postgresql://user@host:port/db?..` (also
+    /// `postgres://`). A SQLite file is made if missing; see [`Store::open_existing`].
+    /// Errors: [`StoreError::Io`] (the file or directory), [`StoreError::Unsafe`] (not root's
+    /// alone), [`StoreError::Db`] (the database refused, or its schema is newer than this
+    /// gatewrap), [`StoreError::Invalid`] (the URL).
     pub fn open(url: &str) -> Result<Store> {
+        Store::open_with(url, true)
+    }
+
+    /// As [`Store::open`], but a SQLite store that does not exist is not made (nor its
+    /// folder): [`StoreError::Missing`]. For commands that read or decide: a mistyped path
+    /// must not leave an empty store behind.
+    pub fn open_existing(url: &str) -> Result<Store> {
+        Store::open_with(url, false)
+    }
+
+    fn open_with(url: &str, create: bool) -> Result<Store> {
         let shown = redact_url(url);
         let db: Box<dyn Db> = if url.starts_with("postgresql://") || url.starts_with("postgres://") {
             Box::new(postgres::Pg::open(url).map_err(|msg| StoreError::Db { url: shown.clone(), msg })?)
         } else {
             let path = url.strip_prefix("sqlite:").unwrap_or(url);
-            if path.is_empty() || path.contains("://") {
+            if path.is_empty() || has_scheme(url) && !url.starts_with("sqlite:") || path.contains("://") {
                 return Err(StoreError::Invalid(format!(
                     "state URL {shown:?}: expected a path, sqlite:PATH or postgresql://USER@HOST:PORT/DB"
                 )));
             }
-            Box::new(sqlite::Lite::open(std::path::Path::new(path)).map_err(|e| match e {
+            Box::new(sqlite::Lite::open(std::path::Path::new(path), create).map_err(|e| match e {
                 sqlite::OpenError::Io(source) => StoreError::Io { url: shown.clone(), source },
                 sqlite::OpenError::Db(msg) => StoreError::Db { url: shown.clone(), msg },
+                sqlite::OpenError::Unsafe(msg) => StoreError::Unsafe { url: shown.clone(), msg },
+                sqlite::OpenError::Missing(msg) => StoreError::Missing { url: shown.clone(), msg },
             })?)
         };
         Ok(Store { db, url: shown, body_limit: super::DEFAULT_BODY_LIMIT })
@@ -453,8 +482,74 @@ impl Store {
             (&a.token).into(),
             a.waiters.into(),
         ];
-        self.exec(&sql, &params)?;
+        self.tx(|s| {
+            s.check_caps(&req.run_id, req.caps, t)?;
+            s.exec(&sql, &params)
+        })?;
         Ok((a, true))
+    }
+
+    /// In [`Store::ask`]'s transaction: [`StoreError::Full`] if run `run_id` or the whole
+    /// store already has as many pending approvals (undecided, deadline after `t`) as `caps`
+    /// allow.
+    fn check_caps(&mut self, run_id: &str, caps: PendingCaps, t: f64) -> Result<()> {
+        self.db.lock_asks().map_err(|m| self.db_err(m))?;
+        let rows = self.query(
+            "SELECT CAST(COUNT(*) AS BIGINT), CAST(COALESCE(SUM(CASE WHEN run_id = ?1 THEN 1 ELSE 0 END), 0) AS BIGINT) \
+             FROM approvals WHERE status = 'pending' AND deadline > ?2",
+            &[run_id.into(), t.into()],
+        )?;
+        let at = |i: usize| rows.first().and_then(|r| r[i].int()).unwrap_or(0);
+        let (all, mine) = (at(0), at(1));
+        if mine >= caps.run {
+            return Err(StoreError::Full {
+                scope: "run",
+                limit: caps.run,
+                msg: format!(
+                    "run {run_id} has {mine} approvals pending, its limit ([approvals] max_pending = {}); decide or let some expire first",
+                    caps.run
+                ),
+            });
+        }
+        if all >= caps.store {
+            return Err(StoreError::Full {
+                scope: "store",
+                limit: caps.store,
+                msg: format!(
+                    "the approvals store has {all} approvals pending, its limit ([approvals] max_pending_store = {}); decide or let some expire first",
+                    caps.store
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Remove what is over: approvals decided, sent, cancelled or expired (or pending past
+    /// their deadline) whose every time (asked, decided, sent; the deadline of an expired
+    /// one) is before `before` (Unix seconds); grants revoked or expired before it; runs
+    /// ended before it with no approval or grant left. Never a pending approval whose
+    /// deadline is to come, nor an approved one still to be sent (its run may send it).
+    pub fn prune(&mut self, before: f64) -> Result<Pruned> {
+        self.tx(|s| {
+            let approvals = s.exec(
+                "DELETE FROM approvals WHERE \
+                 (status IN ('rejected', 'sent', 'cancelled') AND created < ?1 AND COALESCE(decided_at, 0) < ?1 \
+                  AND COALESCE(sent_at, 0) < ?1) \
+                 OR (status IN ('expired', 'pending') AND deadline < ?1)",
+                &[before.into()],
+            )?;
+            let grants = s.exec(
+                "DELETE FROM grants WHERE (revoked IS NOT NULL AND revoked < ?1) OR expires < ?1 \
+                 OR run_id IN (SELECT run_id FROM runs WHERE ended IS NOT NULL AND ended < ?1)",
+                &[before.into()],
+            )?;
+            let runs = s.exec(
+                "DELETE FROM runs WHERE ended IS NOT NULL AND ended < ?1 \
+                 AND run_id NOT IN (SELECT run_id FROM approvals) AND run_id NOT IN (SELECT run_id FROM grants)",
+                &[before.into()],
+            )?;
+            Ok(Pruned { approvals, grants, runs })
+        })
     }
 
     /// The newest approval of the run of `req` that answers it ([`is_request`]:
@@ -543,6 +638,9 @@ impl Store {
     ) -> Result<Approval> {
         if verdict == Verdict::Reject && grant.is_some() {
             return Err(StoreError::Invalid("a rejection cannot carry a grant".into()));
+        }
+        if let Some(r) = reason.filter(|r| r.chars().count() > MAX_REASON) {
+            return Err(StoreError::Invalid(format!("the reason is {} characters; the limit is {MAX_REASON}", r.chars().count())));
         }
         let t = now();
         let seen = self.get(id)?;

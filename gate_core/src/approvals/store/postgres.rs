@@ -19,6 +19,10 @@ pub const CHANNEL: &str = "gatewrap_approvals";
 /// new database at once would otherwise race in CREATE TABLE IF NOT EXISTS).
 const SCHEMA_LOCK: i64 = 0x6761_7465_7772_6170; // "gatewrap"
 
+/// Key of the advisory lock an ask takes to count pending approvals and insert one
+/// (`Store::check_caps`): "gatewrap" + 1.
+const ASK_LOCK: i64 = SCHEMA_LOCK + 1;
+
 impl ToSql for Val {
     fn to_sql(&self, ty: &Type, out: &mut BytesMut) -> Result<IsNull, Box<dyn std::error::Error + Sync + Send>> {
         match self {
@@ -112,6 +116,10 @@ impl Db for Pg {
 
     fn begin(&mut self) -> Result<(), String> {
         self.client.batch_execute("BEGIN").map_err(|e| e.to_string())
+    }
+
+    fn lock_asks(&mut self) -> Result<(), String> {
+        self.client.batch_execute(&format!("SELECT pg_advisory_xact_lock({ASK_LOCK})")).map_err(|e| e.to_string())
     }
 
     fn wake(&mut self, _run_wake: Option<&str>, id: &str) {
