@@ -77,7 +77,7 @@ def who_why(rec: dict[str, Any]) -> str:
         parts.append(f"report mode: enforce would {rec['would']}")
     if rec.get("event") == "connect" and rec.get("inspected") is True:
         parts.append("TLS-inspected tunnel")
-    if rec.get("event") in ("direct_egress", "unix_socket") and rec.get("count", 1) != 1:
+    if rec.get("count", 1) != 1:  # folded: the kernel's, the gate's denials, DNS over the record rate
         parts.append(f"×{rec['count']} attempts")
     if rec.get("pid") is not None:
         parts.append(f"pid {rec['pid']} {rec.get('comm') or rec.get('cmdline') or ''}".strip())

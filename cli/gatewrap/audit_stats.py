@@ -58,8 +58,9 @@ GATE_DECISIONS = frozenset({"request", "connect", "dns"})
 
 
 def attempts(rec: dict[str, Any]) -> int:
-    """How many attempts a record stands for: a folded kernel denial's ``count`` (the kernel
-    folds identical ones, _bpf/common.bpf.c), else 1."""
+    """How many attempts a record stands for: a folded record's ``count`` (the kernel folds
+    identical denials, _bpf/common.bpf.c; the gate its own, gate_core/src/gate/fold.rs; the
+    DNS stub counts queries over its record rate), else 1."""
     n = rec.get("count", 1)
     return n if isinstance(n, int) and n > 0 else 1
 

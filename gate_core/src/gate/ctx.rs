@@ -51,6 +51,8 @@ pub struct Ctx {
     pub(super) clients: Arc<super::client::Clients>,
     /// How many `dns` records the stub may still write this second (see `dns_stub`).
     pub(super) dns_rate: super::dns_stub::RecordRate,
+    /// The run's denials, folded (see `fold`).
+    pub(super) folds: super::fold::Folds,
     /// Kept upstream connections of plain-http requests (see `pool`).
     pub(super) upstream: super::pool::Pool<super::respond::Body>,
     /// Kept upstream TLS connections of inspected requests (see `pool`, `inspect`).
@@ -97,9 +99,10 @@ impl Ctx {
         }
     }
 
-    /// Count and log one decision. The caller decides what a failed write means for the
-    /// client (see [`Ctx::admit`], [`Ctx::refuse_with`]); the first failure after a success
-    /// (and the first success after failures) is told on stderr.
+    /// Count and log one decision (a repeated denial folded, see `fold`: its record is its
+    /// key's at the window's end, and this returns Ok). The caller decides what a failed
+    /// write means for the client (see [`Ctx::admit`], [`Ctx::refuse_with`]); the first
+    /// failure after a success (and the first success after failures) is told on stderr.
     pub(super) fn record(&self, rec: GateRecord) -> Result<(), AuditError> {
         if rec.would.is_some() {
             self.counts.would_deny.fetch_add(1, Ordering::Relaxed);
@@ -119,7 +122,20 @@ impl Ctx {
             "gate decision"
         );
         self.notices.show(&rec);
+        // A repeated denial is counted above and told in its key's folded record (see
+        // `fold`); not while the log is failing: each denial then tries its own write.
+        if super::fold::folds(&rec)
+            && !self.audit_failing.load(Ordering::Relaxed)
+            && self.folds.offer(&rec, std::time::Instant::now()) == super::fold::Offer::Folded
+        {
+            return Ok(());
+        }
         self.write(rec.into_map())
+    }
+
+    /// Write a folded record of denials (see `fold`): counted when each happened.
+    pub(super) fn write_folded(&self, record: serde_json::Map<String, serde_json::Value>) -> Result<(), AuditError> {
+        self.write(record)
     }
 
     /// Write a record that is no decision (an approval step) to the audit log.
