@@ -91,6 +91,9 @@ def who_why(rec: dict[str, Any]) -> str:
             f"{rec.get('failed', 0)} failed, {rec.get('direct_egress', 0)} direct egress blocked"
             + (f", {rec['inspected']} tunnels TLS-inspected" if rec.get("inspected") else "")
             + (f", {rec['would_deny']} would be denied in enforce mode" if rec.get("would_deny") else "")
+            + (f", {rec['unsent']} not sent (503: not recordable)" if rec.get("unsent") else "")
+            + (f", {rec['lost_events']} kernel events lost (ring buffer full)" if rec.get("lost_events") else "")
+            + (f", {rec['unrecorded_events']} kernel events not recorded" if rec.get("unrecorded_events") else "")
         )
     if rec.get("event") == "run_start" and rec.get("argv"):
         parts.append(" ".join(map(str, rec["argv"])))

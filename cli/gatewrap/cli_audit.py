@@ -34,7 +34,7 @@ def _time_option(name: str, what: str):  # type: ignore[no-untyped-def]
 @click.option("--event", "events", multiple=True, metavar="EVENT", type=click.Choice(audit_schema.events()),
               help=f"Only EVENT records, one of (schema/audit.schema.json): {', '.join(audit_schema.events())}. "
                    "Repeatable.")
-@click.option("--decision", "decisions", multiple=True, type=click.Choice(["allowed", "denied", "failed"]),
+@click.option("--decision", "decisions", multiple=True, type=click.Choice(["allowed", "denied", "failed", "attempted"]),
               help="Only records with this decision (schema/audit.schema.json). Repeatable.")
 @click.option("--denied", is_flag=True, help="Only denials (by policy, at the kernel, rejected, expired).")
 @click.option("--host", "hosts", multiple=True, metavar="GLOB",

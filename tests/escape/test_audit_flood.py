@@ -198,7 +198,7 @@ def test_unix_socket_connects_are_allowed_and_recorded_folded(gatewrap, quiet_ne
             f"{res}; {len(recs)} unix_socket records: {by}")
     assert res == {"connect": 500, "sendto": 300}, (a, r.stderr)
     assert by == {("connect_unix", f"{d}/srv.sock"): 500, ("sendmsg_unix", "@gw-test-dgram"): 300}, recs
-    assert all(x["decision"] == "allowed" and x["pid"] for x in recs)
+    assert all(x["decision"] == "attempted" and x["pid"] for x in recs)
     # Per address: the first, one per fold interval, the flush.
     assert len(recs) <= 2 * (2 + math.ceil(took * 1e9 / FOLD_INTERVAL_NS)), len(recs)
     assert kernel_records(r) == [] and _run_end(r)["direct_egress"] == 0
@@ -310,3 +310,17 @@ def test_a_flood_of_denied_requests_is_folded_by_the_gate_with_exact_counts(net,
     assert len(recs) <= bound, f"{len(recs)} records for {n} denials (bound {bound})"
     folded = [r for r in recs if "count" in r]
     assert folded and all(r["first_seen"] <= r["last_seen"] and r["reason"] == recs[0]["reason"] for r in folded)
+
+
+def test_a_unix_socket_connect_that_fails_is_not_recorded_as_allowed(gatewrap, quiet_net, outcome):
+    """A connect to a unix socket path that does not exist (ENOENT after the hook let it by)."""
+    body = """
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        attempt("missing", lambda: s.connect("/tmp/gw-no-such.sock"))
+    """
+    r = gatewrap(python_argv(body), timeout=60)
+    a = last_attempt(r)
+    recs = [x for x in r.records(event="unix_socket") if x.get("path") == "/tmp/gw-no-such.sock"]
+    outcome("connect_unix (outcome unknown to the hook)", f"{a['errno']}; records say {[x['decision'] for x in recs]}")
+    assert a["errno"] == "ENOENT", a
+    assert [(x["decision"], x["count"]) for x in recs] == [("attempted", 1)], recs

@@ -27,6 +27,9 @@ pub struct Counts {
     pub inspected: AtomicU64,
     /// Let through by `report` mode that `enforce` would have denied (also in `allowed`).
     pub would_deny: AtomicU64,
+    /// Refused with 503 before any dial because their record could not be written (decision
+    /// `failed`, error `internal: ...`): not in `failed`, which is what upstream broke.
+    pub unsent: AtomicU64,
 }
 
 /// What every connection task shares.
@@ -111,6 +114,7 @@ impl Ctx {
             f::ALLOWED if rec.inspected => &self.counts.inspected,
             f::ALLOWED => &self.counts.allowed,
             f::DENIED => &self.counts.denied,
+            _ if rec.error.as_deref().is_some_and(|e| e.starts_with(INTERNAL)) => &self.counts.unsent,
             _ => &self.counts.failed,
         };
         counter.fetch_add(1, Ordering::Relaxed);
@@ -183,7 +187,7 @@ impl Ctx {
     pub(super) fn unrecorded(&self, mut rec: GateRecord, err: &AuditError) -> Response<respond::Body> {
         let resp = respond::audit_unwritable(err);
         rec.decision = f::FAILED;
-        rec.error = Some(format!("internal: {err}"));
+        rec.error = Some(format!("{INTERNAL}{err}"));
         rec.status = Some(resp.status().as_u16());
         let _ = self.record(rec);
         resp
@@ -212,6 +216,9 @@ impl Ctx {
         }
     }
 }
+
+/// The prefix of the error of a decision the gate's own fault ended (an audit write).
+const INTERNAL: &str = "internal: ";
 
 /// The request target for the audit log, without any `user:password@`.
 fn target_of(uri: &Uri) -> String {

@@ -252,9 +252,14 @@ impl Gate {
         )
     }
 
-    /// (inspected tunnels, report-mode decisions `enforce` would have denied) so far.
-    pub fn more_counts(&self) -> (u64, u64) {
-        (self.counts.inspected.load(Ordering::Relaxed), self.counts.would_deny.load(Ordering::Relaxed))
+    /// (inspected tunnels, report-mode decisions `enforce` would have denied, requests
+    /// refused unsent because their record could not be written) so far.
+    pub fn more_counts(&self) -> (u64, u64, u64) {
+        (
+            self.counts.inspected.load(Ordering::Relaxed),
+            self.counts.would_deny.load(Ordering::Relaxed),
+            self.counts.unsent.load(Ordering::Relaxed),
+        )
     }
 
     /// Tasks of this gate not yet ended (accept loops, connections, tunnels...); 0 once
