@@ -6,7 +6,7 @@
 //!   own record, as without folding: the live notice and `gatewrap audit --follow` see it).
 //! - Repeats within the window are counted; when the window ends (a timer task of the gate,
 //!   [`run`]) one record carries their exact `count`, `first_seen` and `last_seen`, and the
-//!   method and client of the last of them. So a flood writes about one record a second a
+//!   method, target (up to [`MAX_TARGET`] bytes) and client of the last of them. So a flood writes about one record a second a
 //!   key, not one a request.
 //! - A run folds at most [`MAX_KEYS`] distinct keys (the kernel's `GW_MAX_FOLDS_PER_RUN`);
 //!   the denials beyond them fold together into one overflow key of the run (`overflow`:
@@ -43,6 +43,9 @@ pub const WINDOW: Duration = Duration::from_secs(1);
 /// Distinct denials a run folds one by one (the kernel's `GW_MAX_FOLDS_PER_RUN`); beyond,
 /// into the run's overflow key.
 pub const MAX_KEYS: usize = 4096;
+/// The longest target a folded record carries (the last repeat's); a longer one is left
+/// out, so that a run's keys hold at most this much each.
+pub const MAX_TARGET: usize = 512;
 /// The reason of the overflow key's records.
 pub const OVERFLOW_REASON: &str =
     "gate: denials beyond the 4096 distinct ones a run folds, folded together (any rule, host and reason)";
@@ -63,8 +66,9 @@ struct Entry {
     pending: u64,
     first_seen: SystemTime,
     last_seen: SystemTime,
-    /// Method and client of the last repeat.
+    /// Method, target (when at most [`MAX_TARGET`] bytes) and client of the last repeat.
     method: Option<String>,
+    target: Option<String>,
     client: Option<String>,
     client_pid: Option<Option<u32>>,
     client_comm: Option<String>,
@@ -85,6 +89,7 @@ impl Entry {
             first_seen: SystemTime::UNIX_EPOCH,
             last_seen: SystemTime::UNIX_EPOCH,
             method: None,
+            target: None,
             client: None,
             client_pid: None,
             client_comm: None,
@@ -112,6 +117,7 @@ impl Entry {
         self.pending += 1;
         self.last_seen = now;
         self.method.clone_from(&rec.method);
+        self.target = rec.target.as_ref().filter(|t| t.len() <= MAX_TARGET).cloned();
         self.client.clone_from(&rec.client);
         self.client_pid = rec.client_pid;
         self.client_comm.clone_from(&rec.client_comm);
@@ -129,6 +135,7 @@ impl Entry {
             client_pid: self.client_pid,
             client_comm: self.client_comm.clone(),
             method: self.method.clone(),
+            target: self.target.clone(),
             dst_host: self.host.clone(),
             dst_port: self.port,
             proto: self.proto,
