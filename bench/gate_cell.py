@@ -13,7 +13,7 @@ with callers) in DIR.
 
 Usage (root; takes no lock itself: run it under ``flock /tmp/gatewrap-kernel.lock``):
   .venv/bin/python bench/gate_cell.py --proto connect_tls --conns 64 [--close] [--secs 5]
-      [--reps 3] [--proxies gate,squid] [--perf DIR]
+      [--reps 3] [--proxies gate,squid] [--perf DIR] [--url http://denied.test/]
 Prints one JSON object. Only loopback and a netns this script makes are used.
 """
 
@@ -77,7 +77,7 @@ def passive_opens() -> int:
 
 
 def one_round(name: str, port: int, wrap: list[str], proxy_pids: list[int], args, perf: str | None) -> dict:
-    url = URLS[args.proto]
+    url = args.url or URLS[args.proto]
     nginx = pids_of("nginx")
     opens0 = passive_opens()
     before = {"proxy": cpu_s(proxy_pids), "nginx": cpu_s(nginx)}
@@ -106,6 +106,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--proto", choices=sorted(URLS), default="connect_tls")
     ap.add_argument("--conns", type=int, default=64)
+    ap.add_argument("--url", help="ask this URL instead of --proto's; e.g. http://denied.test/, which the gate's "
+                                  "policy denies (403, nothing dialled or resolved): the cost of its denials")
     ap.add_argument("--close", action="store_true", help="hey -disable-keepalive")
     ap.add_argument("--secs", type=float, default=5)
     ap.add_argument("--reps", type=int, default=3)
@@ -116,7 +118,7 @@ def main() -> None:
     tmp = tempfile.mkdtemp(prefix="gwb-cell-")
     os.chmod(tmp, 0o755)
     names = args.proxies.split(",")
-    out: dict = {"python": sys.executable, "proto": args.proto, "conns": args.conns, "keepalive": not args.close,
+    out: dict = {"python": sys.executable, "proto": args.proto, "url": args.url, "conns": args.conns, "keepalive": not args.close,
                  "secs": args.secs, "rounds": {n: [] for n in names}}
     try:
         with ExitStack() as stack:

@@ -85,6 +85,18 @@ def results(stdout: str) -> dict[str, dict]:
     return {r["id"]: r for r in map(json.loads, stdout.splitlines()) if r.get("id")}
 
 
+def folded_record(run, decision: str, reason: str, dst_host: str | None) -> dict | None:
+    """The gate's folded record (with ``count``) of repeated denials with ``reason`` (a
+    prefix when it ends in ``*``) to ``dst_host``: a denial identical to an earlier one within
+    a second has no record of its own (gate_core/src/gate/fold.rs)."""
+    def same(r: dict) -> bool:
+        why = r.get("reason", "")
+        return (why.startswith(reason[:-1]) if reason.endswith("*") else why == reason) \
+            and (dst_host is None or r.get("dst_host") == dst_host)
+    recs = [r for r in run.audit() if "count" in r and r.get("decision") == decision and same(r)]
+    return recs[0] if recs else None
+
+
 def record_of(run, answer: dict) -> dict | None:
     """The one gate record (event request or connect) of the connection ``answer`` used."""
     recs = [r for r in run.audit() if r.get("client") == answer["client"] and r.get("event") in ("request", "connect")]

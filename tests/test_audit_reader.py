@@ -334,9 +334,23 @@ def test_stats_counts_each_run_and_the_most_denied_destinations(log):
         "dns Paste.Example.NET": 1, "tcp 198.51.100.148:80": 1, "tcp [2001:db8::5]:443": 1}
     p = _gw("audit", "stats", "--run", "gw-bbbbbbbbbb", "--top", "1", "--log", str(log))
     lines = p.stdout.decode().splitlines()
-    assert lines[0].split()[:5] == ["RUN", "ALLOWED", "DENIED", "DIRECT", "FAILED"]
-    assert lines[1].split() == ["gw-bbbbbbbbbb", "0", "0", "1", "1", "running", "or", "died"]
+    assert lines[0].split()[:6] == ["RUN", "ALLOWED", "DENIED", "DIRECT", "FAILED", "UNSENT"]
+    assert lines[1].split() == ["gw-bbbbbbbbbb", "0", "0", "1", "1", "0", "running", "or", "died"]
     assert lines[-1].split() == ["1", "tcp", "[2001:db8::5]:443"]
+
+
+def test_stats_sum_the_gates_folded_denials_and_count_unsent_requests_apart(log):
+    run = {"run": "gw-cccccccccc", "event": "request", "dst_host": "flood.example", "dst_port": 80, "proto": "http"}
+    _append(log, _rec(41, **run, decision="denied", reason="policy: default deny"),
+            _rec(42, **run, decision="denied", reason="policy: default deny", count=4999,
+                 first_seen="2026-12-01T09:00:41.000000Z", last_seen="2026-12-01T09:00:42.000000Z"),
+            _rec(43, **run, decision="failed", error="internal: cannot write audit log /l: No space left on device"))
+    s = json.loads(_gw("audit", "stats", "--json", "--run", "gw-cccccccccc", "--log", str(log)).stdout)
+    (c,) = s["runs"]
+    assert (c["denied"], c["failed"], c["unsent"]) == (5000, 0, 1), c
+    assert s["top_denied"] == [{"destination": "http flood.example:80", "count": 5000}]
+    table = _gw("audit", "--format", "table", "--run", "gw-cccccccccc", "--log", str(log)).stdout.decode()
+    assert "×4999 attempts" in table, table
 
 
 def test_the_reader_streams_a_log_from_an_offset(log):

@@ -57,11 +57,15 @@ def test_the_segments_verify_together_and_each_alone(rotating):
     assert rep["joins"] == [] and all(f["ok"] and f["unverified_tail"] == 0 for f in rep["files"]), rep
     firsts = [f["first_seq"] for f in rep["files"]]
     assert firsts == [1] + [s for s, _ in segs[1:]] + [rep["files"][-2]["last_seq"] + 1]
-    # One segment alone: its opening checkpoint vouches for where it starts.
+    # One segment alone starts mid-chain: refused, unless a partial log is asked for; then
+    # its opening checkpoint vouches for where it starts and which segment it continues.
     middle = segs[2][1]
     p = _verify("--key", key, middle)
+    assert p.returncode == 1 and f"{middle}: starts mid-chain at record {segs[2][0]} without the file before it" \
+        in p.stdout, p.stdout
+    p = _verify("--key", key, "--partial", middle)
     assert p.returncode == 0, p.stdout
-    assert f"from record {segs[2][0]} (continues {os.path.basename(segs[1][1])})" in p.stdout, p.stdout
+    assert f"from record {segs[2][0]} (continues {os.path.basename(segs[1][1])}: a rotation, signed)" in p.stdout, p.stdout
     # Reading the log reads every file: each record once, in order.
     out = subprocess.run(gatewrap_cmd("audit", "--json", "--log", str(path)), capture_output=True, timeout=120, cwd=ROOT)
     assert _mine(out.stdout.splitlines()) == list(range(120)), out.stderr
@@ -90,15 +94,20 @@ def test_a_tampered_or_missing_segment_is_named(rotating):
     assert p.returncode == 1 and f"{segs[3]}: continues {os.path.basename(segs[2])}, which is missing" in p.stdout, p.stdout
 
 
-def test_the_oldest_segments_deleted_by_keep_leave_a_log_that_verifies(tmp_path):
+def test_the_oldest_segments_deleted_by_keep_leave_a_log_that_verifies_as_partial(tmp_path):
     key_path = tmp_path / "keys" / "signing-key"
     path = tmp_path / "audit.jsonl"
     log = core.AuditLog(str(path), key=str(key_path), max_size=MAX, keep=2)
     _write(log, 120)
     log.checkpoint()
     assert len(ar.segments(str(path))) == 2
-    p = _verify("--key", core.audit_verifier_key(str(key_path)), str(path))
-    assert p.returncode == 0 and "continues" in p.stdout, p.stdout
+    vkey = core.audit_verifier_key(str(key_path))
+    p = _verify("--key", vkey, str(path))
+    oldest = ar.segments(str(path))[0]
+    assert p.returncode == 1 and (f"{oldest[1]}: starts mid-chain at record {oldest[0]} without the file before it"
+                                  in p.stdout and "pass --partial" in p.stdout), p.stdout
+    p = _verify("--key", vkey, "--partial", str(path))
+    assert p.returncode == 0 and f"from record {oldest[0]} (continues " in p.stdout and "a rotation, signed" in p.stdout, p.stdout
 
 
 def test_follow_reads_on_across_rotations(rotating):

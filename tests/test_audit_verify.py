@@ -130,6 +130,65 @@ def test_a_tail_after_the_last_checkpoint_is_reported_and_a_cut_one_caught_by_a_
     assert p.returncode == 1 and f"{path}:4: the last line is cut" in p.stdout, p.stdout
 
 
+def _forge_front(path, keep_from: int, rotated_from: str | None) -> int:
+    """Cut the log at ``path`` so that it starts at its line ``keep_from`` (0-based, a
+    checkpoint), adding ``rotated_from`` to that line when given; returns its seq."""
+    lines = _lines(path)[keep_from:]
+    rec = json.loads(lines[0])
+    assert rec["event"] == "checkpoint", rec
+    if rotated_from is not None:
+        rec["rotated_from"] = rotated_from
+        lines[0] = json.dumps(rec, separators=(",", ":")).encode() + b"\n"
+    path.write_bytes(b"".join(lines))
+    return rec["seq"]
+
+
+def test_a_log_cut_back_to_its_last_checkpoint_does_not_pass_for_a_rotated_segment(signed):
+    log, path, key = signed
+    _write(log, 25)
+    log.checkpoint()
+    seq = _forge_front(path, len(_lines(path)) - 1, "audit.jsonl.000000000001")
+    p = _verify("--key", key, str(path))
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert (f"{path}: starts mid-chain at record {seq} without the file before it (audit.jsonl.000000000001): "
+            "older segments deleted (--audit-keep), or the log's front cut; pass --partial") in p.stdout, p.stdout
+    # A partial log is verified as one, and says that the link it claims is not signed.
+    p = _verify("--key", key, "--partial", "--json", str(path))
+    f = json.loads(p.stdout)["files"][0]
+    assert p.returncode == 0 and (f["start"], f["first_seq"]) == ("unsigned_rotation", seq), f
+    p = _verify("--key", key, "--partial", str(path))
+    assert p.returncode == 0 and (f"from record {seq} (claims to continue audit.jsonl.000000000001, outside its "
+                                  "signed text") in p.stdout, p.stdout
+
+
+def test_a_log_cut_back_to_a_checkpoint_inside_it_is_named_as_cut(signed):
+    log, path, key = signed
+    _write(log, 25)
+    log.checkpoint()
+    seq = _forge_front(path, 10, None)  # line 11: the checkpoint after record 10
+    p = _verify("--key", key, str(path))
+    assert p.returncode == 1 and f"starts mid-chain at record {seq} without the file before it" in p.stdout, p.stdout
+    p = _verify("--key", key, "--partial", str(path))
+    assert p.returncode == 0 and f"from record {seq} (at a checkpoint that opened no file: the lines before it " \
+        "were removed)" in p.stdout, p.stdout
+
+
+def test_a_rotated_from_that_is_not_the_signed_one_is_a_changed_record(tmp_path):
+    key_path = tmp_path / "keys" / "signing-key"
+    path = tmp_path / "audit.jsonl"
+    log = core.AuditLog(str(path), key=str(key_path), checkpoint_every=0, max_size=4096)
+    _write(log, 40)
+    seg = path.read_bytes().splitlines(keepends=True)
+    rec = json.loads(seg[0])
+    assert rec["rotated_from"].startswith("audit.jsonl.0"), rec
+    rec["rotated_from"] = "audit.jsonl.000000000002"
+    seg[0] = json.dumps(rec, separators=(",", ":")).encode() + b"\n"
+    path.write_bytes(b"".join(seg))
+    p = _verify("--key", core.audit_verifier_key(str(key_path)), "--partial", str(path))
+    assert p.returncode == 1 and f"{path}:1: rotated_from is 'audit.jsonl.000000000002', but its signed text says" \
+        in p.stdout, p.stdout
+
+
 def test_own_failures_exit_125(signed, tmp_path):
     _, path, key = signed
     p = _verify("--key", key, str(tmp_path / "missing.jsonl"))

@@ -17,7 +17,7 @@ import pytest
 
 from conftest import run_gatewrap
 from fakenet import FakeInternet
-from rawproxy import agent_code, connect, get, record_of, results
+from rawproxy import agent_code, connect, folded_record, get, record_of, results
 
 pytestmark = pytest.mark.kernel
 
@@ -233,6 +233,8 @@ def test_the_gate_judges_the_canonical_host(raw_run, net, case):
     run, answers = raw_run
     answer = answers[case.id]
     rec = record_of(run, answer)
+    if rec is None and case.decision == "denied" and case.reason is not None:
+        rec = folded_record(run, case.decision, case.reason, case.dst_host)  # a repeated denial, counted
     assert rec is not None, f"no audit record for {answer}"
     got = (answer["status"], rec["decision"], rec.get("status"))
     assert got == (case.status, case.decision, case.status), (answer, rec)

@@ -69,3 +69,21 @@ def test_suggest_json_and_an_unknown_run(capsys, tmp_path):
     assert code == 1 and "no audit records of run gw-nope" in err
     code, _, err = gw(capsys, "policy", "suggest", "--run", "gw-1", "--log", str(tmp_path / "none.jsonl"))
     assert code == 1 and "no audit log at" in err
+
+
+def test_suggest_counts_a_folded_record_as_its_count(capsys, tmp_path):
+    log = _log(tmp_path, [
+        {"event": "request", "method": "GET", "dst_host": "c.test", "dst_port": 80, "decision": "denied",
+         "reason": "policy: default deny"},
+        {"event": "request", "method": "GET", "dst_host": "c.test", "dst_port": 80, "decision": "denied",
+         "reason": "policy: default deny", "count": 999},
+        {"event": "request", "method": "GET", "decision": "denied", "count": 40, "overflow": True,
+         "reason": "gate: denials beyond the 4096 distinct ones a run folds, folded together (any rule, host and reason)"},
+        {"event": "direct_egress", "comm": "python3", "proto": "tcp", "dst_ip": "198.51.100.148", "dst_port": 80,
+         "hook": "connect4", "decision": "denied", "count": 7},
+    ])
+    code, out, err = gw(capsys, "policy", "suggest", "--run", "gw-1", "--log", log)
+    assert (code, err) == (0, "")
+    assert "# c.test: covers 1000 requests (GET 1000)\n# denied in that run: 1000 requests (policy: default deny)" in out
+    assert "#   python3 -> tcp 198.51.100.148:80 [connect4] (7 times)" in out
+    assert "denied by the gate beyond the distinct denials a run records one by one" in out and "(40 times)" in out

@@ -366,9 +366,11 @@ class Gate:
 
     def counts(self) -> dict[str, int]:
         """Decisions so far: ``{"allowed": n, "denied": n, "failed": n, "inspected": n,
-        "would_deny": n}``: ``inspected`` counts TLS-inspected tunnels (not in ``allowed``;
-        their requests are counted each), ``would_deny`` report-mode decisions that enforce
-        mode would have denied (also in ``allowed``)."""
+        "would_deny": n, "unsent": n}``: ``inspected`` counts TLS-inspected tunnels (not in
+        ``allowed``; their requests are counted each), ``would_deny`` report-mode decisions
+        that enforce mode would have denied (also in ``allowed``), ``unsent`` requests refused
+        with 503 before any dial because their record could not be written (not in
+        ``failed``, which counts what upstream broke)."""
 
     def stop(self, end_run: bool = True) -> None:
         """Stop accepting, abort tunnels and requests in flight, shut down (within ~1 s):

@@ -77,7 +77,7 @@ def who_why(rec: dict[str, Any]) -> str:
         parts.append(f"report mode: enforce would {rec['would']}")
     if rec.get("event") == "connect" and rec.get("inspected") is True:
         parts.append("TLS-inspected tunnel")
-    if rec.get("event") in ("direct_egress", "unix_socket") and rec.get("count", 1) != 1:
+    if rec.get("count", 1) != 1:  # folded: the kernel's, the gate's denials, DNS over the record rate
         parts.append(f"×{rec['count']} attempts")
     if rec.get("pid") is not None:
         parts.append(f"pid {rec['pid']} {rec.get('comm') or rec.get('cmdline') or ''}".strip())
@@ -91,6 +91,9 @@ def who_why(rec: dict[str, Any]) -> str:
             f"{rec.get('failed', 0)} failed, {rec.get('direct_egress', 0)} direct egress blocked"
             + (f", {rec['inspected']} tunnels TLS-inspected" if rec.get("inspected") else "")
             + (f", {rec['would_deny']} would be denied in enforce mode" if rec.get("would_deny") else "")
+            + (f", {rec['unsent']} not sent (503: not recordable)" if rec.get("unsent") else "")
+            + (f", {rec['lost_events']} kernel events lost (ring buffer full)" if rec.get("lost_events") else "")
+            + (f", {rec['unrecorded_events']} kernel events not recorded" if rec.get("unrecorded_events") else "")
         )
     if rec.get("event") == "run_start" and rec.get("argv"):
         parts.append(" ".join(map(str, rec["argv"])))

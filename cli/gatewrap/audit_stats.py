@@ -24,6 +24,9 @@ class RunCounts:
     denied: int = 0
     direct_egress: int = 0
     failed: int = 0
+    #: Refused with 503 before any dial: their record could not be written (``failed`` with
+    #: an ``internal:`` error; run_end's ``unsent``).
+    unsent: int = 0
     #: The time of its ``run_start`` record, if the log holds it.
     started: str | None = None
     #: ``exit_code`` of its ``run_end`` record; None while running (or when gatewrap died).
@@ -47,6 +50,8 @@ class RunCounts:
                 self.allowed += 1
         elif decision in DENIED:
             self.denied += attempts(rec)
+        elif decision == "failed" and str(rec.get("error") or "").startswith("internal:"):
+            self.unsent += 1
         elif decision == "failed":
             self.failed += 1
 
@@ -58,8 +63,9 @@ GATE_DECISIONS = frozenset({"request", "connect", "dns"})
 
 
 def attempts(rec: dict[str, Any]) -> int:
-    """How many attempts a record stands for: a folded kernel denial's ``count`` (the kernel
-    folds identical ones, _bpf/common.bpf.c), else 1."""
+    """How many attempts a record stands for: a folded record's ``count`` (the kernel folds
+    identical denials, _bpf/common.bpf.c; the gate its own, gate_core/src/gate/fold.rs; the
+    DNS stub counts queries over its record rate), else 1."""
     n = rec.get("count", 1)
     return n if isinstance(n, int) and n > 0 else 1
 
@@ -105,10 +111,10 @@ class Stats:
 
     def lines(self, top: int) -> list[str]:
         """The two tables, for a terminal (values escaped)."""
-        out = [f"{'RUN':<14} {'ALLOWED':>8} {'DENIED':>8} {'DIRECT':>8} {'FAILED':>8}  STATUS"]
+        out = [f"{'RUN':<14} {'ALLOWED':>8} {'DENIED':>8} {'DIRECT':>8} {'FAILED':>8} {'UNSENT':>8}  STATUS"]
         for c in self.runs.values():
             status = f"exit {c.exit_code}" if c.exit_code is not None else ("ended" if c.ended else "running or died")
-            out.append(f"{printable(c.run):<14} {c.allowed:>8} {c.denied:>8} {c.direct_egress:>8} {c.failed:>8}  {status}")
+            out.append(f"{printable(c.run):<14} {c.allowed:>8} {c.denied:>8} {c.direct_egress:>8} {c.failed:>8} {c.unsent:>8}  {status}")
         out += ["", f"{'DENIED':>8}  DESTINATION (top {top})"]
         out += [f"{n:>8}  {printable(d)}" for d, n in self.denied_to.most_common(top)] or ["       0  -"]
         if self.other_denied:

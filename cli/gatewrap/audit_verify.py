@@ -10,8 +10,10 @@ signed with Ed25519.
 
 A rotated log is several files (README "Rotation"): ``<log>.<first seq, 12 digits>``
 segments, then the live file. A segment's first record is a checkpoint with ``rotated_from``
-whose signature vouches for where it starts (``seq``, ``prev``), so each file verifies
-alone; :func:`check_joins` then checks that each continues the one it names.
+whose signature vouches for where it starts (``seq``, ``prev``) and, in its signed text,
+for the segment it continues, so each file's chain checks alone; :func:`check_joins` then
+checks that each continues the one before it, and that a file starting mid-chain has it
+(unless a partial log is asked for: ``--partial``).
 """
 
 from __future__ import annotations
@@ -65,11 +67,27 @@ class VerifierKey:
         return cls(name, key_id, Ed25519PublicKey.from_public_bytes(raw[1:]))
 
 
+#: The first word of a checkpoint's extension line that names the segment a rotated file
+#: continues (note.rs ROTATED_FROM_LINE): ``rotated_from audit.jsonl.000000005001``.
+ROTATED_FROM_LINE = "rotated_from"
+
+
 @dataclass(frozen=True)
 class Checkpoint:
+    """A C2SP checkpoint: origin, size, root, and its extension lines (tlog-checkpoint)."""
+
     origin: str
     size: int
     root: bytes
+    extensions: tuple[str, ...] = ()
+
+    def rotated_from(self) -> str | None:
+        """The segment name a rotated file's opening checkpoint signed, if it has one."""
+        for line in self.extensions:
+            word, _, name = line.partition(" ")
+            if word == ROTATED_FROM_LINE and name:
+                return name
+        return None
 
 
 def open_note(note: str, keys: Sequence[VerifierKey]) -> Checkpoint:
@@ -105,9 +123,9 @@ def open_note(note: str, keys: Sequence[VerifierKey]) -> Checkpoint:
         origin, size, root = lines[0], int(lines[1]), base64.b64decode(lines[2], validate=True)
     except (IndexError, ValueError):
         raise ValueError("the signed text is not a checkpoint (origin, size, root hash)") from None
-    if not origin or size < 0 or len(root) != 32:
-        raise ValueError("the signed text is not a checkpoint (origin, size, 32-byte root hash)")
-    return Checkpoint(origin, size, root)
+    if not origin or size < 0 or len(root) != 32 or any(not x for x in lines[3:]):
+        raise ValueError("the signed text is not a checkpoint (origin, size, 32-byte root hash, extension lines)")
+    return Checkpoint(origin, size, root, tuple(lines[3:]))
 
 
 @dataclass
@@ -134,6 +152,12 @@ class FileReport:
     first_prev: str | None = None
     last_hash: str | None = None
     continues: str | None = None
+    #: Where the file starts: ``genesis`` (record 1, or after lines older than the chain),
+    #: else mid-chain at a checkpoint: ``rotation`` (its signed text names the segment it
+    #: continues), ``unsigned_rotation`` (``rotated_from`` only outside the signed text: a
+    #: log of the previous format, or a cut front with the key added), ``cut`` (a checkpoint
+    #: that opened no file: the lines before it were removed). See :data:`STARTS`.
+    start: str = "genesis"
 
     def as_record(self) -> dict[str, Any]:
         return {"file": self.path, "ok": self.broken is None, "lines": self.lines, "records": self.records,
@@ -141,15 +165,32 @@ class FileReport:
                 "last_checkpoint_line": self.last_checkpoint_line, "unverified_tail": self.tail,
                 "broken_line": self.broken[0] if self.broken else None,
                 "error": self.broken[1] if self.broken else None, "origins": sorted(self.origins),
-                "first_seq": self.first_seq, "last_seq": self.last_seq, "continues": self.continues}
+                "first_seq": self.first_seq, "last_seq": self.last_seq, "continues": self.continues,
+                "start": self.start}
+
+    def mid_chain(self) -> bool:
+        """The file starts after record 1 of its chain (its predecessor is needed to verify
+        that nothing before it was removed)."""
+        return self.start != "genesis"
+
+
+#: What each mid-chain start of a file is, for ``gatewrap audit verify``'s lines.
+STARTS = {
+    "rotation": "continues {name}: a rotation, signed",
+    "unsigned_rotation": ("claims to continue {name}, outside its signed text: a log written before the link "
+                          "was signed, or a front cut and rotated_from added"),
+    "cut": "at a checkpoint that opened no file: the lines before it were removed",
+}
 
 
 def verify_file(path: str, keys: Sequence[VerifierKey], want_sizes: Iterable[int] = ()) -> FileReport:
     """Check ``path``'s chain from its first line and every checkpoint in it, stopping at
     the first broken line. Leading lines without ``seq``/``prev`` (written before the chain
     existed) are counted in ``unchained`` and the chain then starts from the last of them.
-    A file whose first line is a rotated segment's opening checkpoint (``rotated_from``,
-    ``seq`` > 1) starts the chain there, once its signature verifies.
+    A file whose first line is a checkpoint with ``seq`` > 1 starts the chain there, once
+    its signature verifies; :attr:`FileReport.start` says what kind of start it is (a
+    rotated file's opening checkpoint signs the segment it continues), and
+    :func:`check_joins` whether the file before it is there.
 
     Raises OSError if the file cannot be read."""
     r = FileReport(path)
@@ -174,9 +215,12 @@ def verify_file(path: str, keys: Sequence[VerifierKey], want_sizes: Iterable[int
                 prev = hashlib.sha256(line).hexdigest()
                 continue
             rseq = rec.get("seq")
-            if n == 1 and rec.get("event") == "checkpoint" and isinstance(rec.get("rotated_from"), str) \
+            if r.records == 0 and not r.unchained and rec.get("event") == "checkpoint" \
                     and isinstance(rseq, int) and rseq > 1 and isinstance(rec.get("prev"), str):
-                seq, prev, r.continues = rseq, rec["prev"], rec["rotated_from"]
+                seq, prev = rseq, rec["prev"]
+                claimed = rec.get("rotated_from")
+                r.continues = claimed if isinstance(claimed, str) else None
+                r.start = "unsigned_rotation" if r.continues else "cut"
             if r.first_seq is None:
                 r.first_seq, r.first_prev = rec.get("seq") if isinstance(rec.get("seq"), int) else seq, rec.get("prev")
             if rec.get("seq") != seq:
@@ -196,6 +240,14 @@ def verify_file(path: str, keys: Sequence[VerifierKey], want_sizes: Iterable[int
                 if isinstance(problem, str):
                     r.broken = (n, problem)
                     break
+                if r.records == 0 and r.start != "genesis":
+                    signed = problem.rotated_from()
+                    if signed is not None and signed != r.continues:
+                        r.broken = (n, f"rotated_from is {r.continues!r}, but its signed text says {signed!r}: "
+                                       "the record was changed")
+                        break
+                    if signed is not None:
+                        r.start = "rotation"
                 r.origins.add(problem.origin)
                 r.checkpoints += 1
                 r.last_checkpoint_line, r.last_checkpoint_size = n, problem.size
@@ -265,26 +317,38 @@ def log_base(path: str) -> str:
     return head if dot and len(digits) >= SEGMENT_DIGITS and digits.isascii() and digits.isdigit() else path
 
 
-def check_joins(reports: Sequence[FileReport]) -> list[tuple[str, str]]:
-    """(file, problem) for each file that opens with ``rotated_from`` but does not continue
-    the file it names: that file, when given, must end with the record just before it (its
-    ``seq``, and the hash its ``prev`` holds); when it is not given but an older file of the
-    same log is, a segment is missing. The log's oldest files being gone (``--audit-keep``)
-    is no problem: :func:`verify_file` says where each file starts."""
+def check_joins(reports: Sequence[FileReport], partial: bool = False) -> list[tuple[str, str]]:
+    """(file, problem) for each file that starts mid-chain (:meth:`FileReport.mid_chain`)
+    but does not continue a file given: the file it names (or, when it names none or the
+    name is not here, a file of the same log ending just before it) must end with the record
+    just before it (its ``seq``, and the hash its ``prev`` holds). A mid-chain file whose
+    predecessor is not given is a problem unless ``partial``: from the files alone, a log
+    whose oldest segments were deleted (``--audit-keep``) and one whose front was cut look
+    alike (only a checkpoint kept off the host tells them apart); with ``partial`` the
+    caller says where each file starts instead. When an older file of the same log is
+    given but not the one before, a segment is missing from the middle: always a problem."""
     import os
 
     problems = []
     by_name = {(os.path.dirname(r.path), os.path.basename(r.path)): r for r in reports}
     for r in reports:
-        if r.continues is None or r.first_seq is None:
+        if not r.mid_chain() or r.first_seq is None:
             continue
-        pred = by_name.get((os.path.dirname(r.path), r.continues))
+        pred = by_name.get((os.path.dirname(r.path), r.continues)) if r.continues else None
+        if pred is None:
+            pred = next((o for o in reports if o is not r and log_base(o.path) == log_base(r.path)
+                         and o.last_seq == r.first_seq - 1 and o.broken is None), None)
         if pred is None:
             older = [o for o in reports if o is not r and log_base(o.path) == log_base(r.path)
                      and o.first_seq is not None and o.first_seq < r.first_seq]
             if older:
-                problems.append((r.path, f"continues {r.continues}, which is missing: records before "
+                problems.append((r.path, (f"continues {r.continues}, which is missing" if r.continues else "follows a file which is missing")
+                                         + f": records before "
                                          f"{r.first_seq} back to {max(o.last_seq for o in older) + 1} are in no file"))
+            elif not partial:
+                problems.append((r.path, f"starts mid-chain at record {r.first_seq} without the file before it "
+                                         f"({r.continues or 'unnamed'}): older segments deleted (--audit-keep), or "
+                                         "the log's front cut; pass --partial to verify what is here"))
         elif pred.broken is not None:
             continue  # named at its own line already
         elif pred.last_seq != r.first_seq - 1:

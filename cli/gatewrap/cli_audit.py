@@ -34,7 +34,7 @@ def _time_option(name: str, what: str):  # type: ignore[no-untyped-def]
 @click.option("--event", "events", multiple=True, metavar="EVENT", type=click.Choice(audit_schema.events()),
               help=f"Only EVENT records, one of (schema/audit.schema.json): {', '.join(audit_schema.events())}. "
                    "Repeatable.")
-@click.option("--decision", "decisions", multiple=True, type=click.Choice(["allowed", "denied", "failed"]),
+@click.option("--decision", "decisions", multiple=True, type=click.Choice(["allowed", "denied", "failed", "attempted"]),
               help="Only records with this decision (schema/audit.schema.json). Repeatable.")
 @click.option("--denied", is_flag=True, help="Only denials (by policy, at the kernel, rejected, expired).")
 @click.option("--host", "hosts", multiple=True, metavar="GLOB",
@@ -205,8 +205,13 @@ DEFAULT_AUDIT_KEY = "/var/lib/gatewrap/audit/signing-key"  # as runner.DEFAULT_A
                    "default: this host's key.")
 @click.option("--checkpoint", "notes", multiple=True, type=click.Path(dir_okay=False), metavar="NOTE",
               help="A checkpoint note kept off the host (a file): the log must still hold it.")
+@click.option("--partial", is_flag=True,
+              help="Accept a log that starts mid-chain without the file before it (its oldest segments "
+                   "deleted by --audit-keep, or an excerpt): each file then says where it starts, and "
+                   "whether a signed rotation or a cut front begins it.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def audit_verify(files: tuple[str, ...], keys: tuple[str, ...], notes: tuple[str, ...], as_json: bool) -> int:
+def audit_verify(files: tuple[str, ...], keys: tuple[str, ...], notes: tuple[str, ...], partial: bool,
+                 as_json: bool) -> int:
     """Check the audit log's hash chain and the signatures of its checkpoints.
 
     \b
@@ -215,12 +220,16 @@ def audit_verify(files: tuple[str, ...], keys: tuple[str, ...], notes: tuple[str
     had is only seen with that checkpoint kept off the host (--checkpoint). Exit 0
     verified, 1 broken or truncated, 125 if it cannot check. A live log (FILE, default
     the host's) is checked with its rotated segments (FILE.<first seq>), each file on its
-    own line, then that each segment continues the one before it.
+    own line, then that each segment continues the one before it. A log that starts
+    mid-chain without the file before it (a segment alone, segments deleted by
+    --audit-keep, or a cut front: the files alone cannot tell them apart) exits 1 unless
+    --partial is given; each file then says where it starts.
 
     \b
     Examples:
       gatewrap audit verify
       gatewrap audit verify --key "$(cat host.key)" --checkpoint last.note audit.jsonl
+      gatewrap audit verify --partial audit.jsonl.000000350001
     """
     from . import audit_verify as av
 
@@ -256,10 +265,10 @@ def audit_verify(files: tuple[str, ...], keys: tuple[str, ...], notes: tuple[str
         except OSError as e:
             raise GatewrapError(f"cannot read audit log {path}: {e.strerror}")
     checked = [av.check_off_host(c, reports) for c in off_host]
-    joins = av.check_joins(reports)
+    joins = av.check_joins(reports, partial)
     ok = all(r.broken is None for r in reports) and all(c.problem is None for c in checked) and not joins
     if as_json:
-        click.echo(json.dumps({"ok": ok, "files": [r.as_record() for r in reports],
+        click.echo(json.dumps({"ok": ok, "partial": partial, "files": [r.as_record() for r in reports],
                                "checkpoints": [c.as_record() for c in checked],
                                "joins": [{"file": f, "error": e} for f, e in joins]}))
         return 0 if ok else 1
@@ -272,7 +281,8 @@ def audit_verify(files: tuple[str, ...], keys: tuple[str, ...], notes: tuple[str
         click.echo(f"{r.path}: chain verified: {r.records} records, {r.checkpoints} "
                    f"checkpoint{'' if r.checkpoints == 1 else 's'} ({cp})"
                    + (f", {r.unchained} older lines before the chain" if r.unchained else "")
-                   + (f", from record {r.first_seq} (continues {r.continues})" if r.continues else ""))
+                   + (f", from record {r.first_seq} ({av.STARTS[r.start].format(name=r.continues)})"
+                      if r.mid_chain() else ""))
         if r.tail:
             click.echo(f"{r.path}: {r.tail} records after the last checkpoint (unverified tail: no signature "
                        "covers them yet)")

@@ -22,6 +22,8 @@ MAX_NOTICES = 20
 
 #: IPPROTO_* numbers (include/uapi/linux/in.h) and the names the audit log uses.
 PROTOCOLS = {1: "icmp", 6: "tcp", 17: "udp", 58: "icmpv6", 132: "sctp", 136: "udplite", 262: "mptcp"}
+#: The decision of a ``unix_socket`` record: attempted and not blocked; its outcome unknown.
+ATTEMPTED = "attempted"
 #: SOCK_* numbers (include/linux/net.h), for unix socket records.
 SOCK_TYPES = {1: "stream", 2: "dgram", 5: "seqpacket"}
 
@@ -74,7 +76,10 @@ def record_of(ev: _Event, run_id: str, attribute: Attributor | None = None) -> d
     rec: dict[str, Any] = {
         "run": run_id,
         "event": "unix_socket" if ev.allowed else "direct_egress",
-        "decision": "allowed" if ev.allowed else "denied",
+        # A unix socket hook lets the call through and runs before it: it cannot know whether
+        # the connect or send then succeeded (ENOENT, ECONNREFUSED are the kernel's), so the
+        # record says what it knows: the attempt, not blocked.
+        "decision": ATTEMPTED if ev.allowed else "denied",
         "reason": f"kernel: {ev.verdict}",
         "count": ev.count,
     }
@@ -143,7 +148,7 @@ class KernelDenials:
     then flushes the counts still folded in the kernel. :attr:`count` is the number of
     attempts recorded (the sum of the records' counts); :attr:`records` the records;
     :attr:`unix` the unix socket connects and sends recorded (``event = "unix_socket"``,
-    allowed: no notice).
+    decision ``attempted``: no notice).
     """
 
     def __init__(self, hooks: RunHooks, audit: Any, run_id: str, gate_url: str,
@@ -168,7 +173,7 @@ class KernelDenials:
         self.records = 0
         self.unix = 0
         #: Attempts whose record the audit log could not take (a full disk): denied all the
-        #: same, counted in run_end's lost_events, said once on stderr.
+        #: same, counted in run_end's unrecorded_events, said once on stderr.
         self.unrecorded = 0
 
     def _on_event(self, ev: _Event) -> None:
@@ -180,7 +185,7 @@ class KernelDenials:
             # attempt was refused already; what is lost is its record, which is counted.
             if not self.unrecorded:
                 print(f"gatewrap: kernel denials cannot be written to the audit log ({e}); they are "
-                      "still refused, and counted in run_end as lost_events", file=self._stderr, flush=True)
+                      "still refused, and counted in run_end as unrecorded_events", file=self._stderr, flush=True)
             self.unrecorded += ev.count
         if ev.allowed:  # a unix socket address: recorded, no notice
             self.unix += ev.count

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .audit_stats import attempts
 from .errors import GatewrapError
 from .text import printable
 
@@ -50,6 +51,8 @@ class Suggestion:
     direct: Counter[str]
     dns: Counter[str]
     unspecified: Counter[str] = field(default_factory=Counter)
+    #: Denials folded together past the distinct ones a run folds (no host recorded).
+    overflow: Counter[str] = field(default_factory=Counter)
 
     def rules(self) -> list[dict[str, Any]]:
         """``[{host, ports, requests, methods}]``, sorted by host; ports sorted."""
@@ -74,7 +77,9 @@ class Suggestion:
                  ("refused by the SSRF guard (a rule naming the address, or allow_private, would be needed)",
                   self.ssrf),
                  ("direct egress blocked by the kernel (no rule can allow it: send it through the gate)", self.direct),
-                 ("DNS queries refused by the sandbox's stub (the gate resolves what it allows)", self.dns)]
+                 ("DNS queries refused by the sandbox's stub (the gate resolves what it allows)", self.dns),
+                 ("denied by the gate beyond the distinct denials a run records one by one (hosts not "
+                  "recorded: see the run's first records)", self.overflow)]
         for title, counter in notes:
             if counter:
                 out += ["", f"# {title}:"]
@@ -92,35 +97,39 @@ def suggest(records: Iterable[dict[str, Any]], run: str) -> Suggestion:
     direct: Counter[str] = Counter()
     dns: Counter[str] = Counter()
     unspecified: Counter[str] = Counter()
+    overflow: Counter[str] = Counter()
     seen = False
     for rec in records:
         if rec.get("run") != run:
             continue
         seen = True
         event, reason = rec.get("event"), str(rec.get("reason") or "")
-        if event in GATE_EVENTS and rec.get("dst_host") and isinstance(rec.get("dst_port"), int):
+        n = attempts(rec)  # a folded record stands for its count
+        if event in GATE_EVENTS and rec.get("overflow") is True:
+            overflow[reason] += n
+        elif event in GATE_EVENTS and rec.get("dst_host") and isinstance(rec.get("dst_port"), int):
             if reason.startswith(NOT_A_DESTINATION):
                 continue
             if reason == UNSPECIFIED:
-                unspecified[_hostport(rec["dst_host"], rec["dst_port"])] += 1
+                unspecified[_hostport(rec["dst_host"], rec["dst_port"])] += n
                 continue
             if reason.startswith("ssrf:"):
-                ssrf[f"{_hostport(rec['dst_host'], rec['dst_port'])}: {reason}"] += 1
+                ssrf[f"{_hostport(rec['dst_host'], rec['dst_port'])}: {reason}"] += n
                 continue
             use = hosts[str(rec["dst_host"])]
             use.ports.add(rec["dst_port"])
-            use.methods[str(rec.get("method") or "?")] += 1
+            use.methods[str(rec.get("method") or "?")] += n
             if rec.get("decision") == "denied" or rec.get("would") == "deny":
-                use.denied[reason or "denied"] += 1
+                use.denied[reason or "denied"] += n
         elif event == "direct_egress":
             dst = _hostport(rec.get("dst_ip") or "?", rec.get("dst_port") or 0)
-            direct[f"{rec.get('comm') or '?'} -> {rec.get('proto') or '?'} {dst} [{rec.get('hook') or '?'}]"] += 1
+            direct[f"{rec.get('comm') or '?'} -> {rec.get('proto') or '?'} {dst} [{rec.get('hook') or '?'}]"] += n
         elif event == "dns":
-            dns[str(rec.get("dst_host") or "a malformed query")] += 1
+            dns[str(rec.get("dst_host") or ("queries over the record rate" if "count" in rec else "a malformed query"))] += n
     if not seen:
         raise GatewrapError(f"no audit records of run {run}; check the id with `gatewrap audit`, or pass --log PATH",
                             exit_code=1)
-    return Suggestion(run, dict(hosts), ssrf, direct, dns, unspecified)
+    return Suggestion(run, dict(hosts), ssrf, direct, dns, unspecified, overflow)
 
 
 def _hostport(host: Any, port: Any) -> str:

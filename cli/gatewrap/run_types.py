@@ -73,6 +73,7 @@ class RunResult:
     denied: int
     failed: int
     direct_egress: int
+    #: Kernel events dropped by a full ring buffer (never delivered).
     lost: int
     audit_log: str
     #: Tunnels the gate TLS-inspected (their requests are counted in allowed/denied/failed).
@@ -89,24 +90,33 @@ class RunResult:
     #: (:func:`gatewrap.sandbox.limits.hits`).
     pids_refused: int = 0
     oom_kills: int = 0
+    #: Requests refused with 503 before any dial: their record could not be written.
+    unsent: int = 0
+    #: Kernel denials delivered but not recorded: the audit log could not take them.
+    unrecorded: int = 0
 
     def as_record(self) -> dict[str, Any]:
         """The summary with the audit log's field names (as in its ``run_end`` record)."""
         return {"run": self.run_id, "exit_code": self.exit_code, "allowed": self.allowed,
                 "denied": self.denied, "failed": self.failed, "direct_egress": self.direct_egress,
                 "inspected": self.inspected, "would_deny": self.would_deny,
-                "lost_events": self.lost, "pids_refused": self.pids_refused, "oom_kills": self.oom_kills,
+                "unsent": self.unsent, "lost_events": self.lost, "unrecorded_events": self.unrecorded,
+                "pids_refused": self.pids_refused, "oom_kills": self.oom_kills,
                 "audit_log": self.audit_log,
                 **({"approvals": self.approvals} if self.approvals is not None else {}),
                 **({"protected": self.protected} if self.protected else {})}
 
+
 def summary_line(r: RunResult) -> str:
     """The one line printed when a run ends."""
     lost = f", {r.lost} kernel events LOST (ring buffer full)" if r.lost else ""
+    if r.unrecorded:
+        lost += f", {r.unrecorded} kernel events NOT RECORDED (the audit log could not be written)"
     return (
         f"gatewrap: run {r.run_id} exited {r.exit_code}: {r.allowed} allowed, "
         f"{r.denied} denied by the gate, {r.direct_egress} direct egress blocked"
         f"{f', {r.failed} upstream failed' if r.failed else ''}"
+        f"{f', {r.unsent} NOT SENT (503: the audit log could not record them)' if r.unsent else ''}"
         f"{f', {r.inspected} tunnels TLS-inspected' if r.inspected else ''}"
         f"{f', {r.would_deny} would be denied in enforce mode (report mode)' if r.would_deny else ''}{lost}"
         f"{f', {r.pids_refused} forks refused at the pids bound (--pids)' if r.pids_refused else ''}"

@@ -698,7 +698,7 @@ class Sandbox:
             agent_process.reap(reap)
         hit = limits.hits(self.leaf, run_id)  # the tree is dead: the counts are final
         self._denials.stop()
-        lost = self._run_hooks.lost() + self._denials.unrecorded
+        lost = self._run_hooks.lost()
         # Removed only now: hooks.sweep (gc, a daemon's start) drops the map entries of every
         # cgroup that is gone, the folded denials just counted and the lost counter among them.
         cgroup.kill_and_remove(self.leaf)
@@ -718,7 +718,8 @@ class Sandbox:
                            counts.get("denied", 0) + e["denied"], counts.get("failed", 0) + e["failed"],
                            self._denials.count + e["direct_egress"], lost, p.opts.audit_log,
                            inspected=counts.get("inspected", 0), would_deny=counts.get("would_deny", 0),
-                           approvals=asked, protected=protected, **hit)
+                           approvals=asked, protected=protected,
+                           unsent=counts.get("unsent", 0), unrecorded=self._denials.unrecorded, **hit)
         end = result.as_record()
         del end["audit_log"]
         end.pop("protected", None)  # each has a protected_path record of its own
@@ -877,14 +878,18 @@ def _approval_counts(store: Any, run_id: str, err: TextIO) -> dict[str, int] | N
 
 def _write_run_end(audit: Any, record: dict[str, Any], err: TextIO) -> None:
     """Write the run's ``run_end`` record and a signed checkpoint after it, and fsync; if the
-    log cannot take them (a full disk), say so in one line on ``err`` and go on: the run still
-    ends with the agent's exit code."""
+    log cannot take one of them (a full disk), say which in one line on ``err`` and go on:
+    the run still ends with the agent's exit code."""
+    step = "the run_end record could not be written"
     try:
         audit.write(record)
+        step = ("the checkpoint after run_end could not be written (run_end is in the log, unsigned "
+                "until the next checkpoint)")
         audit.checkpoint()
+        step = "the audit log could not be synced to disk after run_end"
         audit.sync()
     except OSError as e:
-        print(f"gatewrap: the run_end record could not be written: {e.strerror}", file=err, flush=True)
+        print(f"gatewrap: {step}: {e.strerror}", file=err, flush=True)
 
 
 #: The start of a run_end's reason when the agent's spawn failed (its exit code 125/126/127).

@@ -10,6 +10,7 @@ import errno
 import json
 import os
 import queue
+import re
 import subprocess
 import textwrap
 import threading
@@ -126,6 +127,10 @@ def test_a_full_disk_makes_the_gate_admit_nothing_and_the_run_keeps_its_exit_cod
         wait("fill")
         ask("denied", "denied.test", "/")
         ask("during", "{ALLOWED}", "{long_path}")
+        try:  # a kernel denial whose record the full disk cannot take
+            socket.create_connection(("{ALLOWED_IP}", 9), timeout=2)
+        except OSError as e:
+            print(json.dumps({{"step": "direct", "errno": e.errno}}), flush=True)
         wait("free")
         ask("after", "{ALLOWED}", "/status/200?after")
         wait("refill")
@@ -147,6 +152,7 @@ def test_a_full_disk_makes_the_gate_admit_nothing_and_the_run_keeps_its_exit_cod
         p.stdin.flush()
         during = _lines(lines, "free", deadline)
         dialled = _connects(net, ALLOWED_IP) - before
+        time.sleep(0.5)  # the kernel denial's record is tried (and fails) before the disk is freed
         os.remove(filler)
         p.stdin.write("go\n")
         p.stdin.flush()
@@ -176,6 +182,14 @@ def test_a_full_disk_makes_the_gate_admit_nothing_and_the_run_keeps_its_exit_cod
     assert "the gate refuses every request until it can record it" in err, err
     assert "can be written again" in err, err
     assert "gatewrap: the run_end record could not be written: cannot write audit log" in err, err
+    # The summary says what happened: a request refused unsent is no upstream failure, and a
+    # kernel denial the log could not take was not lost to the ring buffer.
+    assert by_step["direct"]["errno"] == errno.EPERM, during
+    summary = next(line for line in err.splitlines() if f"exited {AGENT_EXIT}:" in line)
+    assert "upstream failed" not in summary and "1 NOT SENT (503: the audit log could not record them)" in summary, summary
+    # (the direct connect, and the unix socket attempts at the run's end, after the refill)
+    assert "ring buffer" not in summary and re.search(r", [1-9][0-9]* kernel events NOT RECORDED \(the audit log "
+                                                      r"could not be written\)", summary), summary
     records = [json.loads(line) for line in audit.read_text().splitlines()]  # every line whole: none cut by the full disk
     assert audit.read_text().endswith("\n")
     targets = [r.get("target") for r in records]
@@ -280,3 +294,38 @@ def test_idle_dns_tcp_connections_cannot_take_the_gate(net, tmp_path, outcome):
     assert got["still_open"] == 0, f"idle DNS connections were not closed: {got}"
     refused = run.records(event="dns", decision="denied", reason="limit: more than 64 open DNS-over-TCP connections")
     assert refused, run.audit()[-5:]
+
+
+def test_a_checkpoint_that_cannot_follow_run_end_is_named_as_such(small_fs, tmp_path):
+    """The disk fills up between the run_end record and its checkpoint."""
+    import io
+
+    from gatewrap.runner import _write_run_end
+
+    end = {"run": "gw-test", "event": "run_end", "exit_code": 0, "allowed": 0, "denied": 0, "failed": 0,
+           "direct_egress": 0, "lost_events": 0}
+    scratch = core.AuditLog(str(tmp_path / "scratch.jsonl"), key=None)
+    scratch.write(dict(end))
+    room = len((tmp_path / "scratch.jsonl").read_bytes()) + 60  # run_end fits, a checkpoint (~400 bytes) does not
+    audit = small_fs / "audit.jsonl"
+    log = core.AuditLog(str(audit), key=str(tmp_path / "keys" / "signing-key"), checkpoint_every=0)
+    log.write({"run": "test", "event": TEST_FILLER, "pad": ""})
+    base = audit.stat().st_size
+    # Pad the log so that its last page has `room` bytes free, then fill the rest of the disk.
+    want = (-base - room) % 4096
+    while want < base:
+        want += 4096
+    log.write({"run": "test", "event": TEST_FILLER, "pad": "x" * (want - base)})
+    assert 4096 - audit.stat().st_size % 4096 == room, audit.stat().st_size
+    with open(small_fs / "filler", "wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(b"f" * 65536)
+        except OSError as e:
+            assert e.errno == errno.ENOSPC, e
+    err = io.StringIO()
+    _write_run_end(log, end, err)
+    assert err.getvalue().startswith("gatewrap: the checkpoint after run_end could not be written (run_end is in "
+                                     "the log, unsigned until the next checkpoint): cannot write audit log"), err.getvalue()
+    assert "No space left on device" in err.getvalue()
+    assert json.loads(audit.read_text().splitlines()[-1])["event"] == "run_end"

@@ -1,18 +1,25 @@
 """Escape suite, the audit log under a flood: kernel denials are folded in the kernel with
-exact counts (nothing lost, few records), and a record's size does not grow with the
-agent's argv. Every attempt still gets EPERM."""
+exact counts (nothing lost, few records), the gate's own denials the same way, and a
+record's size does not grow with the agent's argv. Every attempt still gets EPERM (403 at
+the gate)."""
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import time
 
 import pytest
+
+from conftest import AGENT_PYTHON, AGENT_UID, PUBLIC_RANGES, gatewrap_cmd
 
 from gatewrap.bpf.loader import FOLD_INTERVAL_NS, MAX_FOLDS_PER_RUN
 from gatewrap.kernel_denials import MAX_CMDLINE
 
 from .helpers import assert_nothing_reached, kernel_records, last_attempt, python_argv
+from .test_audit_failclosed import _lines, _reader
 
 pytestmark = pytest.mark.kernel
 
@@ -191,8 +198,129 @@ def test_unix_socket_connects_are_allowed_and_recorded_folded(gatewrap, quiet_ne
             f"{res}; {len(recs)} unix_socket records: {by}")
     assert res == {"connect": 500, "sendto": 300}, (a, r.stderr)
     assert by == {("connect_unix", f"{d}/srv.sock"): 500, ("sendmsg_unix", "@gw-test-dgram"): 300}, recs
-    assert all(x["decision"] == "allowed" and x["pid"] for x in recs)
+    assert all(x["decision"] == "attempted" and x["pid"] for x in recs)
     # Per address: the first, one per fold interval, the flush.
     assert len(recs) <= 2 * (2 + math.ceil(took * 1e9 / FOLD_INTERVAL_NS)), len(recs)
     assert kernel_records(r) == [] and _run_end(r)["direct_egress"] == 0
     assert "blocked direct egress" not in r.stderr
+
+
+#: An agent that sends ``N`` denied requests, alternating two hosts, over keep-alive
+#: connections to the gate; first one of them alone, then it waits ("first"); after the
+#: flood it prints the statuses and waits again ("flooded"), so the run is still on while
+#: the test reads the log.
+GATE_FLOOD = r'''
+import json, socket, sys, time
+def wait(step):
+    print(json.dumps({"wait": step}), flush=True)
+    sys.stdin.readline()
+class Conn:
+    def __init__(self):
+        self.s = socket.create_connection(("127.0.0.1", 3128), timeout=10)
+        self.buf = b""
+    def ask(self, host):
+        self.s.sendall(f"GET http://{host}/flood HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+        while b"\r\n\r\n" not in self.buf:
+            chunk = self.s.recv(65536)
+            if not chunk:
+                raise OSError("closed")
+            self.buf += chunk
+        head, _, rest = self.buf.partition(b"\r\n\r\n")
+        lines = head.decode().split("\r\n")
+        hdrs = {k.strip().lower(): v.strip() for k, _, v in (l.partition(":") for l in lines[1:])}
+        n = int(hdrs.get("content-length", "0"))
+        while len(rest) < n:
+            rest += self.s.recv(65536)
+        self.buf = rest[n:]
+        if hdrs.get("connection", "").lower() == "close":
+            self.s.close()
+            self.__init__()
+        return int(lines[0].split(" ")[1])
+HOSTS = ["denied.test", "other-denied.test"]
+N = int(sys.argv[1])
+c = [Conn(), Conn()]
+statuses = {}
+def one(i):
+    st = c[i % 2].ask(HOSTS[i % 2])
+    statuses[st] = statuses.get(st, 0) + 1
+one(0)
+wait("first")
+t0 = time.monotonic()
+for i in range(1, N):
+    one(i)
+print(json.dumps({"statuses": statuses, "took": time.monotonic() - t0}), flush=True)
+wait("flooded")
+'''
+
+
+def test_a_flood_of_denied_requests_is_folded_by_the_gate_with_exact_counts(net, tmp_path, outcome):
+    """A flood of denied requests through the gate (two hosts, keep-alive)."""
+    n = 8000
+    audit = tmp_path / "audit.jsonl"
+    cmd = gatewrap_cmd("run", "--audit-log", str(audit), "--resolver", net.dns_server, "--workdir", "/tmp",
+                       *PUBLIC_RANGES, "--", AGENT_PYTHON, "-c", GATE_FLOOD, str(n))
+    env = dict(os.environ, SUDO_UID=str(AGENT_UID), SUDO_GID=str(AGENT_UID))
+    p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 120
+
+    def denials() -> list[dict]:
+        recs = [json.loads(x) for x in audit.read_text().splitlines()]
+        return [r for r in recs if r["event"] == "request" and r["decision"] == "denied"]
+
+    try:
+        lines = _reader(p)
+        _lines(lines, "first", deadline)
+        # The first denial is written at once: on the log while the agent waits.
+        first = denials()
+        assert [(r["dst_host"], r.get("count")) for r in first] == [("denied.test", None)], first
+        p.stdin.write("go\n")
+        p.stdin.flush()
+        got = _lines(lines, "flooded", deadline)
+        flood = next(x for x in got if "statuses" in x)
+        # Each key's count is written at its window's end, not only at the run's: a
+        # window (1 s) later, the log holds every one while the run goes on.
+        time.sleep(1.5)
+        live = denials()
+        p.stdin.write("go\n")
+        p.stdin.flush()
+        p.stdin.close()
+        p.wait(timeout=max(1.0, deadline - time.monotonic()))
+        err = p.stderr.read()
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    recs = denials()
+    total = sum(r.get("count", 1) for r in recs)
+    by_host: dict[str, int] = {}
+    for r in recs:
+        by_host[r["dst_host"]] = by_host.get(r["dst_host"], 0) + r.get("count", 1)
+    (end,) = [json.loads(x) for x in audit.read_text().splitlines() if '"run_end"' in x]
+    # Per host: the first, one folded record per window the flood lasted, and the last.
+    bound = 2 * (3 + math.ceil(flood["took"]))
+    outcome("gate: denied requests (folded)",
+            f"{flood['statuses']} in {flood['took']:.2f} s; {len(recs)} records, counts sum to {total}; "
+            f"run_end denied {end['denied']}",
+            "held" if flood["statuses"] == {"403": n} else "OPEN")
+    assert p.returncode == 0, err
+    assert flood["statuses"] == {"403": n}, flood
+    assert sum(r.get("count", 1) for r in live) == n, "the counts were written at the windows' end"
+    assert total == n and by_host == {"denied.test": n // 2, "other-denied.test": n // 2}, by_host
+    assert end["denied"] == n, end
+    assert len(recs) <= bound, f"{len(recs)} records for {n} denials (bound {bound})"
+    folded = [r for r in recs if "count" in r]
+    assert folded and all(r["first_seen"] <= r["last_seen"] and r["reason"] == recs[0]["reason"] for r in folded)
+
+
+def test_a_unix_socket_connect_that_fails_is_not_recorded_as_allowed(gatewrap, quiet_net, outcome):
+    """A connect to a unix socket path that does not exist (ENOENT after the hook let it by)."""
+    body = """
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        attempt("missing", lambda: s.connect("/tmp/gw-no-such.sock"))
+    """
+    r = gatewrap(python_argv(body), timeout=60)
+    a = last_attempt(r)
+    recs = [x for x in r.records(event="unix_socket") if x.get("path") == "/tmp/gw-no-such.sock"]
+    outcome("connect_unix (outcome unknown to the hook)", f"{a['errno']}; records say {[x['decision'] for x in recs]}")
+    assert a["errno"] == "ENOENT", a
+    assert [(x["decision"], x["count"]) for x in recs] == [("attempted", 1)], recs

@@ -75,8 +75,14 @@ pub const ALLOWED: &str = "allowed";
 pub const DENIED: &str = "denied";
 pub const FAILED: &str = "failed";
 
-/// How many attempts a record stands for (a `dns` record of queries over the record rate).
+/// How many attempts a record stands for (a `dns` record of queries over the record rate,
+/// a folded denial).
 pub const COUNT: &str = "count";
+/// A folded record's first and last attempt (RFC 3339 UTC, microseconds).
+pub const FIRST_SEEN: &str = "first_seen";
+pub const LAST_SEEN: &str = "last_seen";
+/// A folded record of the denials beyond the distinct ones a run folds one by one.
+pub const OVERFLOW: &str = "overflow";
 
 /// The approval (`ap-...`) a held request waited for; the approval events' link.
 pub const APPROVAL: &str = "approval";

@@ -363,7 +363,8 @@ impl AuditLog {
     }
 
     /// The checkpoint record of the `size` records ending in `root`, as record `size + 1`
-    /// (with `rotated_from`: a segment's opening checkpoint). "" without a key.
+    /// (with `rotated_from`: a segment's opening checkpoint, the name in the record and in
+    /// the signed note, see [`NoteKey::checkpoint`]). "" without a key.
     fn checkpoint_line(&self, size: u64, root: &[u8; 32], rotated_from: Option<&str>) -> Result<String, AuditError> {
         let Some(key) = &self.key else { return Ok(String::new()) };
         let mut m = Map::new();
@@ -372,7 +373,7 @@ impl AuditLog {
         if let Some(from) = rotated_from {
             m.insert(fields::ROTATED_FROM.into(), Value::from(from));
         }
-        m.insert(fields::NOTE.into(), Value::from(key.checkpoint(size, root)));
+        m.insert(fields::NOTE.into(), Value::from(key.checkpoint(size, root, rotated_from)));
         let time = now_rfc3339();
         Ok(chain::place(&line(&time, m)?, prefix_len(&time), size + 1, root))
     }

@@ -27,6 +27,9 @@ use crate::root_dir::{self, UnsafeDir};
 pub const DEFAULT_KEY: &str = "/var/lib/gatewrap/audit/signing-key";
 /// The signed-note signature type of Ed25519.
 const ALG_ED25519: u8 = 0x01;
+/// The first word of a checkpoint's extension line that names the segment a rotated file
+/// continues (`rotated_from audit.jsonl.000000005001`; see [`NoteKey::checkpoint`]).
+pub const ROTATED_FROM_LINE: &str = "rotated_from";
 
 #[derive(Debug, thiserror::Error)]
 pub enum KeyError {
@@ -152,10 +155,17 @@ impl NoteKey {
     }
 
     /// The signed note of the checkpoint `size`, `root`:
-    /// `<origin>\n<size>\n<base64 root>\n\n— <name> <base64(key id || signature)>\n`,
-    /// the signature over the first three lines (their newlines included).
-    pub fn checkpoint(&self, size: u64, root: &[u8; 32]) -> String {
-        let body = format!("{}\n{size}\n{}\n", self.name, B64.encode(root));
+    /// `<origin>\n<size>\n<base64 root>\n[<extension>\n]\n— <name> <base64(key id || signature)>\n`,
+    /// the signature over the body (its lines and their newlines). A rotated file's opening
+    /// checkpoint has one extension line (tlog-checkpoint allows extension lines after the
+    /// root hash), [`ROTATED_FROM_LINE`] and the segment's name: the signature then vouches
+    /// that the writer started a file here, continuing that segment, so a log cut back to
+    /// any other checkpoint cannot pass for a rotated one.
+    pub fn checkpoint(&self, size: u64, root: &[u8; 32], rotated_from: Option<&str>) -> String {
+        let mut body = format!("{}\n{size}\n{}\n", self.name, B64.encode(root));
+        if let Some(from) = rotated_from {
+            body.push_str(&format!("{ROTATED_FROM_LINE} {from}\n"));
+        }
         let sig = self.key.sign(body.as_bytes());
         let mut raw = self.key_id().to_vec();
         raw.extend_from_slice(&sig.to_bytes());

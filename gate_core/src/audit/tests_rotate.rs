@@ -63,8 +63,11 @@ fn check_chain(path: &Path) -> Vec<Value> {
                     Some(name) => {
                         assert_eq!((v["event"].as_str(), v["rotated_from"].as_str()), (Some("checkpoint"), Some(name.as_str())));
                         assert_eq!(v["size"], json!(seq - 1));
+                        let note = v["note"].as_str().expect("a note");
+                        let signed = note.split("\n\n").next().expect("a body");
+                        assert!(signed.ends_with(&format!("\nrotated_from {name}")), "the link is in the signed text: {note:?}");
                     }
-                    None => assert!(v.get("rotated_from").is_none()),
+                    None => assert!(v.get("rotated_from").is_none() && !v["note"].as_str().unwrap_or("").contains("rotated_from")),
                 }
             }
             prev = hash(line);

@@ -27,6 +27,9 @@ pub struct Counts {
     pub inspected: AtomicU64,
     /// Let through by `report` mode that `enforce` would have denied (also in `allowed`).
     pub would_deny: AtomicU64,
+    /// Refused with 503 before any dial because their record could not be written (decision
+    /// `failed`, error `internal: ...`): not in `failed`, which is what upstream broke.
+    pub unsent: AtomicU64,
 }
 
 /// What every connection task shares.
@@ -51,6 +54,8 @@ pub struct Ctx {
     pub(super) clients: Arc<super::client::Clients>,
     /// How many `dns` records the stub may still write this second (see `dns_stub`).
     pub(super) dns_rate: super::dns_stub::RecordRate,
+    /// The run's denials, folded (see `fold`).
+    pub(super) folds: super::fold::Folds,
     /// Kept upstream connections of plain-http requests (see `pool`).
     pub(super) upstream: super::pool::Pool<super::respond::Body>,
     /// Kept upstream TLS connections of inspected requests (see `pool`, `inspect`).
@@ -97,9 +102,10 @@ impl Ctx {
         }
     }
 
-    /// Count and log one decision. The caller decides what a failed write means for the
-    /// client (see [`Ctx::admit`], [`Ctx::refuse_with`]); the first failure after a success
-    /// (and the first success after failures) is told on stderr.
+    /// Count and log one decision (a repeated denial folded, see `fold`: its record is its
+    /// key's at the window's end, and this returns Ok). The caller decides what a failed
+    /// write means for the client (see [`Ctx::admit`], [`Ctx::refuse_with`]); the first
+    /// failure after a success (and the first success after failures) is told on stderr.
     pub(super) fn record(&self, rec: GateRecord) -> Result<(), AuditError> {
         if rec.would.is_some() {
             self.counts.would_deny.fetch_add(1, Ordering::Relaxed);
@@ -108,6 +114,7 @@ impl Ctx {
             f::ALLOWED if rec.inspected => &self.counts.inspected,
             f::ALLOWED => &self.counts.allowed,
             f::DENIED => &self.counts.denied,
+            _ if rec.error.as_deref().is_some_and(|e| e.starts_with(INTERNAL)) => &self.counts.unsent,
             _ => &self.counts.failed,
         };
         counter.fetch_add(1, Ordering::Relaxed);
@@ -119,7 +126,20 @@ impl Ctx {
             "gate decision"
         );
         self.notices.show(&rec);
+        // A repeated denial is counted above and told in its key's folded record (see
+        // `fold`); not while the log is failing: each denial then tries its own write.
+        if super::fold::folds(&rec)
+            && !self.audit_failing.load(Ordering::Relaxed)
+            && self.folds.offer(&rec, std::time::Instant::now()) == super::fold::Offer::Folded
+        {
+            return Ok(());
+        }
         self.write(rec.into_map())
+    }
+
+    /// Write a folded record of denials (see `fold`): counted when each happened.
+    pub(super) fn write_folded(&self, record: serde_json::Map<String, serde_json::Value>) -> Result<(), AuditError> {
+        self.write(record)
     }
 
     /// Write a record that is no decision (an approval step) to the audit log.
@@ -167,7 +187,7 @@ impl Ctx {
     pub(super) fn unrecorded(&self, mut rec: GateRecord, err: &AuditError) -> Response<respond::Body> {
         let resp = respond::audit_unwritable(err);
         rec.decision = f::FAILED;
-        rec.error = Some(format!("internal: {err}"));
+        rec.error = Some(format!("{INTERNAL}{err}"));
         rec.status = Some(resp.status().as_u16());
         let _ = self.record(rec);
         resp
@@ -196,6 +216,9 @@ impl Ctx {
         }
     }
 }
+
+/// The prefix of the error of a decision the gate's own fault ended (an audit write).
+const INTERNAL: &str = "internal: ";
 
 /// The request target for the audit log, without any `user:password@`.
 fn target_of(uri: &Uri) -> String {

@@ -5,6 +5,7 @@ mod admit;
 pub mod client;
 mod connect;
 mod dns_stub;
+mod fold;
 mod ctx;
 pub mod dial;
 mod forward;
@@ -203,6 +204,7 @@ impl Gate {
                 audit_failing: Default::default(),
                 clients: Arc::new(client::Clients::new(config.run_cgroup)),
                 dns_rate: Default::default(),
+                folds: Default::default(),
                 upstream: pool::Pool::new(tasks.clone(), pool::IDLE_TIMEOUT, pool::MAX_IDLE_PER_KEY),
                 inspected: pool::Pool::new(tasks.clone(), pool::IDLE_TIMEOUT, pool::MAX_IDLE_PER_KEY),
                 tasks,
@@ -217,6 +219,7 @@ impl Gate {
             Some((udp, tcp)) => Some((udp, tokio_listeners(tcp).map_err(GateError::Runtime)?)),
             None => None,
         };
+        ctx.spawn(fold::run(ctx.clone()));
         let open = server::Cap::new(server::MAX_CONNECTIONS, "open connections");
         for l in proxy {
             ctx.spawn(server::serve(l, ctx.clone(), open.clone()));
@@ -249,9 +252,14 @@ impl Gate {
         )
     }
 
-    /// (inspected tunnels, report-mode decisions `enforce` would have denied) so far.
-    pub fn more_counts(&self) -> (u64, u64) {
-        (self.counts.inspected.load(Ordering::Relaxed), self.counts.would_deny.load(Ordering::Relaxed))
+    /// (inspected tunnels, report-mode decisions `enforce` would have denied, requests
+    /// refused unsent because their record could not be written) so far.
+    pub fn more_counts(&self) -> (u64, u64, u64) {
+        (
+            self.counts.inspected.load(Ordering::Relaxed),
+            self.counts.would_deny.load(Ordering::Relaxed),
+            self.counts.unsent.load(Ordering::Relaxed),
+        )
     }
 
     /// Tasks of this gate not yet ended (accept loops, connections, tunnels...); 0 once
@@ -286,6 +294,7 @@ impl Gate {
             rt.shutdown_timeout(STOP_TIMEOUT.saturating_sub(started.elapsed()));
         }
         dns_stub::flush(&self.ctx);
+        fold::flush(&self.ctx);
         if !end_run {
             return;
         }
