@@ -102,7 +102,7 @@ static __always_inline void fold_key_of(struct gw_fold_key *k, const struct gw_e
 {
 	__builtin_memset(k, 0, sizeof(*k));
 	k->cgroup_id = ev->cgroup_id;
-	k->tgid = ev->tgid;
+	k->tgid = ev->hook == GW_HOOK_SYS_EXIT ? 0 : ev->tgid;
 	k->family = ev->family;
 	k->dst_port = ev->dst_port;
 	k->sock_type = ev->sock_type;
@@ -148,7 +148,7 @@ static __always_inline void fold_overflow(void *rb, struct gw_fold_key *k, struc
 	__builtin_memset(k, 0, sizeof(*k));
 	k->cgroup_id = ev->cgroup_id;
 	k->overflow = 1;
-	k->verdict = ev->verdict == GW_ALLOW_UNIX ? GW_ALLOW_UNIX : 0;
+	k->verdict = ev->verdict == GW_ALLOW_UNIX || ev->verdict == GW_REFUSED_WRITE ? ev->verdict : 0;
 	f = gw_folds.lookup(k);
 	ev->overflow = 1;
 	if (f) {
@@ -174,7 +174,7 @@ static __always_inline int fold_first(void *rb, struct gw_fold_key *k, struct gw
 	struct gw_fold *got;
 	int err;
 
-	if (f && keys && *keys < GW_MAX_FOLDS_PER_RUN) {
+	if (f && keys && *keys < (ev->hook == GW_HOOK_SYS_EXIT ? GW_MAX_REFUSED_WRITE_FOLDS : GW_MAX_FOLDS_PER_RUN)) {
 		ev->count = 1;
 		ev->first_ns = now;
 		ev->last_ns = now;
