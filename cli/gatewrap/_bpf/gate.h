@@ -13,9 +13,9 @@
  * config): counted exactly, without their destination. */
 #define GW_MAX_FOLDS 65536
 #define GW_MAX_FOLDS_PER_RUN 4096
-/* Of them, refused writes (GW_HOOK_SYS_EXIT) may take a run's keys up to this many: what is
- * left is the network denials' (a tool writing to a thousand read-only paths must not fold
- * the run's egress denials into its overflow entry). */
+/* A run's refused writes (GW_HOOK_SYS_EXIT) are folded one by one up to this many distinct
+ * ones, on a quota of their own (gw_refused_keys): a tool writing to a thousand read-only
+ * paths never folds the run's egress denials into their overflow entry. */
 #define GW_MAX_REFUSED_WRITE_FOLDS 1024
 /* Repeats of a denial within this many nanoseconds of its last event are folded into
  * the next one (the loader sets it with -DGW_FOLD_INTERVAL_NS=...). */

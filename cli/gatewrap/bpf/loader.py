@@ -52,9 +52,9 @@ SOURCES = ("gate.h", *PROGRAMS)
 #: Per-run ring buffer size in bytes (power of two, page multiple): ~2900 events.
 RINGBUF_BYTES = 256 * 1024
 #: Maps pinned by the C source (BPF_TABLE_PINNED) in the pin directory.
-PINNED_MAPS = ("gw_runs", "gw_events", "gw_lost", "gw_fold_keys", "gw_folds")
+PINNED_MAPS = ("gw_runs", "gw_events", "gw_lost", "gw_fold_keys", "gw_refused_keys", "gw_folds")
 #: The pinned maps keyed by a run's cgroup id (u64); gw_folds is keyed by struct gw_fold_key.
-PER_RUN_MAPS = ("gw_runs", "gw_events", "gw_lost", "gw_fold_keys")
+PER_RUN_MAPS = ("gw_runs", "gw_events", "gw_lost", "gw_fold_keys", "gw_refused_keys")
 #: Maps whose leaf struct Python needs: gw_runs (struct gw_run_config), gw_event_layout (struct
 #: gw_event), gw_folds (struct gw_fold; its key struct gw_fold_key too).
 LAYOUT_MAPS = ("gw_runs", "gw_event_layout", "gw_folds")
@@ -251,6 +251,7 @@ class Hooks:
             rb_fd = libbpf.ringbuf_create("gw_run_events", RINGBUF_BYTES)
             libbpf.map_update(self._fds["gw_events"], key, ct.c_int(rb_fd))
             libbpf.map_update(self._fds["gw_fold_keys"], key, ct.c_uint64(0))
+            libbpf.map_update(self._fds["gw_refused_keys"], key, ct.c_uint64(0))
             for verdict in OVERFLOW_VERDICTS:  # denials, unix sockets (allowed), refused writes
                 overflow = self._fold_key_type()
                 overflow.cgroup_id, overflow.overflow, overflow.verdict = cgroup_id, 1, verdict
@@ -287,12 +288,14 @@ class Hooks:
     def folds(self, cgroup_id: int) -> list[tuple[Any, Any]]:
         """The ``gw_folds`` entries of ``cgroup_id``: (struct gw_fold_key, struct gw_fold) pairs.
 
-        A run whose ``gw_fold_keys`` counter is 0 never had a key of its own inserted (the
-        programs count each insert; nothing else inserts but :meth:`configure`): its entries
+        A run whose ``gw_fold_keys`` and ``gw_refused_keys`` counters are 0 never had a key of
+        its own inserted (the programs count each insert; nothing else inserts but
+        :meth:`configure`): its entries
         are at most its three overflow entries, looked up by key. Otherwise (or without a
         counter) every key of the map, all runs' (up to GW_MAX_FOLDS), is read."""
-        keys = ct.c_uint64(0)
-        if libbpf.map_lookup(self._fds["gw_fold_keys"], ct.c_uint64(cgroup_id), keys) and keys.value == 0:
+        keys, refused = ct.c_uint64(0), ct.c_uint64(0)
+        if libbpf.map_lookup(self._fds["gw_fold_keys"], ct.c_uint64(cgroup_id), keys) and keys.value == 0 and \
+                libbpf.map_lookup(self._fds["gw_refused_keys"], ct.c_uint64(cgroup_id), refused) and refused.value == 0:
             out = []
             for verdict in OVERFLOW_VERDICTS:
                 k, v = self._fold_key_type(), self._fold_type()
