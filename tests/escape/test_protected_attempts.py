@@ -118,3 +118,39 @@ def test_the_summary_names_each_refused_path_once_with_its_count(attempted):
     assert summary.count(repr(str(work / ".git/config"))) == 1, summary
     end = next(r for r in records if r.get("event") == "run_end")
     assert "protected_refused" not in end and end["lost_events"] == 0, end
+
+
+@pytest.mark.skipif(os.environ.get("GATEWRAP_SHARED") == "1",
+                    reason="the session's daemon holds the hooks it loaded at its start")
+def test_without_the_report_the_run_goes_on_refused_and_says_it_is_unrecorded(tmp_path):
+    """The read-only mounts enforce; the tracepoint only reports. A kernel that refused the
+    program (its pins gone: as after a refusal at load) leaves the run going, the attempt
+    refused, and the gap said on stderr and in run_start."""
+    from gatewrap.bpf import loader
+    from gatewrap.sandbox import cgroup
+
+    hooks = loader.load_or_reuse(cgroup.parent_dir())
+    pin_dir = hooks.pin_dir
+    hooks.close()
+    top = Path(tempfile.mkdtemp(prefix="gwt-attempts-off-"))
+    try:
+        for name in (loader.ATTEMPTS_LINK, f"prog_{loader.ATTEMPTS_PROG}"):
+            os.unlink(f"{pin_dir}/{name}")
+        top.chmod(0o755)
+        subprocess.run(["git", "init", "-q", str(top / "w")], check=True)
+        subprocess.run(["chown", "-R", f"{AGENT_UID}:{AGENT_UID}", str(top)], check=True)
+        audit = tmp_path / "audit.jsonl"
+        cmd = gatewrap_cmd("run", "--audit-log", str(audit), "--workdir", str(top / "w"), "--", "/bin/sh", "-c",
+                           "git config core.fsmonitor x; echo \"FSMONITOR $?\"")
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=60,
+                           env={**os.environ, "SUDO_UID": str(AGENT_UID), "SUDO_GID": str(AGENT_UID)})
+        records = [json.loads(x) for x in audit.read_text().splitlines()]
+        assert p.returncode == 0 and "FSMONITOR 0" not in p.stdout, p.stderr
+        assert p.stderr.count("attempts to change protected paths are refused but not recorded") == 1, p.stderr
+        assert "refused the raw tracepoint program" in _start(records)["attempts_unrecorded"]
+        assert not _refused(records) and "refused changes" not in p.stderr
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+        # The next run loads the hooks afresh (a partial pin directory is started clean).
+        for name in os.listdir(pin_dir):
+            os.unlink(f"{pin_dir}/{name}")
