@@ -120,8 +120,7 @@ def test_the_summary_names_each_refused_path_once_with_its_count(attempted):
     assert "protected_refused" not in end and end["lost_events"] == 0, end
 
 
-@pytest.mark.skipif(os.environ.get("GATEWRAP_SHARED") == "1",
-                    reason="the session's daemon holds the hooks it loaded at its start")
+@pytest.mark.own_process  # the session's daemon holds the hooks it loaded at its start
 def test_without_the_report_the_run_goes_on_refused_and_says_it_is_unrecorded(tmp_path):
     """The read-only mounts enforce; the tracepoint only reports. A kernel that refused the
     program (its pins gone: as after a refusal at load) leaves the run going, the attempt
