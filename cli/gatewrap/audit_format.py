@@ -79,6 +79,9 @@ def who_why(rec: dict[str, Any]) -> str:
         parts.append("TLS-inspected tunnel")
     if rec.get("count", 1) != 1:  # folded: the kernel's, the gate's denials, DNS over the record rate
         parts.append(f"×{rec['count']} attempts")
+    if rec.get("event") == "protected_path" and rec.get("change") == "refused":
+        parts.append(f"refused {rec.get('syscall', '?')} {rec.get('errno', '?')} on {rec.get('path')}"
+                     + (f" ×{rec['count']} attempts" if rec.get("count", 1) != 1 else ""))
     if rec.get("pid") is not None:
         parts.append(f"pid {rec['pid']} {rec.get('comm') or rec.get('cmdline') or ''}".strip())
     for key in ("reason", "error", "rule"):

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any, TextIO
 
 from .attribution import Attributor
-from .bpf.loader import MAX_FOLDS_PER_RUN, RunHooks, _Event
+from .bpf.loader import AT_FDCWD, MAX_FOLDS_PER_RUN, MAX_REFUSED_WRITE_FOLDS, RunHooks, _Event
 from .text import printable
 
 #: Live notices per run on stderr; beyond it one line says they are suppressed (the audit
@@ -140,6 +140,65 @@ def notice_of(rec: dict[str, Any], gate_url: str) -> str:
             f"({gate_url}) is reachable")
 
 
+def _proc_link(tgid: int, name: str) -> str | None:
+    """readlink(2) of /proc/TGID/NAME (``cwd``, ``fd/N``); None when the process or fd is gone."""
+    try:
+        return os.readlink(f"/proc/{tgid}/{name}")
+    except OSError:
+        return None
+
+
+def refused_path(ev: _Event, workdir: str | None) -> str | None:
+    """The absolute path a refused write named: its path as given, joined to the directory
+    it was relative to (the process's cwd or ``dirfd``, read from /proc now if it still
+    lives; a cwd it no longer has: ``workdir``, the run's working directory), normalised
+    (``..`` taken lexically). None when a ``dirfd``'s folder cannot be known any more.
+
+    The process may have changed its cwd between the attempt and this read (events are
+    read a moment later): the path is then joined to the wrong folder, as with any /proc read.
+    """
+    if not ev.path:
+        return None
+    if ev.path.startswith("/"):
+        return os.path.normpath(ev.path)
+    base = _proc_link(ev.tgid, "cwd" if ev.dirfd == AT_FDCWD else f"fd/{ev.dirfd}")
+    if base is None:
+        if ev.dirfd != AT_FDCWD or workdir is None:
+            return None
+        base = workdir
+    if not base.startswith("/"):  # e.g. "pipe:[...]": no folder
+        return None
+    return os.path.normpath(os.path.join(base, ev.path))
+
+
+def protected_match(path: str, protected: dict[str, str]) -> str | None:
+    """The host path of ``path`` (as the agent names it) when it is a protected path or lies
+    below one; None otherwise. ``protected``: the run's protected paths as the agent sees
+    them (in the jail: :func:`gatewrap.sandbox.view.in_jail`) -> their host paths."""
+    probe = path
+    while True:
+        host = protected.get(probe)
+        if host is not None:
+            return host + path[len(probe):]
+        if probe in ("/", ""):
+            return None
+        probe = os.path.dirname(probe)
+
+
+def refused_record_of(ev: _Event, run_id: str, host_path: str) -> dict[str, Any]:
+    """The ``protected_path`` record of an attempt to change a protected path that the
+    kernel refused (``change: "refused"``): the syscall, its errno, and how many identical
+    attempts (same path as given, syscall and errno, any process of the run) it stands for,
+    with tid/comm of one of them."""
+    rec: dict[str, Any] = {"run": run_id, "event": "protected_path", "path": host_path, "change": "refused",
+                           "syscall": ev.syscall, "errno": ev.errno, "count": ev.count}
+    if ev.count > 1:
+        rec.update(first_seen=_wall_time(ev.first_ns), last_seen=_wall_time(ev.last_ns))
+    if ev.tgid:
+        rec.update(pid=ev.tgid, tid=ev.pid, uid=ev.uid, comm=ev.comm)
+    return rec
+
+
 class KernelDenials:
     """A thread that polls the run's ring buffer and records every denial.
 
@@ -153,8 +212,18 @@ class KernelDenials:
 
     def __init__(self, hooks: RunHooks, audit: Any, run_id: str, gate_url: str,
                  stderr: TextIO | None = None, run_cgroup: str | None = None,
-                 audit_command: str | None = None, reader: "SharedReader | None" = None) -> None:
+                 audit_command: str | None = None, reader: "SharedReader | None" = None,
+                 protected: dict[str, str] | None = None, workdir: str | None = None) -> None:
         self._hooks = hooks
+        #: The run's protected paths as the agent names them -> their host paths
+        #: (:func:`protected_match`), and its working directory (:func:`refused_path`).
+        self._protected = protected or {}
+        self._workdir = workdir
+        #: Refused attempts to change each protected path (host path -> attempts), as recorded.
+        self.refused: dict[str, int] = {}
+        #: Refused writes beyond the MAX_REFUSED_WRITE_FOLDS distinct ones a run folds, without
+        #: their path (not checked against the protected paths).
+        self.refused_unsorted = 0
         #: The one thread that polls every run's buffer (the daemon's); None: a thread of our own.
         self._reader = reader
         self._audit = audit
@@ -176,7 +245,36 @@ class KernelDenials:
         #: same, counted in run_end's unrecorded_events, said once on stderr.
         self.unrecorded = 0
 
+    def _on_refused(self, ev: _Event) -> None:
+        """A write the kernel refused with EROFS/EBUSY: recorded when it named a protected path."""
+        if ev.overflow:
+            if not self.refused_unsorted:
+                print(f"gatewrap: more than {MAX_REFUSED_WRITE_FOLDS} distinct writes to read-only paths: "
+                      "further ones are refused but not checked against the protected paths",
+                      file=self._stderr, flush=True)
+            self.refused_unsorted += ev.count
+            return
+        path = refused_path(ev, self._workdir)
+        host = None if path is None else protected_match(path, self._protected)
+        if host is None:
+            return
+        rec = refused_record_of(ev, self._run_id, host)
+        try:
+            self._audit.write(rec)
+        except OSError as e:
+            if not self.unrecorded:
+                print(f"gatewrap: kernel events cannot be written to the audit log ({e})", file=self._stderr, flush=True)
+            self.unrecorded += ev.count
+        first = host not in self.refused
+        self.refused[host] = self.refused.get(host, 0) + ev.count
+        if first and len(self.refused) <= MAX_NOTICES:
+            print(f"gatewrap: refused: {printable(ev.comm)} (pid {ev.tgid}) tried to change the protected path "
+                  f"{printable(host)} ({ev.syscall}: {ev.errno})", file=self._stderr, flush=True)
+
     def _on_event(self, ev: _Event) -> None:
+        if ev.refused_write:
+            self._on_refused(ev)
+            return
         rec = record_of(ev, self._run_id, self._attribute)
         try:
             self._audit.write(rec)

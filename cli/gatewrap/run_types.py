@@ -94,6 +94,9 @@ class RunResult:
     unsent: int = 0
     #: Kernel denials delivered but not recorded: the audit log could not take them.
     unrecorded: int = 0
+    #: Protected paths the agent tried to change, refused by the kernel: host path -> attempts
+    #: (:class:`gatewrap.kernel_denials.KernelDenials`).
+    refused: dict[str, int] = field(default_factory=dict)
 
     def as_record(self) -> dict[str, Any]:
         """The summary with the audit log's field names (as in its ``run_end`` record)."""
@@ -104,7 +107,9 @@ class RunResult:
                 "pids_refused": self.pids_refused, "oom_kills": self.oom_kills,
                 "audit_log": self.audit_log,
                 **({"approvals": self.approvals} if self.approvals is not None else {}),
-                **({"protected": self.protected} if self.protected else {})}
+                **({"protected": self.protected} if self.protected else {}),
+                **({"protected_refused": [{"path": k, "count": v} for k, v in self.refused.items()]}
+                   if self.refused else {})}
 
 
 def summary_line(r: RunResult) -> str:
@@ -121,7 +126,7 @@ def summary_line(r: RunResult) -> str:
         f"{f', {r.would_deny} would be denied in enforce mode (report mode)' if r.would_deny else ''}{lost}"
         f"{f', {r.pids_refused} forks refused at the pids bound (--pids)' if r.pids_refused else ''}"
         f"{f', {r.oom_kills} processes killed for memory (OOM; --memory)' if r.oom_kills else ''}"
-        f"{_approvals_part(r.approvals)}{_protected_part(r.protected)}; "
+        f"{_approvals_part(r.approvals)}{_protected_part(r.protected)}{_refused_part(r.refused)}; "
         f"audit log {r.audit_log} ({audit_command(r.run_id, r.audit_log)})"
     )
 
@@ -143,6 +148,16 @@ def _protected_part(moved: list[dict[str, str]]) -> str:
     more = f" and {len(moved) - 5} more" if len(moved) > 5 else ""
     return (f", {len(moved)} protected path{'s' if len(moved) > 1 else ''} the agent made or replaced, "
             f"moved aside (review before use; tools run them): {names}{more}")
+
+
+def _refused_part(refused: dict[str, int]) -> str:
+    """The summary's protected paths the agent tried to change (refused), each once with its count."""
+    if not refused:
+        return ""
+    names = ", ".join(f"{path!r} ×{n}" for path, n in list(refused.items())[:5])
+    more = f" and {len(refused) - 5} more" if len(refused) > 5 else ""
+    return (f", refused changes to {len(refused)} protected path{'s' if len(refused) > 1 else ''} "
+            f"(attempts): {names}{more}")
 
 
 def _approvals_part(c: dict[str, int] | None) -> str:

@@ -477,9 +477,15 @@ class Sandbox:
         for note in notes:
             print(note, file=err)
         self._announce(replaced)
+        unrecorded = hooks.attempts_unrecorded
+        if unrecorded is not None and p.protect_roots:
+            print(f"gatewrap: note: attempts to change protected paths are refused but not recorded ({unrecorded})",
+                  file=err)
         try:
             p.audit.write({"run": run_id, "event": "run_start", "argv": opts.argv, "uid": p.target.uid,
-                           "cgroup_id": cgroup_id, "gate": p.gate_url, "limits": self._bounds.record, **({"env": p.env_names} if p.env_names else {})})
+                           "cgroup_id": cgroup_id, "gate": p.gate_url, "limits": self._bounds.record,
+                           **({"env": p.env_names} if p.env_names else {}),
+                           **({"attempts_unrecorded": unrecorded} if unrecorded is not None else {})})
         except OSError as e:
             raise GatewrapError(f"{e.strerror}: a run starts only once its run_start record is written; "
                                 "free space there, or choose another --audit-log") from e
@@ -601,7 +607,8 @@ class Sandbox:
         p, opts = self.plan, self.plan.opts
         denials = KernelDenials(self._run_hooks, p.audit, p.run_id, p.gate_url, self.err,
                                 run_cgroup=attribution.cgroup_path(self.leaf, cgroup.cgroup2_mount() or "/"),
-                                audit_command=audit_command(p.run_id, opts.audit_log), reader=self._reader)
+                                audit_command=audit_command(p.run_id, opts.audit_log), reader=self._reader,
+                                protected=_protected_names(p), workdir=p.cwd)
         denials.start()
         self._denials = denials
         self._undo.callback(denials.stop)
@@ -719,10 +726,12 @@ class Sandbox:
                            self._denials.count + e["direct_egress"], lost, p.opts.audit_log,
                            inspected=counts.get("inspected", 0), would_deny=counts.get("would_deny", 0),
                            approvals=asked, protected=protected,
-                           unsent=counts.get("unsent", 0), unrecorded=self._denials.unrecorded, **hit)
+                           unsent=counts.get("unsent", 0), unrecorded=self._denials.unrecorded,
+                           refused=dict(self._denials.refused), **hit)
         end = result.as_record()
         del end["audit_log"]
         end.pop("protected", None)  # each has a protected_path record of its own
+        end.pop("protected_refused", None)  # so has each refused attempt
         end.pop("approvals", None)  # the gate's approval_* records hold them; run_end's schema does not
         if exit_code is None:
             del end["exit_code"]
@@ -751,6 +760,17 @@ def _sweep_protected_of(p: Plan, err: TextIO) -> list[dict[str, str]]:
               f"aside ({why}): review it before git, direnv or an editor opens it", file=err, flush=True)
         _write_protected(p, {"path": path, "change": "unknown", "error": why}, err)
     return out
+
+
+def _protected_names(p: Plan) -> dict[str, str]:
+    """The run's protected paths as the agent names them -> their host paths (the jail shows
+    some elsewhere: :func:`view.in_jail`), for the report of refused attempts."""
+    names: dict[str, str] = {}
+    for path in {*p.protected.readonly, *p.protected.watched}:
+        names[path] = path
+        if p.opts.jail == "nsjail":
+            names.setdefault(view.in_jail(path), path)
+    return names
 
 
 def _write_protected(p: Plan, fields: dict[str, str], err: TextIO) -> None:

@@ -39,6 +39,9 @@ BPF_TABLE_PINNED("hash", struct gw_fold_key, struct gw_fold, gw_folds, GW_MAX_FO
 BPF_PERCPU_ARRAY(gw_scratch, struct gw_fold, 1);
 /* gw_folds entries per run; the loader creates a run's counter (0) with its config. */
 BPF_TABLE_PINNED("hash", u64, u64, gw_fold_keys, GW_MAX_RUNS, GW_PIN_DIR "/gw_fold_keys");
+/* ... and those of its refused writes (GW_HOOK_SYS_EXIT), counted apart: writes to read-only
+ * paths never take the keys of the run's egress denials. */
+BPF_TABLE_PINNED("hash", u64, u64, gw_refused_keys, GW_MAX_RUNS, GW_PIN_DIR "/gw_refused_keys");
 
 static __always_inline int port_in(const __u16 *ports, __u16 port)
 {
@@ -102,7 +105,7 @@ static __always_inline void fold_key_of(struct gw_fold_key *k, const struct gw_e
 {
 	__builtin_memset(k, 0, sizeof(*k));
 	k->cgroup_id = ev->cgroup_id;
-	k->tgid = ev->tgid;
+	k->tgid = ev->hook == GW_HOOK_SYS_EXIT ? 0 : ev->tgid;
 	k->family = ev->family;
 	k->dst_port = ev->dst_port;
 	k->sock_type = ev->sock_type;
@@ -148,7 +151,7 @@ static __always_inline void fold_overflow(void *rb, struct gw_fold_key *k, struc
 	__builtin_memset(k, 0, sizeof(*k));
 	k->cgroup_id = ev->cgroup_id;
 	k->overflow = 1;
-	k->verdict = ev->verdict == GW_ALLOW_UNIX ? GW_ALLOW_UNIX : 0;
+	k->verdict = ev->verdict == GW_ALLOW_UNIX || ev->verdict == GW_REFUSED_WRITE ? ev->verdict : 0;
 	f = gw_folds.lookup(k);
 	ev->overflow = 1;
 	if (f) {
@@ -168,13 +171,14 @@ static __always_inline void fold_overflow(void *rb, struct gw_fold_key *k, struc
  * place: each call inlines it, fold_repeat with it. */
 static __always_inline int fold_first(void *rb, struct gw_fold_key *k, struct gw_event *ev, __u64 now)
 {
-	__u64 *keys = gw_fold_keys.lookup(&ev->cgroup_id);
+	int refused = ev->hook == GW_HOOK_SYS_EXIT;
+	__u64 *keys = refused ? gw_refused_keys.lookup(&ev->cgroup_id) : gw_fold_keys.lookup(&ev->cgroup_id);
 	int zero = 0;
 	struct gw_fold *f = gw_scratch.lookup(&zero);
 	struct gw_fold *got;
 	int err;
 
-	if (f && keys && *keys < GW_MAX_FOLDS_PER_RUN) {
+	if (f && keys && *keys < (refused ? GW_MAX_REFUSED_WRITE_FOLDS : GW_MAX_FOLDS_PER_RUN)) {
 		ev->count = 1;
 		ev->first_ns = now;
 		ev->last_ns = now;

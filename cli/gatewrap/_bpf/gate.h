@@ -13,6 +13,10 @@
  * config): counted exactly, without their destination. */
 #define GW_MAX_FOLDS 65536
 #define GW_MAX_FOLDS_PER_RUN 4096
+/* A run's refused writes (GW_HOOK_SYS_EXIT) are folded one by one up to this many distinct
+ * ones, on a quota of their own (gw_refused_keys): a tool writing to a thousand read-only
+ * paths never folds the run's egress denials into their overflow entry. */
+#define GW_MAX_REFUSED_WRITE_FOLDS 1024
 /* Repeats of a denial within this many nanoseconds of its last event are folded into
  * the next one (the loader sets it with -DGW_FOLD_INTERVAL_NS=...). */
 /* sun_path of struct sockaddr_un (include/uapi/linux/un.h). */
@@ -35,6 +39,8 @@ enum gw_hook {
 	GW_HOOK_SETSOCKOPT = 7,         /* event.protocol holds the option name */
 	GW_HOOK_CONNECT_UNIX = 8,       /* event.dst.path holds the address (Linux 6.7+) */
 	GW_HOOK_SENDMSG_UNIX = 9,
+	GW_HOOK_SYS_EXIT = 10,          /* raw_tracepoint/sys_exit: a write-class syscall refused
+					 * (attempts.bpf.c); dst.path holds a path it was given */
 };
 
 enum gw_verdict {
@@ -46,6 +52,9 @@ enum gw_verdict {
 	GW_DENY_FAMILY = 6,     /* a destination of another address family than the hook's */
 	GW_ALLOW_UNIX = 7,      /* a unix socket address: allowed (the jail's mount namespace
 				 * decides which exist), recorded */
+	GW_REFUSED_WRITE = 8,   /* a syscall that changes a path got EROFS or EBUSY (the jail's
+				 * read-only mounts: protected paths, or any read-only folder):
+				 * only reported, the kernel refused it already */
 };
 
 /* Per-run configuration, keyed by the run's cgroup id (cgroup directory inode). */
@@ -56,7 +65,12 @@ struct gw_run_config {
 	__u16 udp_ports[GW_MAX_PORTS];  /* host byte order; 0 = unused slot (e.g. a DNS stub) */
 };
 
-/* One denied attempt, as put on the run's ring buffer. */
+/* One denied attempt, as put on the run's ring buffer. A GW_HOOK_SYS_EXIT event (a refused
+ * write) uses the socket fields for its own: family = the errno (EROFS 30, EBUSY 16),
+ * protocol = the syscall number (x86-64), sock_type = the directory fd the path is relative
+ * to (AT_FDCWD -100 as __u32), dst_port = which path argument (0: the one changed, or a
+ * rename's or link's source; 1: a rename's or link's destination), dst.path the path as the
+ * syscall got it (path_len bytes, cut at GW_UNIX_PATH - 1). */
 struct gw_event {
 	__u64 cgroup_id;
 	__u32 pid;                      /* thread id (kernel pid); 0 when unknown (skb hooks) */
@@ -84,8 +98,9 @@ struct gw_event {
 };
 
 /* What makes two denials "the same" (folded together): the same process (tgid) and the
- * event's fields but its thread, uid, comm and counts. A run has two overflow entries,
- * with overflow = 1, verdict 0 (denials) or GW_ALLOW_UNIX, and every other field but
+ * event's fields but its thread, uid, comm and counts; for refused writes any process of
+ * the run (tgid 0: a shell loop makes a process per attempt). A run has three overflow entries,
+ * with overflow = 1, verdict 0 (denials), GW_ALLOW_UNIX or GW_REFUSED_WRITE, and every other field but
  * cgroup_id 0. */
 struct gw_fold_key {
 	__u64 cgroup_id;

@@ -30,6 +30,7 @@ _lib.bpf_map_update_elem.argtypes = [ct.c_int, ct.c_void_p, ct.c_void_p, ct.c_ul
 _lib.bpf_map_lookup_elem.argtypes = [ct.c_int, ct.c_void_p, ct.c_void_p]
 _lib.bpf_map_delete_elem.argtypes = [ct.c_int, ct.c_void_p]
 _lib.bpf_map_get_next_key.argtypes = [ct.c_int, ct.c_void_p, ct.c_void_p]
+_lib.bpf_raw_tracepoint_open.argtypes = [ct.c_char_p, ct.c_int]
 #: int (*ring_buffer_sample_fn)(void *ctx, void *data, size_t size) (libbpf.h)
 RINGBUF_CB_TYPE = ct.CFUNCTYPE(ct.c_int, ct.c_void_p, ct.c_void_p, ct.c_size_t)
 _lib.ring_buffer__new.argtypes = [ct.c_int, RINGBUF_CB_TYPE, ct.c_void_p, ct.c_void_p]
@@ -81,6 +82,13 @@ def prog_query(cgroup_fd: int, attach_type: int) -> list[int]:
     _check(_lib.bpf_prog_query(cgroup_fd, attach_type, 0, ct.byref(flags), ids, ct.byref(cnt)),
            "bpf_prog_query")
     return list(ids[: cnt.value])
+
+
+def raw_tracepoint_open(name: str, prog_fd: int) -> int:
+    """BPF_RAW_TRACEPOINT_OPEN: attach a raw tracepoint program to tracepoint ``name`` (e.g.
+    ``sys_exit``; no tracefs needed); returns the attachment's fd, a BPF link (Linux 5.8+)
+    that :func:`obj_pin` can pin, and that stays attached while it is pinned or open."""
+    return _check(_lib.bpf_raw_tracepoint_open(name.encode(), prog_fd), f"bpf_raw_tracepoint_open {name}")
 
 
 def prog_fd_by_id(prog_id: int) -> int:

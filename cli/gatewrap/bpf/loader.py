@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes as ct
+import errno
 import fcntl
 import hashlib
 import json
@@ -46,14 +47,14 @@ LOCK_PATH = "/run/gatewrap/bpf.lock"
 #: The programs, grouped by hook family; bcc sees BPF programs only in the main text,
 #: so they are compiled as one text, in this order.
 PROGRAMS = ("common.bpf.c", "sock_addr.bpf.c", "sock_create.bpf.c", "skb_egress.bpf.c", "sockopt.bpf.c",
-            "unix.bpf.c")
+            "unix.bpf.c", "attempts.bpf.c")
 SOURCES = ("gate.h", *PROGRAMS)
 #: Per-run ring buffer size in bytes (power of two, page multiple): ~2900 events.
 RINGBUF_BYTES = 256 * 1024
 #: Maps pinned by the C source (BPF_TABLE_PINNED) in the pin directory.
-PINNED_MAPS = ("gw_runs", "gw_events", "gw_lost", "gw_fold_keys", "gw_folds")
+PINNED_MAPS = ("gw_runs", "gw_events", "gw_lost", "gw_fold_keys", "gw_refused_keys", "gw_folds")
 #: The pinned maps keyed by a run's cgroup id (u64); gw_folds is keyed by struct gw_fold_key.
-PER_RUN_MAPS = ("gw_runs", "gw_events", "gw_lost", "gw_fold_keys")
+PER_RUN_MAPS = ("gw_runs", "gw_events", "gw_lost", "gw_fold_keys", "gw_refused_keys")
 #: Maps whose leaf struct Python needs: gw_runs (struct gw_run_config), gw_event_layout (struct
 #: gw_event), gw_folds (struct gw_fold; its key struct gw_fold_key too).
 LAYOUT_MAPS = ("gw_runs", "gw_event_layout", "gw_folds")
@@ -88,16 +89,36 @@ HOOKS = (
 OPTIONAL_HOOKS = ("gw_connect_unix", "gw_sendmsg_unix")
 #: enum gw_hook and enum gw_verdict of bpf/gate.h, as the audit log names them.
 HOOK_NAMES = {1: "connect4", 2: "connect6", 3: "sendmsg4", 4: "sendmsg6", 5: "sock_create", 6: "skb_egress",
-              7: "setsockopt", 8: "connect_unix", 9: "sendmsg_unix"}
+              7: "setsockopt", 8: "connect_unix", 9: "sendmsg_unix", 10: "sys_exit"}
 #: The hooks of enum gw_hook that see an IPv4 sockaddr (connect4, sendmsg4): one of family
 #: AF_UNSPEC there is a destination too (udp_sendmsg takes it as AF_INET).
 V4_ADDR_HOOKS = (1, 3)
 #: GW_ALLOW_UNIX of enum gw_verdict: the unix socket hooks' (which allow).
 VERDICT_ALLOW_UNIX = 7
+#: GW_REFUSED_WRITE of enum gw_verdict: a write-class syscall on a path refused with EROFS or
+#: EBUSY (attempts.bpf.c; only reported).
+VERDICT_REFUSED_WRITE = 8
+#: The verdicts of a run's overflow entries in gw_folds (gate.h: denials, unix sockets, refused writes).
+OVERFLOW_VERDICTS = (0, VERDICT_ALLOW_UNIX, VERDICT_REFUSED_WRITE)
+#: GW_MAX_REFUSED_WRITE_FOLDS of bpf/gate.h.
+MAX_REFUSED_WRITE_FOLDS = 1024
+#: The raw tracepoint program that reports refused writes, and its pinned link (attempts.bpf.c).
+ATTEMPTS_PROG = "gw_sys_exit"
+ATTEMPTS_LINK = "link_gw_sys_exit"
+#: x86-64 syscall numbers attempts.bpf.c reports (arch/x86/entry/syscalls/syscall_64.tbl).
+SYSCALL_NAMES = {2: "open", 76: "truncate", 82: "rename", 83: "mkdir", 84: "rmdir", 85: "creat", 86: "link",
+                 87: "unlink", 88: "symlink", 90: "chmod", 92: "chown", 94: "lchown", 132: "utime", 133: "mknod",
+                 188: "setxattr", 189: "lsetxattr", 197: "removexattr", 198: "lremovexattr", 235: "utimes",
+                 257: "openat", 258: "mkdirat", 259: "mknodat", 260: "fchownat", 261: "futimesat", 263: "unlinkat",
+                 264: "renameat", 265: "linkat", 266: "symlinkat", 268: "fchmodat", 280: "utimensat",
+                 316: "renameat2", 437: "openat2", 452: "fchmodat2", 463: "setxattrat", 466: "removexattrat"}
+#: AT_FDCWD (include/uapi/linux/fcntl.h).
+AT_FDCWD = -100
 VERDICT_NAMES = {
     1: "not the gate", 2: "no run configured for this cgroup", 3: "no destination address",
     4: "socket kind not allowed (only TCP and UDP)", 5: "IP options or IPv6 extension headers",
     6: "unexpected address family", 7: "unix socket (allowed: the jail's view decides which exist)",
+    8: "a write refused by the kernel (read-only mount)",
 }
 
 
@@ -154,8 +175,18 @@ class _Event:
     overflow: bool = False
     #: A unix socket hook's event: allowed, recorded (not a denial).
     allowed: bool = False
-    #: The unix socket address (``@name`` for an abstract one); None if it had none.
+    #: The unix socket address (``@name`` for an abstract one); None if it had none. A refused
+    #: write's: the path as the syscall got it (relative to ``dirfd``), cut at 107 bytes.
     path: str | None = None
+    #: A refused write (hook ``sys_exit``): a syscall that changes a path got EROFS or EBUSY.
+    refused_write: bool = False
+    #: A refused write's syscall name (``openat``, ``renameat2``, ...), errno name (``EROFS``,
+    #: ``EBUSY``), the directory fd its path is relative to (:data:`AT_FDCWD`: the cwd), and
+    #: whether the path is a rename's or link's destination.
+    syscall: str = ""
+    errno: str = ""
+    dirfd: int = AT_FDCWD
+    destination: bool = False
 
 
 class Hooks:
@@ -166,8 +197,11 @@ class Hooks:
     (:func:`.layout.ctype_of`; no bcc needed).
     """
 
-    def __init__(self, pin_dir: str, layouts: dict[str, Any]) -> None:
+    def __init__(self, pin_dir: str, layouts: dict[str, Any], attempts_unrecorded: str | None = None) -> None:
         self.pin_dir = pin_dir
+        #: Why refused writes are not reported (the raw tracepoint could not be loaded or
+        #: attached), or None when they are.
+        self.attempts_unrecorded = attempts_unrecorded
         self._config_type = ctype_of(layouts["gw_runs"])
         self._event_type = ctype_of(layouts["gw_event_layout"])
         self._fold_type = ctype_of(layouts["gw_folds"])
@@ -217,7 +251,8 @@ class Hooks:
             rb_fd = libbpf.ringbuf_create("gw_run_events", RINGBUF_BYTES)
             libbpf.map_update(self._fds["gw_events"], key, ct.c_int(rb_fd))
             libbpf.map_update(self._fds["gw_fold_keys"], key, ct.c_uint64(0))
-            for verdict in (0, VERDICT_ALLOW_UNIX):  # denials, and unix sockets (allowed)
+            libbpf.map_update(self._fds["gw_refused_keys"], key, ct.c_uint64(0))
+            for verdict in OVERFLOW_VERDICTS:  # denials, unix sockets (allowed), refused writes
                 overflow = self._fold_key_type()
                 overflow.cgroup_id, overflow.overflow, overflow.verdict = cgroup_id, 1, verdict
                 libbpf.map_update(self._fds["gw_folds"], overflow, self._fold_type())
@@ -253,14 +288,16 @@ class Hooks:
     def folds(self, cgroup_id: int) -> list[tuple[Any, Any]]:
         """The ``gw_folds`` entries of ``cgroup_id``: (struct gw_fold_key, struct gw_fold) pairs.
 
-        A run whose ``gw_fold_keys`` counter is 0 never had a key of its own inserted (the
-        programs count each insert; nothing else inserts but :meth:`configure`): its entries
-        are at most its two overflow entries, looked up by key. Otherwise (or without a
+        A run whose ``gw_fold_keys`` and ``gw_refused_keys`` counters are 0 never had a key of
+        its own inserted (the programs count each insert; nothing else inserts but
+        :meth:`configure`): its entries
+        are at most its three overflow entries, looked up by key. Otherwise (or without a
         counter) every key of the map, all runs' (up to GW_MAX_FOLDS), is read."""
-        keys = ct.c_uint64(0)
-        if libbpf.map_lookup(self._fds["gw_fold_keys"], ct.c_uint64(cgroup_id), keys) and keys.value == 0:
+        keys, refused = ct.c_uint64(0), ct.c_uint64(0)
+        if libbpf.map_lookup(self._fds["gw_fold_keys"], ct.c_uint64(cgroup_id), keys) and keys.value == 0 and \
+                libbpf.map_lookup(self._fds["gw_refused_keys"], ct.c_uint64(cgroup_id), refused) and refused.value == 0:
             out = []
-            for verdict in (0, VERDICT_ALLOW_UNIX):
+            for verdict in OVERFLOW_VERDICTS:
                 k, v = self._fold_key_type(), self._fold_type()
                 k.cgroup_id, k.overflow, k.verdict = cgroup_id, 1, verdict
                 if libbpf.map_lookup(self._fds["gw_folds"], k, v):
@@ -310,6 +347,8 @@ class Hooks:
         """Decode one ring-buffer record (the address of a ``struct gw_event``) with the
         struct bcc parsed from bpf/gate.h."""
         e = ct.cast(data, ct.POINTER(self._event_type)).contents
+        if e.verdict == VERDICT_REFUSED_WRITE:
+            return self._decode_refused_write(e)
         path = None
         if e.family == socket.AF_UNIX:
             ip = ""
@@ -334,6 +373,21 @@ class Hooks:
             comm=bytes(e.comm).split(b"\0", 1)[0].decode("utf-8", "backslashreplace"),
             count=e.count, first_ns=e.first_ns, last_ns=e.last_ns, overflow=bool(e.overflow),
             allowed=e.verdict == VERDICT_ALLOW_UNIX, path=path,
+        )
+
+
+    def _decode_refused_write(self, e: Any) -> _Event:
+        """A refused write's event (the socket fields hold its own: bpf/gate.h, struct gw_event)."""
+        raw = ct.string_at(ct.addressof(e.dst), min(e.path_len, 107))
+        return _Event(
+            cgroup_id=e.cgroup_id, pid=e.pid, tgid=e.tgid, uid=e.uid, family=0, dst_ip="", dst_port=0,
+            sock_type=0, protocol=0, hook=HOOK_NAMES[10], verdict=VERDICT_NAMES[VERDICT_REFUSED_WRITE],
+            comm=bytes(e.comm).split(b"\0", 1)[0].decode("utf-8", "backslashreplace"),
+            count=e.count, first_ns=e.first_ns, last_ns=e.last_ns, overflow=bool(e.overflow),
+            path=os.fsdecode(raw) if raw else None, refused_write=True,
+            syscall=SYSCALL_NAMES.get(e.protocol, str(e.protocol)),
+            errno=errno.errorcode.get(e.family, str(e.family)) if e.family else "",
+            dirfd=ct.c_int32(e.sock_type).value, destination=e.dst_port == 1,
         )
 
 
@@ -525,13 +579,14 @@ def load_or_reuse(parent_cgroup: str) -> Hooks:
                     bpf = None
             keep = {_attach_one(bpf, name, at, pin_dir, parent_fd) for name, _, at in HOOKS}
             _detach_foreign(parent_fd, keep - {None})
+            attempts = _attach_attempts(bpf, pin_dir)
         except OSError as e:
             raise BpfError(f"attaching the hooks to {parent_cgroup} failed: {e}") from e
         finally:
             os.close(parent_fd)
         with open(layout_path) as f:
             layouts = json.load(f)
-    return Hooks(pin_dir, layouts)
+    return Hooks(pin_dir, layouts, attempts)
 
 
 def _bcc() -> Any:
@@ -586,6 +641,48 @@ def _attach_one(bpf: Any, name: str, at: int, pin_dir: str, parent_fd: int) -> i
         return prog_id
     finally:
         os.close(fd)
+
+
+def _attach_attempts(bpf: Any, pin_dir: str) -> str | None:
+    """Attach the refused-write report (attempts.bpf.c) to raw tracepoint ``sys_exit`` once,
+    its link pinned in ``pin_dir`` (``link_gw_sys_exit``), so every gatewrap process and the
+    daemon share one attachment, detached with the pins (:func:`unload`, a new digest).
+    Returns None when it is attached, else why not: it only reports (the read-only mounts
+    enforce), so a run goes on without it.
+
+    ``bpf``: bcc's object just compiled (the program is loaded and pinned from it), or None
+    (reuse the pins; a program the kernel refused at the compile has none).
+    """
+    if os.uname().machine != "x86_64":
+        return f"the report is written for x86-64 syscalls, not {os.uname().machine}"
+    link = f"{pin_dir}/{ATTEMPTS_LINK}"
+    prog = f"{pin_dir}/prog_{ATTEMPTS_PROG}"
+    if os.path.exists(link):
+        return None
+    try:
+        if bpf is not None:
+            try:
+                fn = bpf.load_func(ATTEMPTS_PROG, import_bcc().BPFProgType.RAW_TRACEPOINT)
+            except Exception as e:  # bcc raises a bare Exception; the verifier log went to stderr
+                return f"the kernel refused the raw tracepoint program: {e}"
+            fd = os.dup(fn.fd)
+            with contextlib.suppress(FileExistsError):
+                libbpf.obj_pin(fd, prog)
+        elif os.path.exists(prog):
+            fd = libbpf.obj_get(prog)
+        else:
+            return "the kernel refused the raw tracepoint program when the hooks were loaded"
+        try:
+            link_fd = libbpf.raw_tracepoint_open("sys_exit", fd)
+        finally:
+            os.close(fd)
+        try:
+            libbpf.obj_pin(link_fd, link)
+        finally:
+            os.close(link_fd)
+    except OSError as e:
+        return f"raw tracepoint sys_exit could not be attached: {e}"
+    return None
 
 
 def verify_attached(parent_cgroup: str, hooks: Hooks) -> None:
