@@ -27,7 +27,10 @@ At the end, per mode:
 - **growth**: the least-squares slope of RSS, fds and threads over the second half of the
   samples (the first half is warm-up: caches, pools). "Flat" when the fitted line's rise over
   that half is within ``--rss-tolerance`` KiB (default 512) and ``--count-tolerance`` fds or
-  threads (default 1); the slope per hour is printed too.
+  threads (default 1); the slope per hour is printed too. Samples begin with the agent's first
+  request. Below ~5 minutes the second half is still warm-up (the gate runtime's blocking
+  pool, threads gate-2 and up, grows to what the load needs in the first minute or two):
+  short runs are for trying the soak out.
 
 The fake internet is this script's own (the test suite's host lock is not taken): a netns
 ``gwsoak-<pid>`` behind a veth ``gwsk<pid>``, with an HTTP server (Python's http.server) and
@@ -66,6 +69,8 @@ sys.path.insert(0, os.path.join(ROOT, "bench"))
 
 from harness.common import AGENT_UID, RESULTS, VENV_PY, SharedDaemon, agent_env  # noqa: E402
 
+from gatewrap.bpf.loader import PIN_ROOT  # noqa: E402
+
 #: The agent's interpreter: Debian's, readable by uid 65534 (as in the tests).
 AGENT_PYTHON = "/usr/bin/python3"
 #: The daemon of a shared soak: its own, never the host's (nor another bench's or test's).
@@ -88,9 +93,13 @@ AGENT = r"""
 import errno, json, socket, sys, time, urllib.error, urllib.request
 seconds, allowed, denied, ip, port = float(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
 opener = urllib.request.build_opener(urllib.request.ProxyHandler())  # HTTP_PROXY: the gate
-tally = {"fetch_200": 0, "deny_403": 0, "direct_eperm": 0, "other": {}}
-def other(what):
+tally = {"fetch_200": 0, "deny_403": 0, "direct_eperm": 0, "other": {}, "other_s": {}}
+def other(what):  # an unexpected outcome: counted, with when it was first and last seen
     tally["other"][what] = tally["other"].get(what, 0) + 1
+    t = round(time.monotonic() - start, 1)
+    tally["other_s"][what] = [tally["other_s"].get(what, [t])[0], t]
+def failure(e):
+    return f"{type(e).__name__} {errno.errorcode.get(getattr(e, 'errno', None), '')}".strip()
 def status(url):
     try:
         with opener.open(url, timeout=10) as r:
@@ -100,9 +109,11 @@ def status(url):
         e.read()
         return e.code
     except Exception as e:
-        return type(e).__name__
+        reason = getattr(e, "reason", None)  # URLError wraps the OSError
+        return failure(reason if isinstance(reason, OSError) else e)
 start = time.monotonic()
 tick = start
+n = 0
 while True:
     now = time.monotonic()
     if tick > now:
@@ -115,18 +126,20 @@ while True:
     s = status(denied)
     if s == 403: tally["deny_403"] += 1
     else: other(f"deny: {s}")
-    sock = socket.socket()
-    sock.settimeout(5)
     try:
-        sock.connect((ip, port))
-        other("direct: connected")
-    except OSError as e:
-        if e.errno == errno.EPERM: tally["direct_eperm"] += 1
-        else: other(f"direct: {errno.errorcode.get(e.errno, e.errno)}")
-    finally:
-        sock.close()
+        with socket.socket() as sock:
+            sock.settimeout(5)
+            try:
+                sock.connect((ip, port))
+                other("direct: connected")
+            except OSError as e:
+                if e.errno == errno.EPERM: tally["direct_eperm"] += 1
+                else: other(f"direct: {failure(e)}")
+    except OSError as e:  # socket() itself refused (the hooks' fail-closed state)
+        other(f"direct: socket() {failure(e)}")
     tick = max(tick + 1, time.monotonic())  # a late tick is skipped, never made up in a burst
-    if tally["fetch_200"] % 60 == 0:
+    n += 1
+    if n % 60 == 0:
         print(json.dumps({"elapsed_s": round(time.monotonic() - start, 1), **tally}), flush=True)
 print(json.dumps({"final": True, "elapsed_s": round(time.monotonic() - start, 1), **tally}), flush=True)
 """
@@ -289,16 +302,33 @@ class Upstream:
             shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def proc_sample(pid: int) -> dict[str, int] | None:
-    """``{"rss_kib", "fds", "threads"}`` of ``pid`` (VmRSS and Threads of /proc/PID/status,
-    the entries of /proc/PID/fd; proc(5)), or None once it is gone."""
+def hooks_loaded() -> str:
+    """Which hooks are loaded: the pin folders under /sys/fs/bpf/gatewrap (``HASH@INODE``; a
+    hash per build of the hooks' sources, a new inode each time they are loaded again)."""
     try:
-        with open(f"/proc/{pid}/status") as f:
-            fields = dict(line.split(":", 1) for line in f if ":" in line)
-        return {"rss_kib": int(fields["VmRSS"].split()[0]), "fds": len(os.listdir(f"/proc/{pid}/fd")),
-                "threads": int(fields["Threads"])}
+        return " ".join(sorted(f"{d}@{os.stat(os.path.join(PIN_ROOT, d)).st_ino}" for d in os.listdir(PIN_ROOT)))
+    except OSError:
+        return ""
+
+
+def proc_sample(pid: int, reads: int = 5, gap: float = 0.1) -> dict[str, int] | None:
+    """``{"rss_kib", "fds", "threads"}`` of ``pid`` (VmRSS and Threads of /proc/PID/status,
+    the entries of /proc/PID/fd; proc(5)), or None once it is gone. fds and threads are the
+    least of ``reads`` reads ``gap`` seconds apart: what is left open between the agent's
+    attempts (a leak stays; a connection in flight at one read does not)."""
+    out: dict[str, int] = {}
+    try:
+        for i in range(reads):
+            if i:
+                time.sleep(gap)
+            with open(f"/proc/{pid}/status") as f:
+                fields = dict(line.split(":", 1) for line in f if ":" in line)
+            now = {"rss_kib": int(fields["VmRSS"].split()[0]), "fds": len(os.listdir(f"/proc/{pid}/fd")),
+                   "threads": int(fields["Threads"])}
+            out = {"rss_kib": now["rss_kib"], **{k: min(out.get(k, now[k]), now[k]) for k in ("fds", "threads")}}
     except (OSError, KeyError):
-        return None
+        return out or None
+    return out
 
 
 class AuditLog:
@@ -325,6 +355,14 @@ class AuditLog:
             size += done + len(data)
             records += self.seen[path][1]
         return {"log_bytes": size, "log_records": records}
+
+    def holds(self, text: bytes) -> bool:
+        """Whether the current file holds ``text`` (for the first records: it reads it all)."""
+        try:
+            with open(self.path, "rb") as f:
+                return text in f.read()
+        except FileNotFoundError:
+            return False
 
     def records(self) -> list[dict]:
         out = []
@@ -372,8 +410,9 @@ def prepare(mode: str) -> tuple[str, str, str]:
     os.makedirs(out_dir, mode=0o755, exist_ok=True)
     for old in os.listdir(out_dir):
         os.unlink(os.path.join(out_dir, old))
-    workdir = "/var/lib/gatewrap-bench/soak-work"  # an empty folder, as an agent's project folder
+    workdir = "/var/lib/gatewrap-bench/soak-work"  # the agent's own folder, as its project folder would be
     os.makedirs(workdir, mode=0o755, exist_ok=True)
+    os.chown(workdir, AGENT_UID, AGENT_UID)
     agent_file = os.path.join(workdir, "soak_agent.py")
     tmp = f"{agent_file}.{os.getpid()}"
     with open(tmp, "w") as f:
@@ -426,9 +465,12 @@ def run_and_sample(args: argparse.Namespace, mode: str, up: Upstream, out_dir: s
         watched = daemon.proc.pid if daemon is not None else run.pid
         t0 = time.monotonic()
         while run.poll() is None:
-            s = proc_sample(watched)
-            if s is not None and os.path.exists(audit.path):
-                samples.append({"t": round(time.monotonic() - t0, 1), **s, **audit.sample()})
+            # From the agent's first request on: the set-up's own fds and threads are no figure.
+            if samples or audit.holds(b'"event":"request"'):
+                s = proc_sample(watched)
+                if s is not None:
+                    samples.append({"t": round(time.monotonic() - t0, 1), **s, **audit.sample(),
+                                    "hooks": hooks_loaded()})
             if time.monotonic() - t0 > seconds + 180:
                 raise SoakError(f"the run did not end {seconds + 180} s after it started")
             deadline = time.monotonic() + args.interval
@@ -472,6 +514,9 @@ def judge(args: argparse.Namespace, up: Upstream, ran: dict, records: list[dict]
     grown = {k: growth(during, k, tol) for k, tol in (("rss_kib", args.rss_tolerance), ("fds", args.count_tolerance),
                                                        ("threads", args.count_tolerance))} if len(during) >= 2 else {}
     reached = tally.get("elapsed_s", 0)
+    # The hooks are the host's: another build's run or a test's unload loads them again, and
+    # a live run then fails closed (its sockets refused); said, since it explains a FAIL.
+    reloads = [{"t": b["t"], "hooks": b["hooks"]} for a, b in zip(during, during[1:]) if a["hooks"] != b["hooks"]]
     verdicts = {
         "ran its minutes, exit 0": ran["exit_code"] == 0 and reached >= seconds,
         "nothing lost": all(a == b == c for a, b, c, _ in attempts.values())
@@ -484,7 +529,7 @@ def judge(args: argparse.Namespace, up: Upstream, ran: dict, records: list[dict]
     return {"mode": "shared" if args.shared else "own", "minutes": args.minutes, "interval_s": args.interval,
             "exit_code": ran["exit_code"], "wall_s": ran["wall_s"], "agent": ran["agent"], "summary": summary,
             "attempts": {k: dict(zip(("agent", "audit", "summary", "upstream"), v)) for k, v in attempts.items()},
-            "growth": grown, "verdicts": verdicts, "ok": all(verdicts.values()), "samples": ran["samples"],
+            "growth": grown, "hooks_loaded_again": reloads, "verdicts": verdicts, "ok": all(verdicts.values()), "samples": ran["samples"],
             "upstream_requests": upstream, "stderr_tail": ran["stderr"][-2000:]}
 
 
@@ -512,8 +557,12 @@ def report(r: dict) -> str:
         out.append(f"{k:<14}{v['agent']:>8}{v['audit']:>11}{v['summary'] if v['summary'] is not None else '-':>9}"
                    f"{'-' if v['upstream'] is None else v['upstream']:>10}")
     out.append("(audit log: its records' counts summed; summary: the run's closing --json summary, whole run)")
-    if agent.get("other"):
-        out.append(f"other outcomes: {agent['other']}")
+    for what, n in (agent.get("other") or {}).items():
+        first, last = agent.get("other_s", {}).get(what, ["?", "?"])
+        out.append(f"other outcome: {what} ×{n} (at {first}-{last} s)")
+    for again in r.get("hooks_loaded_again", []):
+        out.append(f"the hooks were loaded again by t = {again['t']} s (now {again['hooks'] or 'none'}): another "
+                   "gatewrap build's run or a test's unload; a live run's sockets are refused from then on")
     out += ["", f"{who + ' (pid)':<22}{'start':>9}{'end':>9}{'min':>9}{'max':>9}{'slope/h':>10}{'rise 2nd half':>15}  flat (within)"]
     units = {"rss_kib": "RSS KiB", "fds": "open fds", "threads": "threads"}
     for k, g in r["growth"].items():
