@@ -32,6 +32,10 @@ At the end, per mode:
   pool, threads gate-2 and up, grows to what the load needs in the first minute or two):
   short runs are for trying the soak out.
 
+The hooks are the host's (/sys/fs/bpf/gatewrap): when they are loaded again during the soak
+(another gatewrap build's run, a test's unload) every live run's sockets are refused from
+then on, unrecorded; the soak samples the pin folders and says when that happened.
+
 The fake internet is this script's own (the test suite's host lock is not taken): a netns
 ``gwsoak-<pid>`` behind a veth ``gwsk<pid>``, with an HTTP server (Python's http.server) and
 the test suite's DNS server (tests/fakenet/dns_server.py) on one address of 203.0.113.0/24
@@ -69,6 +73,8 @@ sys.path.insert(0, os.path.join(ROOT, "bench"))
 
 from harness.common import AGENT_UID, RESULTS, VENV_PY, SharedDaemon, agent_env  # noqa: E402
 
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+from fakenet.internet import in_netns  # noqa: E402
 from gatewrap.bpf.loader import PIN_ROOT  # noqa: E402
 
 #: The agent's interpreter: Debian's, readable by uid 65534 (as in the tests).
@@ -181,11 +187,6 @@ def _ip(*args: str, input: str | None = None, check: bool = True) -> subprocess.
     return p
 
 
-def _in_netns(ns: str) -> list[str]:
-    """Run in netns ``ns`` only (``nsenter --net``; ``ip netns exec`` also remounts /sys)."""
-    return ["nsenter", f"--net=/run/netns/{ns}", "--"]
-
-
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -246,7 +247,7 @@ class Upstream:
         _ip("netns", "add", self.netns)
         _ip("link", "add", self.ifname, "type", "veth", "peer", "name", INET_IF, "netns", self.netns)
         prefix = ipaddress.ip_network(self.net).prefixlen
-        inner = subprocess.run([*_in_netns(self.netns), "ip", "-batch", "-"], capture_output=True, text=True,
+        inner = subprocess.run([*in_netns(self.netns), "ip", "-batch", "-"], capture_output=True, text=True,
                                input=f"link set lo up\naddr add {self.address}/{prefix} dev {INET_IF}\n"
                                      f"link set {INET_IF} up\n", timeout=20)
         if inner.returncode != 0:
@@ -264,7 +265,7 @@ class Upstream:
         for argv, out in (([VENV_PY, DNS_SERVER, cfg], "dns.out"),
                           ([AGENT_PYTHON, "-I", "-c", UPSTREAM, self.address], "access.log")):
             with open(os.path.join(self.dir, out), "wb") as o, open(os.path.join(self.dir, out + ".err"), "wb") as e:
-                self.procs.append(subprocess.Popen([*_in_netns(self.netns), *argv], stdin=subprocess.PIPE,
+                self.procs.append(subprocess.Popen([*in_netns(self.netns), *argv], stdin=subprocess.PIPE,
                                                    stdout=o, stderr=e, start_new_session=True))
         deadline = time.monotonic() + 10
         while not self._ready():
@@ -281,7 +282,7 @@ class Upstream:
                  f"DNSRecord.parse(DNSRecord.question('{ALLOWED}').send('{self.address}', 53, timeout=0.5))\n"
                  f"s = socket.create_connection(('{self.address}', 80), timeout=0.5)\n"
                  "s.sendall(b'GET /ready HTTP/1.0\\r\\n\\r\\n'); sys.exit(0 if s.recv(12)[8:12] == b' 200' else 1)\n")
-        return subprocess.run([*_in_netns(self.netns), VENV_PY, "-c", probe], capture_output=True, timeout=20).returncode == 0
+        return subprocess.run([*in_netns(self.netns), VENV_PY, "-c", probe], capture_output=True, timeout=20).returncode == 0
 
     def requests(self) -> dict[str, int]:
         """Requests the upstream received, by ``Host path`` (the readiness probes' left out)."""
