@@ -38,10 +38,12 @@ then on, unrecorded; the soak samples the pin folders and says when that happene
 
 The fake internet is this script's own (the test suite's host lock is not taken): a netns
 ``gwsoak-<pid>`` behind a veth ``gwsk<pid>``, with an HTTP server (Python's http.server) and
-the test suite's DNS server (tests/fakenet/dns_server.py) on one address of 203.0.113.0/24
-(TEST-NET-3, RFC 5737; the tests use 198.51.100.0/24 and 2001:db8::/32): a run of its own
-uses 203.0.113.0/26, a shared run 203.0.113.64/26, so one soak of each mode can run at the
-same time. The gate is told the range is public with ``--public-range`` (the documented
+the test suite's DNS server (tests/fakenet/dns_server.py) on one address of 198.18.0.0/24
+(RFC 2544's range for benchmarks, 198.18.0.0/15; not TEST-NET-3, 203.0.113.0/24, which a
+workplace may route to real hosts: here the package registries answer at 203.0.113.80, and a
+soak on 203.0.113.64/26 cut them off; the tests use 198.51.100.0/24 and 2001:db8::/32): a run
+of its own uses 198.18.0.0/26, a shared run 198.18.0.64/26, so one soak of each mode can run
+at the same time. A slot that overlaps a route this host already has is refused. The gate is told the range is public with ``--public-range`` (the documented
 setting the tests use). Nothing is sent anywhere else; the netns, the veth and the servers
 are removed on exit (Ctrl-C and SIGTERM included; a netns left by a killed soak is removed by
 the next one).
@@ -84,9 +86,9 @@ SOCKET = "/run/gatewrap/soak.sock"
 NETNS_PREFIX = "gwsoak-"
 IF_PREFIX = "gwsk"  # + pid: at most 11 characters, below IFNAMSIZ (16 with the NUL)
 INET_IF = "veth0"
-#: Each mode's slice of TEST-NET-3 (RFC 5737): the host's end of the veth is the first
-#: address, the upstream's (HTTP :80, DNS :53) the second.
-SLOTS = {"own": "203.0.113.0/26", "shared": "203.0.113.64/26"}
+#: Each mode's slice of RFC 2544's benchmarking range (198.18.0.0/15): the host's end of the
+#: veth is the first address, the upstream's (HTTP :80, DNS :53) the second.
+SLOTS = {"own": "198.18.0.0/26", "shared": "198.18.0.64/26"}
 ALLOWED = "allowed.soak.test"
 DENIED = "denied.soak.test"
 DNS_SERVER = os.path.join(ROOT, "tests", "fakenet", "dns_server.py")
@@ -235,6 +237,12 @@ class Upstream:
         if taken:
             raise SoakError(f"{', '.join(taken)} (this mode's {self.net}) is already on this host: another soak "
                             "of this mode is running; wait for it, or run the other mode")
+        routed = [r["dst"] for r in json.loads(_ip("-json", "route", "show").stdout or "[]")
+                  if r.get("dst", "default") != "default"
+                  and ipaddress.ip_network(r["dst"], strict=False).overlaps(ipaddress.ip_network(self.net))]
+        if routed:
+            raise SoakError(f"this host already routes {', '.join(routed)}, which overlaps this mode's {self.net}: "
+                            "the soak would take that traffic; free it first")
         try:
             self._build()
         except BaseException:
