@@ -235,3 +235,61 @@ def test_a_git_file_naming_etc_and_a_config_link_leading_out_mount_nothing_over_
         assert (top / "w/.git").read_text() == "gitdir: /etc\n"
     finally:
         shutil.rmtree(top, ignore_errors=True)
+
+
+#: (vector, the agent's shell command, the folder (relative to the workdir) where the user next
+#: runs ``git status`` outside; {M} is the marker folder). Each plant dodges the protected
+#: paths rather than writing them: git finds another repository than the protected one.
+DODGES = [
+    ("the workdir's .git made invalid (refs renamed) and the workdir itself made a bare-looking "
+     "repository with core.worktree and a planted fsmonitor",
+     'mv .git/refs .git/refs-old && mkdir objects refs && echo "ref: refs/heads/master" > HEAD '
+     '&& printf "[core]\\n\\trepositoryformatversion = 0\\n\\tbare = false\\n\\tworktree = .\\n\\tfsmonitor = \\"touch {M}/bare; false\\"\\n" > config',
+     "."),
+    ("a nested repository renamed away and made again behind 20,001 files that use up the "
+     "after-run walk's bound",
+     'seq -f "pad%05g" 1 20001 | xargs touch && mv sub sub-old && mkdir sub && cd sub && git init -q '
+     '&& git config core.fsmonitor "touch {M}/padded; false"',
+     "sub"),
+    ("the workdir's .git renamed away and made again, pushed past the after-run walk's bound "
+     "in the folder's own order",
+     'mv .git .git-old && git init -q && git config core.fsmonitor "touch {M}/rootpad; false" && n=0 '
+     '&& while [ $n -lt 12 ]; do seq -f "p$n-%05g" 1 20000 | xargs touch; n=$((n+1)); '
+     'ls -f | grep -nx .git | cut -d: -f1 | {{ read p; [ "$p" -gt 20010 ]; }} && break; done',
+     "."),
+]
+
+
+@pytest.mark.parametrize("vector, plant, where", DODGES, ids=[v[:40] for v, _, _ in DODGES])
+def test_a_repository_git_finds_instead_of_the_protected_one_runs_nothing_outside(vector, plant, where, outcome):
+    """The agent leaves the protected files alone and makes git find another repository: the
+    workdir itself shaped as a bare repository (HEAD, objects/, refs/, config: git's
+    discovery, setup.c, tries the folder itself when its ``.git`` is not a repository), or a
+    remade ``.git`` the after-run walk never reaches (its bound spent on padding). The user's
+    next ``git status`` outside runs nothing."""
+    top = Path(tempfile.mkdtemp(prefix="gwt-protect-dodge-"))
+    top.chmod(0o755)
+    try:
+        work, markers, home = top / "work", top / "markers", top / "home"
+        for d in (work, markers, home):
+            d.mkdir()
+        markers.chmod(0o777)
+        subprocess.run(["git", "init", "-q", "-b", "master", str(work)], check=True)
+        subprocess.run(["git", "init", "-q", str(work / "sub")], check=True)
+        subprocess.run(["chown", "-R", f"{AGENT_UID}:{AGENT_UID}", str(top)], check=True)
+        logdir = Path(tempfile.mkdtemp(prefix="gwt-protect-log-"))
+        audit = logdir / "audit.jsonl"
+        cmd = gatewrap_cmd("run", "--audit-log", str(audit), "--workdir", str(work), "--",
+                           "/bin/sh", "-c", plant.format(M=markers))
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=180,
+                           env={**os.environ, "SUDO_UID": str(AGENT_UID), "SUDO_GID": str(AGENT_UID)})
+        assert p.returncode == 0, (p.stdout, p.stderr)
+        _as_agent(["git", "status"], work / where, home)
+        ran = sorted(os.listdir(markers))
+        assert ran == [], f"the planted command ran outside: {ran}; {p.stderr}"
+        records = [json.loads(x) for x in audit.read_text().splitlines()]
+        assert [r for r in records if r.get("event") == "protected_path"], "the plant must leave a record"
+        outcome("after-run sweep", "the other repository's config moved aside after the run")
+        shutil.rmtree(logdir, ignore_errors=True)
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
