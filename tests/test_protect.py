@@ -182,7 +182,7 @@ def test_the_sweep_moves_aside_what_the_run_made_or_replaced_and_nothing_else(tm
     (repo / "sub").mkdir()
     git(repo / "sub", "init", "-q")
     (repo / "notes.txt").write_text("work")
-    moved, failed = protect.sweep(start, [str(repo)], "gw-0123456789")
+    moved, failed, _ = protect.sweep(start, [str(repo)], "gw-0123456789")
     assert not failed
     got = {os.path.relpath(m.path, repo): (os.path.relpath(m.moved_to, repo), m.change) for m in moved}
     assert got == {
@@ -194,7 +194,7 @@ def test_the_sweep_moves_aside_what_the_run_made_or_replaced_and_nothing_else(tm
     }
     assert (repo / ".envrc.gatewrap-gw-0123456789").read_text() == "curl evil", "moved, never deleted"
     assert (repo / "sub-old/.git/config").exists() and (repo / "notes.txt").exists()
-    assert protect.sweep(protect.scan([str(repo)]), [str(repo)], "gw-0123456789") == ([], [])
+    assert protect.sweep(protect.scan([str(repo)]), [str(repo)], "gw-0123456789") == ([], [], False)
 
 
 def test_the_view_shows_each_protected_path_read_only_after_its_writable_bind(repo):
@@ -224,7 +224,7 @@ def test_a_fifo_made_at_git_or_commondir_during_the_run_does_not_block_the_sweep
     (repo / "n").mkdir()
     os.mkfifo(repo / "n/.git")
     os.mkfifo(repo / ".git/commondir")
-    moved, failed = protect.sweep(start, [str(repo)], "gw-0123456789")
+    moved, failed, _ = protect.sweep(start, [str(repo)], "gw-0123456789")
     assert not failed
     assert sorted(os.path.relpath(m.path, repo) for m in moved) == [".git/commondir", "n/.git"]
 

@@ -750,7 +750,7 @@ def _sweep_protected_of(p: Plan, err: TextIO) -> list[dict[str, str]]:
     as the summary shows them."""
     if not p.protect_roots:
         return []
-    moved, failed = protect.sweep(p.protected, p.protect_roots, p.run_id, p.unprotect, p.target.home)
+    moved, failed, truncated = protect.sweep(p.protected, p.protect_roots, p.run_id, p.unprotect, p.target.home)
     out = []
     for m in moved:
         out.append({"path": m.path, "moved_to": m.moved_to, "change": m.change})
@@ -759,6 +759,13 @@ def _sweep_protected_of(p: Plan, err: TextIO) -> list[dict[str, str]]:
         print(f"gatewrap: warning: the run made or replaced {path!r}, which tools run, and it could not be moved "
               f"aside ({why}): review it before git, direnv or an editor opens it", file=err, flush=True)
         _write_protected(p, {"path": path, "change": "unknown", "error": why}, err)
+    if truncated:
+        roots = ", ".join(repr(r) for r in p.protect_roots)
+        print(f"gatewrap: warning: the run left more than {protect.SCAN_LIMIT} entries in {roots}; only the first "
+              "were looked at for a repository or editor folder it made: review any deeper before git, direnv or "
+              "an editor opens it", file=err, flush=True)
+        _write_protected(p, {"path": p.protect_roots[0], "change": "unknown",
+                             "error": f"not looked at past the first {protect.SCAN_LIMIT} entries"}, err)
     return out
 
 

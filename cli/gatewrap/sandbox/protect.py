@@ -115,6 +115,17 @@ def _gitdir_named(pointer: str) -> str | None:
     return os.path.realpath(os.path.join(os.path.dirname(pointer), target)) if target else None
 
 
+def _looks_like_gitdir(folder: str) -> bool:
+    """Whether git's discovery would take ``folder`` itself for a repository (setup.c
+    ``is_git_directory``: a ``HEAD``, and ``objects/`` and ``refs/`` or a ``commondir``): it
+    does so, as a bare repository honouring its ``config``'s ``core.worktree``, when the
+    folder's ``.git`` is absent or not a repository (its ``refs`` renamed, say)."""
+    j = os.path.join
+    return os.path.lexists(j(folder, "HEAD")) and (
+        (os.path.isdir(j(folder, "objects")) and os.path.isdir(j(folder, "refs")))
+        or os.path.lexists(j(folder, "commondir")))
+
+
 def _first_line(path: str) -> bytes:
     """The first line of regular file ``path`` (at most 4096 bytes); b"" for anything else: a
     FIFO planted at ``.git`` or ``commondir`` must not block the walk (opened ``O_NONBLOCK``,
@@ -243,8 +254,11 @@ class _Walk:
                 continue
             pending = deque([root])
             while pending:
+                here = pending.popleft()
+                if _looks_like_gitdir(here):  # a bare-looking folder is a repository to git
+                    self.gitdir(here)
                 try:
-                    entries = list(os.scandir(pending.popleft()))
+                    entries = list(os.scandir(here))
                 except OSError:
                     continue
                 for entry in entries:
@@ -321,17 +335,24 @@ class Moved:
 
 
 def sweep(start: Protected, roots: list[str], run_id: str, unprotect: list[str] = (), home: str = "",
-          limit: int = SCAN_LIMIT) -> tuple[list[Moved], list[tuple[str, str]]]:
+          limit: int = SCAN_LIMIT) -> tuple[list[Moved], list[tuple[str, str]], bool]:
     """After the run (no process of it left): every protected-class path below ``roots`` that
     is new or another than at ``start`` (:func:`scan` of the run's start) is renamed to
     ``PATH.gatewrap-RUN`` (``-2``, ``-3``... if taken); never deleted. The walk is bounded as
-    :func:`scan`'s. Returns (moved, failed: (path, why)). A folder whose class path was just
-    moved is not looked into again."""
+    :func:`scan`'s; every path the start watched is looked at whatever the walk reaches (the
+    agent can pad a folder to push a remade ``.git`` past the bound). Returns (moved, failed:
+    (path, why), truncated: the walk stopped at its bound, so a path of the class made where
+    it did not look was not seen). A folder whose class path was just moved is not looked
+    into again."""
     end = scan(roots, unprotect, home, limit, strict=False)
+    current = dict(end.watched)
+    for path in start.watched:
+        if path not in current:
+            current[path] = _identity(path)
     moved: list[Moved] = []
     failed: list[tuple[str, str]] = []
-    for path in sorted(end.watched, key=lambda p: (p.count("/"), p)):
-        now = end.watched[path]
+    for path in sorted(current, key=lambda p: (p.count("/"), p)):
+        now = current[path]
         if now is None or start.watched.get(path) == now or any(_inside(path, m.path) for m in moved):
             continue
         if now is not None and path not in start.watched and _identity_known(start, now):
@@ -347,7 +368,7 @@ def sweep(start: Protected, roots: list[str], run_id: str, unprotect: list[str] 
             failed.append((path, e.strerror or str(e)))
             continue
         moved.append(Moved(path, aside, "replaced" if start.watched.get(path) else "created"))
-    return moved, failed
+    return moved, failed, end.truncated
 
 
 def _identity_known(start: Protected, ident: tuple[int, int]) -> bool:
