@@ -238,8 +238,9 @@ def test_a_git_file_naming_etc_and_a_config_link_leading_out_mount_nothing_over_
 
 
 #: (vector, the agent's shell command, the folder (relative to the workdir) where the user next
-#: runs ``git status`` outside; {M} is the marker folder). Each plant dodges the protected
-#: paths rather than writing them: git finds another repository than the protected one.
+#: runs ``git status`` outside; {M} is the marker folder; optional: the user's set-up before the
+#: run, a shell command in the workdir). Each plant dodges the protected paths rather than
+#: writing them: git finds another repository, or another config, than the protected one.
 DODGES = [
     ("the workdir's .git made invalid (refs renamed) and the workdir itself made a bare-looking "
      "repository with core.worktree and a planted fsmonitor",
@@ -257,11 +258,19 @@ DODGES = [
      '&& while [ $n -lt 12 ]; do seq -f "p$n-%05g" 1 20000 | xargs touch; n=$((n+1)); '
      'ls -f | grep -nx .git | cut -d: -f1 | {{ read p; [ "$p" -gt 20010 ]; }} && break; done',
      "."),
+    ("a project's .gitconfig that the repository's config includes (include.path ../.gitconfig)",
+     'git config --file .gitconfig core.fsmonitor "touch {M}/include; false"; true', ".",
+     'git config include.path ../.gitconfig && printf "[core]\\n\\tautocrlf = false\\n" > .gitconfig'),
+    ("a file the repository's config includes under a condition, absent at the start",
+     'git config --file .git-local core.fsmonitor "touch {M}/includeif; false"', ".",
+     'git config "includeIf.onbranch:*.path" ../.git-local'),
 ]
 
 
-@pytest.mark.parametrize("vector, plant, where", DODGES, ids=[v[:40] for v, _, _ in DODGES])
-def test_a_repository_git_finds_instead_of_the_protected_one_runs_nothing_outside(vector, plant, where, outcome):
+@pytest.mark.parametrize("vector, plant, where, setup", [(*d, *d[3:], "")[:4] for d in DODGES],
+                         ids=[d[0][:40] for d in DODGES])
+def test_a_repository_git_finds_instead_of_the_protected_one_runs_nothing_outside(vector, plant, where, setup,
+                                                                                  outcome):
     """The agent leaves the protected files alone and makes git find another repository: the
     workdir itself shaped as a bare repository (HEAD, objects/, refs/, config: git's
     discovery, setup.c, tries the folder itself when its ``.git`` is not a repository), or a
@@ -276,6 +285,8 @@ def test_a_repository_git_finds_instead_of_the_protected_one_runs_nothing_outsid
         markers.chmod(0o777)
         subprocess.run(["git", "init", "-q", "-b", "master", str(work)], check=True)
         subprocess.run(["git", "init", "-q", str(work / "sub")], check=True)
+        if setup:
+            subprocess.run(["/bin/sh", "-c", setup], cwd=work, check=True)
         subprocess.run(["chown", "-R", f"{AGENT_UID}:{AGENT_UID}", str(top)], check=True)
         logdir = Path(tempfile.mkdtemp(prefix="gwt-protect-log-"))
         audit = logdir / "audit.jsonl"
@@ -288,8 +299,9 @@ def test_a_repository_git_finds_instead_of_the_protected_one_runs_nothing_outsid
         ran = sorted(os.listdir(markers))
         assert ran == [], f"the planted command ran outside: {ran}; {p.stderr}"
         records = [json.loads(x) for x in audit.read_text().splitlines()]
-        assert [r for r in records if r.get("event") == "protected_path"], "the plant must leave a record"
-        outcome("after-run sweep", "the other repository's config moved aside after the run")
+        assert [r for r in records if r.get("event") not in ("run_start", "run_end") and "protected" in json.dumps(r)], \
+            "the plant must leave a record"
+        outcome("read-only protected path, after-run sweep", "refused, or moved aside after the run")
         shutil.rmtree(logdir, ignore_errors=True)
     finally:
         shutil.rmtree(top, ignore_errors=True)
