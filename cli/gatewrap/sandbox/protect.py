@@ -48,7 +48,9 @@ project's tooling, whose source the agent may change anyway.
 from __future__ import annotations
 
 import os
+import shutil
 import stat
+import subprocess
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -68,6 +70,9 @@ HOME_NAMES = (".bashrc", ".bash_profile", ".bash_login", ".bash_logout", ".profi
 SCAN_LIMIT = 20_000
 #: At most this many submodule repositories are looked for below one ``.git/modules``.
 MODULES_LIMIT = 256
+#: At most this many files included from one repository's config are looked for, nested ones
+#: too (git's own bound is 10 levels, config.c ``MAX_INCLUDE_DEPTH``).
+INCLUDES_LIMIT = 16
 #: Suffix of a path the sweep moved aside: ``NAME.gatewrap-RUN``.
 ASIDE = ".gatewrap-"
 
@@ -124,6 +129,32 @@ def _looks_like_gitdir(folder: str) -> bool:
     return os.path.lexists(j(folder, "HEAD")) and (
         (os.path.isdir(j(folder, "objects")) and os.path.isdir(j(folder, "refs")))
         or os.path.lexists(j(folder, "commondir")))
+
+
+def _included(config: str) -> list[str]:
+    """The files git config file ``config`` includes (``include.path`` and
+    ``includeIf.<condition>.path`` whatever the condition, git-config(1) INCLUDES), as git
+    resolves them: relative to the including file's folder; a ``~/`` path (the home of the
+    user who runs git, unknown here) is left out. Read by git itself (``git config --file
+    --no-includes``: it runs nothing), with no other config; [] without git, for anything but
+    a regular file, or when git fails or takes more than 5 s."""
+    git = shutil.which("git", path=os.defpath)
+    try:
+        if git is None or not stat.S_ISREG(os.stat(config).st_mode):
+            return []
+        p = subprocess.run([git, "config", "--file", config, "--no-includes", "-z", "--get-regexp",
+                            r"^include(if\..*)?\.path$"], capture_output=True, timeout=5, cwd="/",
+                           env={"PATH": os.defpath, "HOME": "/nonexistent", "GIT_CONFIG_NOSYSTEM": "1",
+                                "GIT_CONFIG_GLOBAL": "/dev/null"})
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    out = []
+    for entry in p.stdout.split(b"\0"):
+        _, _, value = entry.partition(b"\n")
+        named = os.fsdecode(value).removeprefix(":(optional)")
+        if named and not named.startswith("~"):
+            out.append(os.path.normpath(os.path.join(os.path.dirname(config), named)))
+    return out
 
 
 def _first_line(path: str) -> bytes:
@@ -210,6 +241,7 @@ class _Walk:
         self.gitdirs.add(folder)
         for part in GIT_PARTS:
             self.add(os.path.join(folder, part))
+        self.includes([os.path.join(folder, "config"), os.path.join(folder, "config.worktree")])
         common = os.path.join(folder, "commondir")
         named = os.fsdecode(_first_line(common).strip())
         if named:
@@ -234,6 +266,21 @@ class _Walk:
                     self.gitdir(sub, depth + 1)
                 else:  # a submodule named a/b: modules/a/b
                     pending.append(sub)
+
+    def includes(self, configs: list[str]) -> None:
+        """The files ``configs`` include (:func:`_included`, nested ones too, at most
+        :data:`INCLUDES_LIMIT`) that lie in a writable path: protected as the config itself
+        (a ``git config include.path ../.gitconfig`` that shares a project's settings would
+        otherwise hand the agent the repository's config)."""
+        pending, seen = deque(configs), set(configs)
+        while pending and len(seen) <= INCLUDES_LIMIT + len(configs):
+            for path in _included(pending.popleft()):
+                if path in seen or not self.spend():
+                    continue
+                seen.add(path)
+                if self.writable(os.path.realpath(path)):
+                    self.add(path)
+                    pending.append(path)
 
     def pointed(self, pointer: str, target: str | None, depth: int = 0) -> None:
         """A ``.git`` file or link, or a ``commondir``, naming repository folder ``target``."""
