@@ -238,7 +238,7 @@ def test_a_git_file_naming_etc_and_a_config_link_leading_out_mount_nothing_over_
 
 
 #: (vector, the agent's shell command, the folder (relative to the workdir) where the user next
-#: runs ``git status`` outside; {M} is the marker folder; optional: the user's set-up before the
+#: runs ``git status`` and a commit outside; {M} is the marker folder; optional: the user's set-up before the
 #: run, a shell command in the workdir). Each plant dodges the protected paths rather than
 #: writing them: git finds another repository, or another config, than the protected one.
 DODGES = [
@@ -264,6 +264,10 @@ DODGES = [
     ("a file the repository's config includes under a condition, absent at the start",
      'git config --file .git-local core.fsmonitor "touch {M}/includeif; false"', ".",
      'git config "includeIf.onbranch:*.path" ../.git-local'),
+    ("a hook in the folder core.hooksPath names in the workdir (husky's .husky)",
+     'printf "#!/bin/sh\\ntouch {M}/husky\\n" > .husky/pre-commit; true', ".",
+     'mkdir .husky && printf "#!/bin/sh\\n" > .husky/pre-commit && chmod +x .husky/pre-commit '
+     '&& git config core.hooksPath .husky'),
 ]
 
 
@@ -296,6 +300,7 @@ def test_a_repository_git_finds_instead_of_the_protected_one_runs_nothing_outsid
                            env={**os.environ, "SUDO_UID": str(AGENT_UID), "SUDO_GID": str(AGENT_UID)})
         assert p.returncode == 0, (p.stdout, p.stderr)
         _as_agent(["git", "status"], work / where, home)
+        _as_agent(["git", *GIT_ID, "commit", "-qm", "outside", "--allow-empty"], work / where, home)
         ran = sorted(os.listdir(markers))
         assert ran == [], f"the planted command ran outside: {ran}; {p.stderr}"
         records = [json.loads(x) for x in audit.read_text().splitlines()]
