@@ -23,6 +23,8 @@ What each entry is for (the source of each):
   ``gpg.program``, ``sequence.editor`` are commands git runs; ``include.path`` reads more.
 - ``.git/hooks/``: githooks(5) — run by commit, checkout, merge, push, rebase...
 - ``.git/info/``: gitattributes(5) — ``info/attributes`` picks the filter/diff drivers git runs.
+- what those configs name: the files they include (``include.path``, ``includeIf.*.path``)
+  and the hook folder of ``core.hooksPath`` (husky's ``.husky/``), when in a writable path.
 - ``.git/commondir``: gitrepository-layout(5) — moves most of the repository, its config and
   hooks included, to another folder.
 - ``.git/modules/<name>/``: gitrepository-layout(5) — the submodules' repositories, each
@@ -131,30 +133,35 @@ def _looks_like_gitdir(folder: str) -> bool:
         or os.path.lexists(j(folder, "commondir")))
 
 
-def _included(config: str) -> list[str]:
-    """The files git config file ``config`` includes (``include.path`` and
-    ``includeIf.<condition>.path`` whatever the condition, git-config(1) INCLUDES), as git
-    resolves them: relative to the including file's folder; a ``~/`` path (the home of the
-    user who runs git, unknown here) is left out. Read by git itself (``git config --file
-    --no-includes``: it runs nothing), with no other config; [] without git, for anything but
-    a regular file, or when git fails or takes more than 5 s."""
+def _named_by_config(config: str) -> tuple[list[str], list[str]]:
+    """What git config file ``config`` names that git reads or runs: (the files it includes:
+    ``include.path`` and ``includeIf.<condition>.path`` whatever the condition, git-config(1)
+    INCLUDES, relative to the including file's folder; the hook folders ``core.hooksPath``
+    names, as written: a relative one is relative to the working tree, githooks(5)). A ``~/``
+    path (the home of the user who runs git, unknown here) is left out. Read by git itself
+    (``git config --file --no-includes``: it runs nothing), with no other config; nothing
+    without git, for anything but a regular file, or when git fails or takes more than 5 s."""
     git = shutil.which("git", path=os.defpath)
     try:
         if git is None or not stat.S_ISREG(os.stat(config).st_mode):
-            return []
+            return [], []
         p = subprocess.run([git, "config", "--file", config, "--no-includes", "-z", "--get-regexp",
-                            r"^include(if\..*)?\.path$"], capture_output=True, timeout=5, cwd="/",
+                            r"^(include(if\..*)?\.path|core\.hookspath)$"], capture_output=True, timeout=5, cwd="/",
                            env={"PATH": os.defpath, "HOME": "/nonexistent", "GIT_CONFIG_NOSYSTEM": "1",
                                 "GIT_CONFIG_GLOBAL": "/dev/null"})
     except (OSError, subprocess.TimeoutExpired):
-        return []
-    out = []
+        return [], []
+    includes, hooks = [], []
     for entry in p.stdout.split(b"\0"):
-        _, _, value = entry.partition(b"\n")
+        key, _, value = entry.partition(b"\n")
         named = os.fsdecode(value).removeprefix(":(optional)")
-        if named and not named.startswith("~"):
-            out.append(os.path.normpath(os.path.join(os.path.dirname(config), named)))
-    return out
+        if not named or named.startswith("~"):
+            continue
+        if key == b"core.hookspath":
+            hooks.append(named)
+        else:
+            includes.append(os.path.normpath(os.path.join(os.path.dirname(config), named)))
+    return includes, hooks
 
 
 def _first_line(path: str) -> bytes:
@@ -241,7 +248,8 @@ class _Walk:
         self.gitdirs.add(folder)
         for part in GIT_PARTS:
             self.add(os.path.join(folder, part))
-        self.includes([os.path.join(folder, "config"), os.path.join(folder, "config.worktree")])
+        self.includes([os.path.join(folder, "config"), os.path.join(folder, "config.worktree")],
+                      os.path.dirname(folder) if os.path.basename(folder) == ".git" else None)
         common = os.path.join(folder, "commondir")
         named = os.fsdecode(_first_line(common).strip())
         if named:
@@ -267,14 +275,21 @@ class _Walk:
                 else:  # a submodule named a/b: modules/a/b
                     pending.append(sub)
 
-    def includes(self, configs: list[str]) -> None:
-        """The files ``configs`` include (:func:`_included`, nested ones too, at most
-        :data:`INCLUDES_LIMIT`) that lie in a writable path: protected as the config itself
-        (a ``git config include.path ../.gitconfig`` that shares a project's settings would
-        otherwise hand the agent the repository's config)."""
+    def includes(self, configs: list[str], worktree: str | None) -> None:
+        """What ``configs`` name (:func:`_named_by_config`) in a writable path, protected as
+        the config itself: the files they include, nested ones too (at most
+        :data:`INCLUDES_LIMIT`; a ``git config include.path ../.gitconfig`` that shares a
+        project's settings would otherwise hand the agent the repository's config), and the
+        hook folder ``core.hooksPath`` names (husky's ``.husky``), relative ones in
+        ``worktree`` (None: not known, left out)."""
         pending, seen = deque(configs), set(configs)
         while pending and len(seen) <= INCLUDES_LIMIT + len(configs):
-            for path in _included(pending.popleft()):
+            included, hooks = _named_by_config(pending.popleft())
+            for named in hooks:
+                path = os.path.normpath(named if os.path.isabs(named) else os.path.join(worktree or "", named))
+                if (os.path.isabs(named) or worktree) and self.spend() and self.writable(os.path.realpath(path)):
+                    self.add(path)
+            for path in included:
                 if path in seen or not self.spend():
                     continue
                 seen.add(path)
