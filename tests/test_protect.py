@@ -197,6 +197,25 @@ def test_the_sweep_moves_aside_what_the_run_made_or_replaced_and_nothing_else(tm
     assert protect.sweep(protect.scan([str(repo)]), [str(repo)], "gw-0123456789") == ([], [], False)
 
 
+def test_the_sweep_never_follows_a_folder_the_run_replaced_with_a_link_out_of_the_tree(repo, tmp_path):
+    """A nested repository's folder swapped for a link to a host folder holding a file of the
+    same name (``/etc/.git/config`` under etckeeper): the sweep, which looks at every path
+    the start watched, must not rename the host's file through the link; it says so."""
+    (repo / "sub").mkdir()
+    git(repo / "sub", "init", "-q")
+    host = tmp_path / "host"
+    (host / ".git").mkdir(parents=True)
+    (host / ".git/config").write_text("[core]\n")
+    start = protect.scan([str(repo)])
+    os.rename(repo / "sub", repo / "sub-old")
+    os.symlink(host, repo / "sub")
+    moved, failed, _ = protect.sweep(start, [str(repo)], "gw-0123456789")
+    assert (host / ".git/config").read_text() == "[core]\n", "a host file was moved"
+    assert not [m for m in moved if m.path.startswith(str(repo / "sub") + "/")]
+    assert str(repo / "sub/.git/config") in dict(failed)
+    assert "link" in dict(failed)[str(repo / "sub/.git/config")]
+
+
 def test_the_view_shows_each_protected_path_read_only_after_its_writable_bind(repo):
     found = protect.scan([str(repo)])
     mounts = view.build(str(repo), "/nonexistent", ROOT_AGENT, [], [], mount_points=[],

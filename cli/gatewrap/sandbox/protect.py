@@ -419,6 +419,11 @@ def sweep(start: Protected, roots: list[str], run_id: str, unprotect: list[str] 
             continue
         if now is not None and path not in start.watched and _identity_known(start, now):
             continue  # the same file found under another name (a root bound twice)
+        if os.path.realpath(os.path.dirname(path)) != os.path.dirname(path):
+            # A folder on its way was replaced by a link (a path the start watched, looked at
+            # directly): what it names is not the run's to move, the host's own file maybe.
+            failed.append((path, "a folder on its way is now a link, not followed"))
+            continue
         aside = path + ASIDE + run_id
         n = 1
         while os.path.lexists(aside):
