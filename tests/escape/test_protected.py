@@ -310,3 +310,34 @@ def test_a_repository_git_finds_instead_of_the_protected_one_runs_nothing_outsid
         shutil.rmtree(logdir, ignore_errors=True)
     finally:
         shutil.rmtree(top, ignore_errors=True)
+
+
+@pytest.mark.parametrize("name, flag, widened", [
+    ("the policy file (default allow, [sandbox] unprotect and env)", "--policy",
+     'default = "allow"\n[sandbox]\nunprotect = [".git"]\nenv = ["GITHUB_TOKEN"]\n'),
+    ("an --env-file (a bare name takes the caller's value)", "--env-file", "GITHUB_TOKEN\n"),
+])
+def test_a_file_gatewrap_reads_at_the_next_run_stays_as_the_user_wrote_it(tmp_path, name, flag, widened, outcome):
+    """The policy file and env files kept in the working directory (a project's own
+    ``gatewrap.toml``, ``.env``) are read by gatewrap at every run: an agent that rewrites them
+    widens its next run (every host allowed, protection off, the caller's secrets passed)."""
+    top = Path(tempfile.mkdtemp(prefix="gwt-protect-own-"))
+    top.chmod(0o755)
+    try:
+        work = top / "w"
+        subprocess.run(["git", "init", "-q", str(work)], check=True)
+        own = work / ("policy.toml" if flag == "--policy" else ".env")
+        first = 'default = "deny"\n' if flag == "--policy" else "LANG=C.UTF-8\n"
+        own.write_text(first)
+        subprocess.run(["chown", "-R", f"{AGENT_UID}:{AGENT_UID}", str(top)], check=True)
+        audit = tmp_path / "audit.jsonl"
+        script = f"printf '%s' '{widened}' > {own.name}; cat {own.name} > /dev/null"
+        cmd = gatewrap_cmd("run", "--audit-log", str(audit), "--workdir", str(work), flag, str(own), "--",
+                           "/bin/sh", "-c", script)
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=60,
+                           env={**os.environ, "SUDO_UID": str(AGENT_UID), "SUDO_GID": str(AGENT_UID)})
+        assert p.returncode in (0, 1, 2), p.stderr
+        assert own.read_text() == first, f"the agent rewrote {own.name}: {own.read_text()!r}"
+        outcome("read-only protected path", "the file gatewrap reads next is read-only inside")
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
