@@ -287,20 +287,22 @@ def plan(opts: RunOptions, err: TextIO, audit_logs: Any = open_audit_log) -> Pla
     unprotect = [*opts.unprotect, *sandbox_unprotect(policy)]
     # The walk through the writable paths (~20-40 ms for 15,000 entries here) goes on beside
     # the sandbox's first steps (the hooks, the cgroup); Sandbox joins it before the netns.
-    protecting = _OnThread(_scan_protected, roots, unprotect, target.home, opts.jail)
+    own = [f for f in (opts.policy_file, *opts.env_files) if f is not None]  # gatewrap reads them next run too
+    protecting = _OnThread(_scan_protected, roots, unprotect, target.home, opts.jail, own)
     audit = audit_logs(opts)
     breakpoints = _approvals(opts, policy, run_id, audit, err)
     return Plan(opts, run_id, policy, target, env, env_names, cwd, argv, ro_binds, rw_binds, audit, breakpoints,
                 policy_text, roots, unprotect, protecting=protecting)
 
 
-def _scan_protected(roots: list[str], unprotect: list[str], home: str, jail_mode: str) -> protect.Protected:
+def _scan_protected(roots: list[str], unprotect: list[str], home: str, jail_mode: str,
+                    own: list[str] = ()) -> protect.Protected:
     """:func:`protect.scan`, and in the jail a refusal of a path nsjail cannot name.
 
     Raises:
         GatewrapError: as :func:`protect.scan` and :func:`view.protected_mounts` say.
     """
-    found = protect.scan(roots, unprotect, home=home)
+    found = protect.scan(roots, unprotect, home=home, own=own)
     if jail_mode == "nsjail":
         view.protected_mounts(found.readonly)
     return found

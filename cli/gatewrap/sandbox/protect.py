@@ -361,12 +361,14 @@ def _subfolders(folder: str) -> list[str]:
 
 
 def scan(roots: list[str], unprotect: list[str] = (), home: str = "", limit: int = SCAN_LIMIT,
-         strict: bool = True) -> Protected:
+         strict: bool = True, own: list[str] = ()) -> Protected:
     """The protected paths below the writable paths ``roots`` (each made real: links followed,
     as the mount of it follows them). ``unprotect``: paths (absolute, or relative to each root)
     whose protected-class paths, at or below them, are left writable. ``home``: the agent's
     home (its :data:`HOME_NAMES` are protected when it is one of the roots). ``limit``: the
     walk's bound (:data:`SCAN_LIMIT`). ``strict`` False: any other kind of file is only watched.
+    ``own``: files gatewrap itself reads at every run (the policy file, ``--env-file``s),
+    protected when they lie in a writable path: rewritten, they would widen the next run.
 
     Raises:
         GatewrapError: (``strict``) a protected path is neither a folder, a regular file nor a link (a FIFO,
@@ -381,6 +383,9 @@ def scan(roots: list[str], unprotect: list[str] = (), home: str = "", limit: int
         else:
             unprotect_abs += [os.path.join(r, os.path.normpath(u)) for r in real]
     w = _Walk(outer, sorted(set(unprotect_abs)), strict, limit)
+    for path in own:
+        if w.writable(os.path.realpath(path)):
+            w.add(os.path.abspath(path))
     w.walk(os.path.realpath(home) if home else "")
     w.out.readonly = sorted(set(w.out.readonly), key=lambda p: (p.count("/"), p))
     return w.out
