@@ -182,7 +182,7 @@ def test_the_sweep_moves_aside_what_the_run_made_or_replaced_and_nothing_else(tm
     (repo / "sub").mkdir()
     git(repo / "sub", "init", "-q")
     (repo / "notes.txt").write_text("work")
-    moved, failed = protect.sweep(start, [str(repo)], "gw-0123456789")
+    moved, failed, _ = protect.sweep(start, [str(repo)], "gw-0123456789")
     assert not failed
     got = {os.path.relpath(m.path, repo): (os.path.relpath(m.moved_to, repo), m.change) for m in moved}
     assert got == {
@@ -194,7 +194,26 @@ def test_the_sweep_moves_aside_what_the_run_made_or_replaced_and_nothing_else(tm
     }
     assert (repo / ".envrc.gatewrap-gw-0123456789").read_text() == "curl evil", "moved, never deleted"
     assert (repo / "sub-old/.git/config").exists() and (repo / "notes.txt").exists()
-    assert protect.sweep(protect.scan([str(repo)]), [str(repo)], "gw-0123456789") == ([], [])
+    assert protect.sweep(protect.scan([str(repo)]), [str(repo)], "gw-0123456789") == ([], [], False)
+
+
+def test_the_sweep_never_follows_a_folder_the_run_replaced_with_a_link_out_of_the_tree(repo, tmp_path):
+    """A nested repository's folder swapped for a link to a host folder holding a file of the
+    same name (``/etc/.git/config`` under etckeeper): the sweep, which looks at every path
+    the start watched, must not rename the host's file through the link; it says so."""
+    (repo / "sub").mkdir()
+    git(repo / "sub", "init", "-q")
+    host = tmp_path / "host"
+    (host / ".git").mkdir(parents=True)
+    (host / ".git/config").write_text("[core]\n")
+    start = protect.scan([str(repo)])
+    os.rename(repo / "sub", repo / "sub-old")
+    os.symlink(host, repo / "sub")
+    moved, failed, _ = protect.sweep(start, [str(repo)], "gw-0123456789")
+    assert (host / ".git/config").read_text() == "[core]\n", "a host file was moved"
+    assert not [m for m in moved if m.path.startswith(str(repo / "sub") + "/")]
+    assert str(repo / "sub/.git/config") in dict(failed)
+    assert "link" in dict(failed)[str(repo / "sub/.git/config")]
 
 
 def test_the_view_shows_each_protected_path_read_only_after_its_writable_bind(repo):
@@ -224,7 +243,7 @@ def test_a_fifo_made_at_git_or_commondir_during_the_run_does_not_block_the_sweep
     (repo / "n").mkdir()
     os.mkfifo(repo / "n/.git")
     os.mkfifo(repo / ".git/commondir")
-    moved, failed = protect.sweep(start, [str(repo)], "gw-0123456789")
+    moved, failed, _ = protect.sweep(start, [str(repo)], "gw-0123456789")
     assert not failed
     assert sorted(os.path.relpath(m.path, repo) for m in moved) == [".git/commondir", "n/.git"]
 

@@ -287,20 +287,22 @@ def plan(opts: RunOptions, err: TextIO, audit_logs: Any = open_audit_log) -> Pla
     unprotect = [*opts.unprotect, *sandbox_unprotect(policy)]
     # The walk through the writable paths (~20-40 ms for 15,000 entries here) goes on beside
     # the sandbox's first steps (the hooks, the cgroup); Sandbox joins it before the netns.
-    protecting = _OnThread(_scan_protected, roots, unprotect, target.home, opts.jail)
+    own = [f for f in (opts.policy_file, *opts.env_files) if f is not None]  # gatewrap reads them next run too
+    protecting = _OnThread(_scan_protected, roots, unprotect, target.home, opts.jail, own)
     audit = audit_logs(opts)
     breakpoints = _approvals(opts, policy, run_id, audit, err)
     return Plan(opts, run_id, policy, target, env, env_names, cwd, argv, ro_binds, rw_binds, audit, breakpoints,
                 policy_text, roots, unprotect, protecting=protecting)
 
 
-def _scan_protected(roots: list[str], unprotect: list[str], home: str, jail_mode: str) -> protect.Protected:
+def _scan_protected(roots: list[str], unprotect: list[str], home: str, jail_mode: str,
+                    own: list[str] = ()) -> protect.Protected:
     """:func:`protect.scan`, and in the jail a refusal of a path nsjail cannot name.
 
     Raises:
         GatewrapError: as :func:`protect.scan` and :func:`view.protected_mounts` say.
     """
-    found = protect.scan(roots, unprotect, home=home)
+    found = protect.scan(roots, unprotect, home=home, own=own)
     if jail_mode == "nsjail":
         view.protected_mounts(found.readonly)
     return found
@@ -750,7 +752,7 @@ def _sweep_protected_of(p: Plan, err: TextIO) -> list[dict[str, str]]:
     as the summary shows them."""
     if not p.protect_roots:
         return []
-    moved, failed = protect.sweep(p.protected, p.protect_roots, p.run_id, p.unprotect, p.target.home)
+    moved, failed, truncated = protect.sweep(p.protected, p.protect_roots, p.run_id, p.unprotect, p.target.home)
     out = []
     for m in moved:
         out.append({"path": m.path, "moved_to": m.moved_to, "change": m.change})
@@ -759,6 +761,13 @@ def _sweep_protected_of(p: Plan, err: TextIO) -> list[dict[str, str]]:
         print(f"gatewrap: warning: the run made or replaced {path!r}, which tools run, and it could not be moved "
               f"aside ({why}): review it before git, direnv or an editor opens it", file=err, flush=True)
         _write_protected(p, {"path": path, "change": "unknown", "error": why}, err)
+    if truncated:
+        roots = ", ".join(repr(r) for r in p.protect_roots)
+        print(f"gatewrap: warning: the run left more than {protect.SCAN_LIMIT} entries in {roots}; only the first "
+              "were looked at for a repository or editor folder it made: review any deeper before git, direnv or "
+              "an editor opens it", file=err, flush=True)
+        _write_protected(p, {"path": p.protect_roots[0], "change": "unknown",
+                             "error": f"not looked at past the first {protect.SCAN_LIMIT} entries"}, err)
     return out
 
 

@@ -235,3 +235,109 @@ def test_a_git_file_naming_etc_and_a_config_link_leading_out_mount_nothing_over_
         assert (top / "w/.git").read_text() == "gitdir: /etc\n"
     finally:
         shutil.rmtree(top, ignore_errors=True)
+
+
+#: (vector, the agent's shell command, the folder (relative to the workdir) where the user next
+#: runs ``git status`` and a commit outside; {M} is the marker folder; optional: the user's set-up before the
+#: run, a shell command in the workdir). Each plant dodges the protected paths rather than
+#: writing them: git finds another repository, or another config, than the protected one.
+DODGES = [
+    ("the workdir's .git made invalid (refs renamed) and the workdir itself made a bare-looking "
+     "repository with core.worktree and a planted fsmonitor",
+     'mv .git/refs .git/refs-old && mkdir objects refs && echo "ref: refs/heads/master" > HEAD '
+     '&& printf "[core]\\n\\trepositoryformatversion = 0\\n\\tbare = false\\n\\tworktree = .\\n\\tfsmonitor = \\"touch {M}/bare; false\\"\\n" > config',
+     "."),
+    ("a nested repository renamed away and made again behind 20,001 files that use up the "
+     "after-run walk's bound",
+     'seq -f "pad%05g" 1 20001 | xargs touch && mv sub sub-old && mkdir sub && cd sub && git init -q '
+     '&& git config core.fsmonitor "touch {M}/padded; false"',
+     "sub"),
+    ("the workdir's .git renamed away and made again, pushed past the after-run walk's bound "
+     "in the folder's own order",
+     'mv .git .git-old && git init -q && git config core.fsmonitor "touch {M}/rootpad; false" && n=0 '
+     '&& while [ $n -lt 12 ]; do seq -f "p$n-%05g" 1 20000 | xargs touch; n=$((n+1)); '
+     'ls -f | grep -nx .git | cut -d: -f1 | {{ read p; [ "$p" -gt 20010 ]; }} && break; done',
+     "."),
+    ("a project's .gitconfig that the repository's config includes (include.path ../.gitconfig)",
+     'git config --file .gitconfig core.fsmonitor "touch {M}/include; false"; true', ".",
+     'git config include.path ../.gitconfig && printf "[core]\\n\\tautocrlf = false\\n" > .gitconfig'),
+    ("a file the repository's config includes under a condition, absent at the start",
+     'git config --file .git-local core.fsmonitor "touch {M}/includeif; false"', ".",
+     'git config "includeIf.onbranch:*.path" ../.git-local'),
+    ("a hook in the folder core.hooksPath names in the workdir (husky's .husky)",
+     'printf "#!/bin/sh\\ntouch {M}/husky\\n" > .husky/pre-commit; true', ".",
+     'mkdir .husky && printf "#!/bin/sh\\n" > .husky/pre-commit && chmod +x .husky/pre-commit '
+     '&& git config core.hooksPath .husky'),
+]
+
+
+@pytest.mark.parametrize("vector, plant, where, setup", [(*d, *d[3:], "")[:4] for d in DODGES],
+                         ids=[d[0][:40] for d in DODGES])
+def test_a_repository_git_finds_instead_of_the_protected_one_runs_nothing_outside(vector, plant, where, setup,
+                                                                                  outcome):
+    """The agent leaves the protected files alone and makes git find another repository: the
+    workdir itself shaped as a bare repository (HEAD, objects/, refs/, config: git's
+    discovery, setup.c, tries the folder itself when its ``.git`` is not a repository), or a
+    remade ``.git`` the after-run walk never reaches (its bound spent on padding). The user's
+    next ``git status`` outside runs nothing."""
+    top = Path(tempfile.mkdtemp(prefix="gwt-protect-dodge-"))
+    top.chmod(0o755)
+    try:
+        work, markers, home = top / "work", top / "markers", top / "home"
+        for d in (work, markers, home):
+            d.mkdir()
+        markers.chmod(0o777)
+        subprocess.run(["git", "init", "-q", "-b", "master", str(work)], check=True)
+        subprocess.run(["git", "init", "-q", str(work / "sub")], check=True)
+        if setup:
+            subprocess.run(["/bin/sh", "-c", setup], cwd=work, check=True)
+        subprocess.run(["chown", "-R", f"{AGENT_UID}:{AGENT_UID}", str(top)], check=True)
+        logdir = Path(tempfile.mkdtemp(prefix="gwt-protect-log-"))
+        audit = logdir / "audit.jsonl"
+        cmd = gatewrap_cmd("run", "--audit-log", str(audit), "--workdir", str(work), "--",
+                           "/bin/sh", "-c", plant.format(M=markers))
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=180,
+                           env={**os.environ, "SUDO_UID": str(AGENT_UID), "SUDO_GID": str(AGENT_UID)})
+        assert p.returncode == 0, (p.stdout, p.stderr)
+        _as_agent(["git", "status"], work / where, home)
+        _as_agent(["git", *GIT_ID, "commit", "-qm", "outside", "--allow-empty"], work / where, home)
+        ran = sorted(os.listdir(markers))
+        assert ran == [], f"the planted command ran outside: {ran}; {p.stderr}"
+        records = [json.loads(x) for x in audit.read_text().splitlines()]
+        assert [r for r in records if r.get("event") not in ("run_start", "run_end") and "protected" in json.dumps(r)], \
+            "the plant must leave a record"
+        outcome("read-only protected path, after-run sweep", "refused, or moved aside after the run")
+        shutil.rmtree(logdir, ignore_errors=True)
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+
+
+@pytest.mark.parametrize("name, flag, widened", [
+    ("the policy file (default allow, [sandbox] unprotect and env)", "--policy",
+     'default = "allow"\n[sandbox]\nunprotect = [".git"]\nenv = ["GITHUB_TOKEN"]\n'),
+    ("an --env-file (a bare name takes the caller's value)", "--env-file", "GITHUB_TOKEN\n"),
+])
+def test_a_file_gatewrap_reads_at_the_next_run_stays_as_the_user_wrote_it(tmp_path, name, flag, widened, outcome):
+    """The policy file and env files kept in the working directory (a project's own
+    ``gatewrap.toml``, ``.env``) are read by gatewrap at every run: an agent that rewrites them
+    widens its next run (every host allowed, protection off, the caller's secrets passed)."""
+    top = Path(tempfile.mkdtemp(prefix="gwt-protect-own-"))
+    top.chmod(0o755)
+    try:
+        work = top / "w"
+        subprocess.run(["git", "init", "-q", str(work)], check=True)
+        own = work / ("policy.toml" if flag == "--policy" else ".env")
+        first = 'default = "deny"\n' if flag == "--policy" else "LANG=C.UTF-8\n"
+        own.write_text(first)
+        subprocess.run(["chown", "-R", f"{AGENT_UID}:{AGENT_UID}", str(top)], check=True)
+        audit = tmp_path / "audit.jsonl"
+        script = f"printf '%s' '{widened}' > {own.name}; cat {own.name} > /dev/null"
+        cmd = gatewrap_cmd("run", "--audit-log", str(audit), "--workdir", str(work), flag, str(own), "--",
+                           "/bin/sh", "-c", script)
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=60,
+                           env={**os.environ, "SUDO_UID": str(AGENT_UID), "SUDO_GID": str(AGENT_UID)})
+        assert p.returncode in (0, 1, 2), p.stderr
+        assert own.read_text() == first, f"the agent rewrote {own.name}: {own.read_text()!r}"
+        outcome("read-only protected path", "the file gatewrap reads next is read-only inside")
+    finally:
+        shutil.rmtree(top, ignore_errors=True)

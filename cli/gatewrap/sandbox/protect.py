@@ -23,6 +23,8 @@ What each entry is for (the source of each):
   ``gpg.program``, ``sequence.editor`` are commands git runs; ``include.path`` reads more.
 - ``.git/hooks/``: githooks(5) — run by commit, checkout, merge, push, rebase...
 - ``.git/info/``: gitattributes(5) — ``info/attributes`` picks the filter/diff drivers git runs.
+- what those configs name: the files they include (``include.path``, ``includeIf.*.path``)
+  and the hook folder of ``core.hooksPath`` (husky's ``.husky/``), when in a writable path.
 - ``.git/commondir``: gitrepository-layout(5) — moves most of the repository, its config and
   hooks included, to another folder.
 - ``.git/modules/<name>/``: gitrepository-layout(5) — the submodules' repositories, each
@@ -48,7 +50,9 @@ project's tooling, whose source the agent may change anyway.
 from __future__ import annotations
 
 import os
+import shutil
 import stat
+import subprocess
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -68,6 +72,12 @@ HOME_NAMES = (".bashrc", ".bash_profile", ".bash_login", ".bash_logout", ".profi
 SCAN_LIMIT = 20_000
 #: At most this many submodule repositories are looked for below one ``.git/modules``.
 MODULES_LIMIT = 256
+#: At most this many files included from one repository's config are looked for, nested ones
+#: too (git's own bound is 10 levels, config.c ``MAX_INCLUDE_DEPTH``).
+INCLUDES_LIMIT = 16
+#: A config of at most this many bytes is first looked at by gatewrap itself: one that names
+#: no include and no ``core.hooksPath`` is not handed to git (:func:`_named_by_config`).
+MAX_CONFIG = 1 << 20
 #: Suffix of a path the sweep moved aside: ``NAME.gatewrap-RUN``.
 ASIDE = ".gatewrap-"
 
@@ -113,6 +123,54 @@ def _gitdir_named(pointer: str) -> str | None:
         return None
     target = os.fsdecode(first[len(b"gitdir:"):].strip())
     return os.path.realpath(os.path.join(os.path.dirname(pointer), target)) if target else None
+
+
+def _looks_like_gitdir(folder: str) -> bool:
+    """Whether git's discovery would take ``folder`` itself for a repository (setup.c
+    ``is_git_directory``: a ``HEAD``, and ``objects/`` and ``refs/`` or a ``commondir``): it
+    does so, as a bare repository honouring its ``config``'s ``core.worktree``, when the
+    folder's ``.git`` is absent or not a repository (its ``refs`` renamed, say)."""
+    j = os.path.join
+    return os.path.lexists(j(folder, "HEAD")) and (
+        (os.path.isdir(j(folder, "objects")) and os.path.isdir(j(folder, "refs")))
+        or os.path.lexists(j(folder, "commondir")))
+
+
+def _named_by_config(config: str) -> tuple[list[str], list[str]]:
+    """What git config file ``config`` names that git reads or runs: (the files it includes:
+    ``include.path`` and ``includeIf.<condition>.path`` whatever the condition, git-config(1)
+    INCLUDES, relative to the including file's folder; the hook folders ``core.hooksPath``
+    names, as written: a relative one is relative to the working tree, githooks(5)). A ``~/``
+    path (the home of the user who runs git, unknown here) is left out. Read by git itself
+    (``git config --file --no-includes``: it runs nothing), with no other config; nothing
+    without git, for anything but a regular file, or when git fails or takes more than 5 s."""
+    git = shutil.which("git", path=os.defpath)
+    try:
+        if git is None or not stat.S_ISREG(os.stat(config).st_mode):
+            return [], []
+        with open(config, "rb") as f:
+            text = f.read(MAX_CONFIG + 1).lower()
+        # A section or key name is never escaped nor split across lines (git-config(1) SYNTAX):
+        # a config naming neither costs no git process (~1.3 ms each, a repository each).
+        if len(text) <= MAX_CONFIG and b"include" not in text and b"hookspath" not in text:
+            return [], []
+        p = subprocess.run([git, "config", "--file", config, "--no-includes", "-z", "--get-regexp",
+                            r"^(include(if\..*)?\.path|core\.hookspath)$"], capture_output=True, timeout=5, cwd="/",
+                           env={"PATH": os.defpath, "HOME": "/nonexistent", "GIT_CONFIG_NOSYSTEM": "1",
+                                "GIT_CONFIG_GLOBAL": "/dev/null"})
+    except (OSError, subprocess.TimeoutExpired):
+        return [], []
+    includes, hooks = [], []
+    for entry in p.stdout.split(b"\0"):
+        key, _, value = entry.partition(b"\n")
+        named = os.fsdecode(value).removeprefix(":(optional)")
+        if not named or named.startswith("~"):
+            continue
+        if key == b"core.hookspath":
+            hooks.append(named)
+        else:
+            includes.append(os.path.normpath(os.path.join(os.path.dirname(config), named)))
+    return includes, hooks
 
 
 def _first_line(path: str) -> bytes:
@@ -199,6 +257,8 @@ class _Walk:
         self.gitdirs.add(folder)
         for part in GIT_PARTS:
             self.add(os.path.join(folder, part))
+        self.includes([os.path.join(folder, "config"), os.path.join(folder, "config.worktree")],
+                      os.path.dirname(folder) if os.path.basename(folder) == ".git" else None)
         common = os.path.join(folder, "commondir")
         named = os.fsdecode(_first_line(common).strip())
         if named:
@@ -224,6 +284,28 @@ class _Walk:
                 else:  # a submodule named a/b: modules/a/b
                     pending.append(sub)
 
+    def includes(self, configs: list[str], worktree: str | None) -> None:
+        """What ``configs`` name (:func:`_named_by_config`) in a writable path, protected as
+        the config itself: the files they include, nested ones too (at most
+        :data:`INCLUDES_LIMIT`; a ``git config include.path ../.gitconfig`` that shares a
+        project's settings would otherwise hand the agent the repository's config), and the
+        hook folder ``core.hooksPath`` names (husky's ``.husky``), relative ones in
+        ``worktree`` (None: not known, left out)."""
+        pending, seen = deque(configs), set(configs)
+        while pending and len(seen) <= INCLUDES_LIMIT + len(configs):
+            included, hooks = _named_by_config(pending.popleft())
+            for named in hooks:
+                path = os.path.normpath(named if os.path.isabs(named) else os.path.join(worktree or "", named))
+                if (os.path.isabs(named) or worktree) and self.spend() and self.writable(os.path.realpath(path)):
+                    self.add(path)
+            for path in included:
+                if path in seen or not self.spend():
+                    continue
+                seen.add(path)
+                if self.writable(os.path.realpath(path)):
+                    self.add(path)
+                    pending.append(path)
+
     def pointed(self, pointer: str, target: str | None, depth: int = 0) -> None:
         """A ``.git`` file or link, or a ``commondir``, naming repository folder ``target``."""
         if target is None:
@@ -243,8 +325,11 @@ class _Walk:
                 continue
             pending = deque([root])
             while pending:
+                here = pending.popleft()
+                if _looks_like_gitdir(here):  # a bare-looking folder is a repository to git
+                    self.gitdir(here)
                 try:
-                    entries = list(os.scandir(pending.popleft()))
+                    entries = list(os.scandir(here))
                 except OSError:
                     continue
                 for entry in entries:
@@ -285,12 +370,14 @@ def _subfolders(folder: str) -> list[str]:
 
 
 def scan(roots: list[str], unprotect: list[str] = (), home: str = "", limit: int = SCAN_LIMIT,
-         strict: bool = True) -> Protected:
+         strict: bool = True, own: list[str] = ()) -> Protected:
     """The protected paths below the writable paths ``roots`` (each made real: links followed,
     as the mount of it follows them). ``unprotect``: paths (absolute, or relative to each root)
     whose protected-class paths, at or below them, are left writable. ``home``: the agent's
     home (its :data:`HOME_NAMES` are protected when it is one of the roots). ``limit``: the
     walk's bound (:data:`SCAN_LIMIT`). ``strict`` False: any other kind of file is only watched.
+    ``own``: files gatewrap itself reads at every run (the policy file, ``--env-file``s),
+    protected when they lie in a writable path: rewritten, they would widen the next run.
 
     Raises:
         GatewrapError: (``strict``) a protected path is neither a folder, a regular file nor a link (a FIFO,
@@ -305,6 +392,9 @@ def scan(roots: list[str], unprotect: list[str] = (), home: str = "", limit: int
         else:
             unprotect_abs += [os.path.join(r, os.path.normpath(u)) for r in real]
     w = _Walk(outer, sorted(set(unprotect_abs)), strict, limit)
+    for path in own:
+        if w.writable(os.path.realpath(path)):
+            w.add(os.path.abspath(path))
     w.walk(os.path.realpath(home) if home else "")
     w.out.readonly = sorted(set(w.out.readonly), key=lambda p: (p.count("/"), p))
     return w.out
@@ -321,21 +411,33 @@ class Moved:
 
 
 def sweep(start: Protected, roots: list[str], run_id: str, unprotect: list[str] = (), home: str = "",
-          limit: int = SCAN_LIMIT) -> tuple[list[Moved], list[tuple[str, str]]]:
+          limit: int = SCAN_LIMIT) -> tuple[list[Moved], list[tuple[str, str]], bool]:
     """After the run (no process of it left): every protected-class path below ``roots`` that
     is new or another than at ``start`` (:func:`scan` of the run's start) is renamed to
     ``PATH.gatewrap-RUN`` (``-2``, ``-3``... if taken); never deleted. The walk is bounded as
-    :func:`scan`'s. Returns (moved, failed: (path, why)). A folder whose class path was just
-    moved is not looked into again."""
+    :func:`scan`'s; every path the start watched is looked at whatever the walk reaches (the
+    agent can pad a folder to push a remade ``.git`` past the bound). Returns (moved, failed:
+    (path, why), truncated: the walk stopped at its bound, so a path of the class made where
+    it did not look was not seen). A folder whose class path was just moved is not looked
+    into again."""
     end = scan(roots, unprotect, home, limit, strict=False)
+    current = dict(end.watched)
+    for path in start.watched:
+        if path not in current:
+            current[path] = _identity(path)
     moved: list[Moved] = []
     failed: list[tuple[str, str]] = []
-    for path in sorted(end.watched, key=lambda p: (p.count("/"), p)):
-        now = end.watched[path]
+    for path in sorted(current, key=lambda p: (p.count("/"), p)):
+        now = current[path]
         if now is None or start.watched.get(path) == now or any(_inside(path, m.path) for m in moved):
             continue
         if now is not None and path not in start.watched and _identity_known(start, now):
             continue  # the same file found under another name (a root bound twice)
+        if os.path.realpath(os.path.dirname(path)) != os.path.dirname(path):
+            # A folder on its way was replaced by a link (a path the start watched, looked at
+            # directly): what it names is not the run's to move, the host's own file maybe.
+            failed.append((path, "a folder on its way is now a link, not followed"))
+            continue
         aside = path + ASIDE + run_id
         n = 1
         while os.path.lexists(aside):
@@ -347,7 +449,7 @@ def sweep(start: Protected, roots: list[str], run_id: str, unprotect: list[str] 
             failed.append((path, e.strerror or str(e)))
             continue
         moved.append(Moved(path, aside, "replaced" if start.watched.get(path) else "created"))
-    return moved, failed
+    return moved, failed, end.truncated
 
 
 def _identity_known(start: Protected, ident: tuple[int, int]) -> bool:
