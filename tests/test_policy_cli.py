@@ -513,3 +513,15 @@ def test_check_with_a_workdir_lists_its_protected_paths_and_the_unprotected_ones
     assert str(work / ".git/info") in record["watched"] and str(work / ".git/info") not in record["readonly"]
     code, out, _ = gw(capsys, "policy", "check", path)
     assert "protected in" not in out, "only with --workdir"
+
+
+def test_check_without_a_file_lists_the_protected_paths_of_a_run_without_a_policy(capsys, tmp_path):
+    (tmp_path / ".git/hooks").mkdir(parents=True)
+    (tmp_path / ".git/config").write_text("[core]\n")
+    code, out, _ = gw(capsys, "policy", "check", "--workdir", str(tmp_path))
+    assert code == 0
+    assert out.startswith("(no policy file): valid\ndefault deny"), out
+    assert f"  {tmp_path / '.git/config'}" in out.splitlines()
+    assert "  + any .envrc, .vscode, .idea, .devcontainer or repository (.git) the run makes in them" in out
+    code, _, err = gw(capsys, "policy", "check")
+    assert code != 0 and "give a policy FILE, or --workdir DIR" in err

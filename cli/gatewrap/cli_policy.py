@@ -16,17 +16,18 @@ def policy_group() -> None:
 
 
 @policy_group.command("check", context_settings=CONTEXT)
-@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@click.argument("file", type=click.Path(exists=True, dir_okay=False), required=False)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
 @click.option("--workdir", type=click.Path(file_okay=False, exists=True), metavar="DIR",
               help="List the protected paths a run in DIR would have (in DIR and the policy's [sandbox] bind "
                    "paths): read-only for the agent; one it makes is moved aside after the run.")
 @click.option("--unprotect", "unprotect", multiple=True, metavar="PATH",
               help="As in `run`: a protected path left writable. Repeatable.")
-def policy_check(file: str, as_json: bool, workdir: str | None, unprotect: tuple[str, ...]) -> int:
+def policy_check(file: str | None, as_json: bool, workdir: str | None, unprotect: tuple[str, ...]) -> int:
     """Load FILE and summarise it: default, mode, and its rules in evaluation order; with
     --workdir DIR, the protected paths of a run there (.git's config, hooks and info, .envrc,
     .vscode/...: read-only for the agent, and any it makes moved aside after the run).
+    Without FILE (--workdir only): those of a run with no policy file (--allow/--deny only).
 
     Exit 0 when FILE is valid (warnings, e.g. a policy that allows everything, go to stderr),
     1 when it is not (`gatewrap: FILE:LINE: message`), 125 when it cannot be read.
@@ -35,8 +36,12 @@ def policy_check(file: str, as_json: bool, workdir: str | None, unprotect: tuple
     Examples:
       gatewrap policy check policy.toml
       gatewrap policy check policy.toml --workdir ~/src/project
+      gatewrap policy check --workdir .
     """
     import os
+
+    if file is None and workdir is None:
+        raise click.UsageError("give a policy FILE, or --workdir DIR for the protected paths of a run without one")
 
     from .policy_cmd import check_file, check_lines
 

@@ -7,6 +7,7 @@ import os
 import platform
 from dataclasses import dataclass
 
+from .sandbox import limits
 from .sandbox.cgroup import cgroup2_mount
 
 
@@ -88,13 +89,16 @@ def checks() -> list[Check]:
     if cg:
         layout = "unified" if cg == "/sys/fs/cgroup" else "hybrid"
         out.append(Check("cgroup v2", "ok", f"mounted at {cg} ({layout} layout)"))
-        with open(os.path.join(cg, "cgroup.controllers")) as f:
-            ctrl = f.read().split()
-        lacking = [c for c in ("memory", "cpu", "pids") if c not in ctrl]
-        if lacking:
-            out.append(Check("cgroup v2 controllers", "warn",
-                             f"no {', '.join(lacking)} in cgroup v2 here: --memory/--cpus/--pids are refused",
-                             "boot with systemd.unified_cgroup_hierarchy=1"))
+        # Each bound is enforced through cgroup v2 where it has the controller, else through
+        # cgroup v1 (hybrid hosts), as gatewrap.sandbox.limits.where decides for a run.
+        places = {c: limits.where(c, cg) for c in ("pids", "memory", "cpu")}
+        found = ", ".join(f"{c} by {p[0]}" for c, p in places.items() if p is not None)
+        lacking = [c for c, p in places.items() if p is None]
+        flags = {"pids": "--pids (RLIMIT_NPROC instead: it counts the user's processes host-wide)",
+                 "memory": "--memory (its default too: a run needs --memory max)", "cpu": "--cpus"}
+        out.append(Check("resource bounds", "warn" if lacking else "ok",
+                         f"{found or 'no controller'}" + (f"; no {', '.join(flags[c] for c in lacking)} here" if lacking else ""),
+                         "boot with systemd.unified_cgroup_hierarchy=1, or mount the cgroup v1 controllers" if lacking else ""))
     else:
         out.append(Check("cgroup v2", "fail", "no cgroup2 mount in /proc/self/mounts",
                          "mount -t cgroup2 none /sys/fs/cgroup/unified (or boot with systemd.unified_cgroup_hierarchy=1)"))

@@ -60,8 +60,12 @@ class CheckResult:
         return out
 
 
-def check_file(path: str, workdir: str | None = None, unprotect: list[str] = ()) -> CheckResult:
-    """Load the policy file ``path``; with ``workdir``, also find the protected paths a run
+#: What a check without a policy file names as its file (a run with only --allow/--deny).
+NO_POLICY_FILE = "(no policy file)"
+
+
+def check_file(path: str | None, workdir: str | None = None, unprotect: list[str] = ()) -> CheckResult:
+    """Load the policy file ``path`` (None: the empty policy of a run without one); with ``workdir``, also find the protected paths a run
     there would have (its ``[sandbox] bind`` paths too; ``unprotect`` and the policy's
     ``[sandbox] unprotect`` left writable).
 
@@ -72,8 +76,11 @@ def check_file(path: str, workdir: str | None = None, unprotect: list[str] = ())
     from . import _gate_core as core
 
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        if path is None:  # a run without --policy: the empty policy (default deny)
+            path, text = NO_POLICY_FILE, ""
+        else:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
     except UnicodeDecodeError as e:
         return CheckResult(path, False, error=f"{path}: not UTF-8 text ({e.reason} at byte {e.start})")
     except OSError as e:
@@ -171,6 +178,10 @@ def check_lines(res: CheckResult) -> list[str]:
         absent = [p for p, ident in sorted(pr.watched.items()) if ident is None]
         if absent:
             lines.append(f"  + {len(absent)} absent now, moved aside if the run makes them (e.g. {_shown(absent[0])})")
+        from .sandbox.protect import EDITOR_NAMES
+
+        lines.append(f"  + any {', '.join(EDITOR_NAMES)} or repository (.git) the run makes in them, moved aside "
+                     "after it (NAME.gatewrap-RUN: review it, then rename it back to use it)")
         lines += [f"  left writable: {_shown(p)}" for p in pr.unprotected]
         lines += [f"  not protected: {_shown(p)} ({why})" for p, why in pr.outside]
         if pr.truncated:

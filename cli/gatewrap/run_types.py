@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .sandbox.limits import Limits
+from .text import counted
 
 DEFAULT_AUDIT_LOG = "/var/log/gatewrap/audit.jsonl"
 #: The TLS inspection CA of this host install (``ca.crt``; the key in ``private/``, hidden
@@ -124,8 +125,8 @@ def summary_line(r: RunResult) -> str:
         f"{f', {r.unsent} NOT SENT (503: the audit log could not record them)' if r.unsent else ''}"
         f"{f', {r.inspected} tunnels TLS-inspected' if r.inspected else ''}"
         f"{f', {r.would_deny} would be denied in enforce mode (report mode)' if r.would_deny else ''}{lost}"
-        f"{f', {r.pids_refused} forks refused at the pids bound (--pids)' if r.pids_refused else ''}"
-        f"{f', {r.oom_kills} processes killed for memory (OOM; --memory)' if r.oom_kills else ''}"
+        f"{', ' + counted(r.pids_refused, 'fork') + ' refused at the pids bound (--pids)' if r.pids_refused else ''}"
+        f"{', ' + counted(r.oom_kills, 'process', 'processes') + ' killed for memory (OOM; --memory)' if r.oom_kills else ''}"
         f"{_approvals_part(r.approvals)}{_protected_part(r.protected)}{_refused_part(r.refused)}; "
         f"audit log {r.audit_log} ({audit_command(r.run_id, r.audit_log)})"
     )
@@ -166,5 +167,6 @@ def _approvals_part(c: dict[str, int] | None) -> str:
         return ""
     answers = [f"{c[k]} {k}" for k in ("approved", "rejected", "expired") if c.get(k)]
     grants = f", {c['granted']} granted for later" if c.get("granted") else ""
-    return (f", {c.get('asked', 0)} approvals asked ({', '.join(answers) or 'none answered'}{grants}), "
+    asked = counted(c.get("asked", 0), "approval")
+    return (f", {asked} asked ({', '.join(answers) or 'none answered'}{grants}), "
             f"{c.get('by_grant', 0)} answered by grants")

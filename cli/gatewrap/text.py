@@ -17,3 +17,9 @@ def printable(s: str) -> str:
     if s.isprintable():  # the common case, checked in C (space counts as printable)
         return s
     return "".join(c if (c.isprintable() or c == " ") else _escape(c) for c in s)
+
+
+def counted(n: int, one: str, many: str | None = None) -> str:
+    """``n`` and the noun for it: ``1 fork``, ``2 forks`` (``many`` when the plural is not
+    ``one`` + "s", e.g. ``counted(n, "process", "processes")``)."""
+    return f"{n} {one if n == 1 else (many or one + 's')}"

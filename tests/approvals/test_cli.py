@@ -62,7 +62,7 @@ def test_approve_sends_the_request_once_and_the_agent_gets_the_answer(run, store
     assert len(net.access_entries(method="POST", path="/echo")) == 1
     after = run.store.get(a["id"])
     assert (after["status"], after["decided_by"]) == ("sent", "alice")
-    assert "1 approvals asked (1 approved), 0 answered by grants" in out["stderr"]
+    assert "1 approval asked (1 approved), 0 answered by grants" in out["stderr"]
 
 
 def test_reject_gives_the_agent_403_with_the_reason_and_sends_nothing(run, store_url, net):

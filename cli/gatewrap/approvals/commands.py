@@ -10,7 +10,7 @@ from typing import Any, Callable
 import click
 
 from ..errors import GatewrapError
-from ..text import printable
+from ..text import counted, printable
 from . import decide as dec
 from . import render, state
 
@@ -366,7 +366,8 @@ def prune(older_than: str, state_url: str | None, as_json: bool) -> int:
     if as_json:
         click.echo(json.dumps({"ok": True, "before": render.when(before), **done}))
     else:
-        click.echo(f"gatewrap: pruned {done['approvals']} approvals, {done['grants']} grants and {done['runs']} runs "
+        click.echo(f"gatewrap: pruned {counted(done['approvals'], 'approval')}, {counted(done['grants'], 'grant')} and "
+                   f"{counted(done['runs'], 'run')} "
                    f"over before {render.when(before)}")
     return 0
 
