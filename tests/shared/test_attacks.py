@@ -3,6 +3,7 @@ daemon and to the other runs it serves. One bad run must not hurt the others."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -120,10 +121,12 @@ CURL = ["curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}\n", "--max-time", 
 
 
 def test_a_taken_back_run_keeps_the_policy_it_started_with_though_its_agent_rewrote_the_file(tmp_path, shown):
-    """The policy file lies where the agent can write it (its project folder, shown with
-    --bind). The agent rewrites it to allow everything and waits for a daemon restart (an
-    upgrade, a crash): the daemon that takes the run back must not read the agent's policy,
-    only the one the run was started with."""
+    """The policy file lies in the agent's project folder (shown with --bind). The agent's
+    rewrite to allow everything is refused (a policy file in a writable path is protected:
+    read-only for the agent), and when the file changes all the same (here: its 0666 mode lets
+    any local user rewrite it) while the run waits for a daemon restart (an upgrade, a crash),
+    the daemon that takes the run back must not read the new text, only the one the run was
+    started with."""
     from .conftest import Daemon
 
     policy = shown / "policy.toml"
@@ -134,8 +137,11 @@ def test_a_taken_back_run_keeps_the_policy_it_started_with_though_its_agent_rewr
               f"def fetch():\n"
               f"    return subprocess.run({CURL!r} + ['http://evil.test/'], capture_output=True, text=True).stdout.strip()\n"
               f"print('before', fetch(), flush=True)\n"
-              f"open('{policy}', 'w').write('version = 1\\ndefault = \"allow\"\\n')\n"
-              f"print('rewritten', flush=True)\n"
+              f"try:\n"
+              f"    open('{policy}', 'w').write('version = 1\\ndefault = \"allow\"\\n')\n"
+              f"    print('rewritten', flush=True)\n"
+              f"except OSError as e:\n"
+              f"    print('refused', e.errno, flush=True)\n"
               f"while not os.path.exists('{step}'): time.sleep(0.05)\n"
               f"print('after', fetch(), flush=True)\n")
     first = Daemon().start()
@@ -146,7 +152,8 @@ def test_a_taken_back_run_keeps_the_policy_it_started_with_though_its_agent_rewr
                                   "--resolver", "127.0.0.1:9"),
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(first))
         assert p.stdout.readline().split() == ["before", "403"]
-        assert p.stdout.readline().split() == ["rewritten"]
+        assert p.stdout.readline().split() == ["refused", str(errno.EROFS)]
+        policy.write_text('version = 1\ndefault = "allow"\n')  # a local user, outside the sandbox
         first.kill()
         second = Daemon.restart_of(first)  # the same socket: a restart
         assert _wait_for(lambda: second.status()["runs"], 60), second.log_text()
