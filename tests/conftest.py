@@ -173,6 +173,15 @@ def examples_dir():
     shutil.rmtree(d, ignore_errors=True)
 
 
+@pytest.fixture
+def open_dir():
+    """A folder every user can enter (pytest's are root's 0700), removed after the test."""
+    d = Path(tempfile.mkdtemp(prefix="gwt-open-"))
+    d.chmod(0o755)
+    yield d
+    shutil.rmtree(d)
+
+
 @pytest.fixture(scope="module")
 def net():
     """The fake internet, one per test module (its addresses are fixed, so one at a time)."""

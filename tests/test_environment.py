@@ -6,9 +6,6 @@ agent is the escape suite's (tests/escape/test_environment.py)."""
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
-from pathlib import Path
 
 import pytest
 
@@ -77,15 +74,6 @@ def test_named_entries_apply_in_order_and_a_missing_one_is_said():
     assert passed == ["A", "B", "TERM"] and "GONE" not in env
     assert notes == ["gatewrap: note: --env GONE: not in gatewrap's environment, so not passed "
                      "(sudo keeps few variables: sudo --preserve-env=GONE, or --env-file)"]
-
-
-@pytest.fixture
-def open_dir():
-    """A folder every user can enter (pytest's are root's 0700), removed after the test."""
-    d = Path(tempfile.mkdtemp(prefix="gwt-env-"))
-    d.chmod(0o755)
-    yield d
-    shutil.rmtree(d)
 
 
 @pytest.mark.kernel

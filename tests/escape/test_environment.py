@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import json
 import secrets
-import shutil
-import tempfile
-from pathlib import Path
 
 import pytest
 
@@ -97,15 +94,6 @@ def test_the_agents_home_and_user_are_its_own_not_the_callers(host_runs):
     for mode in MODES:
         env = host_runs(mode)[0]["env"]
         assert (env["USER"], env["LOGNAME"], env["HOME"]) == ("nobody", "nobody", "/nonexistent"), (mode, env)
-
-
-@pytest.fixture
-def open_dir():
-    """A folder every user can enter (pytest's are root's 0700), removed after the test."""
-    d = Path(tempfile.mkdtemp(prefix="gwt-env-"))
-    d.chmod(0o755)
-    yield d
-    shutil.rmtree(d)
 
 
 #: (vector, what the caller names, how gatewrap refuses it).
