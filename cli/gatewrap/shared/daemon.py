@@ -74,22 +74,37 @@ class Terminal:
         self._idle = threading.Event()
         self._idle.set()
         self.dropped = 0
+        #: The bytes of a line not ended yet (see :meth:`write`).
+        self._partial = b""
 
     def fileno(self) -> int:
         return self._fd
 
     def write(self, text: str) -> int:
+        """Queue ``text``; only whole lines are queued (the rest waits for its newline or
+        :meth:`flush`), so that each line is one write(2): ``print`` writes its text and its
+        newline in two calls, and the agent, which writes to the same terminal, would land
+        between them (a pipe keeps a write of up to PIPE_BUF bytes whole: pipe(7))."""
         data = text.encode(errors="backslashreplace")
         with self._lock:
-            if self._closing or self._fd < 0 or len(self._queue) >= MAX_PENDING:
-                self.dropped += 1
+            self._partial += data
+            if b"\n" not in data:
                 return len(text)
-            self._queue.append(data)
-            self._idle.clear()
-            if not self._writing:
-                self._writing = True
-                threading.Thread(target=self._drain, name="gatewrap-terminal", daemon=True).start()
+            cut = self._partial.rindex(b"\n") + 1
+            data, self._partial = self._partial[:cut], self._partial[cut:]
+            self._queue_locked(data)
         return len(text)
+
+    def _queue_locked(self, data: bytes) -> None:
+        """Queue ``data`` for the writing thread (started if idle); the lock is held."""
+        if self._closing or self._fd < 0 or len(self._queue) >= MAX_PENDING:
+            self.dropped += 1
+            return
+        self._queue.append(data)
+        self._idle.clear()
+        if not self._writing:
+            self._writing = True
+            threading.Thread(target=self._drain, name="gatewrap-terminal", daemon=True).start()
 
     def _drain(self) -> None:
         while True:
@@ -106,7 +121,11 @@ class Terminal:
                     data = data[os.write(self._fd, data):]
 
     def flush(self) -> None:
-        pass
+        """Queue a line still waiting for its newline."""
+        with self._lock:
+            if self._partial:
+                data, self._partial = self._partial, b""
+                self._queue_locked(data)
 
     def wait_written(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds until every queued line is written; whether it was."""
@@ -114,6 +133,7 @@ class Terminal:
 
     def close(self) -> None:
         """Close once what is queued is written (at once when nothing is)."""
+        self.flush()
         with self._lock:
             self._closing = True
             if not self._writing:
