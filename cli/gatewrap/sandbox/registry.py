@@ -111,9 +111,13 @@ def waiter_alive(run_id: str, state: dict[str, Any] | None = None) -> int | None
     process still lives (the pid and start time :func:`save` kept); None otherwise or for a
     run the daemon did not save. ``state``: what :func:`saved` gave, if the caller read it."""
     got = saved(run_id) if state is None else state
-    if got is None:
-        return None
-    pid, started = got.get("owner_pid"), got.get("owner_starttime")
+    return None if got is None else _same_process(got.get("owner_pid"), got.get("owner_starttime"))
+
+
+def _same_process(pid: Any, started: Any) -> int | None:
+    """``pid`` if that very process lives here: its start time (clock ticks since boot,
+    proc(5) /proc/PID/stat field 22) is ``started``; None otherwise or for values that are
+    not a positive pid and an int."""
     if not isinstance(pid, int) or pid <= 0 or not isinstance(started, int):
         return None
     return pid if process_started(pid) == started else None
@@ -187,12 +191,7 @@ def owner_lives(got: dict[str, Any] | None) -> int | None:
     """The pid of the owner a lock file ``got`` names if that very process (pid and start
     time) lives in this pid namespace; None otherwise, or for a lock file without a start
     time (an older version's). Call it only where :func:`unproven` said None."""
-    if got is None:
-        return None
-    pid, started = got.get("pid"), got.get("pid_start")
-    if not isinstance(pid, int) or pid <= 0 or not isinstance(started, int):
-        return None
-    return pid if process_started(pid) == started else None
+    return None if got is None else _same_process(got.get("pid"), got.get("pid_start"))
 
 
 def alive(run_id: str) -> bool:
