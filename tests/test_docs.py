@@ -154,3 +154,29 @@ def test_the_generated_reference_pages_are_current():
     p = subprocess.run([sys.executable, str(ROOT / "scripts" / "docs_reference.py"), "--check"],
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
+
+
+@pytest.mark.parametrize("script,page,marker", [
+    ("escape_table", "docs/security.md", "escape-table"),
+    ("client_matrix", "docs/guide/clients.md", "client-matrix"),
+], ids=["the escape table is its results file's", "the client matrix is its results file's"])
+def test_the_generated_tables_are_their_results_files(script, page, marker):
+    """The committed results (tests/escape/results.json, tests/clients/results.json, written by
+    `scripts/escape_table.py --run` and `scripts/client_matrix.py --run`) rendered now are what
+    the page holds: a results file committed without its table, or a table edited by hand, fails."""
+    import importlib.util
+    import json
+
+    spec = importlib.util.spec_from_file_location(script, ROOT / "scripts" / f"{script}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    results = ROOT / "tests" / ("escape" if script == "escape_table" else "clients") / "results.json"
+    text = (ROOT / page).read_text()
+    block = text.split(f"<!-- {marker}:start -->\n")[1].split(f"<!-- {marker}:end -->")[0]
+    assert block == mod.render(json.loads(results.read_text())), f"run: .venv/bin/python scripts/{script}.py"
+
+
+def test_the_breakpoints_tutorial_shows_the_example_policy_as_it_is():
+    page = (ROOT / "docs" / "tutorials" / "breakpoints.md").read_text()
+    policy = (ROOT / "examples" / "breakpoint" / "policy.toml").read_text()
+    assert "```toml\n" + policy.rstrip() + "\n```" in page, "copy examples/breakpoint/policy.toml into the page again"
