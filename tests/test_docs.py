@@ -126,14 +126,15 @@ def test_the_policy_reference_lists_every_key_the_parser_takes_with_its_type():
     assert not problems, "\n".join(problems)
 
 
-def _examples() -> list[str]:
-    return re.findall(r"```toml\n(.*?)```", POLICY_PAGE.read_text(), re.S)
+def _examples(page: Path = POLICY_PAGE) -> list[str]:
+    return re.findall(r"```toml\n(.*?)```", page.read_text(), re.S)
 
 
-@pytest.mark.parametrize("n", range(2), ids=["the full example", "report mode"])
-def test_the_policy_reference_examples_are_accepted_by_policy_check(n, tmp_path):
+@pytest.mark.parametrize("page,n", [(POLICY_PAGE, 0), (POLICY_PAGE, 1), (README, 0)],
+                         ids=["the reference's full example", "the reference's report mode", "the README's policy"])
+def test_the_policy_examples_are_accepted_by_policy_check(page, n, tmp_path):
     path = tmp_path / "policy.toml"
-    path.write_text(_examples()[n])
+    path.write_text(_examples(page)[n])
     p = subprocess.run([sys.executable, "-m", "gatewrap", "policy", "check", str(path)],
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stdout + p.stderr
