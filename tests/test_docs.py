@@ -181,3 +181,12 @@ def test_the_breakpoints_tutorial_shows_the_example_policy_as_it_is():
     page = (ROOT / "docs" / "tutorials" / "breakpoints.md").read_text()
     policy = (ROOT / "examples" / "breakpoint" / "policy.toml").read_text()
     assert "```toml\n" + policy.rstrip() + "\n```" in page, "copy examples/breakpoint/policy.toml into the page again"
+
+
+def test_the_config_reference_lists_exactly_the_keys_the_config_reader_takes():
+    from gatewrap.approvals.state import CONFIG_KEYS
+
+    page = (ROOT / "docs" / "reference" / "config.md").read_text()
+    block = page.split("<!-- config-keys -->\n")[1].split("\n\n")[0]
+    documented = set(re.findall(r"^\| `\[(\w+)\]` \| `(\w+)` \|", block, re.M))
+    assert documented == {(t, k) for t, keys in CONFIG_KEYS.items() for k in keys}
