@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""Turn the client matrix's results into the README's table.
+"""Turn the client matrix's results into the clients page's table (docs/guide/clients.md).
 
     sudo .venv/bin/python scripts/client_matrix.py --run   # run tests/clients, then render
-    scripts/client_matrix.py [--results tests/clients/results.json] [--readme README.md] [--stdout]
+    scripts/client_matrix.py [--results tests/clients/results.json] [--page docs/guide/clients.md] [--stdout]
 
 ``tests/clients/results.json`` is written by tests/clients (its conftest) at the end of a
 session run with ``--write-results`` (``--run`` does that): one entry per (client, case, tls) with what the client
@@ -10,7 +10,7 @@ showed and pytest's outcome. This script renders one row per client (in ``rank``
 one column per (tls, case) found in the file: the cases ``allowed``, ``denied``,
 ``unwrapped`` for ``tls`` = ``tunnel`` first, then those of any other tls mode (e.g. TLS
 inspection's ``inspected``), headed ``case (mode)``. The text between
-``<!-- client-matrix:start -->`` and ``<!-- client-matrix:end -->`` in the README is
+``<!-- client-matrix:start -->`` and ``<!-- client-matrix:end -->`` in the page is
 replaced; without the markers (or with ``--stdout``) the table goes to stdout. Exit status:
 0, or 1 if the results file is missing or malformed.
 """
@@ -78,13 +78,14 @@ def render(entries: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--results", type=Path, default=ROOT / "tests" / "clients" / "results.json")
-    ap.add_argument("--readme", type=Path, default=ROOT / "README.md")
-    ap.add_argument("--stdout", action="store_true", help="print the table; do not touch the README")
+    ap.add_argument("--page", "--readme", dest="page", type=Path, default=ROOT / "docs" / "guide" / "clients.md",
+                    help="the page holding the markers (--readme: its old name)")
+    ap.add_argument("--stdout", action="store_true", help="print the table; do not touch the page")
     ap.add_argument("--run", action="store_true",
                     help="run tests/clients first (as root, with this interpreter), writing the results file")
     args = ap.parse_args(argv)
     if args.run and run_suite("tests/clients", sys.executable) not in (0, 1):
-        print("client_matrix: the suite did not run to its end; the README is left alone", file=sys.stderr)
+        print("client_matrix: the suite did not run to its end; the page is left alone", file=sys.stderr)
         return 1
     try:
         entries = json.loads(args.results.read_text())
@@ -93,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"client_matrix: cannot read {args.results} ({e}); run the matrix first: "
               "sudo .venv/bin/python scripts/client_matrix.py --run", file=sys.stderr)
         return 1
-    return write_table(args.readme, START, END, render(entries), "client_matrix", args.stdout)
+    return write_table(args.page, START, END, render(entries), "client_matrix", args.stdout)
 
 
 if __name__ == "__main__":

@@ -1,15 +1,15 @@
 #!/usr/bin/env python3
-"""Turn the escape suite's results into the README's security table.
+"""Turn the escape suite's results into the security page's table (docs/security.md).
 
     sudo .venv/bin/python scripts/escape_table.py --run   # run tests/escape, then render
-    scripts/escape_table.py [--results tests/escape/results.json] [--readme README.md] [--stdout]
+    scripts/escape_table.py [--results tests/escape/results.json] [--page docs/security.md] [--stdout]
 
 ``tests/escape/results.json`` is written by the escape suite (tests/escape/conftest.py)
 at the end of a session run with ``--write-results`` (``--run`` does that). This script renders it as a markdown
 table (vector -> hook or layer -> errno or outcome -> verdict) and replaces the text
-between ``<!-- escape-table:start -->`` and ``<!-- escape-table:end -->`` in the README.
-If the README lacks the markers (or with ``--stdout``), the table goes to stdout and the
-README is left alone. Exit status: 0, or 1 if the results file is missing or malformed.
+between ``<!-- escape-table:start -->`` and ``<!-- escape-table:end -->`` in the page.
+If the page lacks the markers (or with ``--stdout``), the table goes to stdout and the
+page is left alone. Exit status: 0, or 1 if the results file is missing or malformed.
 """
 
 from __future__ import annotations
@@ -51,13 +51,14 @@ def render(entries: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--results", type=Path, default=ROOT / "tests" / "escape" / "results.json")
-    ap.add_argument("--readme", type=Path, default=ROOT / "README.md")
-    ap.add_argument("--stdout", action="store_true", help="print the table; do not touch the README")
+    ap.add_argument("--page", "--readme", dest="page", type=Path, default=ROOT / "docs" / "security.md",
+                    help="the page holding the markers (--readme: its old name)")
+    ap.add_argument("--stdout", action="store_true", help="print the table; do not touch the page")
     ap.add_argument("--run", action="store_true",
                     help="run tests/escape first (as root, with this interpreter), writing the results file")
     args = ap.parse_args(argv)
     if args.run and run_suite("tests/escape", sys.executable) not in (0, 1):
-        print("escape_table: the suite did not run to its end; the README is left alone", file=sys.stderr)
+        print("escape_table: the suite did not run to its end; the page is left alone", file=sys.stderr)
         return 1
     try:
         entries = json.loads(args.results.read_text())
@@ -66,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"escape_table: cannot read {args.results} ({e}); run the escape suite first: "
               "sudo .venv/bin/python scripts/escape_table.py --run", file=sys.stderr)
         return 1
-    return write_table(args.readme, START, END, render(entries), "escape_table", args.stdout)
+    return write_table(args.page, START, END, render(entries), "escape_table", args.stdout)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""What the README's generated tables share: markdown cells, and the README's text between two
+"""What the documentation's generated tables share: markdown cells, and a page's text between two
 markers (``<!-- NAME:start -->`` ... ``<!-- NAME:end -->``) replaced by a table.
 
 Used by ``escape_table.py`` and ``client_matrix.py``.
@@ -28,7 +28,7 @@ def replace_between_markers(text: str, start: str, end: str, table: str) -> str 
 
 
 def write_table(readme: Path, start: str, end: str, table: str, name: str, to_stdout: bool) -> int:
-    """Put ``table`` between the markers of ``readme`` (or print it: with ``to_stdout``, or
+    """Put ``table`` between the markers of ``readme`` (a page of docs/) (or print it: with ``to_stdout``, or
     when the markers are missing, which ``name``, the script, says on stderr). Returns 0."""
     if to_stdout:
         sys.stdout.write(table)

@@ -191,6 +191,23 @@ test_clients() {
 	chmod -R a+rX "$(dirname "$AGENT_VENV")"
 }
 
+docs_deps() {
+	# The documentation site's builder (MkDocs, pinned in docs/requirements.txt) in the venv.
+	say "MkDocs (docs/requirements.txt) into $VENV"
+	"$VENV/bin/pip" install -q -r "$ROOT/docs/requirements.txt"
+}
+
+docs_build() {
+	# docs/ as a site, --strict: a broken link or anchor, or a page outside the nav, fails.
+	# The output goes to a scratch folder: the work tree stays clean.
+	say "tests: mkdocs build --strict"
+	local site
+	site=$(mktemp -d)
+	(cd "$ROOT" && "$VENV/bin/mkdocs" build --strict --quiet --site-dir "$site") \
+		|| { rm -rf "$site"; die "mkdocs build --strict: the documentation has a broken link or page (above)"; }
+	rm -rf "$site"
+}
+
 vagrant_check() {
 	# The Vagrantfile is checked, not just present: `vagrant validate` parses it and checks its
 	# settings (--ignore-provider: CI has no hypervisor, so VirtualBox's and libvirt's blocks
@@ -245,11 +262,13 @@ install_all() {
 
 case "${1:-install}" in
 	install) install_all ;;
-	test-deps) install_all; test_clients ;;
+	test-deps) install_all; test_clients; docs_deps ;;
 	demo) install_all; say "demo"; PATH="$VENV/bin:$PATH" exec "$VENV/bin/python" "$ROOT/examples/demo.py" ;;
 	test)
 		install_all
 		test_clients
+		docs_deps
+		docs_build
 		say "tests: Rust (gate_core, gate_wait)"
 		cd "$ROOT"
 		cargo test -q -p gate_core -p gate_wait

@@ -49,7 +49,7 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 def pytest_addoption(parser):
     parser.addoption(
         "--write-results", action="store_true",
-        help="write tests/escape/results.json and tests/clients/results.json, the README tables' "
+        help="write tests/escape/results.json and tests/clients/results.json, the docs' generated tables' "
              "sources (scripts/escape_table.py --run and scripts/client_matrix.py --run pass it); "
              "without it a test run leaves the work tree as it was")
 

@@ -1,5 +1,5 @@
-"""The agent's environment table: the README shows exactly agent_shims/env.toml, and every
-variable reaches the agent with the gate's address filled in."""
+"""The agent's environment table: the docs (docs/reference/environment.md) show exactly
+agent_shims/env.toml, and every variable reaches the agent with the gate's address filled in."""
 
 from __future__ import annotations
 
@@ -19,10 +19,10 @@ def _table(name: str = "env") -> dict[str, str]:
 
 
 @pytest.mark.parametrize("table,marker", [("env", "env-table"), ("env_inspect", "env-inspect-table")],
-                         ids=["the README's table is env.toml's [env]",
-                              "the README's TLS inspection table is env.toml's [env_inspect]"])
-def test_the_readme_table_is_the_env_toml(table, marker):
-    readme = (ROOT / "README.md").read_text()
+                         ids=["the docs' table is env.toml's [env]",
+                              "the docs' TLS inspection table is env.toml's [env_inspect]"])
+def test_the_docs_table_is_the_env_toml(table, marker):
+    readme = (ROOT / "docs" / "reference" / "environment.md").read_text()
     block = readme.split(f"<!-- {marker}:start -->")[1].split(f"<!-- {marker}:end -->")[0]
     rows = dict(re.findall(r"^\| `([^`]+)` \| `([^`]*)` \|$", block, re.M))
     # a | inside a table cell is written \| (GitHub-flavoured Markdown)

@@ -1,5 +1,5 @@
-"""bench/results/latest.json and latest.md from the sections' results, and the README's
-"Benchmarks" section (between the markers below) from latest.md."""
+"""bench/results/latest.json and latest.md from the sections' results, and the benchmarks page
+(docs/benchmarks.md, between the markers below) from latest.md."""
 
 from __future__ import annotations
 
@@ -229,8 +229,9 @@ def write(res: dict) -> str:
     return md
 
 
-def to_readme(readme: str = os.path.join(ROOT, "README.md")) -> None:
-    """Put bench/results/latest.md into the README between START and END (without them, a
+def to_readme(readme: str = os.path.join(ROOT, "docs", "benchmarks.md")) -> None:
+    """Put bench/results/latest.md into the benchmarks page (docs/benchmarks.md; once the README,
+    hence the name and `bench/run --readme`) between START and END (without them, a
     "## Benchmarks" section is added before "## Layout", or at the end). Raises FileNotFoundError without latest.md."""
     with open(os.path.join(RESULTS, "latest.md")) as f:
         md = f.read()
@@ -240,7 +241,7 @@ def to_readme(readme: str = os.path.join(ROOT, "README.md")) -> None:
     if START in text:
         text = re.sub(re.escape(START) + ".*?" + re.escape(END), lambda _: block, text, flags=re.S)
     else:
-        section = ("## Benchmarks\n\nFrom `sudo bench/run` (bench/README.md says what each figure is and how it "
+        section = ("# Benchmarks\n\nFrom `sudo bench/run` (bench/README.md says what each figure is and how it "
                    "is measured; `bench/run --readme` refreshes this section).\n\n" + block + "\n\n")
         at = text.find("\n## Layout")
         text = text[:at + 1] + section + text[at + 1:] if at >= 0 else text.rstrip() + "\n\n" + section

@@ -1,5 +1,5 @@
 """The client matrix's fixtures: a fake internet with the package managers' sites, the
-agent virtualenv, compiled programs, and the collection of results for the README matrix.
+agent virtualenv, compiled programs, and the collection of results for the docs' matrix.
 
 Each matrix test reports through the ``matrix`` fixture: ``matrix(client, case, observed)``.
 At the end of a session in which matrix tests ran with ``--write-results``
@@ -10,7 +10,7 @@ client's row); ``case`` is
 (``tunnel``: a CONNECT tunnel, the gate sees no plaintext; ``inspected``: TLS inspection,
 test_matrix_inspected.py, where ``denied`` is a path the inspected tunnel denies);
 ``outcome`` is pytest's. Entries of tests that did not run this session
-are kept. ``scripts/client_matrix.py`` renders the file as the README's matrix.
+are kept. ``scripts/client_matrix.py`` renders the file as the matrix of docs/guide/clients.md.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The escape suite's fixtures, and the collection of its results for the README table.
+"""The escape suite's fixtures, and the collection of its results for the docs' table.
 
 Each test reports what it observed through the ``outcome`` fixture:
 ``outcome(layer, observed, verdict="held")``. At the end of a session in which escape
@@ -8,7 +8,7 @@ writes nothing), ``tests/escape/results.json`` gets one entry per test, in colle
 ``held`` (refused at the syscall, nothing reached the fake internet), ``OPEN`` (it got
 out, or reached something outside the sandbox) or ``hang`` (nothing got out, but the call
 hung instead of failing), and ``outcome`` is pytest's (passed, failed, xfailed, xpassed).
-``scripts/escape_table.py`` turns the file into the README's table.
+``scripts/escape_table.py`` turns the file into the table of docs/security.md.
 """
 
 from __future__ import annotations
