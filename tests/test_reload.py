@@ -107,8 +107,7 @@ def test_reload_puts_the_new_file_in_force_and_a_broken_one_leaves_the_old(net, 
     assert "policy not reloaded, the one in force stays" in err and "policy reloaded from" in err, err
 
 
-@pytest.mark.skipif(os.environ.get("GATEWRAP_SHARED") == "1",
-                    reason="SIGHUP reloads a run's own gatewrap; a shared run's client forwards it to the agent")
+@pytest.mark.own_process  # SIGHUP reloads a run's own gatewrap; a shared run's client forwards it to the agent
 def test_sighup_to_a_runs_own_gatewrap_reloads_its_policy(net, tmp_path):
     a = Agent(net, tmp_path, ["h1", "h2"])
     try:
