@@ -23,11 +23,24 @@ def _gw(*args: str, **kw) -> subprocess.CompletedProcess:
     (["run", "--deny", "", "--", "true"], "--deny ''"),
     (["run", "--allow", "example.com:99999", "--", "true"], "99999"),
     (["run", "--policy", "/nonexistent.toml", "--", "true"], "/nonexistent.toml"),
+    (["run", "--timeout", "10x", "--", "true"],
+     'invalid duration "10x": expected a whole number and a unit s, m or h (e.g. "30s", "10m", "2h"), from 1s to '
+     '31 days; or a number of seconds (90, 0.5)'),
+    (["run", "--timeout", "0", "--", "true"], "'0' is not a positive number of seconds"),
+    (["run", "--allow-private", "10.20.30.40", "--", "true"], "use --allow 10.20.30.40 (--allow-private is for names)"),
+    (["reload", "gw-0123456789"], "no live run gw-0123456789"),
 ])
 def test_usage_errors_exit_125_with_a_message(args, needle):
     p = _gw(*args)
-    assert p.returncode == 125, p.stderr
-    assert needle in p.stderr
+    assert p.returncode == (1 if args[0] == "reload" else 125), p.stderr
+    assert needle in p.stderr, p.stderr
+
+
+@pytest.mark.parametrize("value,seconds", [("90", 90.0), ("0.5", 0.5), ("30s", 30.0), ("10m", 600.0), ("2h", 7200.0)])
+def test_timeout_takes_seconds_or_the_policy_files_durations(value, seconds):
+    from gatewrap import cli
+
+    assert cli.run.make_context("run", ["--timeout", value, "--", "true"]).params["timeout"] == seconds
 
 
 @pytest.mark.parametrize("cmd", [["audit"], ["policy", "suggest", "--run", "gw-0123456789"]],
@@ -101,6 +114,7 @@ FAST_SHARED_RUNS = [
     ["run", "--shared", "--audit-log", "rel/audit.jsonl", "--policy", "rel.toml", "cmd"],
     ["run", "--shared", "--env", "TOKEN", "--env=A=b c", "--env-file", "rel.env", "--env", "B=", "--env-file=/x.env", "cmd"],
     ["run", "--shared", "--unprotect", ".vscode", "--unprotect=/srv/r/.git/hooks", "--", "true"],
+    ["run", "--shared", "--allow-private", "mirror.corp.test", "--allow-private=m2.test:8443", "--", "true"],
 ]
 #: Command lines left to click (its checks, its messages), with GATEWRAP_SHARED unset.
 CLICKS_OWN = [
@@ -206,7 +220,7 @@ def test_the_lazy_commands_are_listed_and_run_as_before():
     p = _gw("--help")
     assert p.returncode == 0
     listed = [line.split()[0] for line in p.stdout.split("Commands:")[1].splitlines() if line.strip()]
-    assert listed == ["approvals", "audit", "daemon", "doctor", "gc", "policy", "ps", "run", "stop"]
+    assert listed == ["approvals", "audit", "daemon", "doctor", "gc", "policy", "ps", "reload", "run", "stop"]
     from gatewrap import audit_schema
 
     p = _gw("audit", "--event", "bogus")

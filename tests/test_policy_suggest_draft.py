@@ -40,13 +40,13 @@ def test_suggest_drafts_one_sorted_rule_per_host_that_policy_check_accepts(capsy
     log = _log(tmp_path, SUGGEST_LOG)
     code, out, err = gw(capsys, "policy", "suggest", "--run", "gw-1", "--log", log)
     assert (code, err) == (0, "")
-    assert out.splitlines()[0] == ("# Draft policy from run gw-1 (gatewrap policy suggest): 5 requests to 3 hosts.")
+    assert out.splitlines()[0] == ("# Draft policy from run gw-1 (gatewrap policy suggest): 6 requests to 4 hosts.")
     hosts = [line for line in out.splitlines() if line.startswith("host = ")]
-    assert hosts == ['host = "2001:db8::1"', 'host = "a.test"', 'host = "b.test"']
+    assert hosts == ['host = "2001:db8::1"', 'host = "a.test"', 'host = "b.test"', 'host = "lan.test"']
     assert "# b.test: covers 3 requests (CONNECT 1, GET 1, POST 1)\n" in out
     assert "# denied in that run: 1 request (policy: default deny)\n" in out
     assert 'host = "b.test"\nports = [80, 443, 8080]\naction = "allow"\n' in out
-    assert "#   lan.test:80: ssrf: private address 10.0.0.1 (1 time)" in out
+    assert 'host = "lan.test"\nports = [80]\naction = "allow"\nallow_private = true\n' in out
     assert "#   python3 -> tcp 198.51.100.148:80 [connect4] (1 time)" in out
     assert "#   leak.test (1 time)" in out
     assert "#   0.0.0.0:80 (1 time)" in out, "an unspecified address is a comment: policy check refuses it as a rule"
@@ -55,7 +55,7 @@ def test_suggest_drafts_one_sorted_rule_per_host_that_policy_check_accepts(capsy
     draft.write_text(out)
     code, out, err = gw(capsys, "policy", "check", str(draft))
     assert (code, err) == (0, ""), out
-    assert "default deny, mode enforce, 3 rules" in out
+    assert "default deny, mode enforce, 4 rules" in out
 
 
 def test_suggest_json_and_an_unknown_run(capsys, tmp_path):
@@ -64,7 +64,7 @@ def test_suggest_json_and_an_unknown_run(capsys, tmp_path):
     rec = json.loads(out)
     assert code == 0 and rec["run"] == "gw-1" and rec["policy"].startswith("# Draft policy")
     assert rec["rules"][2] == {"host": "b.test", "ports": [80, 443, 8080], "requests": 3,
-                               "methods": {"CONNECT": 1, "GET": 1, "POST": 1}}
+                               "methods": {"CONNECT": 1, "GET": 1, "POST": 1}, "allow_private": False}
     code, _, err = gw(capsys, "policy", "suggest", "--run", "gw-nope", "--log", log)
     assert code == 1 and "no audit records of run gw-nope" in err
     code, _, err = gw(capsys, "policy", "suggest", "--run", "gw-1", "--log", str(tmp_path / "none.jsonl"))
@@ -87,3 +87,31 @@ def test_suggest_counts_a_folded_record_as_its_count(capsys, tmp_path):
     assert "# c.test: covers 1000 requests (GET 1000)\n# denied in that run: 1000 requests (policy: default deny)" in out
     assert "#   python3 -> tcp 198.51.100.148:80 [connect4] (7 times)" in out
     assert "denied by the gate beyond the distinct denials a run records one by one" in out and "(40 times)" in out
+
+
+def test_suggest_carries_allow_private_where_the_guard_refused_a_name_on_a_private_address(capsys, tmp_path):
+    log = _log(tmp_path, [
+        {"event": "connect", "method": "CONNECT", "dst_host": "mirror.corp.test", "dst_port": 443,
+         "decision": "denied", "reason": "ssrf: private address 10.20.30.40", "dst_ip": "10.20.30.40"},
+        {"event": "request", "method": "GET", "dst_host": "public.test", "dst_port": 80, "decision": "allowed",
+         "would": "deny", "reason": "policy: default deny"},
+        {"event": "request", "method": "GET", "dst_host": "10.1.2.3", "dst_port": 80, "decision": "denied",
+         "reason": "ssrf: private address 10.1.2.3"},
+        {"event": "request", "method": "GET", "dst_host": "meta.test", "dst_port": 80, "decision": "denied",
+         "reason": "ssrf: metadata address 169.254.169.254"},
+    ])
+    code, out, err = gw(capsys, "policy", "suggest", "--run", "gw-1", "--log", log)
+    assert (code, err) == (0, ""), out
+    assert ('host = "mirror.corp.test"\nports = [443]\naction = "allow"\nallow_private = true\n') in out
+    assert 'host = "public.test"\nports = [80]\naction = "allow"\n\n' in out or out.endswith(
+        'host = "public.test"\nports = [80]\naction = "allow"\n'), "no allow_private where none was needed"
+    assert 'host = "10.1.2.3"\nports = [80]\naction = "allow"\n' in out, "an address: a rule naming it is enough"
+    assert "#   meta.test:80: ssrf: metadata address 169.254.169.254 (1 time)" in out, "no rule for a name opens metadata"
+    assert 'host = "meta.test"' not in out
+    draft = tmp_path / "draft.toml"
+    draft.write_text(out)
+    code, out, err = gw(capsys, "policy", "check", str(draft))
+    assert (code, err) == (0, ""), out
+    code, out, _ = gw(capsys, "policy", "suggest", "--run", "gw-1", "--log", log, "--json")
+    rules = {r["host"]: r for r in json.loads(out)["rules"]}
+    assert (rules["mirror.corp.test"]["allow_private"], rules["public.test"]["allow_private"]) == (True, False)

@@ -89,6 +89,22 @@ class Policy:
         address (``0.0.0.0``, ``::``), which can never be a destination.
         """
 
+    def add_private_rule(self, spec: str, origin: str) -> None:
+        """``--allow-private HOST[:PORT]``: as :meth:`add_rule` with action "allow" and
+        ``allow_private = true`` (the name may resolve to a private, loopback, link-local,
+        CGNAT, documentation, benchmarking or reserved address; never metadata nor embedded
+        IPv4). Raises :class:`PolicyError` as :meth:`add_rule`, and for an address (a rule
+        naming an address allows it already)."""
+
+    def replace_with(self, other: Policy) -> None:
+        """Put ``other``'s rules, default, mode, ``public_ranges`` and ``[approvals]`` limits
+        in place of this policy's: a gate made with this policy decides the requests that
+        come next by them (``gatewrap reload``). ``[sandbox]`` and ``[notify]`` stay."""
+
+    @property
+    def public_ranges(self) -> list[str]:
+        """The file's top-level ``public_ranges`` (CIDR strings; [] without)."""
+
     def decide_connect(self, host: str, port: int) -> tuple[str, str, str | None, bool]:
         """Decide on a CONNECT tunnel to ``host:port`` as the gate would in ``enforce`` mode.
 
@@ -387,6 +403,11 @@ def ensure_ca(ca_dir: str) -> str:
     length 0): ``ca_dir/ca.crt`` (0644) and ``ca_dir/private/ca.key`` (0600 in a 0700
     directory). Returns the certificate's path. Raises :class:`GateError` when the key is
     readable by others or not owned by the caller, or the files do not match."""
+
+def parse_duration(text: str) -> float:
+    """Seconds of ``text`` in the policy file's duration grammar: a positive whole number and
+    a unit s, m or h (``30s``, ``10m``, ``2h``), at most 31 days. Raises ValueError naming
+    the grammar."""
 
 def landlock_abi() -> int | None:
     """The kernel's Landlock ABI version (landlock_create_ruleset(2) with

@@ -14,7 +14,7 @@ import time
 #: typing is not imported (~3 ms of every shared run's client start): annotations only.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, TextIO
+    from typing import Any, Callable, TextIO
 
 from .errors import EXIT_CANNOT_EXEC, EXIT_NOT_FOUND, EXIT_TIMEOUT, GatewrapError
 from .sandbox import cgroup
@@ -75,10 +75,13 @@ def _signal_target(pid: int) -> int:
     return int(children[0]) if is_jail and len(children) == 1 else pid
 
 
-def wait_forwarding_signals(pid: int, timeout: float | None, leaf: str, err: TextIO) -> int:
+def wait_forwarding_signals(pid: int, timeout: float | None, leaf: str, err: TextIO,
+                            on_hup: Callable[[], None] | None = None) -> int:
     """Wait for the agent, forwarding signals to it and reaping orphans; returns its exit code.
 
     After ``timeout`` seconds the whole tree is killed and the code is 124 (as timeout(1)).
+    SIGHUP calls ``on_hup`` (the run's own gatewrap: reload, :func:`gatewrap.reload.on_sighup`)
+    instead of reaching the agent; without one it is forwarded as the others are.
     """
     waitset = set(FORWARDED) | {signal.SIGCHLD}
     deadline = None if timeout is None else time.monotonic() + timeout
@@ -95,6 +98,9 @@ def wait_forwarding_signals(pid: int, timeout: float | None, leaf: str, err: Tex
         wait = 0.5 if deadline is None else max(0.01, min(0.5, deadline - time.monotonic()))
         info = signal.sigtimedwait(waitset, wait)
         if info is None or info.si_signo == signal.SIGCHLD:
+            continue
+        if info.si_signo == signal.SIGHUP and on_hup is not None:
+            on_hup()
             continue
         with contextlib.suppress(ProcessLookupError):
             os.kill(_signal_target(pid), info.si_signo)

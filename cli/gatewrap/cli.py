@@ -29,7 +29,7 @@ class _Group(click.Group):
     LAZY = {"approvals": "gatewrap.approvals.commands:approvals", "audit": "gatewrap.cli_audit:audit",
             "daemon": "gatewrap.shared.commands:daemon", "doctor": "gatewrap.cli_host:doctor",
             "gc": "gatewrap.cli_host:gc", "policy": "gatewrap.cli_policy:policy_group",
-            "ps": "gatewrap.cli_host:ps", "stop": "gatewrap.cli_host:stop"}
+            "ps": "gatewrap.cli_host:ps", "reload": "gatewrap.cli_host:reload", "stop": "gatewrap.cli_host:stop"}
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*super().list_commands(ctx), *self.LAZY})
@@ -68,6 +68,11 @@ def cli() -> None:
               help="Allow HOST (exact, or *.suffix for strict subdomains). Without :PORT, ports 80 and 443. Repeatable.")
 @click.option("--deny", "deny", multiple=True, metavar="HOST[:PORT]",
               help="Deny HOST; checked before --allow and the policy file. Repeatable.")
+@click.option("--allow-private", "allow_private", multiple=True, metavar="HOST[:PORT]",
+              help="As --allow, and HOST (a name) may resolve to a private, loopback, link-local, CGNAT, "
+                   "documentation or benchmarking address, which the SSRF guard otherwise refuses: a company "
+                   "mirror or registry on 10.x. Never a metadata address. Policy file: allow_private = true "
+                   "on the rule. Repeatable.")
 @click.option("--policy", "policy_file", type=click.Path(dir_okay=False), metavar="FILE",
               help="Policy file (TOML; format in the README's Policy section). Without it: deny everything "
                    "no --allow names.")
@@ -108,8 +113,9 @@ def cli() -> None:
                    "config, hooks and info, .envrc, .vscode/, .idea/, .devcontainer/ (and nested repositories') "
                    "are read-only for the agent, and any it makes is moved aside (NAME.gatewrap-RUN) after the "
                    "run; `gatewrap policy check` lists them. Policy file: [sandbox] unprotect. Repeatable.")
-@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
-              help="Kill the agent and its children after SECONDS; exit code 124.")
+@click.option("--timeout", metavar="DURATION", callback=lambda c, p, v: _duration(v),
+              help="Kill the agent and its children after DURATION: seconds (90, 0.5) or the policy file's "
+                   "durations (30s, 10m, 2h); exit code 124.")
 @click.option("--memory", default=DEFAULT_MEMORY, show_default=True, metavar="SIZE|N%|max",
               callback=lambda c, p, v: _bound(parse_memory, v),
               help="Memory bound of the whole run (its processes, their kernel memory and the files in the "
@@ -157,7 +163,7 @@ def cli() -> None:
                    "Python process of its own. Also $GATEWRAP_SHARED=1.")
 @click.option("--json", "as_json", is_flag=True, help="Print the closing summary as one JSON object on stderr.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def run(allow: tuple[str, ...], deny: tuple[str, ...], policy_file: str | None, user: str | None,
+def run(allow: tuple[str, ...], deny: tuple[str, ...], allow_private: tuple[str, ...], policy_file: str | None, user: str | None,
         audit_log: str, audit_max_size: int, audit_keep: int | None, nameservers: tuple[str, ...], public_ranges: tuple[str, ...], port: int, workdir: str | None, jail: str,
         ro_binds: tuple[str, ...], rw_binds: tuple[str, ...], unprotect: tuple[str, ...], timeout: float | None, memory: int | None,
         cpus: float | None, pids: int | None, tmpfs: int, ca_dir: str, upstream_ca: tuple[str, ...], state: str | None,
@@ -190,7 +196,7 @@ def run(allow: tuple[str, ...], deny: tuple[str, ...], policy_file: str | None, 
                         public_ranges=public_ranges, port=port, workdir=workdir, jail=jail, ro_binds=ro_binds,
                         rw_binds=rw_binds, unprotect=unprotect, timeout=timeout, memory=memory, cpus=cpus, pids=pids, tmpfs=tmpfs, ca_dir=ca_dir,
                         upstream_ca=upstream_ca, state=state, notify_webhook=notify_webhook, env_vars=env_vars,
-                        env_files=env_files, command=command)
+                        env_files=env_files, command=command, allow_private=allow_private)
     if shared:
         from .errors import require_root
         from .shared import client
@@ -226,6 +232,26 @@ def _bound(parse, value: str) -> int | None:
         return parse(value)
     except (ValueError, OSError) as e:
         raise click.BadParameter(str(e)) from None
+
+
+def _duration(value: str | None) -> float | None:
+    """``--timeout``: seconds (a positive number, ``0.5``), or a duration of the policy file's
+    grammar (``30s``, ``10m``, ``2h``: gate_core/src/policy/duration.rs, the one parser of
+    both), in seconds."""
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        from . import _gate_core as core
+
+        try:
+            return core.parse_duration(value)
+        except ValueError as e:
+            raise click.BadParameter(f"{e}; or a number of seconds (90, 0.5)") from None
+    if not seconds > 0 or seconds == float("inf"):
+        raise click.BadParameter(f"{value!r} is not a positive number of seconds")
+    return seconds
 
 
 def _tmpfs(value: str) -> int:

@@ -75,6 +75,45 @@ def stop(run_id: str, timeout: float, as_json: bool) -> int:
 
 
 @click.command(context_settings=CONTEXT)
+@click.argument("run_id", metavar="RUN")
+@click.option("--timeout", default=10.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
+              metavar="SECONDS", help="How long to wait for the run's answer.")
+@click.option("--json", "as_json", is_flag=True, help="Print the run's policy_reload record as one JSON object.")
+def reload(run_id: str, timeout: float, as_json: bool) -> int:
+    """Read run RUN's policy file (its --policy) again and decide new requests by it.
+
+    \b
+    The new file's rules, default, mode, public_ranges and [approvals] limits apply to the
+    requests that come next (requests already admitted or held go on as decided); the
+    command-line rules (--allow, --deny, --allow-private) stay first. The sandbox is fixed
+    at the run's start and a reload never changes it: [sandbox] paths and env, the
+    protected paths, the jail. A file that cannot be read or does not parse leaves the
+    policy in force as it was, and says why. Either way a policy_reload record (old and
+    new digest) goes to the run's audit log. SIGHUP to a run's own gatewrap process does
+    the same (a --shared run is reloaded through its daemon).
+
+    \b
+    Exit 0 when reloaded, 1 when RUN is not a live run or its file was refused, 125 when
+    the run did not answer within --timeout.
+
+    \b
+    Example:
+      sudo gatewrap reload gw-0123456789
+    """
+    from .errors import require_root
+    from .reload import reload_run
+
+    require_root("reload")
+    rec = reload_run(run_id, timeout)
+    if as_json:
+        click.echo(json.dumps(rec))
+    else:
+        click.echo(f"gatewrap: reloaded {run_id}'s policy from {rec['policy_file']} "
+                   f"({rec['old_digest'][:19]}… -> {rec['new_digest'][:19]}…)" + (f"; {rec['note']}" if rec.get("note") else ""))
+    return 0
+
+
+@click.command(context_settings=CONTEXT)
 @click.option("--json", "as_json", is_flag=True, help="Print the checks as a JSON array.")
 def doctor(as_json: bool) -> int:
     """Check this machine: root, cgroup v2, BTF, bcc, kernel headers, bpffs, nsjail.

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from typing import Any, Callable
 
 #: The options of ``run`` this parser takes (each with one value), by the name of their field.
-VALUED = {"--allow": "allow", "--deny": "deny", "--policy": "policy_file", "--audit-log": "audit_log",
+VALUED = {"--allow": "allow", "--deny": "deny", "--allow-private": "allow_private", "--policy": "policy_file", "--audit-log": "audit_log",
           "--env": "env_vars", "--env-file": "env_files",
           "--unprotect": "unprotect"}
 #: ``run``'s defaults: the click options of gatewrap.cli take them from here, so that both
@@ -50,7 +50,7 @@ def shared_run(args: list[str], environ: dict[str, str] | os._Environ[str]) -> t
     would parse them; None for anything else (click's to parse)."""
     if not args or args[0] != "run":
         return None
-    picked: dict[str, Any] = {"allow": [], "deny": [], "policy_file": None, "audit_log": DEFAULT_AUDIT_LOG,
+    picked: dict[str, Any] = {"allow": [], "deny": [], "allow_private": [], "policy_file": None, "audit_log": DEFAULT_AUDIT_LOG,
                               "env_vars": [], "env_files": [], "unprotect": []}
     shared = as_json = False
     i = 1
@@ -98,7 +98,8 @@ def shared_run(args: list[str], environ: dict[str, str] | os._Environ[str]) -> t
                         jail=DEFAULT_JAIL, ro_binds=(), rw_binds=(), unprotect=picked["unprotect"], timeout=None,
                         memory=parse_memory(DEFAULT_MEMORY), cpus=None, pids=parse_count(DEFAULT_PIDS),
                         tmpfs=parse_size(DEFAULT_TMPFS), ca_dir=DEFAULT_CA_DIR, upstream_ca=(), state=None, notify_webhook=None,
-                        env_vars=picked["env_vars"], env_files=picked["env_files"], command=command)
+                        env_vars=picked["env_vars"], env_files=picked["env_files"], command=command,
+                        allow_private=picked["allow_private"])
     return fields, "json" if as_json else "text"
 
 
@@ -106,14 +107,15 @@ def run_fields(allow: Any, deny: Any, policy_file: str | None, user: str | None,
                audit_keep: int | None, nameservers: Any, public_ranges: Any, port: int, workdir: str | None,
                jail: str, ro_binds: Any, rw_binds: Any, unprotect: Any, timeout: float | None, memory: int | None,
                cpus: float | None, pids: int | None, tmpfs: int, ca_dir: str, upstream_ca: Any, state: str | None,
-               notify_webhook: str | None, env_vars: Any, env_files: Any, command: Any) -> dict[str, Any]:
+               notify_webhook: str | None, env_vars: Any, env_files: Any, command: Any,
+               allow_private: Any = ()) -> dict[str, Any]:
     """The fields of a RunOptions, as its JSON form (limits a dict; every path absolute), from
     ``run``'s parsed options (click's in gatewrap.cli, or :func:`shared_run`'s): a shared run
     sends them to the daemon, which makes the RunOptions (run_types' dataclasses are not built
     in the client)."""
     # Every path absolute, as the client's working directory makes it: a shared run's paths are
     # used by the daemon, whose working directory is another (/).
-    return dict(argv=list(command), allow=list(allow), deny=list(deny),
+    return dict(argv=list(command), allow=list(allow), deny=list(deny), allow_private=list(allow_private),
                 policy_file=None if policy_file is None else os.path.abspath(policy_file),
                 user=user, audit_log=os.path.abspath(audit_log), audit_max_size=audit_max_size,
                 audit_keep=audit_keep, nameservers=list(nameservers) or None, port=port,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Any
 
 from .errors import GatewrapError
@@ -21,12 +22,14 @@ def read_policy_text(policy_file: str) -> str:
         raise GatewrapError(f"cannot read policy {policy_file}: {e}") from e
 
 
-def build_policy(policy_file: str | None, allow: list[str], deny: list[str], text: str | None = None) -> Any:
+def build_policy(policy_file: str | None, allow: list[str], deny: list[str], text: str | None = None,
+                 allow_private: Sequence[str] = ()) -> Any:
     """Return a ``gatewrap._gate_core.Policy``.
 
-    Command-line rules are evaluated before the file's, ``--deny`` before ``--allow``,
-    each in the order given; then the file's rules; then its ``default`` (deny without
-    a file). ``text``: the file's text as read before (a run taken back keeps the policy it
+    Command-line rules are evaluated before the file's, ``--deny`` before ``--allow``
+    before ``--allow-private`` (``allow_private``: allow rules whose names may resolve to
+    private addresses), each in the order given; then the file's rules; then its
+    ``default`` (deny without a file). ``text``: the file's text as read before (a run taken back keeps the policy it
     started with, whatever the file says now); None: read ``policy_file`` now.
 
     Raises:
@@ -43,11 +46,18 @@ def build_policy(policy_file: str | None, allow: list[str], deny: list[str], tex
             policy = core.Policy.new("deny")
     except core.PolicyError as e:
         raise GatewrapError(f"invalid policy: {e}") from e
-    for flag, action, specs in (("--deny", "deny", deny), ("--allow", "allow", allow)):
+    for flag, action, specs in (("--deny", "deny", deny), ("--allow", "allow", allow),
+                                ("--allow-private", "allow_private", allow_private)):
         for spec in specs:
             try:
-                policy.add_rule(spec, action, f"{flag} {spec}")
+                if action == "allow_private":
+                    policy.add_private_rule(spec, f"{flag} {spec}")
+                else:
+                    policy.add_rule(spec, action, f"{flag} {spec}")
             except core.PolicyError as e:
+                if "is an address" in str(e):
+                    raise GatewrapError(f"{flag} {spec}: an address, which a rule naming it allows already: "
+                                        f"use --allow {spec} (--allow-private is for names)") from e
                 hint = " (a host, not a URL)" if "://" in spec else ""
                 raise GatewrapError(
                     f"{flag} {spec!r}: {e}; give HOST, HOST:PORT, *.SUFFIX or [IPv6]:PORT{hint}, "

@@ -3,7 +3,9 @@ draft policy: default deny, enforce mode, one allow rule per host with the ports
 
 The draft is TOML that ``gatewrap policy check`` accepts. What no rule can cover goes into
 comments: connections the kernel refused (``direct_egress``), DNS queries to the sandbox's
-stub, and requests the SSRF guard refused (an allow rule would not let those through).
+stub, and requests the SSRF guard refused that no rule for the name can open (metadata,
+embedded IPv4). A name the guard refused for a private-range address (a company mirror on
+10.x) gets its rule with ``allow_private = true``; an address, a rule naming it.
 """
 
 from __future__ import annotations
@@ -26,6 +28,11 @@ NOT_A_DESTINATION = ("protocol:", "limit:")
 #: Reason of the gate's fixed denial of an unspecified address (0.0.0.0, ::): no rule can
 #: allow it (``policy check`` refuses one), so it goes into a comment, never a rule.
 UNSPECIFIED = "policy: unspecified address"
+#: Address classes (the guard's reason ``ssrf: <class> address <ip>``) a rule opens: with
+#: ``allow_private = true`` for a name, by naming the address for a literal
+#: (gate_core/src/policy/ssrf/mod.rs ``Class::allow_private_covers``).
+ALLOW_PRIVATE_COVERS = frozenset({"loopback", "private", "link-local", "cgnat", "documentation", "benchmarking",
+                                  "reserved"})
 
 
 @dataclass
@@ -35,6 +42,9 @@ class HostUse:
     ports: set[int] = field(default_factory=set)
     methods: Counter[str] = field(default_factory=Counter)
     denied: Counter[str] = field(default_factory=Counter)
+    #: The SSRF guard refused the name for a private-range address: its rule needs
+    #: ``allow_private = true``.
+    private: bool = False
 
     @property
     def requests(self) -> int:
@@ -55,8 +65,9 @@ class Suggestion:
     overflow: Counter[str] = field(default_factory=Counter)
 
     def rules(self) -> list[dict[str, Any]]:
-        """``[{host, ports, requests, methods}]``, sorted by host; ports sorted."""
-        return [{"host": h, "ports": sorted(u.ports), "requests": u.requests, "methods": dict(sorted(u.methods.items()))}
+        """``[{host, ports, requests, methods, allow_private}]``, sorted by host; ports sorted."""
+        return [{"host": h, "ports": sorted(u.ports), "requests": u.requests, "methods": dict(sorted(u.methods.items())),
+                 "allow_private": u.private}
                 for h, u in sorted(self.hosts.items())]
 
     def toml(self) -> str:
@@ -73,9 +84,11 @@ class Suggestion:
                 out.append(f"# denied in that run: {_count(c, 'request')} ({printable(reason)})")
             out += ["[[rule]]", f"host = {json.dumps(h)}", f"ports = [{', '.join(map(str, sorted(u.ports)))}]",
                     'action = "allow"']
+            if u.private:
+                out.append("allow_private = true")
         notes = [("unspecified addresses, which the gate always refuses (no rule can allow them)", self.unspecified),
-                 ("refused by the SSRF guard (a rule naming the address, or allow_private, would be needed)",
-                  self.ssrf),
+                 ("refused by the SSRF guard (no rule for a name opens these: only a rule naming the "
+                  "address, which then reaches it)", self.ssrf),
                  ("direct egress blocked by the kernel (no rule can allow it: send it through the gate)", self.direct),
                  ("DNS queries refused by the sandbox's stub (the gate resolves what it allows)", self.dns),
                  ("denied by the gate beyond the distinct denials a run records one by one (hosts not "
@@ -113,10 +126,13 @@ def suggest(records: Iterable[dict[str, Any]], run: str) -> Suggestion:
             if reason == UNSPECIFIED:
                 unspecified[_hostport(rec["dst_host"], rec["dst_port"])] += n
                 continue
-            if reason.startswith("ssrf:"):
+            ssrf_class = reason.split()[1] if reason.startswith("ssrf:") and len(reason.split()) > 1 else None
+            if ssrf_class is not None and ssrf_class not in ALLOW_PRIVATE_COVERS:
                 ssrf[f"{_hostport(rec['dst_host'], rec['dst_port'])}: {reason}"] += n
                 continue
             use = hosts[str(rec["dst_host"])]
+            if ssrf_class is not None and not _is_address(str(rec["dst_host"])):
+                use.private = True
             use.ports.add(rec["dst_port"])
             use.methods[str(rec.get("method") or "?")] += n
             if rec.get("decision") == "denied" or rec.get("would") == "deny":
@@ -130,6 +146,17 @@ def suggest(records: Iterable[dict[str, Any]], run: str) -> Suggestion:
         raise GatewrapError(f"no audit records of run {run}; check the id with `gatewrap audit`, or pass --log PATH",
                             exit_code=1)
     return Suggestion(run, dict(hosts), ssrf, direct, dns, unspecified, overflow)
+
+
+def _is_address(host: str) -> bool:
+    """True for an IP literal (the gate records canonical hosts: no brackets)."""
+    import ipaddress
+
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
 
 
 def _hostport(host: Any, port: Any) -> str:

@@ -24,6 +24,8 @@ class RunOptions:
     argv: list[str]
     allow: list[str] = field(default_factory=list)
     deny: list[str] = field(default_factory=list)
+    #: ``--allow-private HOST[:PORT]``: allow rules with ``allow_private = true``.
+    allow_private: list[str] = field(default_factory=list)
     policy_file: str | None = None
     user: str | None = None
     audit_log: str = DEFAULT_AUDIT_LOG

@@ -18,7 +18,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from . import agent_process, attribution, shims
+from . import agent_process, attribution, reload, shims
 from .agent_process import (AGENT_OOM_SCORE_ADJ, FORWARDED, become_subreaper, protect_from_oom, raise_fd_limit, spawn,
                             wait_forwarding_signals)
 from .bpf import loader
@@ -179,7 +179,8 @@ def run(opts: RunOptions, stderr: TextIO | None = None) -> RunResult:
             except GatewrapError as e:
                 box.finish(e.exit_code, reason=f"{AGENT_NOT_STARTED}: {e}")
                 raise
-            exit_code = wait_forwarding_signals(pid, opts.timeout, box.leaf, err)
+            exit_code = wait_forwarding_signals(pid, opts.timeout, box.leaf, err,
+                                                on_hup=lambda: reload.on_sighup(planned, err))
             return box.finish(exit_code, reap=pid)
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
@@ -249,7 +250,7 @@ def plan(opts: RunOptions, err: TextIO, audit_logs: Any = open_audit_log) -> Pla
 
     environ = opts.env()
     policy_text = None if opts.policy_file is None else read_policy_text(opts.policy_file)
-    policy = build_policy(opts.policy_file, opts.allow, opts.deny, text=policy_text)
+    policy = build_policy(opts.policy_file, opts.allow, opts.deny, text=policy_text, allow_private=opts.allow_private)
     target = user.resolve(opts.user, environ)
     if opts.jail == "nsjail":
         jail.refuse_root(target.uid)
@@ -335,7 +336,7 @@ def plan_taken_back(run_id: str, opts: RunOptions, err: TextIO, policy_text: str
     """
     if opts.policy_file is not None and policy_text is None:
         raise GatewrapError(f"run {run_id}'s policy was not kept with it (a daemon of another version saved it)")
-    policy = build_policy(opts.policy_file, opts.allow, opts.deny, text=policy_text)
+    policy = build_policy(opts.policy_file, opts.allow, opts.deny, text=policy_text, allow_private=opts.allow_private)
     target = user.resolve(opts.user, opts.env())
     audit = audit_logs(opts)
     breakpoints = _approvals(opts, policy, run_id, audit, err)

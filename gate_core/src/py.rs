@@ -74,6 +74,33 @@ impl PyPolicy {
         p.add_rule(spec, action, origin).map_err(policy_err)
     }
 
+    /// `--allow-private HOST[:PORT]`: an allow rule with `allow_private = true` (names only).
+    fn add_private_rule(&self, spec: &str, origin: &str) -> PyResult<()> {
+        let mut p = self.inner.write().unwrap_or_else(|p| p.into_inner());
+        p.add_private_rule(spec, origin).map_err(policy_err)
+    }
+
+    /// Put `other`'s rules, default, mode, `public_ranges` and `[approvals]` limits in
+    /// place of this policy's, for the requests that come next (`gatewrap reload`): a gate
+    /// made with this policy decides by `other` from now on. The `[sandbox]` and `[notify]`
+    /// tables stay as they were (the jail and the notifications were set up at start).
+    fn replace_with(&self, other: &PyPolicy) {
+        if std::ptr::eq(self, other) {
+            return;
+        }
+        let mut new = other.read().clone();
+        let mut p = self.inner.write().unwrap_or_else(|p| p.into_inner());
+        new.sandbox = std::mem::take(&mut p.sandbox);
+        new.notify = std::mem::take(&mut p.notify);
+        *p = new;
+    }
+
+    /// The file's top-level `public_ranges` (CIDR strings).
+    #[getter]
+    fn public_ranges(&self) -> Vec<String> {
+        self.read().public_ranges.ranges().iter().map(|c| c.to_string()).collect()
+    }
+
     /// The decision on a CONNECT tunnel to `host:port`: (action, reason, rule, inspect).
     fn decide_connect(&self, host: &str, port: u16) -> PyResult<(&'static str, String, Option<String>, bool)> {
         let host = canonical_host(host).map_err(|e| policy_err(e.into()))?;
@@ -435,6 +462,14 @@ fn ensure_ca(py: Python<'_>, ca_dir: PathBuf) -> PyResult<String> {
     Ok(ca.cert_path.to_string_lossy().into_owned())
 }
 
+/// Seconds of a duration in the policy file's grammar (`30s`, `10m`, `2h`; see
+/// `policy::duration`): one grammar for the policy and gatewrap's options (`--timeout`).
+/// Raises ValueError with the grammar's message.
+#[pyfunction]
+fn parse_duration(text: &str) -> PyResult<f64> {
+    policy::duration::parse_duration(text).map(|d| d.as_secs_f64()).map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
 /// The kernel's Landlock ABI version, or `None` without Landlock; see
 /// `launcher::landlock::abi` (for `gatewrap doctor`).
 #[pyfunction]
@@ -500,6 +535,7 @@ fn _gate_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(spawn_agent, m)?)?;
     m.add_function(wrap_pyfunction!(ensure_ca, m)?)?;
     m.add_function(wrap_pyfunction!(landlock_abi, m)?)?;
+    m.add_function(wrap_pyfunction!(parse_duration, m)?)?;
     m.add_function(wrap_pyfunction!(audit_verifier_key, m)?)?;
     crate::py_approvals::register(m)?;
     Ok(())

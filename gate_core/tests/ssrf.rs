@@ -121,7 +121,7 @@ fn ssrf_guard_judges_every_resolved_address() {
         format!(
             "gatewrap: egress to local.test:{port} was denied: local.test resolves to 127.0.0.1, a loopback \
              address, which the gate dials only when a rule allows it (SSRF guard).\n\
-             To allow it, add `allow_private = true` to a rule for local.test:\n  [[rule]]\n  host = \"local.test\"\n  \
+             To allow it, run with --allow-private local.test:{port} or add `allow_private = true` to a rule for local.test:\n  [[rule]]\n  host = \"local.test\"\n  \
              port = {port}\n  action = \"allow\"\n  allow_private = true\n\
              or allow only this address: run with --allow 127.0.0.1:{port} or add to your policy:\n  [[rule]]\n  \
              host = \"127.0.0.1\"\n  port = {port}\n  action = \"allow\"\n"
@@ -149,7 +149,7 @@ fn ssrf_guard_judges_every_resolved_address() {
     ok("doc.test");
     ok("203.0.113.7");
     ok("[2001:db8:100::7]");
-    denied("198.51.100.7", &["198.51.100.7 is a documentation address", "list its range in the gate's public_ranges"]);
+    denied("198.51.100.7", &["198.51.100.7 is a documentation address", "run with --public-range CIDR, or put public_ranges = [\"CIDR\"] at the top of your policy"]);
     denied("other-doc.test", &["other-doc.test resolves to 198.51.100.7, a documentation address"]);
 
     // 5. Non-public addresses are dropped, the public one is dialled.

@@ -405,6 +405,8 @@ class Daemon:
                 protocol.send(conn, {"pid": os.getpid(), "started": self.started, "runs": sorted(self.runs)})
             elif msg.get("op") == "run":
                 self._run(conn, reader, msg, pid)
+            elif msg.get("op") == "reload":
+                protocol.send(conn, self._reload(str(msg.get("run"))))
             else:
                 raise protocol.ProtocolError(f"unknown op {msg.get('op')!r}")
         except protocol.ProtocolError as e:
@@ -421,6 +423,24 @@ class Daemon:
                 with contextlib.suppress(OSError):
                     os.close(fd)
             conn.close()
+
+    def _reload(self, run_id: str) -> dict[str, Any]:
+        """``{"op": "reload", "run": ID}``: read the run's policy file again (:mod:`gatewrap.reload`);
+        the answer is ``{"record": its policy_reload record}`` or ``{"error", "exit_code"}``."""
+        from .. import reload
+
+        box = self.runs.get(run_id)
+        if box is None:
+            return {"error": f"no live run {run_id} in this daemon (gatewrap ps lists them)", "exit_code": 1}
+        try:
+            return {"record": reload.reload_policy(box.plan, box.err)}
+        except reload.ReloadFailed as e:
+            file = box.plan.opts.policy_file
+            rec = {"result": "failed", "error": str(e).removesuffix("; the policy in force is unchanged"),
+                   **({"policy_file": file} if file else {})}
+            return {"record": rec}
+        except GatewrapError as e:
+            return {"error": str(e), "exit_code": e.exit_code}
 
     def _current_hooks(self) -> loader.Hooks:
         """The hooks for a new run: the ones this daemon opened, or, once they were loaded again

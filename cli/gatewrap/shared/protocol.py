@@ -17,6 +17,10 @@ processes killed, its records closed.
 
 ``{"op": "status"}`` is answered with ``{"pid", "started", "runs": [run ids]}``.
 
+``{"op": "reload", "run": RUN_ID}`` (``gatewrap reload``) reads the run's policy file again and
+is answered ``{"record": its policy_reload record}`` (result reloaded or failed) or
+``{"error": MESSAGE, "exit_code": N}`` (no such run here, the record could not be written).
+
 ``resume RUN_ID`` (a plain line, from the waiter of a run whose daemon died and was
 restarted) is answered ``resumed`` once the run's gate serves again (or ``refused: WHY``);
 steps 3 and 4 follow.

@@ -15,7 +15,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 pub use store::{NewApproval, Store};
 
 /// Statuses of an approval. Moves only forward: pending -> approved|rejected|expired|cancelled,
-/// approved -> sending (the one [`Store::claim`] winner) -> sent; approved -> cancelled when its run ends.
+/// approved -> sending (the one [`Store::claim`] winner) -> sent; approved -> cancelled when its run ends;
+/// sending -> cancelled when the gate could not send it (the SSRF guard, a failed dial).
 pub mod status {
     pub const PENDING: &str = "pending";
     pub const APPROVED: &str = "approved";

@@ -67,7 +67,10 @@ async fn open(ctx: Arc<Ctx>, peer: SocketAddr, mut req: Request<Incoming>) -> Re
     }
     let mut pending = Pending::new(ctx.clone(), rec);
     match guard::dial(&ctx, &adm).await {
-        Err(e) => pending.fail(&adm, &e),
+        Err(e) => {
+            hold::not_sent(sending, &e);
+            pending.fail(&adm, &e)
+        }
         Ok((upstream, addr)) => {
             let rec = pending.rec();
             rec.dst_ip = Some(addr.ip().to_string());

@@ -258,6 +258,7 @@ impl Pending {
     pub fn fail(mut self, adm: &Admission, err: &DialError) -> Response<respond::Body> {
         if let DialError::Ssrf { ip, class } = err {
             let resp = respond::ssrf_denied(&adm.host, adm.port, *ip, *class, adm.decision.rule.as_deref());
+            self.ctx.notices.say_once(&adm.host.to_string(), &respond::ssrf_hint(&adm.host, adm.port, *ip, *class));
             let rec = self.rec();
             rec.decision = f::DENIED;
             rec.reason = Some(err.to_string());

@@ -206,7 +206,10 @@ pub async fn handle(ctx: Arc<Ctx>, peer: SocketAddr, req: Request<Incoming>) -> 
     let mut pending = Pending::new(ctx.clone(), rec);
     let conn = match pool::checkout(&ctx, &ctx.upstream, &adm).await {
         Ok(conn) => conn,
-        Err(e) => return pending.fail(&adm, &e),
+        Err(e) => {
+            hold::not_sent(sending, &e);
+            return pending.fail(&adm, &e);
+        }
     };
     pending.rec().dst_ip = Some(conn.addr().ip().to_string());
 

@@ -1,12 +1,17 @@
 //! The SSRF guard at dial time (contract 4): every address a destination stands for is
 //! classified on every request, and the gate dials only the ones kept.
 //!
-//! An address is kept when it is public (by the registries or the gate's
-//! `public_ranges`), when an `allow` rule names it exactly (any class, metadata included),
-//! or when the destination is a name whose rule has `allow_private = true` and the class
-//! is one that covers (see [`Class::allow_private_covers`]). Nothing is cached: a name
-//! that resolved to a public address once is judged again on its next lookup (DNS
-//! rebinding), and the address dialled is the one judged (no second lookup).
+//! An address is kept when it is public (by the registries, the gate's `public_ranges`
+//! or the policy file's), when an `allow` rule names it exactly (any class, metadata
+//! included), or when the destination is a name whose rule (allow, or an approved ask)
+//! has `allow_private = true` and the class is one that covers (see
+//! [`Class::allow_private_covers`]). Nothing is cached: a name that resolved to a public
+//! address once is judged again on its next lookup (DNS rebinding), and the address
+//! dialled is the one judged (no second lookup).
+//!
+//! `report` mode does not lift the guard (DESIGN contract 4 holds in every mode): it
+//! refuses, and its record (reason `ssrf: <class> address <ip>`) is what `gatewrap policy
+//! suggest` turns into a rule with `allow_private = true`.
 
 use std::net::{IpAddr, SocketAddr};
 
@@ -37,7 +42,7 @@ pub async fn vetted(ctx: &Ctx, adm: &Admission) -> Result<Vec<IpAddr>, DialError
 fn screen_for(ctx: &Ctx, adm: &Admission, ips: Vec<IpAddr>) -> Result<Vec<IpAddr>, DialError> {
     let policy = ctx.policy.read().unwrap_or_else(|p| p.into_inner());
     let allow_private = adm.decision.allow_private && matches!(adm.host, Host::Name(_));
-    screen(&policy, &ctx.public_ranges, allow_private, adm.port, ips)
+    screen(&policy, &ctx.public_ranges.with(&policy.public_ranges), allow_private, adm.port, ips)
 }
 
 /// The addresses of `ips` the gate may dial on `port`, in order; when none is left, the

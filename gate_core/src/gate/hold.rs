@@ -104,10 +104,15 @@ pub struct Sending {
     ctx: Arc<Ctx>,
     approval: Approval,
     pub status: Option<u16>,
+    /// Its outcome is recorded already ([`not_sent`]): the drop records nothing.
+    done: bool,
 }
 
 impl Drop for Sending {
     fn drop(&mut self) {
+        if self.done {
+            return;
+        }
         let Some(ap) = self.ctx.approvals.clone() else { return };
         let (id, st) = (self.approval.id.clone(), self.status.map(i64::from));
         let mut rec = event(&self.ctx, f::EVENT_APPROVAL_SENT, &self.approval);
@@ -123,6 +128,24 @@ impl Drop for Sending {
             });
         }
     }
+}
+
+/// An approved request the gate could not send (`err`: the SSRF guard refused its address,
+/// or the lookup or the dial failed before a byte left): its approval is recorded
+/// cancelled with that reason (`approval_cancelled`), never `sent`.
+pub fn not_sent(sending: Option<Sending>, err: &super::dial::DialError) {
+    let Some(mut s) = sending else { return };
+    let why = format!("not sent: {err}");
+    let mut rec = event(&s.ctx, f::EVENT_APPROVAL_CANCELLED, &s.approval);
+    rec.insert(f::REASON.into(), why.clone().into());
+    let _ = s.ctx.event(rec);
+    if let (Some(ap), Ok(h)) = (s.ctx.approvals.clone(), tokio::runtime::Handle::try_current()) {
+        let id = s.approval.id.clone();
+        h.spawn_blocking(move || {
+            let _ = ap.store.lock().unwrap_or_else(|p| p.into_inner()).unsent(&id, &why);
+        });
+    }
+    s.done = true;
 }
 
 impl Sending {
@@ -613,7 +636,7 @@ async fn outcome(ctx: &Arc<Ctx>, ap: &Arc<Approvals>, a: Approval, claimed: Opti
                     Held::Go {
                         headers: send_headers(headers, &a),
                         body: send_body,
-                        sending: Some(Sending { ctx: ctx.clone(), approval: a, status: None }),
+                        sending: Some(Sending { ctx: ctx.clone(), approval: a, status: None, done: false }),
                     }
                 }
                 Ok(false) => sent_once(ctx, rec, &id),

@@ -24,12 +24,18 @@ pub struct Notices {
     /// The last line shown: a repeat of it is not shown again (a lookup asks for A and AAAA
     /// of each nameserver: four identical DNS refusals).
     last: Mutex<String>,
+    /// Keys of the lines [`Notices::say_once`] has said (one per host: bounded by the run's
+    /// hosts; past [`MAX_ONCE`] keys nothing more is said that way).
+    once: Mutex<std::collections::HashSet<String>>,
 }
+
+/// Most keys [`Notices::say_once`] remembers: past them it says nothing more.
+pub const MAX_ONCE: usize = 1000;
 
 impl Notices {
     /// Notices on `sink` (`None`: stderr) if `enabled`, else none.
     pub fn new(enabled: bool, sink: Option<FdSink>) -> Notices {
-        Notices { enabled, sink, shown: AtomicU64::new(0), last: Mutex::new(String::new()) }
+        Notices { enabled, sink, shown: AtomicU64::new(0), last: Mutex::new(String::new()), once: Mutex::default() }
     }
 
     /// Print one line; write errors are ignored (never a panic, unlike `eprintln!`).
@@ -76,6 +82,17 @@ impl Notices {
     pub fn say(&self, text: &str) {
         if self.enabled {
             self.print(&printable(text));
+        }
+    }
+
+    /// [`Notices::say`] `text` the first time `key` (a host) comes, never again in this run.
+    pub fn say_once(&self, key: &str, text: &str) {
+        let first = {
+            let mut once = self.once.lock().unwrap_or_else(|p| p.into_inner());
+            once.len() < MAX_ONCE && once.insert(key.to_string())
+        };
+        if first {
+            self.say(text);
         }
     }
 }

@@ -107,7 +107,7 @@ pub fn ssrf_body(host: &Host, port: u16, ip: IpAddr, class: Class, rule: Option<
                 None => format!("a rule for {name}"),
             };
             format!(
-                "To allow it, add `allow_private = true` to {which}:\n{}\
+                "To allow it, run with --allow-private {hp} or add `allow_private = true` to {which}:\n{}\
                  or allow only this address: run with --allow {ap} or add to your policy:\n{named}",
                 rule_block(host, port, "  allow_private = true\n")
             )
@@ -116,9 +116,37 @@ pub fn ssrf_body(host: &Host, port: u16, ip: IpAddr, class: Class, rule: Option<
     };
     body.push_str(&how);
     if matches!(class, Class::Documentation | Class::Benchmarking | Class::Reserved) {
-        body.push_str("If it is part of a test network, list its range in the gate's public_ranges.\n");
+        body.push_str(
+            "If it is part of a test network, count its range as public: run with --public-range CIDR, \
+             or put public_ranges = [\"CIDR\"] at the top of your policy.\n",
+        );
     }
     body
+}
+
+/// One line for gatewrap's stderr (an HTTPS client never shows the 403's body) saying that
+/// the SSRF guard refused `host` (in every mode: report mode does not lift it) and the
+/// option that allows it.
+pub fn ssrf_hint(host: &Host, port: u16, ip: IpAddr, class: Class) -> String {
+    let hp = host.with_port(port);
+    let ap = Host::from(ip).with_port(port);
+    let a = if class.as_str().starts_with(['a', 'e', 'i', 'o', 'u']) { "an" } else { "a" };
+    let what = match host {
+        Host::Name(name) => format!("{name} resolves to {ip}, {a} {class} address"),
+        _ => format!("{ip} is {a} {class} address"),
+    };
+    let test_net = match class {
+        Class::Documentation | Class::Benchmarking | Class::Reserved => " (a test network: --public-range CIDR)",
+        _ => "",
+    };
+    let how = match (class, host) {
+        (Class::Metadata | Class::EmbeddedIpv4, _) => format!("only a rule naming the address allows it (--allow {ap})"),
+        (c, Host::Name(_)) if c.allow_private_covers() => {
+            format!("allow it with --allow-private {hp}, or allow_private = true on its rule")
+        }
+        _ => format!("allow it with --allow {ap}"),
+    };
+    format!("gatewrap: {what}, which the SSRF guard refuses; {how}{test_net}")
 }
 
 pub fn ssrf_denied(host: &Host, port: u16, ip: IpAddr, class: Class, rule: Option<&str>) -> Response<Body> {

@@ -36,7 +36,8 @@ impl Decision {
             reason,
             rule: Some(rule.id.clone()),
             fixed: false,
-            allow_private: rule.allow_private && allows,
+            // An `ask` carries it too: what a human approves is dialled under the same guard.
+            allow_private: rule.allow_private && rule.action != Action::Deny,
             inspect: false,
             budget: rule.budget.filter(|_| allows),
         }

@@ -4,13 +4,15 @@
 //! version = 1            # optional; only 1 is accepted
 //! default = "deny"       # "deny" (default) | "allow"
 //! mode = "enforce"       # "enforce" (default) | "report"
+//! public_ranges = ["10.20.0.0/16"]  # optional: CIDRs the SSRF guard counts as public, for
+//!                        # every rule (as `gatewrap run --public-range`); never metadata
 //!
 //! [[rule]]
 //! host = "*.example.com" # required: exact host, IP literal, or "*." + name (strict subdomains)
-//! ports = [443, 8443]    # optional: `port = N` or `ports = [..]`; none = 80 and 443
+//! ports = [443, 8443]    # optional: `port = N`, `port = [..]` or `ports = [..]`; none = 80 and 443
 //! action = "allow"       # required: "allow" | "deny"
-//! allow_private = true   # optional (allow rules on names only): the names may resolve to
-//!                        # loopback/private/link-local/CGNAT/documentation/reserved
+//! allow_private = true   # optional (allow and ask rules on names only): the names may resolve
+//!                        # to loopback/private/link-local/CGNAT/documentation/reserved
 //!                        # addresses; never metadata nor IPv6-embedded IPv4
 //! inspect = true         # optional: TLS-inspect https CONNECTs this rule matches
 //! methods = ["POST"]     # optional: upper-case HTTP method tokens (RFC 9110 §9)
@@ -37,12 +39,14 @@
 //! unprotect = [".vscode"]    # a protected path left writable, as `gatewrap run --unprotect`
 //! ```
 //! `default` may also be `"ask"`. Durations are `duration.rs`'s grammar (`30s`, `10m`, `2h`).
-//! Any other key is refused with its line.
+//! Any other key is refused with its line, and the nearest known key when one is close
+//! (the known keys are the parser's own, as serde lists them in its error).
 
 use serde::Deserialize;
 use toml::Spanned;
 
 use super::budget::Budget;
+use super::ssrf::PublicRanges;
 use super::canon::{canonical_pattern, Host, HostPattern};
 use super::decide::is_upper_method;
 use super::duration::parse_duration;
@@ -59,6 +63,7 @@ struct FileSchema {
     version: Option<Spanned<i64>>,
     default: Option<Spanned<String>>,
     mode: Option<Spanned<String>>,
+    public_ranges: Option<SpannedList<String>>,
     #[serde(default)]
     rule: Vec<Spanned<RuleSchema>>,
     sandbox: Option<SandboxSchema>,
@@ -93,7 +98,7 @@ struct SandboxSchema {
 #[serde(deny_unknown_fields)]
 struct RuleSchema {
     host: Spanned<String>,
-    port: Option<Spanned<i64>>,
+    port: Option<Spanned<OneOrMore>>,
     ports: Option<Spanned<Vec<Spanned<i64>>>>,
     action: Spanned<String>,
     allow_private: Option<Spanned<bool>>,
@@ -105,6 +110,32 @@ struct RuleSchema {
     hold: Option<Spanned<String>>,
     grants: Option<Spanned<bool>>,
     budget: Option<Spanned<BudgetSchema>>,
+}
+
+/// `port = 443` or `port = [443, 8443]`: one port or a list, as the model holds a list.
+struct OneOrMore(Vec<i64>);
+
+impl<'de> Deserialize<'de> for OneOrMore {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = OneOrMore;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("one port (443) or a list of ports ([443, 8443])")
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<OneOrMore, E> {
+                Ok(OneOrMore(vec![v]))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<OneOrMore, A::Error> {
+                let mut out = Vec::new();
+                while let Some(p) = seq.next_element::<i64>()? {
+                    out.push(p);
+                }
+                Ok(OneOrMore(out))
+            }
+        }
+        d.deserialize_any(Visitor)
+    }
 }
 
 #[derive(Deserialize)]
@@ -137,7 +168,10 @@ impl Reader<'_> {
         let offset = e.span().map(|s| s.start).unwrap_or(0);
         let m = e.message();
         let msg = if let Some(key) = quoted_after(m, "unknown field `") {
-            format!("unknown key `{key}`")
+            match nearest_key(key, m) {
+                Some(near) => format!("unknown key `{key}`; did you mean `{near}`?"),
+                None => format!("unknown key `{key}`"),
+            }
         } else if let Some(key) = quoted_after(m, "missing field `") {
             format!("missing key `{key}`")
         } else {
@@ -151,9 +185,13 @@ impl Reader<'_> {
     }
 
     fn port(&self, v: &Spanned<i64>) -> Result<u16, PolicyError> {
-        match u16::try_from(*v.get_ref()) {
+        self.port_at(v.span().start, *v.get_ref())
+    }
+
+    fn port_at(&self, offset: usize, v: i64) -> Result<u16, PolicyError> {
+        match u16::try_from(v) {
             Ok(p) if p != 0 => Ok(p),
-            _ => Err(self.err(v.span().start, format!("invalid port {}: expected 1-65535", v.get_ref()))),
+            _ => Err(self.err(offset, format!("invalid port {v}: expected 1-65535"))),
         }
     }
 
@@ -165,7 +203,10 @@ impl Reader<'_> {
             (Some(_), Some(p)) => {
                 return Err(self.err(p.span().start, "use either `port` or `ports`, not both"))
             }
-            (Some(p), None) => Ports::List(vec![self.port(p)?]),
+            (Some(p), None) if p.get_ref().0.is_empty() => return Err(self.err(p.span().start, "`port` is empty")),
+            (Some(p), None) => {
+                Ports::List(p.get_ref().0.iter().map(|&n| self.port_at(p.span().start, n)).collect::<Result<_, _>>()?)
+            }
             (None, Some(list)) if list.get_ref().is_empty() => {
                 return Err(self.err(list.span().start, "`ports` is empty"))
             }
@@ -177,8 +218,8 @@ impl Reader<'_> {
         let line = self.line(spanned.span().start);
         let action = self.action(&r.action)?;
         let allow_private = match &r.allow_private {
-            Some(v) if *v.get_ref() && action != Action::Allow => {
-                return Err(self.err(v.span().start, "`allow_private` only applies to \"allow\" rules"))
+            Some(v) if *v.get_ref() && action == Action::Deny => {
+                return Err(self.err(v.span().start, "`allow_private` only applies to \"allow\" and \"ask\" rules"))
             }
             Some(v) if *v.get_ref() && !matches!(host, HostPattern::Exact(Host::Name(_)) | HostPattern::Subdomains(_)) => {
                 return Err(self.err(
@@ -360,6 +401,13 @@ impl Reader<'_> {
         };
         let mut policy = Policy::new(default);
         policy.mode = mode;
+        if let Some(list) = &file.public_ranges {
+            let texts: Vec<&str> = list.get_ref().iter().map(|r| r.get_ref().as_str()).collect();
+            policy.public_ranges = PublicRanges::parse(&texts).map_err(|e| {
+                let bad = list.get_ref().iter().find(|r| PublicRanges::parse(&[r.get_ref()]).is_err());
+                self.err(bad.map_or(list.span().start, |r| r.span().start), e.to_string())
+            })?;
+        }
         policy.reserve_file_rules(file.rule.len());
         for (i, r) in file.rule.iter().enumerate() {
             policy.push_rule(self.rule(i, r)?);
@@ -369,6 +417,41 @@ impl Reader<'_> {
         policy.approvals = self.approvals(file.approvals.as_ref())?;
         Ok(policy)
     }
+}
+
+/// The known key nearest to `key` within an edit distance of 2 (a third of a short key's
+/// length at most), from the list serde's error `message` gives after "expected" (the
+/// parser's own keys, so a key added to a schema comes along); `None` when none is close.
+fn nearest_key<'m>(key: &str, message: &'m str) -> Option<&'m str> {
+    let (_, known) = message.split_once("expected")?;
+    let limit = 2.min(key.chars().count().div_ceil(3)).max(1);
+    known
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .map(|k| (edit_distance(key, k), k))
+        .filter(|&(d, _)| d <= limit)
+        .min_by_key(|&(d, _)| d)
+        .map(|(_, k)| k)
+}
+
+/// Levenshtein distance (insertions, deletions, substitutions; a swap of two neighbours
+/// counts 1, as Damerau's), over chars.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
+    let mut rows = vec![(0..=b.len()).collect::<Vec<_>>()];
+    for i in 1..=a.len() {
+        let mut row = vec![i; b.len() + 1];
+        for j in 1..=b.len() {
+            let cost = usize::from(a[i - 1] != b[j - 1]);
+            row[j] = (rows[i - 1][j] + 1).min(row[j - 1] + 1).min(rows[i - 1][j - 1] + cost);
+            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
+                row[j] = row[j].min(rows[i - 2][j - 2] + 1);
+            }
+        }
+        rows.push(row);
+    }
+    rows[a.len()][b.len()]
 }
 
 fn quoted_after<'m>(message: &'m str, prefix: &str) -> Option<&'m str> {

@@ -40,22 +40,44 @@ pub enum PolicyError {
     Port { value: String },
     #[error("invalid action {value:?}: expected \"allow\", \"deny\" or \"ask\"")]
     Action { value: String },
+    #[error("{value:?} is an address: a rule naming an address allows it already (use --allow); --allow-private is for names")]
+    PrivateNeedsName { value: String },
 }
 
 impl Policy {
     /// Add a command-line rule (`--allow HOST[:PORT]`, `--deny ...`). `origin` becomes its id.
     pub fn add_rule(&mut self, spec: &str, action: &str, origin: &str) -> Result<(), PolicyError> {
-        let action = file::parse_action(action)?;
-        let (host, port) = canon::split_spec(spec)?;
-        let host = canonical_pattern(host)?;
-        let ports = match port {
-            None => Ports::Web,
-            Some(p) => match p.parse::<u16>() {
-                Ok(n) if n != 0 && p.bytes().all(|b| b.is_ascii_digit()) => Ports::List(vec![n]),
-                _ => return Err(PolicyError::Port { value: p.to_string() }),
-            },
-        };
-        self.push_rule(Rule::new(origin.to_string(), host, ports, action, Origin::Cli));
+        let rule = cli_rule(spec, file::parse_action(action)?, origin)?;
+        self.push_rule(rule);
         Ok(())
     }
+
+    /// Add `--allow-private HOST[:PORT]`: an allow rule with `allow_private = true` (the name
+    /// may resolve to a private, loopback, link-local, CGNAT, documentation, benchmarking or
+    /// reserved address; never metadata nor embedded IPv4). `origin` becomes its id.
+    ///
+    /// Errors: as [`Policy::add_rule`], and [`PolicyError::PrivateNeedsName`] for an address.
+    pub fn add_private_rule(&mut self, spec: &str, origin: &str) -> Result<(), PolicyError> {
+        let mut rule = cli_rule(spec, Action::Allow, origin)?;
+        if !matches!(rule.host, HostPattern::Exact(Host::Name(_)) | HostPattern::Subdomains(_)) {
+            return Err(PolicyError::PrivateNeedsName { value: spec.to_string() });
+        }
+        rule.allow_private = true;
+        self.push_rule(rule);
+        Ok(())
+    }
+}
+
+/// The rule of a command-line flag: `spec` is `HOST[:PORT]` (no port: 80 and 443).
+fn cli_rule(spec: &str, action: Action, origin: &str) -> Result<Rule, PolicyError> {
+    let (host, port) = canon::split_spec(spec)?;
+    let host = canonical_pattern(host)?;
+    let ports = match port {
+        None => Ports::Web,
+        Some(p) => match p.parse::<u16>() {
+            Ok(n) if n != 0 && p.bytes().all(|b| b.is_ascii_digit()) => Ports::List(vec![n]),
+            _ => return Err(PolicyError::Port { value: p.to_string() }),
+        },
+    };
+    Ok(Rule::new(origin.to_string(), host, ports, action, Origin::Cli))
 }

@@ -280,6 +280,9 @@ pub struct Policy {
     pub notify: Notify,
     /// The file's `[approvals]` table.
     pub approvals: ApprovalLimits,
+    /// The file's top-level `public_ranges`: ranges the SSRF guard counts as public, on top
+    /// of the gate's own (`--public-range`); see [`super::ssrf::PublicRanges`].
+    pub public_ranges: super::ssrf::PublicRanges,
 }
 
 impl Policy {
@@ -293,6 +296,7 @@ impl Policy {
             sandbox: Sandbox::default(),
             notify: Notify::default(),
             approvals: ApprovalLimits::default(),
+            public_ranges: super::ssrf::PublicRanges::default(),
         }
     }
 

@@ -191,13 +191,24 @@ fn bad_files_name_the_line_and_key() {
         ("empty ports", "[[rule]]\nhost = \"a.test\"\nports = []\naction = \"allow\"\n", "p.toml:3: `ports` is empty"),
         ("version 2", "version = 2\n", "p.toml:1: unsupported version 2: only 1 is known"),
         ("a bad mode", "mode = \"audit\"\n", "p.toml:1: invalid mode \"audit\": expected \"enforce\" or \"report\""),
-        ("allow_private on a deny rule", "[[rule]]\nhost = \"a.test\"\naction = \"deny\"\nallow_private = true\n", "p.toml:4: `allow_private` only applies to \"allow\" rules"),
+        ("allow_private on a deny rule", "[[rule]]\nhost = \"a.test\"\naction = \"deny\"\nallow_private = true\n", "p.toml:4: `allow_private` only applies to \"allow\" and \"ask\" rules"),
+        ("a port as a string", "[[rule]]\nhost = \"a.test\"\nport = \"443\"\naction = \"allow\"\n", "p.toml:3: invalid type: string \"443\", expected one port (443) or a list of ports ([443, 8443])"),
+        ("an empty port list", "[[rule]]\nhost = \"a.test\"\nport = []\naction = \"allow\"\n", "p.toml:3: `port` is empty"),
+        ("a bad port in a port list", "[[rule]]\nhost = \"a.test\"\nport = [443, 0]\naction = \"allow\"\n", "p.toml:3: invalid port 0: expected 1-65535"),
+        ("a misspelt rule key", "[[rule]]\nhost = \"a.test\"\naction = \"allow\"\nallow_privat = true\n", "p.toml:4: unknown key `allow_privat`; did you mean `allow_private`?"),
+        ("two letters swapped", "[[rule]]\nhost = \"a.test\"\nprot = 1\naction = \"allow\"\n", "p.toml:3: unknown key `prot`; did you mean `port`?"),
+        ("a misspelt top-level key", "defualt = \"deny\"\n", "p.toml:1: unknown key `defualt`; did you mean `default`?"),
+        ("a misspelt table key", "[sandbox]\nro_bnd = [\"/opt\"]\n", "p.toml:2: unknown key `ro_bnd`; did you mean `ro_bind`?"),
+        ("public_ranges over the metadata address", "public_ranges = [\"10.0.0.0/8\", \"169.254.0.0/16\"]\n", "p.toml:1: public_ranges: 169.254.0.0/16 covers the cloud metadata address 169.254.169.254, which is never public; name the address in a rule if the agent must reach it"),
+        ("public_ranges not a CIDR", "public_ranges = [\"10.0.0.0\"]\n", "p.toml:1: public_ranges: "),
         ("allow_private on an address", "[[rule]]\nhost = \"10.0.0.1\"\naction = \"allow\"\nallow_private = true\n", "p.toml:4: `allow_private` applies to names; a rule naming an address allows it already"),
         ("allow_private not a bool", "[[rule]]\nhost = \"a.test\"\naction = \"allow\"\nallow_private = \"yes\"\n", "p.toml:4: invalid type: string \"yes\", expected a boolean"),
     ];
     for (case, text, want) in table {
         match from_toml(text, "p.toml") {
             Ok(_) => panic!("{case}: accepted"),
+            // A message ending in ": " is a prefix (the rest is the CIDR parser's own text).
+            Err(e) if want.ends_with(": ") => assert!(e.to_string().starts_with(want), "{case}: {e}"),
             Err(e) => assert_eq!(e.to_string(), *want, "{case}"),
         }
     }
@@ -338,4 +349,27 @@ fn approvals_pending_caps_default_to_100_per_run_and_1000_per_store_and_must_be_
         let e = from_toml(&format!("[approvals]\n{key} = {bad}\n"), "p.toml").expect_err("refused");
         assert!(e.to_string().contains(&format!("invalid {key} {bad}")), "{e}");
     }
+}
+
+#[test]
+fn a_port_list_public_ranges_and_allow_private_on_an_ask_rule_are_read() {
+    let text = "public_ranges = [\"10.20.0.0/16\", \"2001:db8:100::/48\"]\n\n\
+                [[rule]]\nhost = \"mirror.corp.test\"\nport = [443, 8443]\naction = \"ask\"\nallow_private = true\n";
+    let p = from_toml(text, "p.toml").unwrap_or_else(|e| panic!("{e}"));
+    let ranges: Vec<String> = p.public_ranges.ranges().iter().map(|c| c.to_string()).collect();
+    assert_eq!(ranges, ["10.20.0.0/16", "2001:db8:100::/48"]);
+    let rule = &p.file_rules()[0];
+    assert_eq!((rule.ports.to_vec(), rule.allow_private), (vec![443, 8443], true));
+    let d = p.decide_connect(&Host::Name("mirror.corp.test".into()), 8443);
+    assert_eq!((d.action, d.allow_private), (Action::Ask, true), "an ask carries allow_private to the guard");
+}
+
+#[test]
+fn allow_private_flags_take_names_only() {
+    let mut p = Policy::new(Action::Deny);
+    p.add_private_rule("mirror.corp.test:8443", "--allow-private mirror.corp.test:8443").unwrap_or_else(|e| panic!("{e}"));
+    let d = p.decide_connect(&Host::Name("mirror.corp.test".into()), 8443);
+    assert_eq!((d.action, d.reason.as_str(), d.allow_private), (Action::Allow, "policy: rule --allow-private mirror.corp.test:8443", true));
+    let e = p.add_private_rule("10.0.0.1", "--allow-private 10.0.0.1").err().map(|e| e.to_string());
+    assert_eq!(e.as_deref(), Some("\"10.0.0.1\" is an address: a rule naming an address allows it already (use --allow); --allow-private is for names"));
 }

@@ -37,7 +37,7 @@ fn unprotect_takes_relative_and_absolute_paths_with_their_lines() {
 #[test]
 fn bad_sandbox_tables_name_the_line() {
     let table: &[(&str, &str, &str)] = &[
-        ("an unknown key", "[sandbox]\nro_bind = []\nrw_bind = [\"/x\"]\n", "p.toml:3: unknown key `rw_bind`"),
+        ("an unknown key", "[sandbox]\nro_bind = []\nrw_bind = [\"/x\"]\n", "p.toml:3: unknown key `rw_bind`; did you mean `ro_bind`?"),
         ("a string, not a list", "[sandbox]\nbind = \"/srv\"\n", "p.toml:2: invalid type: string \"/srv\", expected a sequence"),
         ("a relative path", "[sandbox]\nro_bind = [\"/a\", \"tools\"]\n", "p.toml:2: invalid path \"tools\": expected an absolute path (starting with /)"),
         ("a home-relative path", "[sandbox]\n\nbind = [\"~/.cache\"]\n", "p.toml:3: invalid path \"~/.cache\": expected an absolute path (starting with /)"),

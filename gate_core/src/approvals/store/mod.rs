@@ -746,6 +746,16 @@ impl Store {
         Ok(())
     }
 
+    /// sending -> cancelled with `reason`: the gate claimed it and then could not send it
+    /// (the SSRF guard refused the address, the dial failed); nothing left the gate.
+    pub fn unsent(&mut self, id: &str, reason: &str) -> Result<()> {
+        self.exec(
+            "UPDATE approvals SET status = 'cancelled', version = version + 1, reason = ?2 WHERE id = ?1 AND status = 'sending'",
+            &[id.into(), reason.into()],
+        )?;
+        Ok(())
+    }
+
     /// pending -> expired once its deadline passed (by the gate). True if this call moved it.
     pub fn expire(&mut self, id: &str) -> Result<bool> {
         let n = self.exec(

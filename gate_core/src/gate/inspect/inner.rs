@@ -146,14 +146,20 @@ pub(super) async fn handle(ctx: Arc<Ctx>, tunnel: Arc<Tunnel>, req: Request<Inco
     // The SSRF guard on every request; a kept connection only to an address it kept now.
     let vetted = match guard::vetted(&ctx, &adm).await {
         Ok(ips) => ips,
-        Err(e) => return pending.fail(&adm, &e),
+        Err(e) => {
+            hold::not_sent(sending, &e);
+            return pending.fail(&adm, &e);
+        }
     };
     let key = |addr| Key { scheme: "https", host: host.clone(), rule: adm.decision.rule.clone(), addr };
     let (sender, key, reused) = match ctx.inspected.take_vetted(&vetted, port, key) {
         Some((key, sender)) => (sender, key, true),
         None => match connect(&ctx, &tunnel, &vetted).await {
             Ok((sender, addr)) => (sender, key(addr), false),
-            Err(Failure::Dial(e)) => return pending.fail(&adm, &e),
+            Err(Failure::Dial(e)) => {
+                hold::not_sent(sending, &e);
+                return pending.fail(&adm, &e);
+            }
             Err(Failure::After(addr, cause)) => return after_dial(pending, &host.with_port(port), addr, cause),
         },
     };

@@ -225,6 +225,11 @@ impl PublicRanges {
         &self.0
     }
 
+    /// These ranges and `more`'s (the gate's `--public-range` and the policy file's).
+    pub fn with(&self, more: &PublicRanges) -> PublicRanges {
+        PublicRanges(self.0.iter().chain(more.0.iter()).cloned().collect())
+    }
+
     /// The class of `ip` with these ranges counted as public.
     pub fn classify(&self, ip: IpAddr) -> Class {
         match classify(ip) {
