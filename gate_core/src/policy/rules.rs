@@ -166,6 +166,9 @@ pub struct Rule {
     pub grants: bool,
     /// `budget = { count, per }` of an allow rule.
     pub budget: Option<Budget>,
+    /// `inject = { secret, .. }`: the gate puts that secret's value in the requests this
+    /// rule allows (see `secret.rs`).
+    pub inject: Option<std::sync::Arc<super::secret::Inject>>,
 }
 
 impl Rule {
@@ -187,6 +190,7 @@ impl Rule {
             hold: Hold::Wait,
             grants: true,
             budget: None,
+            inject: None,
         }
     }
 
@@ -225,6 +229,8 @@ pub struct Decision {
     /// The allowing rule's budget: the gate counts this request against it (never set on
     /// a tunnel that is inspected: its inner requests are counted instead).
     pub budget: Option<Budget>,
+    /// The deciding rule's `inject` (allow and ask rules; on requests, not tunnels).
+    pub inject: Option<std::sync::Arc<super::secret::Inject>>,
 }
 
 /// The scheme of a request the gate decides on: `http` for an absolute-form request,
@@ -280,6 +286,8 @@ pub struct Policy {
     pub notify: Notify,
     /// The file's `[approvals]` table.
     pub approvals: ApprovalLimits,
+    /// The `[[secret]]` tables: the policy file's, then the host's secrets file's.
+    pub secrets: Vec<super::secret::SecretDef>,
 }
 
 impl Policy {
@@ -293,6 +301,7 @@ impl Policy {
             sandbox: Sandbox::default(),
             notify: Notify::default(),
             approvals: ApprovalLimits::default(),
+            secrets: Vec::new(),
         }
     }
 
