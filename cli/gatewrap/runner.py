@@ -24,6 +24,7 @@ from .agent_process import (AGENT_OOM_SCORE_ADJ, FORWARDED, become_subreaper, pr
 from .bpf import loader
 from .errors import EXIT_CANNOT_EXEC, EXIT_GATEWRAP, EXIT_NOT_FOUND, GatewrapError, require_root
 from .kernel_denials import KernelDenials
+from . import secrets as secret_sources
 from .policy import build_policy, read_policy_text, sandbox_binds, sandbox_unprotect
 from .run_types import DEFAULT_AUDIT_LOG, DEFAULT_CA_DIR, RunOptions, RunResult, audit_command, summary_line
 
@@ -216,6 +217,8 @@ class Plan:
     protected: protect.Protected = dataclasses.field(default_factory=protect.Protected)
     #: The scan that makes :attr:`protected` (:func:`plan` starts it; :class:`Sandbox` joins it).
     protecting: "_OnThread | None" = None
+    #: The secrets the gate injects, resolved (:mod:`gatewrap.secrets`; values never shown).
+    secrets: list[secret_sources.Resolved] = dataclasses.field(default_factory=list)
 
     @property
     def gate_url(self) -> str:
@@ -259,8 +262,9 @@ def plan(opts: RunOptions, err: TextIO, audit_logs: Any = open_audit_log) -> Pla
     base, env_names, notes = environment.build(environ, target, entries)
     for note in notes:
         print(note, file=err)
-    env = shims.agent_env(base, GATE_IP4, opts.port)
     cwd = opts.cwd or os.getcwd()
+    resolved = secret_sources.resolve(policy, environ, cwd)  # before anything is set up: 125 on a bad source
+    env = secret_sources.agent_env(shims.agent_env(base, GATE_IP4, opts.port), resolved)
     env["PWD"] = cwd
     argv = _resolve_command(opts.argv, env, target, cwd)
     file_ro, file_rw = sandbox_binds(policy, opts.policy_file)
@@ -292,7 +296,7 @@ def plan(opts: RunOptions, err: TextIO, audit_logs: Any = open_audit_log) -> Pla
     audit = audit_logs(opts)
     breakpoints = _approvals(opts, policy, run_id, audit, err)
     return Plan(opts, run_id, policy, target, env, env_names, cwd, argv, ro_binds, rw_binds, audit, breakpoints,
-                policy_text, roots, unprotect, protecting=protecting)
+                policy_text, roots, unprotect, protecting=protecting, secrets=resolved)
 
 
 def _scan_protected(roots: list[str], unprotect: list[str], home: str, jail_mode: str,
@@ -588,6 +592,8 @@ class Sandbox:
         if breakpoints is not None:
             self._undo.callback(_end_run, breakpoints.store, p.run_id, err)
         shared = {} if not self._shared_runtime else {"shared_runtime": True, "notice_fd": self._notice_fd}
+        if p.secrets:
+            shared["secrets"] = secret_sources.for_gate(p.secrets)
         try:
             gate = core.Gate(run_id=p.run_id, netns_path=ns_path, policy=p.policy, audit=p.audit,
                              listen_port=opts.port, nameservers=opts.nameservers,

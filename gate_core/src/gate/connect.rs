@@ -22,7 +22,7 @@ use super::server::Slot;
 use super::respond::{self, Body};
 use super::ctx::Pending;
 use super::target::{split_authority, InvalidPort};
-use super::{guard, hold, inspect, splice, Ctx};
+use super::{guard, hold, inspect, secrets, splice, Ctx};
 
 /// A CONNECT that did not open a tunnel ends the connection: what the client sends next
 /// (typically a TLS ClientHello) is not HTTP.
@@ -48,6 +48,9 @@ async fn open(ctx: Arc<Ctx>, peer: SocketAddr, mut req: Request<Incoming>) -> Re
         Err(e) => return ctx.refuse(rec, &format!("protocol: {e}"), &format!("gatewrap gate: {e}")),
     };
     adm.fill(&mut rec);
+    if let Err(answer) = secrets::screen_connect(&ctx, &mut rec, &host) {
+        return answer;
+    }
     // An `ask`: held until a human decides on the tunnel itself (`hold`); a yes opens it once.
     let mut sending = None;
     if hold::applies(&ctx, &adm) {

@@ -275,16 +275,24 @@ pub fn inject(ctx: &Ctx, adm: &Admission, parts: &mut hyper::http::request::Part
     }
 }
 
-/// A CONNECT host, SNI or DNS name that holds a secret: `Some((name, what))`.
-pub fn in_name<'a>(secrets: &'a Secrets, name: &str) -> Option<(&'a str, &'static str)> {
-    secrets.found_in(name.as_bytes())
+/// A destination name (`where_`: `CONNECT host`, `DNS name`) that holds a secret's
+/// placeholder or value: `Some(reason)` (`secret_misuse: ...`), with `rec.secret` set.
+pub fn in_name(ctx: &Ctx, rec: &mut GateRecord, name: &str, where_: &str) -> Option<String> {
+    let secrets = ctx.secrets.read().unwrap_or_else(|p| p.into_inner());
+    let (secret, what) = secrets.found_in(name.as_bytes())?;
+    rec.secret = Some(secret.to_string());
+    Some(format!("{REASON_MISUSE}: the {what} of secret {secret} in the {where_}"))
 }
 
-/// The 403 and reason for a secret seen in a destination name (`where_`: `CONNECT host`,
-/// `DNS name`).
-pub fn name_refusal(secret: &str, what: &str, where_: &str) -> (String, String) {
-    (
-        format!("{REASON_MISUSE}: the {what} of secret {secret} in the {where_}"),
-        format!("gatewrap gate: the {what} of secret {secret} was sent in the {where_}; a secret goes only where a rule injects it\n"),
-    )
+/// Refuse (403, recorded) a CONNECT whose host holds a secret's placeholder or value.
+#[allow(clippy::result_large_err)]
+pub fn screen_connect(ctx: &Ctx, rec: &mut GateRecord, host: &str) -> Result<(), Response<Body>> {
+    match in_name(ctx, rec, host, "CONNECT host") {
+        None => Ok(()),
+        Some(reason) => {
+            let body = format!("gatewrap gate: {reason}; a secret goes only where a rule injects it\n");
+            rec.would = None;
+            Err(ctx.refuse_with(rec.clone(), StatusCode::FORBIDDEN, reason, body))
+        }
+    }
 }

@@ -1,0 +1,154 @@
+"""Secrets the gate injects (issue 20), in a real sandbox against the fake internet: the agent
+holds a placeholder, never the value (its env, /proc/self/environ); upstream receives the real
+credential where the rule injects it and nowhere else; the placeholder sent elsewhere is 403 and a
+``secret_misuse`` record; a source that does not resolve fails the start (125); and no file
+gatewrap wrote, nor its stderr, holds the value or the base64 of ``user:value``."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import pytest
+
+pytestmark = pytest.mark.kernel
+
+VALUE = "ghp_TESTVALUE0123456789abcdefXYZ"
+USER = "alice"
+
+POLICY = """
+[[secret]]
+name = "github"
+from_env = "GW_TEST_SECRET"
+placeholder_env = "GITHUB_TOKEN"
+
+[[rule]]
+host = "allowed.test"
+path = "/echo"
+inspect = true
+action = "allow"
+inject = { secret = "github", as = "bearer" }
+
+[[rule]]
+host = "other.allowed.test"
+schemes = ["http"]
+path = "/echo"
+action = "allow"
+inject = { secret = "github", PLACE }
+
+[[rule]]
+host = "other.allowed.test"
+inspect = true
+action = "allow"
+"""
+
+# The agent: what it holds, then requests with the placeholder, each printed as one JSON line.
+AGENT = """
+import json, os, ssl, sys, urllib.request, urllib.error
+ph = os.environ.get("GITHUB_TOKEN", "")
+environ = open("/proc/self/environ", "rb").read().decode(errors="replace")
+print(json.dumps({"ph": ph, "environ_has_value": %r in environ, "env_has_value": any(%r in v for v in os.environ.values())}))
+def go(url, headers):
+    req = urllib.request.Request(url, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            body = json.loads(r.read())
+            print(json.dumps({"url": url, "status": r.status, "got": body["headers"], "path": body["path"]}))
+    except urllib.error.HTTPError as e:
+        print(json.dumps({"url": url, "status": e.code, "body": e.read().decode()}))
+for url, headers in json.loads(sys.argv[1]):
+    go(url, {k: v.replace("PH", ph) for k, v in headers.items()})
+"""
+
+
+def run_agent(gatewrap, net, tmp_path, requests, place='as = "basic"', secret_env=VALUE):
+    policy = tmp_path / "policy.toml"
+    policy.write_text(POLICY.replace("PLACE", place))
+    extra = ["--policy", str(policy), "--upstream-ca", net.ca_path, "--ca-dir", str(tmp_path / "ca")]
+    unnamed = {} if secret_env is None else {"GW_TEST_SECRET": secret_env}
+    code = AGENT % (VALUE, VALUE)
+    r = gatewrap(["/usr/bin/python3", "-c", code, json.dumps(requests)], extra=extra, unnamed=unnamed)
+    lines = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
+    return r, lines
+
+
+def no_value_written(r, tmp_path):
+    """No file under the test's folder that gatewrap wrote (audit log, state), nor its stderr,
+    holds the value or the base64 of user:value."""
+    needles = [VALUE.encode(), base64.b64encode(f"{USER}:{VALUE}".encode()), base64.b64encode(f":{VALUE}".encode())]
+    for path in [p for p in tmp_path.rglob("*") if p.is_file()]:
+        data = path.read_bytes()
+        if path.name == "policy.toml":
+            continue
+        assert not any(n in data for n in needles), f"{path} holds the secret"
+    assert not any(n.decode() in r.stderr for n in needles), r.stderr
+
+
+def test_the_agent_holds_a_placeholder_and_upstream_gets_the_real_bearer(gatewrap, net, tmp_path):
+    r, lines = run_agent(gatewrap, net, tmp_path, [
+        ["https://allowed.test/echo", {"Authorization": "Bearer PH", "authorization": "token PH"}],
+        ["https://allowed.test/echo", {}],
+    ])
+    assert r.returncode == 0, r.stderr
+    held, with_ph, without = lines
+    assert held["ph"].startswith("gwsecret_") and not held["environ_has_value"] and not held["env_has_value"], held
+    assert with_ph["got"]["Authorization"] == f"Bearer {VALUE}", with_ph
+    assert without["got"]["Authorization"] == f"Bearer {VALUE}", "injected though the agent sent none"
+    recs = r.records(event="request", proto="https")
+    assert [(x["decision"], x.get("secret")) for x in recs] == [("allowed", "github")] * 2
+    no_value_written(r, tmp_path)
+
+
+def test_the_placeholder_elsewhere_is_refused_and_recorded(gatewrap, net, tmp_path):
+    r, lines = run_agent(gatewrap, net, tmp_path, [
+        ["https://other.allowed.test/echo", {"Authorization": "Bearer PH"}],
+        ["https://allowed.test/other", {"Authorization": "Bearer PH"}],
+        ["https://allowed.test/echo?x=PH", {}],
+        ["https://allowed.test/echo", {"X-Note": "PH"}],
+    ])
+    assert r.returncode == 0, r.stderr
+    statuses = [x["status"] for x in lines[1:]]
+    assert statuses == [403, 403, 403, 403], lines
+    assert "placeholder of secret github" in lines[1]["body"], lines[1]
+    recs = r.records(event="request", proto="https")
+    assert [(x["decision"], x.get("secret"), x["reason"].split(":")[0]) for x in recs] == [
+        ("denied", "github", "secret_misuse")] * 3 + [("denied", "github", "secret_misuse")], recs
+    reasons = [x["reason"] for x in recs]
+    assert "in the header authorization to other.allowed.test:443" in reasons[0]
+    assert "in the target to allowed.test:443" in reasons[2] and "in the header x-note" in reasons[3], reasons
+    no_value_written(r, tmp_path)
+
+
+@pytest.mark.parametrize("place,check", [
+    ('as = "basic"', lambda got: got["Authorization"] == "Basic " + base64.b64encode(f"{USER}:{VALUE}".encode()).decode()),
+    ('header = "X-Api-Key"', lambda got: got["X-Api-Key"] == VALUE and "Authorization" in got),
+], ids=["basic keeps the agent's user", "a header"])
+def test_plain_http_rules_inject_too(gatewrap, net, tmp_path, place, check):
+    basic = "Basic " + base64.b64encode(f"{USER}:PH".encode()).decode()
+    r, lines = run_agent(gatewrap, net, tmp_path, [
+        ["http://other.allowed.test/echo", {"Authorization": basic, "x-api-key": "PH"}],
+    ], place=place)
+    assert r.returncode == 0, r.stderr
+    got = lines[1]
+    if place.startswith("header"):
+        assert got["status"] == 403, "the placeholder in Basic credentials outside the injected header"
+        return
+    assert got["status"] == 200 and check(got["got"]), got
+    no_value_written(r, tmp_path)
+
+
+def test_a_query_parameter_is_replaced(gatewrap, net, tmp_path):
+    r, lines = run_agent(gatewrap, net, tmp_path, [
+        ["http://other.allowed.test/echo?key=PH&a=1", {}],
+    ], place='query = "key"')
+    assert r.returncode == 0, r.stderr
+    assert lines[1]["path"] == f"/echo?a=1&key={VALUE}", lines[1]
+    (rec,) = r.records(event="request", proto="http")
+    assert rec["secret"] == "github" and VALUE not in json.dumps(rec)
+
+
+def test_a_source_that_does_not_resolve_fails_the_start(gatewrap, net, tmp_path):
+    r, lines = run_agent(gatewrap, net, tmp_path, [], secret_env=None)
+    assert r.returncode == 125, (r.returncode, r.stderr)
+    assert "secret github" in r.stderr and "from_env GW_TEST_SECRET is not in gatewrap's environment" in r.stderr
+    assert lines == [], "the agent never started"
