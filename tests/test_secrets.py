@@ -44,20 +44,24 @@ action = "allow"
 
 # The agent: what it holds, then requests with the placeholder, each printed as one JSON line.
 AGENT = """
-import json, os, ssl, sys, urllib.request, urllib.error
+import base64, json, os, ssl, sys, urllib.request, urllib.error
 ph = os.environ.get("GITHUB_TOKEN", "")
 environ = open("/proc/self/environ", "rb").read().decode(errors="replace")
-print(json.dumps({"ph": ph, "environ_has_value": %r in environ, "env_has_value": any(%r in v for v in os.environ.values())}))
+print(json.dumps({"ph": ph, "environ": environ, "env": dict(os.environ)}))
 def go(url, headers):
     req = urllib.request.Request(url, headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=10) as r:
             body = json.loads(r.read())
-            print(json.dumps({"url": url, "status": r.status, "got": body["headers"], "path": body["path"]}))
+            print(json.dumps({"url": url, "status": r.status, "got": {k.lower(): v for k, v in body["headers"].items()}, "path": body["path"]}))
     except urllib.error.HTTPError as e:
         print(json.dumps({"url": url, "status": e.code, "body": e.read().decode()}))
+def fill(v):  # "PH": the placeholder; "BASIC:USER": Basic credentials USER:placeholder
+    if v.startswith("BASIC:"):
+        return "Basic " + base64.b64encode(f"{v[6:]}:{ph}".encode()).decode()
+    return v.replace("PH", ph)
 for url, headers in json.loads(sys.argv[1]):
-    go(url, {k: v.replace("PH", ph) for k, v in headers.items()})
+    go(fill(url), {k: fill(v) for k, v in headers.items()})
 """
 
 
@@ -66,8 +70,7 @@ def run_agent(gatewrap, net, tmp_path, requests, place='as = "basic"', secret_en
     policy.write_text(POLICY.replace("PLACE", place))
     extra = ["--policy", str(policy), "--upstream-ca", net.ca_path, "--ca-dir", str(tmp_path / "ca")]
     unnamed = {} if secret_env is None else {"GW_TEST_SECRET": secret_env}
-    code = AGENT % (VALUE, VALUE)
-    r = gatewrap(["/usr/bin/python3", "-c", code, json.dumps(requests)], extra=extra, unnamed=unnamed)
+    r = gatewrap(["/usr/bin/python3", "-c", AGENT, json.dumps(requests)], extra=extra, unnamed=unnamed)
     lines = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
     return r, lines
 
@@ -91,9 +94,10 @@ def test_the_agent_holds_a_placeholder_and_upstream_gets_the_real_bearer(gatewra
     ])
     assert r.returncode == 0, r.stderr
     held, with_ph, without = lines
-    assert held["ph"].startswith("gwsecret_") and not held["environ_has_value"] and not held["env_has_value"], held
-    assert with_ph["got"]["Authorization"] == f"Bearer {VALUE}", with_ph
-    assert without["got"]["Authorization"] == f"Bearer {VALUE}", "injected though the agent sent none"
+    assert held["ph"].startswith("gwsecret_") and held["env"]["GITHUB_TOKEN"] == held["ph"], held
+    assert VALUE not in held["environ"] and VALUE not in json.dumps(held["env"]), "the agent holds the value"
+    assert with_ph["got"]["authorization"] == f"Bearer {VALUE}", with_ph
+    assert without["got"]["authorization"] == f"Bearer {VALUE}", "injected though the agent sent none"
     recs = r.records(event="request", proto="https")
     assert [(x["decision"], x.get("secret")) for x in recs] == [("allowed", "github")] * 2
     no_value_written(r, tmp_path)
@@ -120,20 +124,21 @@ def test_the_placeholder_elsewhere_is_refused_and_recorded(gatewrap, net, tmp_pa
 
 
 @pytest.mark.parametrize("place,check", [
-    ('as = "basic"', lambda got: got["Authorization"] == "Basic " + base64.b64encode(f"{USER}:{VALUE}".encode()).decode()),
-    ('header = "X-Api-Key"', lambda got: got["X-Api-Key"] == VALUE and "Authorization" in got),
+    ('as = "basic"', lambda got: got["authorization"] == "Basic " + base64.b64encode(f"{USER}:{VALUE}".encode()).decode()),
+    ('header = "X-Api-Key"', lambda got: got["x-api-key"] == VALUE),
 ], ids=["basic keeps the agent's user", "a header"])
 def test_plain_http_rules_inject_too(gatewrap, net, tmp_path, place, check):
-    basic = "Basic " + base64.b64encode(f"{USER}:PH".encode()).decode()
     r, lines = run_agent(gatewrap, net, tmp_path, [
-        ["http://other.allowed.test/echo", {"Authorization": basic, "x-api-key": "PH"}],
+        ["http://other.allowed.test/echo", {"Authorization": f"BASIC:{USER}"} if "basic" in place else {"x-api-key": "PH"}],
+        ["http://other.allowed.test/echo", {"Authorization": f"BASIC:{USER}", "x-api-key": "PH"}],
     ], place=place)
     assert r.returncode == 0, r.stderr
-    got = lines[1]
-    if place.startswith("header"):
-        assert got["status"] == 403, "the placeholder in Basic credentials outside the injected header"
-        return
+    got, other = lines[1:]
     assert got["status"] == 200 and check(got["got"]), got
+    assert other["status"] == 403, "the placeholder in the place the rule does not inject"
+    (rec,) = [x for x in r.records(event="request", proto="http") if x["decision"] == "denied"]
+    assert rec["reason"].startswith("secret_misuse: the placeholder of secret github in the "), rec
+    assert ("basic credentials" in rec["reason"]) == ("header" in place), rec
     no_value_written(r, tmp_path)
 
 
