@@ -157,3 +157,37 @@ def test_a_source_that_does_not_resolve_fails_the_start(gatewrap, net, tmp_path)
     assert r.returncode == 125, (r.returncode, r.stderr)
     assert "secret github" in r.stderr and "from_env GW_TEST_SECRET is not in gatewrap's environment" in r.stderr
     assert lines == [], "the agent never started"
+
+
+# Real clients, each reading the placeholder from its environment as an SDK would and sending
+# it as a bearer token; each prints the Authorization upstream received (the fake internet's
+# /echo), which must be the real one.
+CLIENTS = {
+    "curl": ["/bin/sh", "-c", 'curl -sS --max-time 10 -H "Authorization: Bearer $GITHUB_TOKEN" https://allowed.test/echo'],
+    "requests": ["PY", "import os, requests; print(requests.get('https://allowed.test/echo', timeout=10, "
+                       "headers={'Authorization': 'Bearer ' + os.environ['GITHUB_TOKEN']}).text)"],
+    "urllib": ["PY", "import os, urllib.request as u; print(u.urlopen(u.Request('https://allowed.test/echo', "
+                     "headers={'Authorization': 'Bearer ' + os.environ['GITHUB_TOKEN']}), timeout=10).read().decode())"],
+    "node fetch": ["/usr/bin/node", "-e", "fetch('https://allowed.test/echo', {headers: {Authorization: 'Bearer ' + "
+                   "process.env.GITHUB_TOKEN}}).then(r => r.text()).then(t => console.log(t))"],
+}
+
+
+@pytest.mark.parametrize("client", list(CLIENTS))
+def test_real_clients_send_the_placeholder_and_upstream_gets_the_value(gatewrap, net, tmp_path, client):
+    from conftest import AGENT_PYTHON
+
+    policy = tmp_path / "policy.toml"
+    policy.write_text(POLICY.replace("PLACE", 'as = "basic"'))
+    argv = [AGENT_PYTHON if a == "PY" else a for a in CLIENTS[client]]
+    if argv[0] == AGENT_PYTHON:
+        argv = [AGENT_PYTHON, "-c", argv[1]]
+    extra = ["--policy", str(policy), "--upstream-ca", net.ca_path, "--ca-dir", str(tmp_path / "ca")]
+    env = {"NODE_EXTRA_CA_CERTS": net.ca_path} if client.startswith("node") else None
+    r = gatewrap(argv, extra=extra, unnamed={"GW_TEST_SECRET": VALUE}, env=env)
+    assert r.returncode == 0, r.stderr
+    got = {k.lower(): v for k, v in json.loads(r.stdout)["headers"].items()}
+    assert got["authorization"] == f"Bearer {VALUE}", got
+    (rec,) = r.records(event="request", proto="https")
+    assert (rec["decision"], rec["secret"]) == ("allowed", "github")
+    no_value_written(r, tmp_path)

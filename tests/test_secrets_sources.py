@@ -107,3 +107,16 @@ def test_secrets_list_and_check_never_print_a_value(tmp_path):
     good = gatewrap("secrets", "check", "--policy", str(p), "--json", env={"GW_T_SECRET": VALUE})
     assert good.returncode == 0 and json.loads(good.stdout)["ok"] is True, good.stdout
     assert all(VALUE not in x for x in (listed.stdout, bad.stdout, good.stdout, good.stderr))
+
+
+def test_a_rotation_reads_each_source_again_and_keeps_the_placeholders(tmp_path):
+    from gatewrap import _gate_core as core
+
+    p = core.Policy.from_toml(POLICY.format(extra="inspect = true", name="github")
+                              .replace('from_env = "GW_T_SECRET"', 'from_env = "GW_T_SECRET"\nplaceholder_env = "GH"'), "p.toml")
+    p.add_host_secrets(None)
+    (first,) = sec.resolve(p, {"GW_T_SECRET": "old-value-1"})
+    (again,) = sec.resolve_again(p, {"GW_T_SECRET": "new-value-2"}, [first])
+    assert (again.value, again.placeholder, again.placeholder_env) == ("new-value-2", first.placeholder, "GH")
+    with pytest.raises(GatewrapError, match="from_env GW_T_SECRET is not in"):
+        sec.resolve_again(p, {}, [first])

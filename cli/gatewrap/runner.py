@@ -683,6 +683,22 @@ class Sandbox:
     def _sweep_protected(self) -> list[dict[str, str]]:
         return _sweep_protected_of(self.plan, self.err)
 
+    def resolve_secrets_again(self) -> None:
+        """Rotation of the run's secrets (issue 20): each source read again
+        (:func:`gatewrap.secrets.resolve_again`, the run's environment and folder), placeholders
+        kept, and the gate's values replaced; requests from now on carry the new ones. For the
+        reload (SIGHUP) or a TTL; nothing when the run injects nothing.
+
+        Raises:
+            GatewrapError: a source no longer resolves; the gate keeps the old values.
+        """
+        p, gate = self.plan, getattr(self, "_gate", None)
+        if not p.secrets or gate is None:
+            return
+        fresh = secret_sources.resolve_again(p.policy, p.opts.env(), p.secrets, p.cwd)
+        gate.set_secrets(secret_sources.for_gate(fresh))
+        p.secrets = fresh
+
     def leave(self) -> None:
         """A stopping daemon's part in a run that goes on (a restarted daemon takes it back):
         its gate stops serving and records the DNS queries it held over the stub's record
