@@ -24,7 +24,7 @@ fn a_placeholder_or_value_is_found_wherever_the_agent_puts_it() {
     let basic = format!("Basic {}", b64(&format!("u:{PH}")));
     let upper = PH.to_ascii_uppercase();
     let query = format!("/x?q={PH}");
-    type Case<'a> = (&'a str, Vec<(&'a str, &'a str)>, &'a str, Option<(&'a str, &'a str)>);
+    type Case<'a> = (&'a str, Vec<(&'a str, &'a str)>, &'a str, Option<(&'static str, &'a str)>);
     let table: &[Case] = &[
         ("nothing", vec![("accept", "*/*")], "/x?a=1", None),
         ("in a header", vec![("x-note", PH)], "/", Some(("placeholder", "header x-note"))),
