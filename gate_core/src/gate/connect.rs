@@ -43,14 +43,15 @@ async fn open(ctx: Arc<Ctx>, peer: SocketAddr, mut req: Request<Incoming>) -> Re
             return ctx.refuse(rec, "protocol: CONNECT without HOST:PORT", respond::CONNECT_NEEDS_PORT)
         }
     };
+    // Before the host is judged: a placeholder is no valid name (`_`), and must be told as what it is.
+    if let Err(answer) = secrets::screen_connect(&ctx, &mut rec, &host) {
+        return answer;
+    }
     let adm = match admit_connect(&ctx, &host, port) {
         Ok(adm) => adm,
         Err(e) => return ctx.refuse(rec, &format!("protocol: {e}"), &format!("gatewrap gate: {e}")),
     };
     adm.fill(&mut rec);
-    if let Err(answer) = secrets::screen_connect(&ctx, &mut rec, &host) {
-        return answer;
-    }
     // An `ask`: held until a human decides on the tunnel itself (`hold`); a yes opens it once.
     let mut sending = None;
     if hold::applies(&ctx, &adm) {
