@@ -270,7 +270,7 @@ def test_check_json(capsys, policy_file):
     assert rec["rules"][2] == {"id": f"{path}:{R_WILD}", "host": "*.example.com", "ports": [443],
                                "ports_default": False, "action": "allow", "origin": "file", "line": 13,
                                "allow_private": False, "inspect": False, "methods": None, "path": None,
-                               "schemes": None, "timeout": None, "budget": None}
+                               "schemes": None, "timeout": None, "budget": None, "inject": None}
 
 
 BAD_FILES = [

@@ -144,8 +144,17 @@ class Policy:
         ("allow"|"deny"|"ask"), ``origin`` ("cli"|"file"), ``line`` (int for file rules, else
         None), ``allow_private`` and ``inspect`` (bool), ``methods`` (list[str] | None),
         ``path`` (the canonical pattern | None), ``schemes`` (list[str] | None), ``timeout``
-        (e.g. "10m" | None), ``budget`` ((count, per), e.g. (6, "10m") | None).
+        (e.g. "10m" | None), ``budget`` ((count, per), e.g. (6, "10m") | None), ``inject``
+        ((secret name, place), e.g. ("github", "header authorization") | None).
         """
+
+    def add_host_secrets(self, text: str | None = None, source: str = "/etc/gatewrap/secrets.toml") -> None:
+        """Add the host secrets file's ``[[secret]]``s (``text``; None: none) and check that
+        every rule's ``inject`` names a defined secret. Raises :class:`PolicyError` (``FILE:LINE: ...``)."""
+
+    def secrets(self) -> list[dict[str, Any]]:
+        """The ``[[secret]]``s: ``name``, ``source`` (("file"|"env", str) or ("command", list[str])),
+        ``placeholder_env`` (str | None), ``origin`` ("FILE:LINE"). Never a value."""
 
     def notify(self) -> dict[str, str | None]:
         """The file's ``[notify]`` table: ``{"webhook": URL or None}``."""
@@ -289,6 +298,7 @@ class Gate:
         on_asked: Callable[[dict[str, Any]], None] | None = None,
         shared_runtime: bool = False,
         notice_fd: int | None = None,
+        secrets: list[tuple[str, str, str | None]] | None = None,
     ) -> None:
         """Bind the listeners inside ``netns_path`` and start serving; returns once listening.
 
@@ -374,7 +384,14 @@ class Gate:
         Raises :class:`GateError` on failure (an unreadable CA, a CA key readable by others,
         a bad ``upstream_ca`` file), ValueError for a negative ``notice_fd`` and OSError
         (errno set, e.g. EBADF) when it cannot be duplicated. Needs root (setns).
+        ``secrets``: the run's resolved secrets ``[(name, value, placeholder | None)]`` that
+        rules inject (gate_core/src/gate/secrets); ValueError for a bad one.
         """
+
+    def set_secrets(self, secrets: list[tuple[str, str, str | None]]) -> None:
+        """Replace the run's secrets (``Gate(secrets=[(name, value, placeholder)])``: a rotation,
+        placeholders unchanged); requests from now on carry the new values. ValueError names
+        a bad secret, never its value."""
 
     @property
     def listen_addrs(self) -> list[str]:

@@ -29,7 +29,8 @@ class _Group(click.Group):
     LAZY = {"approvals": "gatewrap.approvals.commands:approvals", "audit": "gatewrap.cli_audit:audit",
             "daemon": "gatewrap.shared.commands:daemon", "doctor": "gatewrap.cli_host:doctor",
             "gc": "gatewrap.cli_host:gc", "policy": "gatewrap.cli_policy:policy_group",
-            "ps": "gatewrap.cli_host:ps", "reload": "gatewrap.cli_host:reload", "stop": "gatewrap.cli_host:stop"}
+            "ps": "gatewrap.cli_host:ps", "reload": "gatewrap.cli_host:reload",
+            "secrets": "gatewrap.secrets.commands:secrets_group", "stop": "gatewrap.cli_host:stop"}
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*super().list_commands(ctx), *self.LAZY})

@@ -32,6 +32,9 @@ def build_policy(policy_file: str | None, allow: list[str], deny: list[str], tex
     ``default`` (deny without a file). ``text``: the file's text as read before (a run taken back keeps the policy it
     started with, whatever the file says now); None: read ``policy_file`` now.
 
+    The host's secrets file (``/etc/gatewrap/secrets.toml``) adds its ``[[secret]]``s, and
+    every rule's ``inject`` must name one of the policy's or the host's.
+
     Raises:
         GatewrapError: the file cannot be read or is invalid, or a flag is malformed.
     """
@@ -46,6 +49,9 @@ def build_policy(policy_file: str | None, allow: list[str], deny: list[str], tex
             policy = core.Policy.new("deny")
     except core.PolicyError as e:
         raise GatewrapError(f"invalid policy: {e}") from e
+    from .secrets import add_host_secrets
+
+    add_host_secrets(policy)
     for flag, action, specs in (("--deny", "deny", deny), ("--allow", "allow", allow),
                                 ("--allow-private", "allow_private", allow_private)):
         for spec in specs:

@@ -91,9 +91,12 @@ def check_file(path: str | None, workdir: str | None = None, unprotect: list[str
         return CheckResult(path, False, error=_one_line(str(e)))
     from .sandbox import environment
 
+    from .secrets import add_host_secrets
+
     try:
         for entry, line in policy.sandbox()["env"]:
             environment.parse_entry(entry, f"{path}:{line}: [sandbox] env")
+        add_host_secrets(policy)  # the host's [[secret]]s; every inject names one
     except GatewrapError as e:
         return CheckResult(path, False, error=_one_line(str(e)))
     rules = policy.describe()

@@ -13,7 +13,7 @@ reload happens only once that record is written (nothing changes unrecorded).
 from __future__ import annotations
 
 import hashlib
-from typing import Any, TextIO
+from typing import Any, Callable, TextIO
 
 from .errors import GatewrapError
 from .policy import build_policy, read_policy_text
@@ -34,10 +34,13 @@ def digest(text: str | None) -> str:
     return "sha256:" + hashlib.sha256((text or "").encode()).hexdigest()
 
 
-def reload_policy(plan: Any, err: TextIO) -> dict[str, Any]:
+def reload_policy(plan: Any, err: TextIO, rotate: Callable[[], None] | None = None) -> dict[str, Any]:
     """Read ``plan``'s policy file again (a :class:`gatewrap.runner.Plan` of a running run)
     and put it in force for new requests; write the ``policy_reload`` record and one line
-    on ``err``. Returns the record.
+    on ``err``. Returns the record. ``rotate`` (the run's
+    :meth:`gatewrap.runner.Sandbox.resolve_secrets_again`) then reads the run's secrets
+    again; one that no longer resolves keeps its old value, said on ``err``. A secret the
+    new file adds gets no value in this run (its inject answers 503: fail closed).
 
     Raises:
         ReloadFailed: the run has no policy file, or it cannot be read or is invalid (the
@@ -68,14 +71,20 @@ def reload_policy(plan: Any, err: TextIO) -> dict[str, Any]:
     _keep_for_take_back(plan.run_id, text)
     print(f"gatewrap: run {plan.run_id}: policy reloaded from {opts.policy_file} ({rec['new_digest'][:19]}…)"
           + "".join(f"; {n}" for n in notes), file=err, flush=True)
+    if rotate is not None:
+        try:
+            rotate()
+        except GatewrapError as e:
+            print(f"gatewrap: run {plan.run_id}: secrets not read again, the old values stay: {e}", file=err, flush=True)
     return {**rec, "result": "reloaded"}
 
 
-def on_sighup(plan: Any, err: TextIO) -> None:
-    """SIGHUP to a run's own gatewrap: reload its policy (:func:`reload_policy`). A failure is
-    said on ``err`` and recorded, and the run goes on with the policy it had."""
+def on_sighup(plan: Any, err: TextIO, rotate: Callable[[], None] | None = None) -> None:
+    """SIGHUP to a run's own gatewrap: reload its policy and read its secrets again
+    (:func:`reload_policy`). A failure is said on ``err`` and recorded, and the run goes on
+    with the policy it had."""
     try:
-        reload_policy(plan, err)
+        reload_policy(plan, err, rotate)
     except GatewrapError as e:
         if not isinstance(e, ReloadFailed):
             print(f"gatewrap: run {plan.run_id}: policy not reloaded: {e}", file=err, flush=True)

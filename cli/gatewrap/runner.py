@@ -24,6 +24,7 @@ from .agent_process import (AGENT_OOM_SCORE_ADJ, FORWARDED, become_subreaper, pr
 from .bpf import loader
 from .errors import EXIT_CANNOT_EXEC, EXIT_GATEWRAP, EXIT_NOT_FOUND, GatewrapError, require_root
 from .kernel_denials import KernelDenials
+from . import secrets as secret_sources
 from .policy import build_policy, read_policy_text, sandbox_binds, sandbox_unprotect
 from .run_types import DEFAULT_AUDIT_LOG, DEFAULT_CA_DIR, RunOptions, RunResult, audit_command, summary_line
 
@@ -180,7 +181,7 @@ def run(opts: RunOptions, stderr: TextIO | None = None) -> RunResult:
                 box.finish(e.exit_code, reason=f"{AGENT_NOT_STARTED}: {e}")
                 raise
             exit_code = wait_forwarding_signals(pid, opts.timeout, box.leaf, err,
-                                                on_hup=lambda: reload.on_sighup(planned, err))
+                                                on_hup=lambda: reload.on_sighup(planned, err, box.resolve_secrets_again))
             return box.finish(exit_code, reap=pid)
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
@@ -217,6 +218,8 @@ class Plan:
     protected: protect.Protected = dataclasses.field(default_factory=protect.Protected)
     #: The scan that makes :attr:`protected` (:func:`plan` starts it; :class:`Sandbox` joins it).
     protecting: "_OnThread | None" = None
+    #: The secrets the gate injects, resolved (:mod:`gatewrap.secrets`; values never shown).
+    secrets: list[secret_sources.Resolved] = dataclasses.field(default_factory=list)
 
     @property
     def gate_url(self) -> str:
@@ -260,8 +263,9 @@ def plan(opts: RunOptions, err: TextIO, audit_logs: Any = open_audit_log) -> Pla
     base, env_names, notes = environment.build(environ, target, entries)
     for note in notes:
         print(note, file=err)
-    env = shims.agent_env(base, GATE_IP4, opts.port)
     cwd = opts.cwd or os.getcwd()
+    resolved = secret_sources.resolve(policy, environ, cwd)  # before anything is set up: 125 on a bad source
+    env = secret_sources.agent_env(shims.agent_env(base, GATE_IP4, opts.port), resolved)
     env["PWD"] = cwd
     argv = _resolve_command(opts.argv, env, target, cwd)
     file_ro, file_rw = sandbox_binds(policy, opts.policy_file)
@@ -293,7 +297,7 @@ def plan(opts: RunOptions, err: TextIO, audit_logs: Any = open_audit_log) -> Pla
     audit = audit_logs(opts)
     breakpoints = _approvals(opts, policy, run_id, audit, err)
     return Plan(opts, run_id, policy, target, env, env_names, cwd, argv, ro_binds, rw_binds, audit, breakpoints,
-                policy_text, roots, unprotect, protecting=protecting)
+                policy_text, roots, unprotect, protecting=protecting, secrets=resolved)
 
 
 def _scan_protected(roots: list[str], unprotect: list[str], home: str, jail_mode: str,
@@ -589,6 +593,8 @@ class Sandbox:
         if breakpoints is not None:
             self._undo.callback(_end_run, breakpoints.store, p.run_id, err)
         shared = {} if not self._shared_runtime else {"shared_runtime": True, "notice_fd": self._notice_fd}
+        if p.secrets:
+            shared["secrets"] = secret_sources.for_gate(p.secrets)
         try:
             gate = core.Gate(run_id=p.run_id, netns_path=ns_path, policy=p.policy, audit=p.audit,
                              listen_port=opts.port, nameservers=opts.nameservers,
@@ -677,6 +683,22 @@ class Sandbox:
 
     def _sweep_protected(self) -> list[dict[str, str]]:
         return _sweep_protected_of(self.plan, self.err)
+
+    def resolve_secrets_again(self) -> None:
+        """Rotation of the run's secrets (issue 20): each source read again
+        (:func:`gatewrap.secrets.resolve_again`, the run's environment and folder), placeholders
+        kept, and the gate's values replaced; requests from now on carry the new ones. For the
+        reload (SIGHUP) or a TTL; nothing when the run injects nothing.
+
+        Raises:
+            GatewrapError: a source no longer resolves; the gate keeps the old values.
+        """
+        p, gate = self.plan, getattr(self, "_gate", None)
+        if not p.secrets or gate is None:
+            return
+        fresh = secret_sources.resolve_again(p.policy, p.opts.env(), p.secrets, p.cwd)
+        gate.set_secrets(secret_sources.for_gate(fresh))
+        p.secrets = fresh
 
     def leave(self) -> None:
         """A stopping daemon's part in a run that goes on (a restarted daemon takes it back):

@@ -154,6 +154,42 @@ impl PyPolicy {
                 d.set_item("schemes", r.schemes.as_ref().map(|s| s.iter().map(|x| x.as_str()).collect::<Vec<_>>()))?;
                 d.set_item("timeout", r.timeout.map(policy::duration::show_duration))?;
                 d.set_item("budget", r.budget.map(|b| (b.count, policy::duration::show_duration(b.per))))?;
+                d.set_item("inject", r.inject.as_ref().map(|i| (i.secret.clone(), i.place.describe())))?;
+                Ok(d)
+            })
+            .collect()
+    }
+
+    /// Add the host secrets file's text (`/etc/gatewrap/secrets.toml`, `source` its name) and
+    /// check every rule's `inject` names a defined secret; `None`: check only.
+    ///
+    /// Errors: PolicyError (`FILE:LINE: ...`).
+    #[pyo3(signature = (text = None, source = "/etc/gatewrap/secrets.toml"))]
+    fn add_host_secrets(&self, text: Option<&str>, source: &str) -> PyResult<()> {
+        let defs = match text {
+            Some(t) => policy::file::secrets_from_toml(t, source).map_err(policy_err)?,
+            None => Vec::new(),
+        };
+        let mut p = self.inner.write().unwrap_or_else(|p| p.into_inner());
+        p.add_host_secrets(defs).map_err(policy_err)
+    }
+
+    /// The `[[secret]]`s: [{"name", "source": ("file"|"env"|"command", str | [str]),
+    /// "placeholder_env": str | None, "origin": "FILE:LINE"}].
+    fn secrets<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
+        self.read()
+            .secrets
+            .iter()
+            .map(|s| {
+                let d = PyDict::new(py);
+                d.set_item("name", &s.name)?;
+                match &s.source {
+                    policy::Source::File(f) => d.set_item("source", ("file", f))?,
+                    policy::Source::Env(e) => d.set_item("source", ("env", e))?,
+                    policy::Source::Command(c) => d.set_item("source", ("command", c.clone()))?,
+                }
+                d.set_item("placeholder_env", s.placeholder_env.clone())?;
+                d.set_item("origin", &s.origin)?;
                 Ok(d)
             })
             .collect()
@@ -352,7 +388,7 @@ pub struct PyGate {
 #[pymethods]
 impl PyGate {
     #[new]
-    #[pyo3(signature = (*, run_id, netns_path, policy, audit, listen_port = 3128, nameservers = None, connect_timeout = 10.0, public_ranges = None, notices = false, dns_stub = false, ca_dir = None, upstream_ca = None, body_limit = gate::inspect::DEFAULT_BODY_LIMIT, idle_timeout = gate::DEFAULT_IDLE_TIMEOUT.as_secs_f64(), run_cgroup = None, state = None, on_asked = None, shared_runtime = false, notice_fd = None))]
+    #[pyo3(signature = (*, run_id, netns_path, policy, audit, listen_port = 3128, nameservers = None, connect_timeout = 10.0, public_ranges = None, notices = false, dns_stub = false, ca_dir = None, upstream_ca = None, body_limit = gate::inspect::DEFAULT_BODY_LIMIT, idle_timeout = gate::DEFAULT_IDLE_TIMEOUT.as_secs_f64(), run_cgroup = None, state = None, on_asked = None, shared_runtime = false, notice_fd = None, secrets = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -375,6 +411,7 @@ impl PyGate {
         on_asked: Option<PyObject>,
         shared_runtime: bool,
         notice_fd: Option<i32>,
+        secrets: Option<Vec<(String, String, Option<String>)>>,
     ) -> PyResult<Self> {
         if !(connect_timeout.is_finite() && connect_timeout > 0.0) {
             return Err(gate_err(gate::GateError::ConnectTimeout(connect_timeout)));
@@ -385,7 +422,9 @@ impl PyGate {
         let public_ranges = PublicRanges::parse(public_ranges.as_deref().unwrap_or_default())
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
         let notice_fd = notice_fd.map(dup_cloexec).transpose()?;
+        let secrets = gate::secrets::Secrets::new(secrets.unwrap_or_default()).map_err(PyValueError::new_err)?;
         let config = GateConfig {
+            secrets: Arc::new(RwLock::new(secrets)),
             run_id,
             netns_path,
             policy: policy.inner.clone(),
@@ -415,6 +454,16 @@ impl PyGate {
         };
         let gate = py.allow_threads(move || Gate::start(config)).map_err(gate_err)?;
         Ok(PyGate { inner: gate })
+    }
+
+    /// Replace the run's secrets (a rotation: `[(name, value, placeholder)]`, every one of
+    /// the run's, placeholders unchanged); requests from now on get the new values.
+    ///
+    /// Errors: ValueError as `Gate(secrets=...)` (the message names a secret, never a value).
+    fn set_secrets(&self, secrets: Vec<(String, String, Option<String>)>) -> PyResult<()> {
+        let new = gate::secrets::Secrets::new(secrets).map_err(PyValueError::new_err)?;
+        *self.inner.secrets().write().unwrap_or_else(|p| p.into_inner()) = new;
+        Ok(())
     }
 
     #[getter]

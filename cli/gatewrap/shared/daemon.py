@@ -433,7 +433,7 @@ class Daemon:
         if box is None:
             return {"error": f"no live run {run_id} in this daemon (gatewrap ps lists them)", "exit_code": 1}
         try:
-            return {"record": reload.reload_policy(box.plan, box.err)}
+            return {"record": reload.reload_policy(box.plan, box.err, box.resolve_secrets_again)}
         except reload.ReloadFailed as e:
             file = box.plan.opts.policy_file
             rec = {"result": "failed", "error": str(e).removesuffix("; the policy in force is unchanged"),

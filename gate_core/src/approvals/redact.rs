@@ -60,12 +60,25 @@ pub fn is_editable(name: &str) -> bool {
     !is_credential(name) && !FIXED_NAMES.contains(&name.to_ascii_lowercase().as_str())
 }
 
-/// `headers` with every credential value replaced by [`REDACTED`] (names and order kept).
+/// `headers` with every credential value replaced by [`REDACTED`] (names and order kept),
+/// but the gate's own marker of an injected secret (`[secret NAME]`, see `gate::secrets`),
+/// which holds no value and tells the human where the secret will go.
 pub fn redact(headers: &[(String, String)]) -> Vec<(String, String)> {
     headers
         .iter()
-        .map(|(n, v)| (n.clone(), if is_credential(n) { REDACTED.to_string() } else { v.clone() }))
+        .map(|(n, v)| (n.clone(), if is_credential(n) && !is_secret_marker(v) { REDACTED.to_string() } else { v.clone() }))
         .collect()
+}
+
+/// `[secret NAME]`, after `Bearer `/`Basic ` and before ` user=USER` (percent-encoded): the
+/// gate's marker (`gate::secrets::marker`), nothing else.
+fn is_secret_marker(v: &str) -> bool {
+    let v = v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("Basic ")).unwrap_or(v);
+    let Some(rest) = v.strip_prefix("[secret ") else { return false };
+    let Some((name, tail)) = rest.split_once(']') else { return false };
+    let user_ok = tail.is_empty()
+        || tail.strip_prefix(" user=").is_some_and(|u| u.bytes().all(|b| b.is_ascii_alphanumeric() || b"%-_.~".contains(&b)));
+    !name.is_empty() && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-') && user_ok
 }
 
 /// The headers of `list` that an edit may not touch, lower-cased names, in order.

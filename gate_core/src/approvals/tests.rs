@@ -389,3 +389,20 @@ fn postgres_notify_reaches_the_listener() {
     s.decide(&a.id, 1, &a.digest, Verdict::Approve, "ann", None, None).unwrap();
     assert_eq!(rx.recv_timeout(std::time::Duration::from_secs(5)).unwrap(), a.id);
 }
+
+#[test]
+fn an_injected_secrets_marker_is_shown_and_anything_else_in_a_credential_redacted() {
+    let h = |n: &str, v: &str| (n.to_string(), v.to_string());
+    let table = [
+        ("bearer marker", h("Authorization", "Bearer [secret github]"), "Bearer [secret github]"),
+        ("basic marker with the agent's user", h("authorization", "Basic [secret git] user=alice"), "Basic [secret git] user=alice"),
+        ("header marker", h("X-Api-Key", "[secret mail]"), "[secret mail]"),
+        ("a real token", h("Authorization", "Bearer ghp_x"), REDACTED),
+        ("a marker with more after it", h("Authorization", "Bearer [secret github] ghp_x"), REDACTED),
+        ("a marker with an upper-case name", h("Authorization", "Bearer [secret GH]"), REDACTED),
+    ];
+    for (case, header, want) in table {
+        let got = redact::redact(std::slice::from_ref(&header));
+        assert_eq!(got[0].1, want, "{case}");
+    }
+}

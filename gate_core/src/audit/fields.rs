@@ -88,6 +88,9 @@ pub const OVERFLOW: &str = "overflow";
 pub const APPROVAL: &str = "approval";
 /// The grant (`gr-...`) that let a request through without asking.
 pub const GRANT: &str = "grant";
+/// The name of the secret the gate injected into the request (its rule's `inject`), or
+/// of the one a `secret_misuse` refusal found; never its value.
+pub const SECRET: &str = "secret";
 pub const EVENT_APPROVAL_ASKED: &str = "approval_asked";
 pub const EVENT_APPROVAL_EDITED: &str = "approval_edited";
 pub const EVENT_APPROVAL_APPROVED: &str = "approval_approved";

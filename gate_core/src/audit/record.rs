@@ -35,6 +35,9 @@ pub struct GateRecord {
     pub approval: Option<String>,
     /// The grant that let it through (see [`f::GRANT`]).
     pub grant: Option<String>,
+    /// The secret the request carries by its rule's `inject`, or the one it misused (see
+    /// [`f::SECRET`]); never its value.
+    pub secret: Option<String>,
 }
 
 impl GateRecord {
@@ -66,6 +69,7 @@ impl GateRecord {
         put(f::COUNT, self.count.map(Value::from));
         put(f::APPROVAL, self.approval.map(Value::from));
         put(f::GRANT, self.grant.map(Value::from));
+        put(f::SECRET, self.secret.map(Value::from));
         m
     }
 }

@@ -22,7 +22,7 @@ use super::server::Slot;
 use super::respond::{self, Body};
 use super::ctx::Pending;
 use super::target::{split_authority, InvalidPort};
-use super::{guard, hold, inspect, splice, Ctx};
+use super::{guard, hold, inspect, secrets, splice, Ctx};
 
 /// A CONNECT that did not open a tunnel ends the connection: what the client sends next
 /// (typically a TLS ClientHello) is not HTTP.
@@ -43,6 +43,10 @@ async fn open(ctx: Arc<Ctx>, peer: SocketAddr, mut req: Request<Incoming>) -> Re
             return ctx.refuse(rec, "protocol: CONNECT without HOST:PORT", respond::CONNECT_NEEDS_PORT)
         }
     };
+    // Before the host is judged: a placeholder is no valid name (`_`), and must be told as what it is.
+    if let Err(answer) = secrets::screen_connect(&ctx, &mut rec, &host) {
+        return answer;
+    }
     let adm = match admit_connect(&ctx, &host, port) {
         Ok(adm) => adm,
         Err(e) => return ctx.refuse(rec, &format!("protocol: {e}"), &format!("gatewrap gate: {e}")),

@@ -67,6 +67,8 @@ pub struct Ctx {
     pub(super) listen_addrs: Vec<SocketAddr>,
     /// This gate's tasks (see `tasks`): every task it spawns is one of them.
     pub(super) tasks: super::tasks::Tasks,
+    /// The run's secrets (see `secrets`), replaced whole on rotation.
+    pub(super) secrets: super::secrets::Shared,
 }
 
 impl Ctx {

@@ -136,7 +136,7 @@ fn record(ctx: &Ctx, peer: SocketAddr, name: Option<&str>) {
     match name {
         Some(n) => {
             rec.dst_host = Some(n.to_string());
-            rec.reason = Some(REASON.into());
+            rec.reason = Some(super::secrets::in_name(ctx, &mut rec, n, "DNS name").unwrap_or_else(|| REASON.into()));
         }
         None => rec.reason = Some("dns: malformed query".into()),
     }

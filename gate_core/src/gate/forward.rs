@@ -21,7 +21,7 @@ use super::target::{
     HTTP_DEFAULT_PORT,
 };
 use super::upgrade::{self, Asked};
-use super::{pool, Ctx};
+use super::{pool, secrets, Ctx};
 
 /// Headers that describe one hop and are never forwarded (RFC 9110 §7.6.1), besides the
 /// ones the `Connection` header names.
@@ -187,6 +187,10 @@ pub async fn handle(ctx: Arc<Ctx>, peer: SocketAddr, req: Request<Incoming>) -> 
     let adm = admit_request(&ctx, &facts);
     adm.fill(&mut rec);
     let mut req = req.map(|b| b.boxed());
+    let pq = match secrets::screen(&ctx, &adm, &mut rec, req.headers_mut(), pq) {
+        Ok(pq) => pq,
+        Err(answer) => return answer,
+    };
     let mut sending = None;
     if hold::applies(&ctx, &adm) {
         let (mut parts, body) = req.into_parts();
@@ -224,6 +228,7 @@ pub async fn handle(ctx: Arc<Ctx>, peer: SocketAddr, req: Request<Incoming>) -> 
     if let Some(h) = host_header(&adm.host, port) {
         parts.headers.insert(HOST, h);
     }
+    secrets::inject(&ctx, &adm, &mut parts);
     let upstream_req = Request::from_parts(parts, body);
 
     match conn.send(upstream_req).await {

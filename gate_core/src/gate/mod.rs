@@ -20,6 +20,7 @@ pub mod netns;
 mod pool;
 pub mod respond;
 mod server;
+pub mod secrets;
 mod splice;
 pub mod target;
 pub mod tasks;
@@ -114,6 +115,8 @@ pub struct GateConfig {
     pub state: Option<String>,
     /// Called with each new approval (e.g. to notify a human).
     pub on_asked: Option<OnAsked>,
+    /// The run's resolved secrets (see `secrets`); [`Gate::secrets`] replaces them.
+    pub secrets: secrets::Shared,
 }
 
 fn parse_nameservers(list: &[String]) -> Result<ResolverConfig, GateError> {
@@ -210,6 +213,7 @@ impl Gate {
                 tasks,
                 approvals,
                 listen_addrs: listen_addrs.clone(),
+                secrets: config.secrets,
             })
         };
         // Every socket is converted before the first task is spawned: an error then leaves
@@ -237,6 +241,11 @@ impl Gate {
         }
         drop(_guard);
         Ok(Gate { runtime: Mutex::new(own), stopped: AtomicBool::new(false), listen_addrs, counts, ctx })
+    }
+
+    /// The run's secrets, shared with the serving tasks: a rotation writes new ones here.
+    pub fn secrets(&self) -> &secrets::Shared {
+        &self.ctx.secrets
     }
 
     pub fn listen_addrs(&self) -> &[SocketAddr] {

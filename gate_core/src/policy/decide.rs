@@ -21,6 +21,7 @@ impl Decision {
             allow_private: false,
             inspect: false,
             budget: None,
+            inject: None,
         }
     }
 
@@ -40,6 +41,7 @@ impl Decision {
             allow_private: rule.allow_private && rule.action != Action::Deny,
             inspect: false,
             budget: rule.budget.filter(|_| allows),
+            inject: rule.inject.clone().filter(|_| rule.action != Action::Deny),
         }
     }
 
@@ -48,12 +50,12 @@ impl Decision {
             Action::Ask => format!("ask: the default {ASK_REASON}"),
             a => format!("policy: default {}", a.as_str()),
         };
-        Decision { action: default, reason, rule: None, fixed: false, allow_private: false, inspect: false, budget: None }
+        Decision { action: default, reason, rule: None, fixed: false, allow_private: false, inspect: false, budget: None, inject: None }
     }
 
     /// A denial by `rule` for a reason other than its action (a request it cannot judge).
     fn refused(rule: &Rule, reason: String) -> Decision {
-        Decision { action: Action::Deny, reason, ..Decision::by_rule(rule) }
+        Decision { action: Action::Deny, reason, inject: None, ..Decision::by_rule(rule) }
     }
 }
 
@@ -113,6 +115,7 @@ impl Policy {
         for rule in considered {
             if !rule.needs_request() && !(rule.inspect && rule.action == Action::Ask) {
                 let mut d = Decision::by_rule(rule);
+                d.inject = None; // a tunnel's requests carry their own decision
                 if rule.inspect && rule.action == Action::Allow {
                     d.inspect = true;
                     d.budget = None;
@@ -128,6 +131,7 @@ impl Policy {
                     reason: format!("policy: rule {} inspects the tunnel", rule.id),
                     inspect: true,
                     budget: None,
+                    inject: None,
                     ..Decision::by_rule(rule)
                 };
             }

@@ -23,6 +23,7 @@
 //!                        # open until decided) | "return" (409 at once; the retry goes through)
 //! grants = false         # optional, "ask" rules only: the human may not answer with a grant
 //! budget = { count = 6, per = "10m" }  # optional, "allow" rules only
+//! inject = { secret = "github", as = "bearer" }  # optional: see `secret.rs` (with `[[secret]]`)
 //!
 //! [notify]               # optional: where approvals are announced (gatewrap's Python side)
 //! webhook = "https://hooks.example/T0"
@@ -52,6 +53,7 @@ use super::decide::is_upper_method;
 use super::duration::parse_duration;
 use super::path::PathPattern;
 use super::rules::{Action, ApprovalLimits, Hold, Mode, Notify, Origin, Policy, Ports, Rule, Scheme};
+use super::secret::{InjectSchema, SecretDef, SecretSchema};
 use super::sandbox::{path_problem, unprotect_problem, Sandbox, SandboxPath};
 use super::PolicyError;
 
@@ -66,6 +68,8 @@ struct FileSchema {
     public_ranges: Option<SpannedList<String>>,
     #[serde(default)]
     rule: Vec<Spanned<RuleSchema>>,
+    #[serde(default)]
+    secret: Vec<Spanned<SecretSchema>>,
     sandbox: Option<SandboxSchema>,
     notify: Option<NotifySchema>,
     approvals: Option<ApprovalsSchema>,
@@ -110,6 +114,7 @@ struct RuleSchema {
     hold: Option<Spanned<String>>,
     grants: Option<Spanned<bool>>,
     budget: Option<Spanned<BudgetSchema>>,
+    inject: Option<Spanned<InjectSchema>>,
 }
 
 /// `port = 443` or `port = [443, 8443]`: one port or a list, as the model holds a list.
@@ -268,7 +273,25 @@ impl Reader<'_> {
             Some(b) => Some(self.budget(b.get_ref())?),
             None => None,
         };
+        rule.inject = match &r.inject {
+            Some(i) => Some(i.get_ref().parse(&rule, i.span().start).map_err(|(at, msg)| self.err(at, msg))?),
+            None => None,
+        };
         Ok(rule)
+    }
+
+    /// The `[[secret]]` tables, names unique among them.
+    fn secrets(&self, list: &[Spanned<SecretSchema>]) -> Result<Vec<SecretDef>, PolicyError> {
+        let mut out: Vec<SecretDef> = Vec::with_capacity(list.len());
+        for s in list {
+            let origin = format!("{}:{}", self.source, self.line(s.span().start));
+            let def = s.get_ref().parse(origin).map_err(|(at, msg)| self.err(at, msg))?;
+            if let Some(first) = out.iter().find(|d| d.name == def.name) {
+                return Err(self.err(s.span().start, format!("secret {:?} is defined twice (first at {})", def.name, first.origin)));
+            }
+            out.push(def);
+        }
+        Ok(out)
     }
 
     fn methods(&self, list: &SpannedList<String>) -> Result<Vec<String>, PolicyError> {
@@ -412,6 +435,7 @@ impl Reader<'_> {
         for (i, r) in file.rule.iter().enumerate() {
             policy.push_rule(self.rule(i, r)?);
         }
+        policy.secrets = self.secrets(&file.secret)?;
         policy.sandbox = self.sandbox(file.sandbox.as_ref())?;
         policy.notify = self.notify(file.notify.as_ref())?;
         policy.approvals = self.approvals(file.approvals.as_ref())?;
@@ -473,4 +497,24 @@ pub fn parse_action(s: &str) -> Result<Action, PolicyError> {
 pub fn from_toml(text: &str, source: &str) -> Result<Policy, PolicyError> {
     let newlines = text.bytes().enumerate().filter(|&(_, b)| b == b'\n').map(|(i, _)| i).collect();
     Reader { text, source, newlines }.policy()
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SecretsFileSchema {
+    version: Option<Spanned<i64>>,
+    #[serde(default)]
+    secret: Vec<Spanned<SecretSchema>>,
+}
+
+/// Parse a host secrets file (`/etc/gatewrap/secrets.toml`: `[[secret]]` tables only, as
+/// in a policy; `version = 1` optional). `source` names the file in messages.
+pub fn secrets_from_toml(text: &str, source: &str) -> Result<Vec<SecretDef>, PolicyError> {
+    let newlines = text.bytes().enumerate().filter(|&(_, b)| b == b'\n').map(|(i, _)| i).collect();
+    let reader = Reader { text, source, newlines };
+    let file: SecretsFileSchema = toml::from_str(text).map_err(|e| reader.toml_err(&e))?;
+    if let Some(v) = file.version.as_ref().filter(|v| *v.get_ref() != 1) {
+        return Err(reader.err(v.span().start, format!("unsupported version {}: only 1 is known", v.get_ref())));
+    }
+    reader.secrets(&file.secret)
 }

@@ -9,6 +9,7 @@ mod index;
 pub mod path;
 pub mod rules;
 pub mod sandbox;
+pub mod secret;
 pub mod ssrf;
 #[cfg(test)]
 mod tests;
@@ -22,11 +23,14 @@ mod tests_path;
 mod tests_prop;
 #[cfg(test)]
 mod tests_sandbox;
+#[cfg(test)]
+mod tests_secret;
 
 pub use canon::{canonical_host, canonical_pattern, Host, HostError, HostPattern};
 pub use budget::{Budget, Budgets, Spend};
 pub use path::{canonical_path, PathError, PathPattern};
 pub use sandbox::{Sandbox, SandboxPath};
+pub use secret::{Inject, Place, SecretDef, Source};
 pub use rules::{Action, ApprovalLimits, Decision, Hold, Mode, Notify, Origin, Policy, Ports, RequestFacts, Rule, Scheme, DEFAULT_ASK_TIMEOUT, DEFAULT_HELD_BYTES, REASON_UNSPECIFIED};
 
 /// A policy that cannot be used: bad file or bad flag value.
@@ -42,9 +46,35 @@ pub enum PolicyError {
     Action { value: String },
     #[error("{value:?} is an address: a rule naming an address allows it already (use --allow); --allow-private is for names")]
     PrivateNeedsName { value: String },
+    /// Secrets that do not fit together (defined twice, an inject naming none).
+    #[error("{0}")]
+    Secrets(String),
 }
 
 impl Policy {
+    /// Add the host's secrets file's `[[secret]]`s (`secrets_from_toml`) after the
+    /// policy's, then check that every rule's `inject` names one of them.
+    ///
+    /// Errors: [`PolicyError::Secrets`]: a name defined in both files, or an inject naming
+    /// no secret (`FILE:LINE: ...`).
+    pub fn add_host_secrets(&mut self, defs: Vec<SecretDef>) -> Result<(), PolicyError> {
+        for d in defs {
+            if let Some(first) = self.secrets.iter().find(|s| s.name == d.name) {
+                return Err(PolicyError::Secrets(format!("{}: secret {:?} is defined twice (first at {})", d.origin, d.name, first.origin)));
+            }
+            self.secrets.push(d);
+        }
+        self.check_injects()
+    }
+
+    /// Every rule's `inject` names a defined secret ([`PolicyError::Secrets`] if not).
+    pub fn check_injects(&self) -> Result<(), PolicyError> {
+        match secret::unknown_secret(self.rules(), &self.secrets) {
+            Some(msg) => Err(PolicyError::Secrets(msg)),
+            None => Ok(()),
+        }
+    }
+
     /// Add a command-line rule (`--allow HOST[:PORT]`, `--deny ...`). `origin` becomes its id.
     pub fn add_rule(&mut self, spec: &str, action: &str, origin: &str) -> Result<(), PolicyError> {
         let rule = cli_rule(spec, file::parse_action(action)?, origin)?;

@@ -166,6 +166,9 @@ pub struct Rule {
     pub grants: bool,
     /// `budget = { count, per }` of an allow rule.
     pub budget: Option<Budget>,
+    /// `inject = { secret, .. }`: the gate puts that secret's value in the requests this
+    /// rule allows (see `secret.rs`).
+    pub inject: Option<std::sync::Arc<super::secret::Inject>>,
 }
 
 impl Rule {
@@ -187,6 +190,7 @@ impl Rule {
             hold: Hold::Wait,
             grants: true,
             budget: None,
+            inject: None,
         }
     }
 
@@ -225,6 +229,8 @@ pub struct Decision {
     /// The allowing rule's budget: the gate counts this request against it (never set on
     /// a tunnel that is inspected: its inner requests are counted instead).
     pub budget: Option<Budget>,
+    /// The deciding rule's `inject` (allow and ask rules; on requests, not tunnels).
+    pub inject: Option<std::sync::Arc<super::secret::Inject>>,
 }
 
 /// The scheme of a request the gate decides on: `http` for an absolute-form request,
@@ -283,6 +289,8 @@ pub struct Policy {
     /// The file's top-level `public_ranges`: ranges the SSRF guard counts as public, on top
     /// of the gate's own (`--public-range`); see [`super::ssrf::PublicRanges`].
     pub public_ranges: super::ssrf::PublicRanges,
+    /// The `[[secret]]` tables: the policy file's, then the host's secrets file's.
+    pub secrets: Vec<super::secret::SecretDef>,
 }
 
 impl Policy {
@@ -297,6 +305,7 @@ impl Policy {
             notify: Notify::default(),
             approvals: ApprovalLimits::default(),
             public_ranges: super::ssrf::PublicRanges::default(),
+            secrets: Vec::new(),
         }
     }
 

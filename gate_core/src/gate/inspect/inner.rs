@@ -30,7 +30,7 @@ use super::super::ctx::Pending;
 use super::super::respond::{self, Body};
 use super::super::target::{split_authority, upstream_target, ASTERISK_REASON, ASTERISK_REFUSED};
 use super::super::upgrade::{self, Asked};
-use super::super::{forward, guard, strip_hop_by_hop, Ctx};
+use super::super::{forward, guard, secrets, strip_hop_by_hop, Ctx};
 use super::{upstream, Tunnel};
 
 /// The body of a request to upstream: the agent's, streamed under the limit, or a held
@@ -126,6 +126,10 @@ pub(super) async fn handle(ctx: Arc<Ctx>, tunnel: Arc<Tunnel>, req: Request<Inco
     let adm = admit_request(&ctx, &facts);
     adm.fill(&mut rec);
     let mut req = req.map(|b| Limited::new(b, limit as usize).boxed_unsync());
+    let pq = match secrets::screen(&ctx, &adm, &mut rec, req.headers_mut(), pq) {
+        Ok(pq) => pq,
+        Err(answer) => return answer,
+    };
     let mut sending = None;
     if hold::applies(&ctx, &adm) {
         let (mut parts, body) = req.into_parts();
@@ -179,6 +183,7 @@ pub(super) async fn handle(ctx: Arc<Ctx>, tunnel: Arc<Tunnel>, req: Request<Inco
     if let Ok(h) = HeaderValue::from_str(&authority_of(host, port)) {
         parts.headers.insert(HOST, h);
     }
+    secrets::inject(&ctx, &adm, &mut parts);
     let result = send(&ctx, &tunnel, sender, reused, addr, Request::from_parts(parts, body)).await;
     match result {
         Ok((resp, sender)) => {

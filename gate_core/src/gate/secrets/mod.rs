@@ -1,0 +1,298 @@
+//! Secrets in the gate (issue 20): the run's resolved values and placeholders, the screen of
+//! every request for them, and the injection of a value where its rule says.
+//!
+//! Two steps on each request path (plain http in `forward.rs`, inspected https in
+//! `inspect/inner.rs`):
+//! 1. [`screen`], after the decision and before any hold or record of the admission: the
+//!    agent's own credentials in the injected place (every `Authorization`, any case, all
+//!    duplicates; the named header; every occurrence of the query parameter) are removed and
+//!    a marker `[secret NAME]` put there (what an approval shows); then every header and the
+//!    target (as sent and percent-decoded once, Basic credentials base64-decoded) are
+//!    searched for any secret's placeholder or value (ASCII case ignored). Found: 403, the
+//!    record denied with reason `secret_misuse: ...` and `secret` naming it, never the value.
+//! 2. [`inject`], just before the request goes upstream: the marker's place gets the value.
+//!
+//! The value is in no record, no answer and no approval: only in the upstream request.
+
+#[cfg(test)]
+mod tests;
+
+use std::sync::{Arc, RwLock};
+
+use base64::Engine as _;
+use hyper::header::{HeaderMap, HeaderName, HeaderValue, AUTHORIZATION};
+use hyper::http::uri::PathAndQuery;
+use hyper::{Response, StatusCode};
+
+use crate::audit::GateRecord;
+use crate::policy::{Inject, Place};
+
+use super::admit::Admission;
+use super::respond::Body;
+use super::Ctx;
+
+/// Reason prefix of a request refused because it carries a secret outside its rule.
+pub const REASON_MISUSE: &str = "secret_misuse";
+
+/// One resolved secret of a run.
+pub struct Secret {
+    name: String,
+    value: String,
+    placeholder: Option<String>,
+}
+
+/// A run's resolved secrets (few: a linear search).
+#[derive(Default)]
+pub struct Secrets {
+    list: Vec<Secret>,
+}
+
+/// The run's secrets as the gate shares them: replaced whole on rotation ([`Secrets::new`]).
+pub type Shared = Arc<RwLock<Secrets>>;
+
+/// A secret's value or placeholder found where no rule injects it.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Misuse {
+    pub secret: String,
+    /// `placeholder` | `value`.
+    pub what: &'static str,
+    /// `header x-foo`, `target`, `basic credentials in header authorization`, ...
+    pub seen: String,
+}
+
+/// Shortest placeholder accepted: it must not occur by chance.
+pub const MIN_PLACEHOLDER: usize = 16;
+
+impl Secrets {
+    /// The run's secrets from `(name, value, placeholder)`.
+    ///
+    /// Errors: a name twice, an empty value or one that cannot be a header value (visible
+    /// ASCII, space and tab only: RFC 9110 §5.5), a placeholder shorter than
+    /// [`MIN_PLACEHOLDER`] or not alphanumeric. Messages name the secret, never the value.
+    pub fn new(list: Vec<(String, String, Option<String>)>) -> Result<Secrets, String> {
+        let mut out = Secrets::default();
+        for (name, value, placeholder) in list {
+            if out.list.iter().any(|s| s.name == name) {
+                return Err(format!("secret {name:?} given twice"));
+            }
+            if value.is_empty() || !value.bytes().all(|b| b == b'\t' || (0x20..0x7f).contains(&b)) {
+                return Err(format!("secret {name:?}: its value is empty or holds characters a header cannot carry (only visible ASCII, space and tab)"));
+            }
+            if let Some(p) = &placeholder {
+                if p.len() < MIN_PLACEHOLDER || !p.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+                    return Err(format!("secret {name:?}: placeholder must be at least {MIN_PLACEHOLDER} letters, digits or _"));
+                }
+            }
+            out.list.push(Secret { name, value, placeholder });
+        }
+        Ok(out)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.list.is_empty()
+    }
+
+    fn value(&self, name: &str) -> Option<&str> {
+        self.list.iter().find(|s| s.name == name).map(|s| s.value.as_str())
+    }
+
+    /// The first secret whose placeholder or value occurs in `hay` (ASCII case ignored).
+    pub fn found_in(&self, hay: &[u8]) -> Option<(&str, &'static str)> {
+        for s in &self.list {
+            if let Some(p) = &s.placeholder {
+                if contains(hay, p.as_bytes()) {
+                    return Some((&s.name, "placeholder"));
+                }
+            }
+            if contains(hay, s.value.as_bytes()) {
+                return Some((&s.name, "value"));
+            }
+        }
+        None
+    }
+
+    /// [`Secrets::found_in`] on `hay` as it is and percent-decoded once.
+    fn found_in_decoded(&self, hay: &[u8]) -> Option<(&str, &'static str)> {
+        self.found_in(hay).or_else(|| {
+            let decoded: Vec<u8> = percent_encoding::percent_decode(hay).collect();
+            (decoded.len() != hay.len()).then(|| self.found_in(&decoded)).flatten()
+        })
+    }
+
+    /// Where in `headers` and `target` a secret is (see the module's step 1).
+    pub fn misuse(&self, headers: &HeaderMap, target: &str) -> Option<Misuse> {
+        let found = |(name, what): (&str, &'static str), seen: String| Misuse { secret: name.to_string(), what, seen };
+        if let Some(f) = self.found_in_decoded(target.as_bytes()) {
+            return Some(found(f, "target".into()));
+        }
+        for (name, value) in headers {
+            if let Some(f) = self.found_in(name.as_str().as_bytes()).or_else(|| self.found_in_decoded(value.as_bytes())) {
+                return Some(found(f, format!("header {name}")));
+            }
+            if let Some(f) = basic_credentials(value).and_then(|c| self.found_in(&c)) {
+                return Some(found(f, format!("basic credentials in header {name}")));
+            }
+        }
+        None
+    }
+}
+
+/// `hay` holds `needle` (ASCII case ignored).
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    !needle.is_empty() && hay.len() >= needle.len() && hay.windows(needle.len()).any(|w| w.eq_ignore_ascii_case(needle))
+}
+
+/// The decoded `user:password` of a `Basic` credentials value (RFC 7617), if it is one.
+fn basic_credentials(value: &HeaderValue) -> Option<Vec<u8>> {
+    let v = value.to_str().ok()?.trim();
+    let (scheme, b64) = v.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("basic").then(|| base64::engine::general_purpose::STANDARD.decode(b64.trim()).ok()).flatten()
+}
+
+/// The marker that stands where `inject` puts its value until [`inject`] (an approval shows it).
+pub fn marker(inject: &Inject) -> String {
+    format!("[secret {}]", inject.secret)
+}
+
+/// Characters escaped in a query parameter's name and value (the WHATWG URL standard's
+/// component set: `&`, `=`, `+`, `%` and the like never pass through).
+const QUERY: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC.remove(b'-').remove(b'_').remove(b'.').remove(b'~');
+
+/// `pq` with every parameter named `key` (compared percent-decoded) replaced by one
+/// `key=VALUE` at the end, `value` percent-encoded.
+fn set_query(pq: &str, key: &str, value: &str) -> String {
+    let (path, query) = pq.split_once('?').unwrap_or((pq, ""));
+    let mut kept: Vec<&str> = query
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .filter(|p| {
+            let name = p.split('=').next().unwrap_or_default();
+            percent_encoding::percent_decode_str(&name.replace('+', " ")).decode_utf8_lossy() != key
+        })
+        .collect();
+    let pair = format!("{}={}", percent_encoding::utf8_percent_encode(key, QUERY), percent_encoding::utf8_percent_encode(value, QUERY));
+    kept.push(&pair);
+    format!("{path}?{}", kept.join("&"))
+}
+
+/// The user of the agent's own Basic credentials (the first `Authorization`), else "".
+fn agent_user(headers: &HeaderMap) -> String {
+    let creds = headers.get(AUTHORIZATION).and_then(basic_credentials).unwrap_or_default();
+    let text = String::from_utf8_lossy(&creds);
+    text.split_once(':').map_or(String::new(), |(u, _)| u.to_string())
+}
+
+/// Put `text` in the injected place of `headers`/`pq` (the agent's own taken out first).
+/// `user`: for Basic, the user to keep (carried in the marker as `user=` percent-encoded).
+fn place(inject: &Inject, headers: &mut HeaderMap, pq: &str, text: &str) -> Option<String> {
+    let set = |headers: &mut HeaderMap, name: HeaderName, v: String| {
+        headers.remove(&name);
+        if let Ok(mut hv) = HeaderValue::from_str(&v) {
+            hv.set_sensitive(true);
+            headers.insert(name, hv);
+        }
+    };
+    match &inject.place {
+        Place::Bearer => set(headers, AUTHORIZATION, format!("Bearer {text}")),
+        Place::Basic => set(headers, AUTHORIZATION, format!("Basic {text}")),
+        Place::Header(h) => {
+            if let Ok(name) = HeaderName::from_bytes(h.as_bytes()) {
+                set(headers, name, text.to_string());
+            }
+        }
+        Place::Query(q) => return Some(set_query(pq, q, text)),
+    }
+    None
+}
+
+/// Step 1 of the module: strip the injected place and mark it, then look for secrets
+/// anywhere else. Returns the request target to use from here (its query changed when the
+/// rule injects one), or the answer already recorded (403 `secret_misuse`, or 503 when the
+/// rule's secret was not resolved for this run).
+#[allow(clippy::result_large_err)]
+pub fn screen(ctx: &Ctx, adm: &Admission, rec: &mut GateRecord, headers: &mut HeaderMap, pq: PathAndQuery)
+    -> Result<PathAndQuery, Response<Body>> {
+    let secrets = ctx.secrets.read().unwrap_or_else(|p| p.into_inner());
+    let inject = adm.decision.inject.as_deref();
+    if secrets.is_empty() && inject.is_none() {
+        return Ok(pq);
+    }
+    let mut pq = pq;
+    if let Some(i) = inject {
+        if secrets.value(&i.secret).is_none() {
+            drop(secrets);
+            let reason = format!("{REASON_MISUSE}: secret {} was not resolved for this run", i.secret);
+            let body = format!("gatewrap gate: rule {} injects secret {}, which this run has no value for\n",
+                adm.decision.rule.as_deref().unwrap_or("-"), i.secret);
+            rec.secret = Some(i.secret.clone());
+            return Err(ctx.refuse_with(rec.clone(), StatusCode::SERVICE_UNAVAILABLE, reason, body));
+        }
+        let mark = match i.place {
+            Place::Basic => {
+                let user = agent_user(headers);
+                format!("{} user={}", marker(i), percent_encoding::utf8_percent_encode(&user, QUERY))
+            }
+            _ => marker(i),
+        };
+        if let Some(q) = place(i, headers, pq.as_str(), &mark) {
+            pq = q.parse().unwrap_or(pq);
+        }
+        rec.secret = Some(i.secret.clone());
+    }
+    let Some(m) = secrets.misuse(headers, pq.as_str()) else { return Ok(pq) };
+    drop(secrets);
+    let hp = adm.host.with_port(adm.port);
+    let reason = format!("{REASON_MISUSE}: the {} of secret {} in the {} to {hp}", m.what, m.secret, m.seen);
+    let body = format!(
+        "gatewrap gate: the {} of secret {} was sent in the {} to {hp}; the gate puts a secret only where a \
+         rule injects it (`inject`), so nothing else may carry it\n",
+        m.what, m.secret, m.seen
+    );
+    rec.secret = Some(m.secret);
+    rec.would = None;
+    Err(ctx.refuse_with(rec.clone(), StatusCode::FORBIDDEN, reason, body))
+}
+
+/// Step 2 of the module: the value in the place [`screen`] marked (`parts`' headers and
+/// target). Nothing when the decision injects nothing.
+pub fn inject(ctx: &Ctx, adm: &Admission, parts: &mut hyper::http::request::Parts) {
+    let Some(i) = adm.decision.inject.as_deref() else { return };
+    let secrets = ctx.secrets.read().unwrap_or_else(|p| p.into_inner());
+    let Some(value) = secrets.value(&i.secret) else { return };
+    let text = match i.place {
+        Place::Basic => {
+            let user = parts.headers.get(AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.rsplit_once(" user=")).map(|(_, u)| u);
+            let user = percent_encoding::percent_decode_str(user.unwrap_or_default()).decode_utf8_lossy().into_owned();
+            base64::engine::general_purpose::STANDARD.encode(format!("{user}:{value}"))
+        }
+        _ => value.to_string(),
+    };
+    let pq = parts.uri.path_and_query().map_or("/", |p| p.as_str()).to_string();
+    if let Some(q) = place(i, &mut parts.headers, &pq, &text) {
+        if let Ok(uri) = q.parse() {
+            parts.uri = uri;
+        }
+    }
+}
+
+/// A destination name (`where_`: `CONNECT host`, `DNS name`) that holds a secret's
+/// placeholder or value: `Some(reason)` (`secret_misuse: ...`), with `rec.secret` set.
+pub fn in_name(ctx: &Ctx, rec: &mut GateRecord, name: &str, where_: &str) -> Option<String> {
+    let secrets = ctx.secrets.read().unwrap_or_else(|p| p.into_inner());
+    let (secret, what) = secrets.found_in(name.as_bytes())?;
+    rec.secret = Some(secret.to_string());
+    Some(format!("{REASON_MISUSE}: the {what} of secret {secret} in the {where_}"))
+}
+
+/// Refuse (403, recorded) a CONNECT whose host holds a secret's placeholder or value.
+#[allow(clippy::result_large_err)]
+pub fn screen_connect(ctx: &Ctx, rec: &mut GateRecord, host: &str) -> Result<(), Response<Body>> {
+    match in_name(ctx, rec, host, "CONNECT host") {
+        None => Ok(()),
+        Some(reason) => {
+            let body = format!("gatewrap gate: {reason}; a secret goes only where a rule injects it\n");
+            rec.would = None;
+            Err(ctx.refuse_with(rec.clone(), StatusCode::FORBIDDEN, reason, body))
+        }
+    }
+}
