@@ -25,7 +25,7 @@ import sys
 import threading
 import time
 from dataclasses import fields
-from typing import Any, TextIO
+from typing import Any, Callable, Iterator, TextIO
 
 from .. import runner
 from ..errors import GatewrapError, require_root
@@ -35,8 +35,6 @@ from ..sandbox import cgroup, gc, limits, registry
 from ..bpf import loader
 from . import protocol
 
-#: Audit log writers the daemon keeps for runs to come (one per log; see Daemon.audit_log).
-AUDIT_LOGS_KEPT = 64
 #: Lines a run's terminal holds while it is slow to read them (see :class:`Terminal`).
 MAX_PENDING = 256
 #: How long the summary waits for the run's last notices to reach its terminal, in seconds.
@@ -219,9 +217,10 @@ class Daemon:
         self.reader: SharedReader | None = None
         #: Runs of a dead daemon kept for their clients to come back (see :meth:`_resume`).
         self.awaiting: set[str] = set()
-        #: One audit log writer per (path, max size, keep), shared by the runs that name it;
-        #: the :data:`AUDIT_LOGS_KEPT` last used (a run keeps its own writer however long it runs).
-        self._audit_logs: collections.OrderedDict[tuple[str, int, int | None], Any] = collections.OrderedDict()
+        #: One audit log writer per (path, max size, keep), shared by the live runs that name
+        #: it, with how many they are: the last one's end closes it (nothing of a finished run
+        #: stays open in a daemon that lives for weeks; see :meth:`audit_log`).
+        self._audit_logs: dict[tuple[str, int, int | None], list[Any]] = {}
 
     def say(self, text: str) -> None:
         """One line of the daemon's log: the time (RFC 3339, UTC), its pid and socket, ``text``
@@ -316,22 +315,39 @@ class Daemon:
             listener.close()
             os.close(lock_fd)
 
-    def audit_log(self, opts: RunOptions) -> Any:
-        """The audit log writer of ``opts`` (``runner.open_audit_log``), one per log for all
-        the daemon's runs: the writer takes the log's lock for each record and follows a
-        rotation made by another process, so sharing it changes nothing of what is written."""
-        key = (os.path.abspath(opts.audit_log), opts.audit_max_size, opts.audit_keep)
-        with self._lock:
-            log = self._audit_logs.get(key)
-            if log is not None:
-                self._audit_logs.move_to_end(key)
-                return log
-        log = runner.open_audit_log(opts)
-        with self._lock:
-            log = self._audit_logs.setdefault(key, log)
-            while len(self._audit_logs) > AUDIT_LOGS_KEPT:
-                self._audit_logs.popitem(last=False)
-        return log
+    @contextlib.contextmanager
+    def audit_logs(self) -> Iterator[Callable[[RunOptions], Any]]:
+        """A run's way of opening its audit log (``plan``'s ``audit_logs``): the daemon's writer
+        of that log (``runner.open_audit_log``), one per log for all the daemon's live runs (the
+        writer takes the log's lock for each record and follows a rotation made by another
+        process, so sharing it changes nothing of what is written). On leaving, the run lets go
+        of what it took; the last run of a log closes its writer."""
+        taken: list[tuple[str, int, int | None]] = []
+
+        def open_log(opts: RunOptions) -> Any:
+            key = (os.path.abspath(opts.audit_log), opts.audit_max_size, opts.audit_keep)
+            with self._lock:
+                held = self._audit_logs.get(key)
+                if held is not None:
+                    held[1] += 1
+                    taken.append(key)
+                    return held[0]
+            log = runner.open_audit_log(opts)
+            with self._lock:
+                held = self._audit_logs.setdefault(key, [log, 0])
+                held[1] += 1
+                taken.append(key)
+                return held[0]
+
+        try:
+            yield open_log
+        finally:
+            with self._lock:
+                for key in taken:
+                    held = self._audit_logs[key]
+                    held[1] -= 1
+                    if held[1] == 0:
+                        del self._audit_logs[key]
 
     def _takeable(self, parent: str) -> set[str]:
         """Stale runs a dead daemon of this socket served whose client (the waiter, the
@@ -364,26 +380,32 @@ class Daemon:
             self.awaiting.discard(run_id)
         err = _terminal_of(reader.fds)
         try:
-            opts = options(saved.get("opts"))
-            try:
-                planned = runner.plan_taken_back(run_id, opts, err,  # type: ignore[arg-type]
-                                                 policy_text=saved.get("policy_text"), audit_logs=self.audit_log)
-                box = runner.Sandbox(planned, err, hooks=self.hooks, owner_pid=pid,  # type: ignore[arg-type]
-                                     shared_runtime=True, notice_fd=err.fileno(), reader=self.reader,
-                                     socket=self.socket_path).take_back(saved)
-            except GatewrapError as e:
-                protocol.send_line(conn, f"refused: {e}")
-                return
-            self.say(f"took run {run_id} back (its client, pid {pid}, came back)")
-            print(f"gatewrap: the gatewrap daemon is back: run {run_id}'s gate serves again", file=err)
-            try:
-                protocol.send_line(conn, "resumed")
-            except OSError:
-                box.__exit__(None, None, None)
-                raise
-            self._serve_end(conn, reader, box, run_id, saved.get("summary", "text"))
+            with self.audit_logs() as audit_logs:
+                self._take_back(conn, reader, run_id, pid, saved, err, audit_logs)
         finally:
             err.close()
+
+    def _take_back(self, conn: socket.socket, reader: protocol.Reader, run_id: str, pid: int, saved: dict[str, Any],
+                   err: Terminal, audit_logs: Callable[[RunOptions], Any]) -> None:
+        """:meth:`_resume` once the client is known to be the run's own."""
+        opts = options(saved.get("opts"))
+        try:
+            planned = runner.plan_taken_back(run_id, opts, err,  # type: ignore[arg-type]
+                                             policy_text=saved.get("policy_text"), audit_logs=audit_logs)
+            box = runner.Sandbox(planned, err, hooks=self.hooks, owner_pid=pid,  # type: ignore[arg-type]
+                                 shared_runtime=True, notice_fd=err.fileno(), reader=self.reader,
+                                 socket=self.socket_path).take_back(saved)
+        except GatewrapError as e:
+            protocol.send_line(conn, f"refused: {e}")
+            return
+        self.say(f"took run {run_id} back (its client, pid {pid}, came back)")
+        print(f"gatewrap: the gatewrap daemon is back: run {run_id}'s gate serves again", file=err)
+        try:
+            protocol.send_line(conn, "resumed")
+        except OSError:
+            box.__exit__(None, None, None)
+            raise
+        self._serve_end(conn, reader, box, run_id, saved.get("summary", "text"))
 
     def _serve_one(self, conn: socket.socket) -> None:
         """One connection: check the peer, then answer its one request."""
@@ -435,30 +457,37 @@ class Daemon:
 
     def _run(self, conn: socket.socket, reader: protocol.Reader, msg: dict[str, Any], client_pid: int) -> None:
         """A run's life on the daemon's side: plan, set up, hand the spawn to the client,
-        wait for its ``exit CODE``, finish, send the summary."""
+        wait for its ``exit CODE``, finish, send the summary; then let go of its terminal and
+        audit log."""
         if len(reader.fds) != 1:
             raise protocol.ProtocolError("a run request carries exactly one fd, the client's stderr")
         err = Terminal(reader.fds.pop())
         try:
-            opts = options(msg.get("opts"))
-            try:
-                planned = runner.plan(opts, err, self.audit_log)  # type: ignore[arg-type]
-                box = runner.Sandbox(planned, err, hooks=self._current_hooks(), owner_pid=client_pid,  # type: ignore[arg-type]
-                                     shared_runtime=True, notice_fd=err.fileno(),
-                                     reader=self.reader, socket=self.socket_path,
-                                     summary="json" if msg.get("summary") == "json" else "text")
-                box.__enter__()
-            except GatewrapError as e:
-                protocol.send(conn, {"error": str(e), "exit_code": e.exit_code})
-                return
-            try:
-                protocol.send(conn, {"spawn": box.spawn_spec(), "run": planned.run_id})
-            except OSError:
-                box.__exit__(None, None, None)
-                raise
-            self._serve_end(conn, reader, box, planned.run_id, msg.get("summary", "text"))
+            with self.audit_logs() as audit_logs:
+                self._set_up(conn, reader, msg, client_pid, err, audit_logs)
         finally:
             err.close()
+
+    def _set_up(self, conn: socket.socket, reader: protocol.Reader, msg: dict[str, Any], client_pid: int,
+                err: Terminal, audit_logs: Callable[[RunOptions], Any]) -> None:
+        """:meth:`_run` with the run's terminal ``err`` and its way of opening audit logs."""
+        opts = options(msg.get("opts"))
+        try:
+            planned = runner.plan(opts, err, audit_logs)  # type: ignore[arg-type]
+            box = runner.Sandbox(planned, err, hooks=self._current_hooks(), owner_pid=client_pid,  # type: ignore[arg-type]
+                                 shared_runtime=True, notice_fd=err.fileno(),
+                                 reader=self.reader, socket=self.socket_path,
+                                 summary="json" if msg.get("summary") == "json" else "text")
+            box.__enter__()
+        except GatewrapError as e:
+            protocol.send(conn, {"error": str(e), "exit_code": e.exit_code})
+            return
+        try:
+            protocol.send(conn, {"spawn": box.spawn_spec(), "run": planned.run_id})
+        except OSError:
+            box.__exit__(None, None, None)
+            raise
+        self._serve_end(conn, reader, box, planned.run_id, msg.get("summary", "text"))
 
     def _serve_end(self, conn: socket.socket, reader: protocol.Reader, box: runner.Sandbox, run_id: str,
                    summary: str) -> None:
