@@ -229,7 +229,7 @@ def test_another_gatewrap_in_its_own_mount_and_pid_namespace_leaves_the_hosts_li
     from shared.conftest import Daemon
 
     own_env = {k: v for k, v in os.environ.items() if k not in ("GATEWRAP_SHARED", "GATEWRAP_DAEMON_SOCKET")}
-    own_env.update(SUDO_UID="65534", SUDO_GID="65534")
+    own_env.update(SUDO_UID="65534", SUDO_GID="65534", GATEWRAP_SHARED="0")  # runs of their own
     d = Daemon().start()
 
     def host_run(name: str, env: dict) -> tuple[subprocess.Popen, str]:

@@ -206,8 +206,16 @@ class Daemon:
         GatewrapError: the hooks cannot be loaded, or the socket cannot be made.
     """
 
-    def __init__(self, socket_path: str, log: TextIO | None = None) -> None:
+    def __init__(self, socket_path: str, log: TextIO | None = None, idle_exit: float = 0) -> None:
         self.socket_path = socket_path
+        #: Seconds without a run nor a client after which the daemon exits; 0: never.
+        self.idle_exit = idle_exit
+        #: Connections being served, and when the last one ended (time.monotonic()).
+        self._clients = 0
+        self._quiet_since = time.monotonic()
+        self._listener: socket.socket | None = None
+        #: The lock beside the socket (:meth:`_claim`) while held.
+        self._lock_fd = -1
         self.log = log or sys.stderr
         self.started = time.time()
         self.runs: dict[str, runner.Sandbox] = {}
@@ -280,40 +288,125 @@ class Daemon:
             timer = threading.Timer(TAKE_BACK_WINDOW, self._give_up, args=(parent,))
             timer.daemon = True  # a SIGTERM in the window stops the daemon at once, as outside it
             timer.start()
-        listener = self._listen()
+        self._listener = self._listen()
+        self._lock_fd = lock_fd
         stopping = threading.Event()
 
         def stop(signum: int, _frame: Any) -> None:
             stopping.set()
             with contextlib.suppress(OSError):
-                listener.shutdown(socket.SHUT_RDWR)
+                self._listener.shutdown(socket.SHUT_RDWR)  # type: ignore[union-attr]
 
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, stop)
-        self.say(f"serving {self.socket_path} (pid {os.getpid()})")
+        idle = f", exits after {self.idle_exit:g} s without a run" if self.idle_exit else ""
+        self.say(f"serving {self.socket_path} (pid {os.getpid()}{idle})")
         try:
             while not stopping.is_set():
+                self._listener.settimeout(self._until_idle())
                 try:
-                    conn, _ = listener.accept()
+                    conn, _ = self._listener.accept()
+                except TimeoutError:
+                    if self._leave_if_idle():
+                        break
+                    continue
                 except OSError:
                     if stopping.is_set():
                         break
                     raise
-                threading.Thread(target=self._serve_one, args=(conn,), daemon=True, name="gatewrap-run").start()
+                self._serve_thread(conn)
         finally:
             n = len(self.runs)
-            self.say(f"stopping; {n} run{'' if n == 1 else 's'} lose{'s' if n == 1 else ''} "
-                     f"{'its gate and stays' if n == 1 else 'their gates and stay'} without egress until "
-                     f"{'it ends' if n == 1 else 'they end'}")
+            if self._lock_fd >= 0:
+                self.say(f"stopping; {n} run{'' if n == 1 else 's'} lose{'s' if n == 1 else ''} "
+                         f"{'its gate and stays' if n == 1 else 'their gates and stay'} without egress until "
+                         f"{'it ends' if n == 1 else 'they end'}")
             with self._lock:
                 boxes = list(self.runs.values())
             for box in boxes:  # what each gate holds in memory goes to the log before we go
                 with contextlib.suppress(Exception):
                     box.leave()
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.socket_path)
-            listener.close()
-            os.close(lock_fd)
+            self._let_go()
+
+    def _let_go(self) -> None:
+        """Remove the socket and drop the lock beside it (a new daemon may serve the path now).
+        Idempotent."""
+        if self._lock_fd < 0:
+            return
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.socket_path)
+        if self._listener is not None:
+            self._listener.close()
+        os.close(self._lock_fd)
+        self._lock_fd = -1
+
+    def _serve_thread(self, conn: socket.socket) -> None:
+        """Serve ``conn`` on a thread of its own, counted as a client until it ends."""
+        with self._lock:
+            self._clients += 1
+
+        def serve() -> None:
+            try:
+                self._serve_one(conn)
+            finally:
+                with self._lock:
+                    self._clients -= 1
+                    self._quiet_since = time.monotonic()
+
+        threading.Thread(target=serve, daemon=True, name="gatewrap-run").start()
+
+    def _until_idle(self) -> float | None:
+        """How long accept(2) may wait before the idle time is checked again, in seconds;
+        None (for ever) without an idle exit."""
+        if not self.idle_exit:
+            return None
+        with self._lock:
+            quiet = time.monotonic() - self._quiet_since
+        return max(0.05, self.idle_exit - quiet)
+
+    def _leave_if_idle(self) -> bool:
+        """Whether the daemon has been idle for :attr:`idle_exit` (no run, no client, no run of
+        a dead daemon awaited) and has let go of its socket; then it exits.
+
+        A client's connect must not be lost while the daemon decides: under the start lock
+        (``SOCKET.start``, which a client holds while it starts a daemon: see
+        :func:`gatewrap.shared.client.connect`), the listener is shut down, after which a
+        connect is refused at once (unix(7): a listening socket shut down for reading takes
+        no more; the client then waits for the start lock). A connection already queued is
+        then still accepted: the daemon serves it and listens again. Otherwise it removes its
+        socket and drops its lock before the start lock, so that the waiting client starts a
+        new daemon."""
+        with self._lock:
+            if self.runs or self._clients or self.awaiting or time.monotonic() - self._quiet_since < self.idle_exit:
+                return False
+        start = os.open(self.socket_path + ".start", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            try:
+                fcntl.flock(start, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False  # a client is starting a daemon or waiting for this one: not idle
+            listener = self._listener
+            assert listener is not None
+            listener.shutdown(socket.SHUT_RDWR)
+            listener.setblocking(False)
+            queued = []
+            while True:
+                try:
+                    queued.append(listener.accept()[0])
+                except OSError:
+                    break
+            if queued:
+                self._listener = self._listen()
+                listener.close()
+                for conn in queued:
+                    conn.setblocking(True)
+                    self._serve_thread(conn)
+                return False
+            self.say(f"exiting: no run for {self.idle_exit:g} s (--idle-exit)")
+            self._let_go()
+            return True
+        finally:
+            os.close(start)
 
     @contextlib.contextmanager
     def audit_logs(self) -> Iterator[Callable[[RunOptions], Any]]:
