@@ -19,6 +19,7 @@ import contextlib
 import fcntl
 import json
 import os
+import select
 import signal
 import socket
 import sys
@@ -302,18 +303,29 @@ class Daemon:
         idle = f", exits after {self.idle_exit:g} s without a run" if self.idle_exit else ""
         self.say(f"serving {self.socket_path} (pid {os.getpid()}{idle})")
         try:
+            # poll(2), then a non-blocking accept: a socket timeout would have accept() spin on
+            # a listener shut down by stop() (readable, yet EAGAIN) until the timeout ends.
+            self._listener.setblocking(False)
             while not stopping.is_set():
-                self._listener.settimeout(self._until_idle())
-                try:
-                    conn, _ = self._listener.accept()
-                except TimeoutError:
+                wait = self._until_idle()
+                poller = select.poll()
+                poller.register(self._listener, select.POLLIN)
+                ready = poller.poll(None if wait is None else wait * 1000)
+                if stopping.is_set():
+                    break
+                if not ready:
                     if self._leave_if_idle():
                         break
+                    continue
+                try:
+                    conn, _ = self._listener.accept()
+                except BlockingIOError:
                     continue
                 except OSError:
                     if stopping.is_set():
                         break
                     raise
+                conn.setblocking(True)
                 self._serve_thread(conn)
         finally:
             n = len(self.runs)
@@ -397,6 +409,7 @@ class Daemon:
                     break
             if queued:
                 self._listener = self._listen()
+                self._listener.setblocking(False)
                 listener.close()
                 for conn in queued:
                     conn.setblocking(True)
