@@ -273,13 +273,12 @@ case "${1:-install}" in
 		cd "$ROOT"
 		cargo test -q -p gate_core -p gate_wait
 		vagrant_check
-		say "tests: pytest"
+		say "tests: pytest (the default, shared mode: through a session daemon on a private socket)"
 		"$VENV/bin/python" -m pytest -p no:cacheprovider -rfEs tests "${@:2}"
-		# The contract tests again, every run through one shared daemon (gatewrap run --shared;
-		# tests/shared has the daemon's own cases, run above). GATEWRAP_SHARED=1 with the whole
-		# of tests/ runs the full suite that way.
-		say "tests: pytest, shared mode (the contract tests again, through one gatewrap daemon)"
-		GATEWRAP_SHARED=1 exec "$VENV/bin/python" -m pytest -p no:cacheprovider -rfEs "${@:2}" \
+		# The contract tests again, every run a run of its own (gatewrap run --own;
+		# GATEWRAP_SHARED=0). GATEWRAP_SHARED=0 with the whole of tests/ runs the full suite that way.
+		say "tests: pytest, runs of their own (the contract tests again, gatewrap run --own)"
+		GATEWRAP_SHARED=0 exec "$VENV/bin/python" -m pytest -p no:cacheprovider -rfEs "${@:2}" \
 			tests/test_sandbox.py tests/test_direct_egress.py tests/test_gate_requests.py tests/test_policy_gate.py \
 			tests/test_ps_stop.py tests/escape tests/approvals/test_gate_hold.py tests/test_dns_stub.py tests/test_python_shim.py
 		;;

@@ -123,29 +123,47 @@ def pytest_runtest_makereport(item, call):
         rep.longrepr = f"kernel test skipped ({rep.longrepr}): kernel tests must run (root, cgroup v2, BPF)"
 
 
+def _default_daemon_answers() -> bool:
+    """Whether a daemon answers on the host's default socket (/run/gatewrap/daemon.sock)."""
+    import socket
+
+    with socket.socket(socket.AF_UNIX) as s:
+        try:
+            s.connect("/run/gatewrap/daemon.sock")
+        except OSError:
+            return False
+    return True
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _shared_mode_daemon():
-    """With ``GATEWRAP_SHARED=1`` in the environment, every ``gatewrap run`` of the session
-    goes through the shared mode (``run --shared`` reads it): the session starts a daemon of
-    its own, on a socket of its own, and stops it at the end."""
-    if os.environ.get("GATEWRAP_SHARED") != "1" or os.environ.get("GATEWRAP_DAEMON_SOCKET"):
+    """Every ``gatewrap run`` of the session goes through the shared mode, the default,
+    unless ``GATEWRAP_SHARED=0`` is in the environment (runs of their own): the session
+    starts a daemon of its own, on a socket of its own (``GATEWRAP_DAEMON_SOCKET``), and
+    stops it at the end. The host's default socket is never used: a test that started a
+    daemon there fails the session."""
+    before = _default_daemon_answers()
+    if os.environ.get("GATEWRAP_SHARED") == "0" or os.environ.get("GATEWRAP_DAEMON_SOCKET"):
         yield
-        return
-    from shared.conftest import Daemon
+    else:
+        from shared.conftest import Daemon
 
-    d = Daemon().start()
-    os.environ["GATEWRAP_DAEMON_SOCKET"] = d.socket
-    yield
-    d.stop()
-    del os.environ["GATEWRAP_DAEMON_SOCKET"]
+        d = Daemon("--idle-exit", "0").start()
+        os.environ["GATEWRAP_DAEMON_SOCKET"] = d.socket
+        yield
+        d.stop()
+        del os.environ["GATEWRAP_DAEMON_SOCKET"]
+    assert before or not _default_daemon_answers(), (
+        "a gatewrap daemon answers on the host's default socket since this session started: a test ran "
+        "gatewrap without the session's GATEWRAP_DAEMON_SOCKET")
 
 
 @pytest.fixture(autouse=True)
 def _own_process(request, monkeypatch):
-    """A test marked ``own_process`` runs its gatewraps as runs of their own, even in a
-    session of the shared mode."""
+    """A test marked ``own_process`` runs its gatewraps as runs of their own
+    (``GATEWRAP_SHARED=0``, as ``run --own``), whatever the session's mode."""
     if request.node.get_closest_marker("own_process") is not None:
-        monkeypatch.delenv("GATEWRAP_SHARED", raising=False)
+        monkeypatch.setenv("GATEWRAP_SHARED", "0")
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -115,10 +115,12 @@ FAST_SHARED_RUNS = [
     ["run", "--shared", "--env", "TOKEN", "--env=A=b c", "--env-file", "rel.env", "--env", "B=", "--env-file=/x.env", "cmd"],
     ["run", "--shared", "--unprotect", ".vscode", "--unprotect=/srv/r/.git/hooks", "--", "true"],
     ["run", "--shared", "--allow-private", "mirror.corp.test", "--allow-private=m2.test:8443", "--", "true"],
+    ["run", "--", "/bin/true"], ["run", "--allow", "a.test", "--json", "curl", "a.test"],
 ]
-#: Command lines left to click (its checks, its messages), with GATEWRAP_SHARED unset.
+#: Command lines left to click (its checks, its messages, a run of its own), with GATEWRAP_SHARED unset.
 CLICKS_OWN = [
-    ["run", "--", "/bin/true"], ["run", "--shared", "--help"], ["run", "--shared", "-h", "--", "true"],
+    ["run", "--own", "--", "/bin/true"], ["run", "--shared", "--own", "--", "true"], ["run", "--own", "--shared", "true"],
+    ["run", "--shared", "--help"], ["run", "--shared", "-h", "--", "true"],
     ["run", "--shared"], ["run", "--shared", "--"], ["run", "--shared", "--allow"],
     ["run", "--shared", "--allow", "--", "true"], ["run", "--shared", "--allow=", "--", "true"],
     ["run", "--shared", "--memory", "1G", "--", "true"], ["run", "--shared=1", "--", "true"],
@@ -145,8 +147,19 @@ def test_gatewrap_shared_1_in_the_environment_is_a_shared_run_for_the_fast_parse
     assert entry.shared_run(["run", "--", "true"], {"GATEWRAP_SHARED": "yes"}) is None  # click's to read
 
 
+def test_the_shared_mode_is_the_default_and_gatewrap_shared_0_or_own_is_a_run_of_its_own():
+    from gatewrap import cli, entry
+
+    for env in ({}, {"GATEWRAP_SHARED": ""}):
+        assert entry.shared_run(["run", "--", "true"], env) is not None
+    assert entry.shared_run(["run", "--", "true"], {"GATEWRAP_SHARED": "0"}) is None
+    assert entry.shared_run(["run", "--shared", "--", "true"], {"GATEWRAP_SHARED": "0"}) is not None  # the flag wins
+    assert cli.run.make_context("run", ["--", "true"]).params["shared"] is True
+    assert cli.run.make_context("run", ["--own", "--", "true"]).params["shared"] is False
+
+
 #: Words of a shared run's command line, for command lines made of them at random.
-WORDS = ["--shared", "--json", "--allow", "a.test", "--allow=b.test", "--deny", "c.test", "--deny=d.test=x",
+WORDS = ["--shared", "--own", "--json", "--allow", "a.test", "--allow=b.test", "--deny", "c.test", "--deny=d.test=x",
          "--policy", "p.toml", "--policy=/tmp", "--audit-log", "/tmp/x.jsonl", "--", "cmd", "-x", "-", "--allow=",
          "--deny=-q", "--shared=", "--js", "--all", "--ALLOW", "-h", "--policy=", "=", "--allow=--",
          "--env", "TOKEN", "--env=A=1", "--env-file", "rel.env", "--env-file=", "--envfile",

@@ -158,10 +158,12 @@ def cli() -> None:
               help="Pass the variables of FILE, read as the user who ran sudo: docker's --env-file format "
                    "(NAME=VALUE or NAME per line, the value verbatim, no quotes removed; # comments). "
                    "--env wins over it. Repeatable.")
-@click.option("--shared", is_flag=True, envvar="GATEWRAP_SHARED",
-              help="Let the host's one gatewrap daemon set up and serve the sandbox (started on demand; "
-                   "see gatewrap daemon --help): a run then costs ~1.5 MB of gatewrap's memory instead of a "
-                   "Python process of its own. Also $GATEWRAP_SHARED=1.")
+@click.option("--shared/--own", "shared", default=True, envvar="GATEWRAP_SHARED", show_default=True,
+              help="--shared (the default): the host's one gatewrap daemon sets up and serves the sandbox "
+                   "(started on demand, exits after 10 minutes without a run; gatewrap daemon --help): a run "
+                   "starts in about twice firejail's time and costs ~1.5 MB of gatewrap's memory. --own: a "
+                   "gatewrap process of its own serves the run (also where no daemon can start, said in one "
+                   "line). Also $GATEWRAP_SHARED=0 (own) or 1.")
 @click.option("--json", "as_json", is_flag=True, help="Print the closing summary as one JSON object on stderr.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def run(allow: tuple[str, ...], deny: tuple[str, ...], allow_private: tuple[str, ...], policy_file: str | None, user: str | None,
@@ -198,18 +200,32 @@ def run(allow: tuple[str, ...], deny: tuple[str, ...], allow_private: tuple[str,
                         rw_binds=rw_binds, unprotect=unprotect, timeout=timeout, memory=memory, cpus=cpus, pids=pids, tmpfs=tmpfs, ca_dir=ca_dir,
                         upstream_ca=upstream_ca, state=state, notify_webhook=notify_webhook, env_vars=env_vars,
                         env_files=env_files, command=command, allow_private=allow_private)
+    summary = "json" if as_json else "text"
     if shared:
         from .errors import require_root
         from .shared import client
 
         require_root()
-        return client.run(fields, "json" if as_json else "text")
+        try:
+            return client.run(fields, summary)
+        except client.DaemonUnavailable as e:
+            click.echo(f"gatewrap: {e}: this run runs on its own", err=True)
+    return run_own(fields, summary)
+
+
+def run_own(fields: dict[str, Any], summary: str) -> int:
+    """A run of its own (``run --own``) of ``fields`` (:func:`run_fields`), its closing
+    summary (``text`` or ``json``) on stderr; the agent's exit code.
+
+    Raises:
+        GatewrapError: as :func:`gatewrap.runner.run` says.
+    """
     from .run_types import RunOptions
     from .runner import run as do_run, summary_line
     from .sandbox.limits import Limits
 
     result = do_run(RunOptions(**{**fields, "limits": Limits(**fields["limits"])}))
-    if as_json:
+    if summary == "json":
         click.echo(json.dumps(result.as_record()), err=True)
     else:
         click.echo(summary_line(result), err=True)

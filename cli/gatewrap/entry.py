@@ -1,13 +1,14 @@
 """The ``gatewrap`` console script and ``python -m gatewrap``.
 
-The common shared run, ``gatewrap run --shared [--allow H] [--deny H] [--policy F]
-[--audit-log P] [--env NAME[=VALUE]] [--env-file F] [--json] -- COMMAND...`` (or ``$GATEWRAP_SHARED=1`` instead of ``--shared``),
-is parsed here without click: importing click (and the inspect, uuid, platform and datetime
-modules it imports) was about a third of such a run's client start-up, before it even asks
-the daemon for a sandbox. Every other command line, and any option, value or form this
-parser does not take exactly as click would (``--help``, a value starting with ``-``, an
-unknown option, a policy path that is a folder...), goes to the click CLI
-(:func:`gatewrap.cli.main`), which parses, checks and reports as always.
+The common run, ``gatewrap run [--shared] [--allow H] [--deny H] [--policy F]
+[--audit-log P] [--env NAME[=VALUE]] [--env-file F] [--json] -- COMMAND...`` (the shared mode,
+the default: without ``--own`` and without ``$GATEWRAP_SHARED=0``), is parsed here without
+click: importing click (and the inspect, uuid, platform and datetime modules it imports) was
+about a third of such a run's client start-up, before it even asks the daemon for a sandbox.
+Every other command line, and any option, value or form this parser does not take exactly as
+click would (``--help``, ``--own``, a value starting with ``-``, an unknown option, a policy
+path that is a folder...), goes to the click CLI (:func:`gatewrap.cli.main`), which parses,
+checks and reports as always.
 """
 
 from __future__ import annotations
@@ -85,8 +86,8 @@ def shared_run(args: list[str], environ: dict[str, str] | os._Environ[str]) -> t
     command = args[i:]
     if not command:
         return None
-    if not shared and environ.get("GATEWRAP_SHARED") != "1":
-        return None  # a run of its own, or a $GATEWRAP_SHARED click reads its own way
+    if not shared and environ.get("GATEWRAP_SHARED", "") not in ("", "1"):
+        return None  # a run of its own (0), or a $GATEWRAP_SHARED click reads its own way
     policy = picked["policy_file"]
     if policy is not None and os.path.exists(policy) and (os.path.isdir(policy) or not os.access(policy, os.R_OK)):
         return None  # click.Path(dir_okay=False) says what is wrong with it
@@ -130,15 +131,22 @@ def run_fields(allow: Any, deny: Any, policy_file: str | None, user: str | None,
 
 
 def _run_shared(fields: dict[str, Any], summary: str) -> None:
-    """``gatewrap run --shared`` with parsed ``fields``, its failures reported and its exit
-    code returned as :func:`gatewrap.cli.main` does for the same run."""
+    """``gatewrap run`` in the shared mode with parsed ``fields`` (a run of its own where no
+    daemon can start, said in one line), its failures reported and its exit code returned as
+    :func:`gatewrap.cli.main` does for the same run."""
     from .errors import EXIT_GATEWRAP, GatewrapError, require_root
 
     try:
         require_root()
         from .shared import client
 
-        code = client.run(fields, summary)
+        try:
+            code = client.run(fields, summary)
+        except client.DaemonUnavailable as e:
+            print(f"gatewrap: {e}: this run runs on its own", file=sys.stderr, flush=True)
+            from .cli import run_own
+
+            code = run_own(fields, summary)
     except KeyboardInterrupt:  # as click turns it into Abort, and main reports that
         print(file=sys.stderr)
         print("gatewrap: aborted", file=sys.stderr)

@@ -237,7 +237,9 @@ class KernelDenials:
         self._attribute = Attributor(run_cgroup) if run_cgroup is not None else None
         #: Written by :meth:`stop` to wake the polling thread at once (eventfd(2)).
         self._wake = os.eventfd(0, os.EFD_CLOEXEC)
-        self._thread = threading.Thread(target=self._loop, name="gatewrap-kernel-denials", daemon=True)
+        #: The polling thread of a run of its own (made by :meth:`start`): an unstarted one
+        #: would hold this object in a cycle (its target), and with it the run's audit log.
+        self._thread: threading.Thread | None = None
         self.count = 0
         self.records = 0
         self.unix = 0
@@ -303,6 +305,7 @@ class KernelDenials:
         if self._reader is not None:
             self._reader.add(self._hooks.fileno(), self._hooks.drain)
         else:
+            self._thread = threading.Thread(target=self._loop, name="gatewrap-kernel-denials", daemon=True)
             self._thread.start()
 
     def _loop(self) -> None:
@@ -322,8 +325,9 @@ class KernelDenials:
             self._reader.remove(self._hooks.fileno())
         if self._wake >= 0:
             os.eventfd_write(self._wake, 1)
-            if self._thread.is_alive():
+            if self._thread is not None:
                 self._thread.join()
+                self._thread = None
             os.close(self._wake)
             self._wake = -1
         self._hooks.drain()

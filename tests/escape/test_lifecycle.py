@@ -229,7 +229,7 @@ def test_another_gatewrap_in_its_own_mount_and_pid_namespace_leaves_the_hosts_li
     from shared.conftest import Daemon
 
     own_env = {k: v for k, v in os.environ.items() if k not in ("GATEWRAP_SHARED", "GATEWRAP_DAEMON_SOCKET")}
-    own_env.update(SUDO_UID="65534", SUDO_GID="65534")
+    own_env.update(SUDO_UID="65534", SUDO_GID="65534", GATEWRAP_SHARED="0")  # runs of their own
     d = Daemon().start()
 
     def host_run(name: str, env: dict) -> tuple[subprocess.Popen, str]:
@@ -257,12 +257,12 @@ def test_another_gatewrap_in_its_own_mount_and_pid_namespace_leaves_the_hosts_li
         killed.kill()
         killed.wait()
         # The second install starts a run (its start-up collection) and runs its gc.
-        second = _second_install(f"$GW run --audit-log {tmp_path}/second.jsonl --workdir /tmp -- /bin/true; "
+        second = _second_install(f"$GW run --own --audit-log {tmp_path}/second.jsonl --workdir /tmp -- /bin/true; "
                                  "echo \"run exit $?\"; $GW gc; echo \"gc exit $?\"")
         said, _ = second.communicate(timeout=120)
         answers = {"own": answer(own), "shared": answer(shared)}
         # The converse, from the host: its own dead run is collected, the second's live one left.
-        second_long = _second_install(f"exec $GW run --audit-log {tmp_path}/second-long.jsonl --workdir /tmp -- "
+        second_long = _second_install(f"exec $GW run --own --audit-log {tmp_path}/second-long.jsonl --workdir /tmp -- "
                                       "/bin/sh -c 'echo ready; exec sleep 120'", stderr=subprocess.DEVNULL)
         assert second_long.stdout.readline() == "ready\n"
         second_id = run_id_of(tmp_path / "second-long.jsonl")

@@ -73,7 +73,7 @@ class Daemon:
 
     def stop(self) -> None:
         self.kill(signal.SIGTERM)
-        for leftover in (self.socket, self.socket + ".lock"):
+        for leftover in (self.socket, self.socket + ".lock", self.socket + ".start"):
             if os.path.exists(leftover):
                 os.unlink(leftover)
 

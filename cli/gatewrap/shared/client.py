@@ -1,11 +1,14 @@
-"""``gatewrap run --shared``: the thin client. It asks the daemon for a sandbox, spawns the
-agent into it itself (so the agent is its child: stdio, signals and exit code as in a run
-of its own), then becomes the native waiter, a process of well under a megabyte, for the
-rest of the run.
+"""``gatewrap run`` (the shared mode, the default): the thin client. It asks the daemon for a
+sandbox, spawns the agent into it itself (so the agent is its child: stdio, signals and exit
+code as in a run of its own), then becomes the native waiter, a process of well under a
+megabyte, for the rest of the run.
 
 The daemon is started on demand: when nothing answers on its socket, the client starts
-``gatewrap daemon`` in a session of its own (its log: ``/var/log/gatewrap/daemon.log``)
-and waits for it, at most :data:`START_TIMEOUT` seconds.
+``gatewrap daemon --idle-exit 10m`` in a session of its own (its log:
+``/var/log/gatewrap/daemon.log``), says so once on stderr, and waits for it, at most
+:data:`START_TIMEOUT` seconds. Runs starting at once start one daemon (the start lock,
+``SOCKET.start``). Where none can start, :class:`DaemonUnavailable` says why (the run then
+runs on its own).
 """
 
 from __future__ import annotations
@@ -33,11 +36,20 @@ START_TIMEOUT = 20.0
 DAEMON_LOG = "/var/log/gatewrap/daemon.log"
 
 
+#: How long a daemon started on demand lives without a run (``gatewrap daemon --idle-exit``).
+ON_DEMAND_IDLE_EXIT = "10m"
+
+
+class DaemonUnavailable(GatewrapError):
+    """No daemon answers on the socket and none could be started (the message says why)."""
+
+
 def connect(path: str, start: bool = True) -> _socket.socket:
     """A connection to the daemon at ``path``, starting one when none answers and ``start``.
 
     Raises:
-        GatewrapError: no daemon answers and none could be started (its log's last lines said).
+        GatewrapError: no daemon answers (and ``start`` is false).
+        DaemonUnavailable: none answers and none could be started (its log's last lines said).
     """
     try:
         return _connect(path)
@@ -46,17 +58,37 @@ def connect(path: str, start: bool = True) -> _socket.socket:
             own = "" if path == protocol.DEFAULT_SOCKET else f" --socket {path}"
             raise GatewrapError(f"no gatewrap daemon answers on {path}: start one with sudo gatewrap daemon{own} "
                                 "(or the gatewrap-daemon systemd unit)") from None
-    proc = _start_daemon(path)
-    deadline = time.monotonic() + START_TIMEOUT
-    while True:
+    # One client at a time starts a daemon; the others wait here, then find it answering. A
+    # daemon leaving on its idle time takes this lock too (gatewrap.shared.daemon
+    # Daemon._leave_if_idle): a client refused meanwhile finds a daemon again, or none.
+    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+    lock = os.open(path + ".start", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        import fcntl
+
+        fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             return _connect(path)
         except (FileNotFoundError, ConnectionRefusedError):
-            code = proc.poll()
-            if (code is not None and code != 0) or time.monotonic() > deadline:
-                raise GatewrapError(f"the gatewrap daemon did not start (see {DAEMON_LOG}): "
-                                    f"{_tail(DAEMON_LOG)}") from None
-            time.sleep(0.02)
+            pass
+        proc = _start_daemon(path)
+        deadline = time.monotonic() + START_TIMEOUT
+        while True:
+            try:
+                sock = _connect(path)
+                break
+            except (FileNotFoundError, ConnectionRefusedError):
+                code = proc.poll()
+                if code is not None or time.monotonic() > deadline:
+                    why = f"it exited {code}" if code is not None else f"it did not answer within {START_TIMEOUT:g} s"
+                    raise DaemonUnavailable(f"the shared gatewrap daemon did not start ({why}; {DAEMON_LOG}: "
+                                            f"{_tail(DAEMON_LOG)})") from None
+                time.sleep(0.01)
+    finally:
+        os.close(lock)
+    sys.stderr.write(f"gatewrap: started the shared daemon (pid {proc.pid}, log {DAEMON_LOG}, exits after "
+                     f"{ON_DEMAND_IDLE_EXIT} without a run; gatewrap daemon --status)\n")
+    return sock
 
 
 def _connect(path: str) -> _socket.socket:
@@ -70,16 +102,18 @@ def _connect(path: str) -> _socket.socket:
 
 
 def _start_daemon(path: str) -> subprocess.Popen[bytes]:
-    """``gatewrap daemon --socket PATH`` in a new session, detached from our terminal, with
-    a minimal environment (the runs' own environments come with their requests). A second
-    daemon started at the same time exits 0 when it finds the first holding the lock."""
+    """``gatewrap daemon --socket PATH --idle-exit 10m`` in a new session, detached from our
+    terminal, with a minimal environment (the runs' own environments come with their
+    requests). A daemon started by hand at the same time keeps the socket: this one then
+    exits 0 when it finds the lock held."""
     import subprocess  # not at the top: only a client that starts the daemon needs it
 
     os.makedirs(os.path.dirname(DAEMON_LOG), mode=0o755, exist_ok=True)
     log = os.open(DAEMON_LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o640)
     env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "PYTHONPATH")}
     try:
-        proc = subprocess.Popen([sys.executable, "-m", "gatewrap", "daemon", "--socket", path, "--quiet-if-running"],
+        proc = subprocess.Popen([sys.executable, "-m", "gatewrap", "daemon", "--socket", path, "--quiet-if-running",
+                                 "--idle-exit", ON_DEMAND_IDLE_EXIT],
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
                                 start_new_session=True, close_fds=True, cwd="/")
     finally:

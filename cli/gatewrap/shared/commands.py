@@ -25,19 +25,24 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
                    "printed on the daemon's stderr.")
 @click.option("--state", "state_url", metavar="URL",
               help="The approvals store the review pages show (default as gatewrap approvals serve).")
+@click.option("--idle-exit", "idle_exit", metavar="DURATION", default="0", show_default=True,
+              callback=lambda c, p, v: _duration(v),
+              help="Exit after DURATION (90s, 10m, 2h) without a run and without a client; 0: never. A daemon "
+                   "`gatewrap run` starts on demand exits after 10m; a run arriving as it exits starts a new one.")
 @click.option("--quiet-if-running", is_flag=True, hidden=True,
               help="Exit 0 without a word when another daemon already serves the socket (the on-demand start).")
 def daemon(socket_path: str | None, status: bool, as_json: bool, review: str | None, state_url: str | None,
-           quiet_if_running: bool) -> None:
-    """Serve the sandboxes of every `gatewrap run --shared` on this host, in the foreground.
+           idle_exit: float, quiet_if_running: bool) -> None:
+    """Serve the sandboxes of every `gatewrap run` on this host, in the foreground.
 
     \b
     One process holds the loaded hooks, one runtime for every run's gate and every run's
     ring-buffer reader; each run costs the host its netns, cgroup, listeners (made inside
     the run's netns), map entries and jail, and a waiter process of well under 1 MB that
-    keeps the agent its child. `gatewrap run --shared` starts the daemon on demand when
-    none answers (its log: /var/log/gatewrap/daemon.log); a systemd unit is in
-    contrib/systemd/gatewrap-daemon.service.
+    keeps the agent its child. `gatewrap run` starts the daemon on demand when none
+    answers (its log: /var/log/gatewrap/daemon.log; it exits after 10 minutes without a
+    run); a systemd unit that keeps it up is in contrib/systemd/gatewrap-daemon.service.
+    `gatewrap run --own` runs without it.
 
     \b
     Fail closed: if the daemon dies, every sandbox keeps its hooks and loses its gate, so
@@ -49,7 +54,8 @@ def daemon(socket_path: str | None, status: bool, as_json: bool, review: str | N
     \b
     Examples:
       sudo gatewrap daemon
-      sudo gatewrap run --shared --allow pypi.org -- python agent.py
+      sudo gatewrap daemon --idle-exit 1h
+      sudo gatewrap run --allow pypi.org -- python agent.py
       sudo gatewrap daemon --status --json
       sudo gatewrap daemon --review 127.0.0.1:8377
     """
@@ -62,11 +68,23 @@ def daemon(socket_path: str | None, status: bool, as_json: bool, review: str | N
     if review is not None:
         _serve_review(review, state_url)
     try:
-        Daemon(path).serve()
+        Daemon(path, idle_exit=idle_exit).serve()
     except DaemonRunning:
         if quiet_if_running:
             return
         raise
+
+
+def _duration(value: str) -> float:
+    """``--idle-exit``: seconds of a duration (``N`` + s, m, h or d), 0 for ``0`` (never)."""
+    if value.strip() == "0":
+        return 0
+    from ..approvals.decide import seconds
+
+    try:
+        return seconds(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
 
 
 def _status(path: str, as_json: bool) -> None:

@@ -19,13 +19,14 @@ import contextlib
 import fcntl
 import json
 import os
+import select
 import signal
 import socket
 import sys
 import threading
 import time
 from dataclasses import fields
-from typing import Any, TextIO
+from typing import Any, Callable, Iterator, TextIO
 
 from .. import runner
 from ..errors import GatewrapError, require_root
@@ -35,8 +36,6 @@ from ..sandbox import cgroup, gc, limits, registry
 from ..bpf import loader
 from . import protocol
 
-#: Audit log writers the daemon keeps for runs to come (one per log; see Daemon.audit_log).
-AUDIT_LOGS_KEPT = 64
 #: Lines a run's terminal holds while it is slow to read them (see :class:`Terminal`).
 MAX_PENDING = 256
 #: How long the summary waits for the run's last notices to reach its terminal, in seconds.
@@ -208,8 +207,16 @@ class Daemon:
         GatewrapError: the hooks cannot be loaded, or the socket cannot be made.
     """
 
-    def __init__(self, socket_path: str, log: TextIO | None = None) -> None:
+    def __init__(self, socket_path: str, log: TextIO | None = None, idle_exit: float = 0) -> None:
         self.socket_path = socket_path
+        #: Seconds without a run nor a client after which the daemon exits; 0: never.
+        self.idle_exit = idle_exit
+        #: Connections being served, and when the last one ended (time.monotonic()).
+        self._clients = 0
+        self._quiet_since = time.monotonic()
+        self._listener: socket.socket | None = None
+        #: The lock beside the socket (:meth:`_claim`) while held.
+        self._lock_fd = -1
         self.log = log or sys.stderr
         self.started = time.time()
         self.runs: dict[str, runner.Sandbox] = {}
@@ -219,9 +226,10 @@ class Daemon:
         self.reader: SharedReader | None = None
         #: Runs of a dead daemon kept for their clients to come back (see :meth:`_resume`).
         self.awaiting: set[str] = set()
-        #: One audit log writer per (path, max size, keep), shared by the runs that name it;
-        #: the :data:`AUDIT_LOGS_KEPT` last used (a run keeps its own writer however long it runs).
-        self._audit_logs: collections.OrderedDict[tuple[str, int, int | None], Any] = collections.OrderedDict()
+        #: One audit log writer per (path, max size, keep), shared by the live runs that name
+        #: it, with how many they are: the last one's end closes it (nothing of a finished run
+        #: stays open in a daemon that lives for weeks; see :meth:`audit_log`).
+        self._audit_logs: dict[tuple[str, int, int | None], list[Any]] = {}
 
     def say(self, text: str) -> None:
         """One line of the daemon's log: the time (RFC 3339, UTC), its pid and socket, ``text``
@@ -281,57 +289,171 @@ class Daemon:
             timer = threading.Timer(TAKE_BACK_WINDOW, self._give_up, args=(parent,))
             timer.daemon = True  # a SIGTERM in the window stops the daemon at once, as outside it
             timer.start()
-        listener = self._listen()
+        self._listener = self._listen()
+        self._lock_fd = lock_fd
         stopping = threading.Event()
 
         def stop(signum: int, _frame: Any) -> None:
             stopping.set()
             with contextlib.suppress(OSError):
-                listener.shutdown(socket.SHUT_RDWR)
+                self._listener.shutdown(socket.SHUT_RDWR)  # type: ignore[union-attr]
 
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, stop)
-        self.say(f"serving {self.socket_path} (pid {os.getpid()})")
+        idle = f", exits after {self.idle_exit:g} s without a run" if self.idle_exit else ""
+        self.say(f"serving {self.socket_path} (pid {os.getpid()}{idle})")
         try:
+            # poll(2), then a non-blocking accept: a socket timeout would have accept() spin on
+            # a listener shut down by stop() (readable, yet EAGAIN) until the timeout ends.
+            self._listener.setblocking(False)
             while not stopping.is_set():
+                wait = self._until_idle()
+                poller = select.poll()
+                poller.register(self._listener, select.POLLIN)
+                ready = poller.poll(None if wait is None else wait * 1000)
+                if stopping.is_set():
+                    break
+                if not ready:
+                    if self._leave_if_idle():
+                        break
+                    continue
                 try:
-                    conn, _ = listener.accept()
+                    conn, _ = self._listener.accept()
+                except BlockingIOError:
+                    continue
                 except OSError:
                     if stopping.is_set():
                         break
                     raise
-                threading.Thread(target=self._serve_one, args=(conn,), daemon=True, name="gatewrap-run").start()
+                conn.setblocking(True)
+                self._serve_thread(conn)
         finally:
             n = len(self.runs)
-            self.say(f"stopping; {n} run{'' if n == 1 else 's'} lose{'s' if n == 1 else ''} "
-                     f"{'its gate and stays' if n == 1 else 'their gates and stay'} without egress until "
-                     f"{'it ends' if n == 1 else 'they end'}")
+            if self._lock_fd >= 0:
+                self.say(f"stopping; {n} run{'' if n == 1 else 's'} lose{'s' if n == 1 else ''} "
+                         f"{'its gate and stays' if n == 1 else 'their gates and stay'} without egress until "
+                         f"{'it ends' if n == 1 else 'they end'}")
             with self._lock:
                 boxes = list(self.runs.values())
             for box in boxes:  # what each gate holds in memory goes to the log before we go
                 with contextlib.suppress(Exception):
                     box.leave()
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.socket_path)
-            listener.close()
-            os.close(lock_fd)
+            self._let_go()
 
-    def audit_log(self, opts: RunOptions) -> Any:
-        """The audit log writer of ``opts`` (``runner.open_audit_log``), one per log for all
-        the daemon's runs: the writer takes the log's lock for each record and follows a
-        rotation made by another process, so sharing it changes nothing of what is written."""
-        key = (os.path.abspath(opts.audit_log), opts.audit_max_size, opts.audit_keep)
+    def _let_go(self) -> None:
+        """Remove the socket and drop the lock beside it (a new daemon may serve the path now).
+        Idempotent."""
+        if self._lock_fd < 0:
+            return
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.socket_path)
+        if self._listener is not None:
+            self._listener.close()
+        os.close(self._lock_fd)
+        self._lock_fd = -1
+
+    def _serve_thread(self, conn: socket.socket) -> None:
+        """Serve ``conn`` on a thread of its own, counted as a client until it ends."""
         with self._lock:
-            log = self._audit_logs.get(key)
-            if log is not None:
-                self._audit_logs.move_to_end(key)
-                return log
-        log = runner.open_audit_log(opts)
+            self._clients += 1
+
+        def serve() -> None:
+            try:
+                self._serve_one(conn)
+            finally:
+                with self._lock:
+                    self._clients -= 1
+                    self._quiet_since = time.monotonic()
+
+        threading.Thread(target=serve, daemon=True, name="gatewrap-run").start()
+
+    def _until_idle(self) -> float | None:
+        """How long accept(2) may wait before the idle time is checked again, in seconds;
+        None (for ever) without an idle exit."""
+        if not self.idle_exit:
+            return None
         with self._lock:
-            log = self._audit_logs.setdefault(key, log)
-            while len(self._audit_logs) > AUDIT_LOGS_KEPT:
-                self._audit_logs.popitem(last=False)
-        return log
+            quiet = time.monotonic() - self._quiet_since
+        return max(0.05, self.idle_exit - quiet)
+
+    def _leave_if_idle(self) -> bool:
+        """Whether the daemon has been idle for :attr:`idle_exit` (no run, no client, no run of
+        a dead daemon awaited) and has let go of its socket; then it exits.
+
+        A client's connect must not be lost while the daemon decides: under the start lock
+        (``SOCKET.start``, which a client holds while it starts a daemon: see
+        :func:`gatewrap.shared.client.connect`), the listener is shut down, after which a
+        connect is refused at once (unix(7): a listening socket shut down for reading takes
+        no more; the client then waits for the start lock). A connection already queued is
+        then still accepted: the daemon serves it and listens again. Otherwise it removes its
+        socket and drops its lock before the start lock, so that the waiting client starts a
+        new daemon."""
+        with self._lock:
+            if self.runs or self._clients or self.awaiting or time.monotonic() - self._quiet_since < self.idle_exit:
+                return False
+        start = os.open(self.socket_path + ".start", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            try:
+                fcntl.flock(start, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False  # a client is starting a daemon or waiting for this one: not idle
+            listener = self._listener
+            assert listener is not None
+            listener.shutdown(socket.SHUT_RDWR)
+            listener.setblocking(False)
+            queued = []
+            while True:
+                try:
+                    queued.append(listener.accept()[0])
+                except OSError:
+                    break
+            if queued:
+                self._listener = self._listen()
+                self._listener.setblocking(False)
+                listener.close()
+                for conn in queued:
+                    conn.setblocking(True)
+                    self._serve_thread(conn)
+                return False
+            self.say(f"exiting: no run for {self.idle_exit:g} s (--idle-exit)")
+            self._let_go()
+            return True
+        finally:
+            os.close(start)
+
+    @contextlib.contextmanager
+    def audit_logs(self) -> Iterator[Callable[[RunOptions], Any]]:
+        """A run's way of opening its audit log (``plan``'s ``audit_logs``): the daemon's writer
+        of that log (``runner.open_audit_log``), one per log for all the daemon's live runs (the
+        writer takes the log's lock for each record and follows a rotation made by another
+        process, so sharing it changes nothing of what is written). On leaving, the run lets go
+        of what it took; the last run of a log closes its writer."""
+        taken: list[tuple[str, int, int | None]] = []
+
+        def open_log(opts: RunOptions) -> Any:
+            key = (os.path.abspath(opts.audit_log), opts.audit_max_size, opts.audit_keep)
+            with self._lock:
+                held = self._audit_logs.get(key)
+                if held is not None:
+                    held[1] += 1
+                    taken.append(key)
+                    return held[0]
+            log = runner.open_audit_log(opts)
+            with self._lock:
+                held = self._audit_logs.setdefault(key, [log, 0])
+                held[1] += 1
+                taken.append(key)
+                return held[0]
+
+        try:
+            yield open_log
+        finally:
+            with self._lock:
+                for key in taken:
+                    held = self._audit_logs[key]
+                    held[1] -= 1
+                    if held[1] == 0:
+                        del self._audit_logs[key]
 
     def _takeable(self, parent: str) -> set[str]:
         """Stale runs a dead daemon of this socket served whose client (the waiter, the
@@ -364,26 +486,32 @@ class Daemon:
             self.awaiting.discard(run_id)
         err = _terminal_of(reader.fds)
         try:
-            opts = options(saved.get("opts"))
-            try:
-                planned = runner.plan_taken_back(run_id, opts, err,  # type: ignore[arg-type]
-                                                 policy_text=saved.get("policy_text"), audit_logs=self.audit_log)
-                box = runner.Sandbox(planned, err, hooks=self.hooks, owner_pid=pid,  # type: ignore[arg-type]
-                                     shared_runtime=True, notice_fd=err.fileno(), reader=self.reader,
-                                     socket=self.socket_path).take_back(saved)
-            except GatewrapError as e:
-                protocol.send_line(conn, f"refused: {e}")
-                return
-            self.say(f"took run {run_id} back (its client, pid {pid}, came back)")
-            print(f"gatewrap: the gatewrap daemon is back: run {run_id}'s gate serves again", file=err)
-            try:
-                protocol.send_line(conn, "resumed")
-            except OSError:
-                box.__exit__(None, None, None)
-                raise
-            self._serve_end(conn, reader, box, run_id, saved.get("summary", "text"))
+            with self.audit_logs() as audit_logs:
+                self._take_back(conn, reader, run_id, pid, saved, err, audit_logs)
         finally:
             err.close()
+
+    def _take_back(self, conn: socket.socket, reader: protocol.Reader, run_id: str, pid: int, saved: dict[str, Any],
+                   err: Terminal, audit_logs: Callable[[RunOptions], Any]) -> None:
+        """:meth:`_resume` once the client is known to be the run's own."""
+        opts = options(saved.get("opts"))
+        try:
+            planned = runner.plan_taken_back(run_id, opts, err,  # type: ignore[arg-type]
+                                             policy_text=saved.get("policy_text"), audit_logs=audit_logs)
+            box = runner.Sandbox(planned, err, hooks=self.hooks, owner_pid=pid,  # type: ignore[arg-type]
+                                 shared_runtime=True, notice_fd=err.fileno(), reader=self.reader,
+                                 socket=self.socket_path).take_back(saved)
+        except GatewrapError as e:
+            protocol.send_line(conn, f"refused: {e}")
+            return
+        self.say(f"took run {run_id} back (its client, pid {pid}, came back)")
+        print(f"gatewrap: the gatewrap daemon is back: run {run_id}'s gate serves again", file=err)
+        try:
+            protocol.send_line(conn, "resumed")
+        except OSError:
+            box.__exit__(None, None, None)
+            raise
+        self._serve_end(conn, reader, box, run_id, saved.get("summary", "text"))
 
     def _serve_one(self, conn: socket.socket) -> None:
         """One connection: check the peer, then answer its one request."""
@@ -455,30 +583,37 @@ class Daemon:
 
     def _run(self, conn: socket.socket, reader: protocol.Reader, msg: dict[str, Any], client_pid: int) -> None:
         """A run's life on the daemon's side: plan, set up, hand the spawn to the client,
-        wait for its ``exit CODE``, finish, send the summary."""
+        wait for its ``exit CODE``, finish, send the summary; then let go of its terminal and
+        audit log."""
         if len(reader.fds) != 1:
             raise protocol.ProtocolError("a run request carries exactly one fd, the client's stderr")
         err = Terminal(reader.fds.pop())
         try:
-            opts = options(msg.get("opts"))
-            try:
-                planned = runner.plan(opts, err, self.audit_log)  # type: ignore[arg-type]
-                box = runner.Sandbox(planned, err, hooks=self._current_hooks(), owner_pid=client_pid,  # type: ignore[arg-type]
-                                     shared_runtime=True, notice_fd=err.fileno(),
-                                     reader=self.reader, socket=self.socket_path,
-                                     summary="json" if msg.get("summary") == "json" else "text")
-                box.__enter__()
-            except GatewrapError as e:
-                protocol.send(conn, {"error": str(e), "exit_code": e.exit_code})
-                return
-            try:
-                protocol.send(conn, {"spawn": box.spawn_spec(), "run": planned.run_id})
-            except OSError:
-                box.__exit__(None, None, None)
-                raise
-            self._serve_end(conn, reader, box, planned.run_id, msg.get("summary", "text"))
+            with self.audit_logs() as audit_logs:
+                self._set_up(conn, reader, msg, client_pid, err, audit_logs)
         finally:
             err.close()
+
+    def _set_up(self, conn: socket.socket, reader: protocol.Reader, msg: dict[str, Any], client_pid: int,
+                err: Terminal, audit_logs: Callable[[RunOptions], Any]) -> None:
+        """:meth:`_run` with the run's terminal ``err`` and its way of opening audit logs."""
+        opts = options(msg.get("opts"))
+        try:
+            planned = runner.plan(opts, err, audit_logs)  # type: ignore[arg-type]
+            box = runner.Sandbox(planned, err, hooks=self._current_hooks(), owner_pid=client_pid,  # type: ignore[arg-type]
+                                 shared_runtime=True, notice_fd=err.fileno(),
+                                 reader=self.reader, socket=self.socket_path,
+                                 summary="json" if msg.get("summary") == "json" else "text")
+            box.__enter__()
+        except GatewrapError as e:
+            protocol.send(conn, {"error": str(e), "exit_code": e.exit_code})
+            return
+        try:
+            protocol.send(conn, {"spawn": box.spawn_spec(), "run": planned.run_id})
+        except OSError:
+            box.__exit__(None, None, None)
+            raise
+        self._serve_end(conn, reader, box, planned.run_id, msg.get("summary", "text"))
 
     def _serve_end(self, conn: socket.socket, reader: protocol.Reader, box: runner.Sandbox, run_id: str,
                    summary: str) -> None:

@@ -1,0 +1,217 @@
+"""The shared daemon's life: started on demand by the default ``gatewrap run`` (one daemon
+for runs starting at once), its exit after an idle time (a run arriving meanwhile is not
+lost), a run of its own where no daemon can start and with ``--own``, and what a finished
+run leaves in it (nothing). Every daemon here is on a socket of the test's own."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import re
+import signal
+import subprocess
+import time
+
+import pytest
+
+from conftest import AGENT_UID, gatewrap_cmd
+
+from .conftest import Daemon
+
+pytestmark = pytest.mark.kernel
+
+
+DAEMON_LOG = "/var/log/gatewrap/daemon.log"
+
+
+def _env(d: Daemon, **more: str) -> dict:
+    """The environment of a default ``gatewrap run`` (no GATEWRAP_SHARED) on ``d``'s socket."""
+    env = {k: v for k, v in os.environ.items() if k != "GATEWRAP_SHARED"}
+    return {**env, "GATEWRAP_DAEMON_SOCKET": d.socket, "SUDO_UID": str(AGENT_UID), "SUDO_GID": str(AGENT_UID), **more}
+
+
+def _cmd(audit, *flags: str) -> list[str]:
+    return gatewrap_cmd("run", *flags, "--audit-log", str(audit), "--workdir", "/tmp", "--", "/bin/true")
+
+
+def _true_run(d: Daemon, audit, *flags: str, **env: str) -> subprocess.CompletedProcess:
+    """``gatewrap run [FLAGS] --audit-log AUDIT -- /bin/true`` on ``d``'s socket."""
+    return subprocess.run(_cmd(audit, *flags), capture_output=True, text=True, env=_env(d, **env), timeout=120)
+
+
+def _ended(audit) -> bool:
+    return any('"run_end"' in line for line in audit.read_text().splitlines())
+
+
+def _started_lines(stderr: str) -> list[int]:
+    """The pids of the ``started the shared daemon (pid N, ...)`` lines of a run's stderr."""
+    return [int(m) for m in re.findall(r"^gatewrap: started the shared daemon \(pid (\d+),", stderr, re.M)]
+
+
+def _serving_lines(d: Daemon) -> int:
+    """How many daemons started on demand on ``d``'s socket said they serve it."""
+    with open(DAEMON_LOG, errors="replace") as f:
+        return sum(f"): serving {d.socket} " in line for line in f)
+
+
+@contextlib.contextmanager
+def _private_socket():
+    """A socket of the test's own with no daemon yet; any daemon on it is stopped at the end."""
+    d = Daemon()
+    try:
+        yield d
+    finally:
+        with contextlib.suppress(OSError, ValueError):
+            with open(d.socket + ".lock") as f:
+                pid = int(f.read())
+            os.kill(pid, signal.SIGTERM)
+            deadline = time.monotonic() + 30
+            while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+                time.sleep(0.05)
+        d.stop()
+
+
+def test_the_default_run_starts_the_shared_daemon_on_demand_and_says_so_once(tmp_path):
+    with _private_socket() as d:
+        first = _true_run(d, tmp_path / "first.jsonl")
+        assert first.returncode == 0, first.stderr
+        started = _started_lines(first.stderr)
+        assert len(started) == 1, first.stderr
+        assert "exits after 10m without a run; gatewrap daemon --status" in first.stderr
+        assert d.status()["pid"] == started[0]
+        with open(f"/proc/{started[0]}/cmdline") as f:
+            assert f.read().split("\0")[-3:-1] == ["--idle-exit", "10m"]
+        second = _true_run(d, tmp_path / "second.jsonl")
+        assert second.returncode == 0 and _started_lines(second.stderr) == [], second.stderr
+        assert _ended(tmp_path / "first.jsonl") and _ended(tmp_path / "second.jsonl")
+        assert "runs on its own" not in first.stderr + second.stderr
+
+
+def test_runs_starting_at_once_start_one_daemon(tmp_path):
+    with _private_socket() as d:
+        procs = [subprocess.Popen(_cmd(tmp_path / f"audit-{i}.jsonl"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True, env=_env(d)) for i in range(4)]
+        errs = []
+        for p in procs:
+            _, err = p.communicate(timeout=120)
+            assert p.returncode == 0, err
+            errs.append(err)
+        assert sum(len(_started_lines(e)) for e in errs) == 1, errs
+        assert _serving_lines(d) == 1
+        assert "runs on its own" not in "".join(errs)
+
+
+def test_the_daemon_exits_after_its_idle_time_and_the_next_run_starts_another(tmp_path):
+    d = Daemon("--idle-exit", "1s").start()
+    try:
+        r = _true_run(d, tmp_path / "a.jsonl")
+        assert r.returncode == 0 and _started_lines(r.stderr) == [], r.stderr
+        assert d.proc.wait(timeout=60) == 0, d.log_text()
+        assert "exiting: no run for 1 s (--idle-exit)" in d.log_text()
+        assert not os.path.exists(d.socket)
+    finally:
+        d.stop()
+    with _private_socket() as again:
+        again.socket = d.socket
+        r = _true_run(again, tmp_path / "b.jsonl")
+        assert r.returncode == 0 and len(_started_lines(r.stderr)) == 1, r.stderr
+
+
+def test_runs_arriving_while_the_daemon_leaves_on_its_idle_time_are_all_served(tmp_path):
+    # runs spaced around the idle time: each finds the daemon, or starts a new one; none is lost
+    d = Daemon("--idle-exit", "1s").start()
+    with _private_socket() as later:
+        later.socket = d.socket
+        try:
+            for i, pause in enumerate((0.9, 1.0, 1.05, 1.1, 0.95, 1.0)):
+                time.sleep(pause)
+                r = _true_run(d, tmp_path / f"audit-{i}.jsonl")
+                assert r.returncode == 0, r.stderr
+                assert "runs on its own" not in r.stderr and _ended(tmp_path / f"audit-{i}.jsonl")
+        finally:
+            d.stop()
+
+
+def test_where_no_daemon_can_start_the_run_runs_on_its_own_and_says_so_in_one_line(tmp_path):
+    with _private_socket() as d:
+        os.makedirs(os.path.dirname(d.socket), exist_ok=True)
+        # the socket's lock held by what does not answer (a daemon stuck in its start): the
+        # daemon the run starts finds it taken and exits
+        with open(d.socket + ".lock", "w") as held:
+            fcntl.flock(held, fcntl.LOCK_EX)
+            r = _true_run(d, tmp_path / "audit.jsonl")
+        assert r.returncode == 0, r.stderr
+        said = [line for line in r.stderr.splitlines() if "runs on its own" in line]
+        assert len(said) == 1 and said[0].startswith("gatewrap: the shared gatewrap daemon did not start (it exited 0;")
+        assert _started_lines(r.stderr) == []
+        assert _ended(tmp_path / "audit.jsonl")
+
+
+@pytest.mark.parametrize("how", [("--own",), ()], ids=["--own", "GATEWRAP_SHARED=0"])
+def test_own_or_gatewrap_shared_0_is_a_run_of_its_own_and_starts_no_daemon(tmp_path, how):
+    with _private_socket() as d:
+        r = _true_run(d, tmp_path / "audit.jsonl", *how, **({} if how else {"GATEWRAP_SHARED": "0"}))
+        assert r.returncode == 0, r.stderr
+        assert _started_lines(r.stderr) == [] and "runs on its own" not in r.stderr
+        assert not os.path.exists(d.socket)
+        assert _ended(tmp_path / "audit.jsonl")
+
+
+def _fds(pid: int) -> dict[str, str]:
+    """Open descriptors of process ``pid``: fd -> what it is (/proc/PID/fd, proc(5))."""
+    out = {}
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            out[fd] = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except FileNotFoundError:
+            pass
+    return out
+
+
+def _threads(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/task"))
+
+
+def _steady(pid: int) -> tuple[int, int]:
+    """(open fds, threads) of ``pid`` once they stayed the same for a second (at most 30 s)."""
+    deadline = time.monotonic() + 30
+    last = None
+    while True:
+        now = len(_fds(pid)), _threads(pid)
+        if now == last or time.monotonic() > deadline:
+            return now
+        last = now
+        time.sleep(1)
+
+
+def _settled(pid: int, fds: int, threads: int) -> tuple[int, int]:
+    """(open fds, threads) of ``pid`` once both are at most ``fds`` and ``threads``, or as they
+    are after 30 s (a run's last teardown steps, and idle pool threads, end on their own)."""
+    deadline = time.monotonic() + 30
+    while True:
+        now = len(_fds(pid)), _threads(pid)
+        if (now[0] <= fds and now[1] <= threads) or time.monotonic() > deadline:
+            return now
+        time.sleep(0.2)
+
+
+def test_the_daemon_keeps_no_descriptor_nor_thread_of_a_finished_run(tmp_path):
+    d = Daemon().start()
+    try:
+        pid = d.proc.pid
+        first = _true_run(d, tmp_path / "first.jsonl")  # what a first run makes once (the runtime, the reader)
+        assert first.returncode == 0, first.stderr
+        fds, threads = _steady(pid)
+        logs = [tmp_path / f"audit-{i}.jsonl" for i in range(5)]
+        for log in logs:
+            r = _true_run(d, log)
+            assert r.returncode == 0, r.stderr
+            assert any(rec for rec in log.read_text().splitlines() if '"run_end"' in rec)
+        after = _settled(pid, fds, threads)
+        still_open = [what for what in _fds(pid).values() if what.startswith(str(tmp_path))]
+        assert still_open == [], d.log_text()
+        assert after[0] <= fds, f"open fds {after[0]}, {fds} before the runs: {sorted(_fds(pid).values())}"
+        assert after[1] <= threads, f"threads {after[1]}, {threads} before the runs"
+    finally:
+        d.stop()
