@@ -233,7 +233,7 @@ def test_the_lazy_commands_are_listed_and_run_as_before():
     p = _gw("--help")
     assert p.returncode == 0
     listed = [line.split()[0] for line in p.stdout.split("Commands:")[1].splitlines() if line.strip()]
-    assert listed == ["approvals", "audit", "daemon", "doctor", "gc", "policy", "ps", "reload", "run", "stop"]
+    assert listed == ["approvals", "audit", "daemon", "doctor", "gc", "policy", "ps", "reload", "run", "secrets", "stop"]
     from gatewrap import audit_schema
 
     p = _gw("audit", "--event", "bogus")
