@@ -234,6 +234,7 @@ fn gate_start_failures_say_what_to_do() {
         run_cgroup: None,
         state: None,
         on_asked: None,
+        answer_hint: Default::default(),
         notice_fd: None,
         shared_runtime: false,
     })
@@ -263,6 +264,7 @@ fn start_gate(ns: &Netns, policy_text: &str, audit: &PathBuf) -> (Gate, Arc<RwLo
         run_cgroup: None,
         state: None,
         on_asked: None,
+        answer_hint: Default::default(),
         notice_fd: None,
         shared_runtime: false,
     })

@@ -139,6 +139,7 @@ fn setup_idle(tag: &str, idle_timeout: Duration) -> Setup {
         run_cgroup: None,
         state: None,
         on_asked: None,
+        answer_hint: Default::default(),
         notice_fd: None,
         shared_runtime: false,
     })

@@ -139,6 +139,7 @@ pub fn gate_config(
         run_cgroup: None,
         state: None,
         on_asked: None,
+        answer_hint: Default::default(),
         notice_fd: None,
         shared_runtime: false,
     }
