@@ -134,13 +134,20 @@ def grant_row(g: dict[str, Any]) -> str:
                      f"used {g.get('uses', 0)}x, by {g.get('created_by')} (from {g.get('approval_id')})")
 
 
+#: The store's fields that are times (Unix seconds there), of approvals, grants and runs.
+TIME_FIELDS = frozenset({"created", "deadline", "decided_at", "sent_at", "expires", "revoked", "started", "ended"})
+
+
 def as_json(a: dict[str, Any]) -> dict[str, Any]:
     """An approval (or grant, run) as a JSON-ready dict: each bytes value as
-    ``<name>_base64``, plus ``<name>`` as text when it is valid UTF-8 (else null); times stay
-    the store's Unix seconds."""
+    ``<name>_base64``, plus ``<name>`` as text when it is valid UTF-8 (else null); the
+    times (:data:`TIME_FIELDS`) as RFC 3339 UTC (:func:`when`), as the audit log and the
+    rest of the CLI write them."""
     out: dict[str, Any] = {}
     for k, v in a.items():
-        if isinstance(v, (bytes, bytearray, memoryview)):
+        if k in TIME_FIELDS and isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[k] = when(v)
+        elif isinstance(v, (bytes, bytearray, memoryview)):
             raw = bytes(v)
             out[k + "_base64"] = base64.b64encode(raw).decode("ascii")
             try:
