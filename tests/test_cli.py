@@ -346,3 +346,13 @@ def test_daemon_status_without_root_exits_125_and_says_to_use_sudo():
     assert p.returncode == 125, p.stderr
     assert p.stderr.startswith("gatewrap: gatewrap daemon --status needs root") and "sudo gatewrap daemon --status" \
         in p.stderr and "Traceback" not in p.stderr, p.stderr
+
+
+def test_nsjail_is_found_where_setup_installs_it_when_path_lacks_that_folder():
+    # sudo's secure_path has /usr/local/bin, a user's or a unit's PATH may not: doctor must
+    # not offer to install it again where it already is
+    code = ("import os; os.environ['PATH'] = '/usr/bin:/bin'; os.environ.pop('GATEWRAP_NSJAIL', None); "
+            "from gatewrap.sandbox.jail import nsjail_path; from gatewrap import doctor; print(nsjail_path()); "
+            "print([(c.status, c.fix) for c in doctor.checks() if c.name == 'nsjail'])")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.stdout.splitlines() == ["/usr/local/bin/nsjail", "[('ok', '')]"], p.stdout + p.stderr
