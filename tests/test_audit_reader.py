@@ -334,8 +334,8 @@ def test_stats_counts_each_run_and_the_most_denied_destinations(log):
         "dns Paste.Example.NET": 1, "tcp 198.51.100.148:80": 1, "tcp [2001:db8::5]:443": 1}
     p = _gw("audit", "stats", "--run", "gw-bbbbbbbbbb", "--top", "1", "--log", str(log))
     lines = p.stdout.decode().splitlines()
-    assert lines[0].split()[:6] == ["RUN", "ALLOWED", "DENIED", "DIRECT", "FAILED", "UNSENT"]
-    assert lines[1].split() == ["gw-bbbbbbbbbb", "0", "0", "1", "1", "0", "running", "or", "died"]
+    assert lines[0].split()[:7] == ["RUN", "ALLOWED", "DENIED", "DIRECT", "FAILED", "UNSENT", "HELD"]
+    assert lines[1].split() == ["gw-bbbbbbbbbb", "0", "0", "1", "1", "0", "0", "running", "or", "died"]
     assert lines[-1].split() == ["1", "tcp", "[2001:db8::5]:443"]
 
 
@@ -411,3 +411,48 @@ def test_stats_give_checkpoints_no_row_of_their_own():
                            {"run": "gw-a", "event": "run_end", "exit_code": 0}])
     assert [r["run"] for r in s.as_record(10)["runs"]] == ["gw-a"]
     assert not any("running or died" in line for line in s.lines(10))
+
+
+#: What the gate writes for a plain-http denial (its client found in the run's cgroup) and
+#: for a request answered 409 while its approval waits (hold = "return").
+GATE_DENIAL = {"run": "gw-dddddddddd", "event": "request", "decision": "denied", "reason": "policy: default deny",
+               "client": "127.0.0.1:43346", "client_pid": 4242, "client_comm": "curl", "method": "POST",
+               "target": "http://evil.example/v1/upload?token=sk-1", "dst_host": "evil.example", "dst_port": 80,
+               "proto": "http", "status": 403}
+HELD_409 = {"run": "gw-dddddddddd", "event": "request", "decision": "denied",
+            "reason": "ask: held for approval ap-eo3rba5qnzc2mfdbakhc (hold = return)", "client_pid": 4243,
+            "client_comm": "curl", "method": "POST", "target": "http://api.example/v1/send",
+            "dst_host": "api.example", "dst_port": 80, "proto": "http", "status": 409,
+            "approval": "ap-eo3rba5qnzc2mfdbakhc"}
+
+
+def test_the_table_shows_a_requests_path_and_the_gates_client_process(log):
+    _append(log, _rec(50, **GATE_DENIAL))
+    table = _gw("audit", "--format", "table", "--run", "gw-dddddddddd", "--log", str(log)).stdout.decode()
+    (row,) = table.splitlines()[1:]
+    assert "http evil.example:80/v1/upload?…" in row and "sk-1" not in row, row
+    assert "POST -> 403; pid 4242 curl; policy: default deny" in row, row
+    inspected = _gw("audit", "--format", "table", "--run", "gw-aaaaaaaaaa", "--event", "request", "--log", str(log))
+    assert "https github.com:443" in inspected.stdout.decode()  # no target: no path, nothing made up
+
+
+def test_csv_names_the_gates_client_process_in_pid_and_comm(log):
+    _append(log, _rec(51, **GATE_DENIAL))
+    p = _gw("audit", "--format", "csv", "--run", "gw-dddddddddd", "--log", str(log))
+    (row,) = [dict(zip(CSV_FIELDS, r)) for r in list(csv.reader(io.StringIO(p.stdout.decode())))[1:]]
+    assert (row["pid"], row["comm"], row["target"]) == ("4242", "curl", "http://evil.example/v1/upload?token=sk-1")
+
+
+def test_pid_matches_the_kernels_pid_and_the_gates_client_pid(log):
+    _append(log, _rec(52, **GATE_DENIAL))
+    for pid, expected in (("4242", [52]), ("1234", [4]), ("42", [])):
+        p = _gw("audit", "--pid", pid, "--json", "--log", str(log))
+        assert [json.loads(line)["n"] for line in p.stdout.splitlines()] == expected, pid
+
+
+def test_stats_count_a_request_held_with_hold_return_as_held_not_denied(log):
+    _append(log, _rec(53, **GATE_DENIAL), _rec(54, **HELD_409), _rec(55, **HELD_409))
+    s = json.loads(_gw("audit", "stats", "--json", "--run", "gw-dddddddddd", "--log", str(log)).stdout)
+    (c,) = s["runs"]
+    assert (c["denied"], c["held"]) == (1, 2), c
+    assert s["top_denied"] == [{"destination": "http evil.example:80/v1/upload?…", "count": 1}]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
 import subprocess
 import sys
 
@@ -351,3 +353,33 @@ def test_a_gate_extension_older_than_the_package_is_named_with_the_rebuild(monke
         cli.main(["doctor"])
     assert e.value.code == 125
     assert "older than this checkout" in capsys.readouterr().err
+
+
+def test_daemon_status_without_root_exits_125_and_says_to_use_sudo():
+    # a socket the user may not connect to (as a root daemon's is, 0600): said, never a traceback
+    path = f"/run/gatewrap/test-status-{os.getpid()}.sock"
+    os.makedirs("/run/gatewrap", exist_ok=True)
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(path)
+    os.chmod(path, 0o600)
+    sock.listen()
+    try:
+        p = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", sys.executable,
+                            "-m", "gatewrap", "daemon", "--socket", path, "--status"],
+                           capture_output=True, text=True, timeout=60)
+    finally:
+        sock.close()
+        os.unlink(path)
+    assert p.returncode == 125, p.stderr
+    assert p.stderr.startswith("gatewrap: gatewrap daemon --status needs root") and "sudo gatewrap daemon --status" \
+        in p.stderr and "Traceback" not in p.stderr, p.stderr
+
+
+def test_nsjail_is_found_where_setup_installs_it_when_path_lacks_that_folder():
+    # sudo's secure_path has /usr/local/bin, a user's or a unit's PATH may not: doctor must
+    # not offer to install it again where it already is
+    code = ("import os; os.environ['PATH'] = '/usr/bin:/bin'; os.environ.pop('GATEWRAP_NSJAIL', None); "
+            "from gatewrap.sandbox.jail import nsjail_path; from gatewrap import doctor; print(nsjail_path()); "
+            "print([(c.status, c.fix) for c in doctor.checks() if c.name == 'nsjail'])")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.stdout.splitlines() == ["/usr/local/bin/nsjail", "[('ok', '')]"], p.stdout + p.stderr

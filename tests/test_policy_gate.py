@@ -4,8 +4,11 @@
 from __future__ import annotations
 
 import shlex
+import subprocess
 
 import pytest
+
+from conftest import gatewrap_cmd
 
 pytestmark = pytest.mark.kernel
 
@@ -93,7 +96,17 @@ def test_an_ask_rule_holds_the_request_and_an_unanswered_one_is_denied_when_it_e
                  extra=["--policy", p, "--state", f"sqlite:{tmp_path}/state.db"])
     assert r.stdout.startswith("HTTP/1.1 403"), r.stdout + r.stderr
     assert "a timeout is never a yes" in r.stdout and "nothing was sent" in r.stdout
-    assert "gatewrap: approval ap-" in r.stderr and "answer with: sudo gatewrap approvals approve" in r.stderr
+    assert "gatewrap: approval ap-" in r.stderr
+    # The line's commands name this run's store (not the default one) and say sudo (SUDO_UID
+    # is a user's): pasted without sudo (we are root), `show` finds the approval.
+    (line,) = [ln for ln in r.stderr.splitlines() if "answer with:" in ln]
+    store = f"sqlite:{tmp_path}/state.db"
+    approval = line.split("gatewrap: approval ")[1].split()[0]
+    assert line.endswith(f"answer with: sudo gatewrap approvals approve {approval} --state {store} | reject "
+                         f"{approval} --reason TEXT --state {store} | show {approval} --state {store}"), line
+    show = subprocess.run(gatewrap_cmd("approvals", *shlex.split(line.rsplit(" | ", 1)[1])), capture_output=True,
+                          text=True, timeout=60)
+    assert show.returncode == 0 and show.stdout.startswith(f"approval:  {approval}\n"), show.stderr
     (rec,) = r.records(event="request")
     assert (rec["decision"], rec["status"], rec["rule"]) == ("denied", 403, f"{p}:rule[1]")
     assert rec["reason"].startswith("ask: approval ap-") and rec["reason"].endswith("expired (a timeout is never a yes)")

@@ -299,6 +299,8 @@ class Gate:
         shared_runtime: bool = False,
         notice_fd: int | None = None,
         secrets: list[tuple[str, str, str | None]] | None = None,
+        answer_prefix: str | None = None,
+        answer_suffix: str | None = None,
     ) -> None:
         """Bind the listeners inside ``netns_path`` and start serving; returns once listening.
 
@@ -322,7 +324,8 @@ class Gate:
         ``on_asked(approval_dict)`` is called for each new approval on a worker thread; its
         exceptions are ignored (a notification never decides). With ``notices`` a line
         ``gatewrap: approval ap-...: METHOD URL (rule R) waits until T; answer with: ...`` is
-        printed on stderr (or ``notice_fd``).
+        printed on stderr (or ``notice_fd``); its commands are ``{answer_prefix} approve ID{answer_suffix}``
+        (default ``sudo gatewrap approvals`` and nothing), the same for ``reject`` and ``show``.
 
         ``run_cgroup``: the run's cgroup directory. With it, each TCP connection's records
         carry ``client_pid`` and ``client_comm``: the process of that cgroup (or one below

@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import json
 import re
+import urllib.parse
 from typing import Any, TextIO
 
 from .text import printable
@@ -46,8 +47,30 @@ class CsvOut:
         self._w.writerow(CSV_FIELDS)
 
     def write(self, rec: dict[str, Any]) -> None:
-        """One row."""
-        self._w.writerow([_cell(rec.get(k)) for k in CSV_FIELDS])
+        """One row; ``pid`` and ``comm`` of a gate record are its client's (``client_pid``,
+        ``client_comm``)."""
+        pid, comm = process(rec)
+        self._w.writerow([_cell(pid if k == "pid" else comm if k == "comm" else rec.get(k)) for k in CSV_FIELDS])
+
+
+def process(rec: dict[str, Any]) -> tuple[Any, Any]:
+    """``(pid, comm)`` of the process a record names: the kernel's ``pid``/``comm``, else the
+    gate's ``client_pid``/``client_comm`` (the process holding the client socket); None
+    where the record has none."""
+    if rec.get("pid") is not None:
+        return rec["pid"], rec.get("comm")
+    return rec.get("client_pid"), rec.get("client_comm")
+
+
+def path_of(rec: dict[str, Any]) -> str | None:
+    """The path of a gate ``request`` record's ``target`` (absolute form for plain http,
+    origin form inside a TLS-inspected tunnel), ``?…`` marking a query left out (it may
+    carry a credential); None for other records."""
+    target = rec.get("target")
+    if rec.get("event") != "request" or not isinstance(target, str) or not target:
+        return None
+    u = urllib.parse.urlsplit(target)
+    return (u.path or "/") + ("?…" if u.query else "")
 
 
 def _cell(value: Any) -> str:
@@ -58,7 +81,8 @@ def _cell(value: Any) -> str:
 
 
 def destination(rec: dict[str, Any]) -> str:
-    """``proto host:port`` or ``proto ip:port`` of a record (``unix PATH`` for a unix socket), or ``-``."""
+    """``proto host:port`` or ``proto ip:port`` of a record, with the path of a request
+    (:func:`path_of`); ``unix PATH`` for a unix socket; ``-``."""
     if rec.get("event") == "unix_socket" and rec.get("path"):
         return f"unix {rec['path']}"
     host = rec.get("dst_host") or rec.get("dst_ip")
@@ -67,7 +91,7 @@ def destination(rec: dict[str, Any]) -> str:
     host = f"[{host}]" if ":" in str(host) else str(host)
     port = rec.get("dst_port")
     proto = rec.get("proto", "")
-    return f"{proto} {host}{f':{port}' if port is not None else ''}".strip()
+    return f"{proto} {host}{f':{port}' if port is not None else ''}{path_of(rec) or ''}".strip()
 
 
 def who_why(rec: dict[str, Any]) -> str:
@@ -82,8 +106,12 @@ def who_why(rec: dict[str, Any]) -> str:
     if rec.get("event") == "protected_path" and rec.get("change") == "refused":
         parts.append(f"refused {rec.get('syscall', '?')} {rec.get('errno', '?')} on {rec.get('path')}"
                      + (f" ×{rec['count']} attempts" if rec.get("count", 1) != 1 else ""))
-    if rec.get("pid") is not None:
-        parts.append(f"pid {rec['pid']} {rec.get('comm') or rec.get('cmdline') or ''}".strip())
+    if rec.get("event") == "request" and rec.get("method"):
+        status = rec.get("status")
+        parts.append(f"{rec['method']}{'' if status is None else f' -> {status}'}")
+    pid, comm = process(rec)
+    if pid is not None:
+        parts.append(f"pid {pid} {comm or rec.get('cmdline') or ''}".strip())
     for key in ("reason", "error", "rule"):
         value = rec.get(key)
         if value and not any(str(value) in p for p in parts):

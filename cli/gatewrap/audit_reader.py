@@ -153,7 +153,8 @@ class Filters:
             if all(n is not None for n in needles):
                 groups.append(tuple(n for n in needles if n is not None))
         if self.pid is not None:
-            groups.append((f'"pid":{self.pid}'.encode(), f'"pid": {self.pid}'.encode()))  # serde_json's, json.dumps's
+            # the kernel's pid, the gate's client_pid; serde_json's and json.dumps's spellings
+            groups.append(tuple(f'"{k}":{sp}{self.pid}'.encode() for k in ("pid", "client_pid") for sp in ("", " ")))
         self._groups = groups
         literals = [_literal(g) for g in globs]
         host_re = None
@@ -189,7 +190,7 @@ class Filters:
         decisions = self._decisions
         if decisions is not None and rec.get("decision") not in decisions:
             return False
-        if self.pid is not None and rec.get("pid") != self.pid:
+        if self.pid is not None and self.pid not in (rec.get("pid"), rec.get("client_pid")):
             return False
         if self._globs:
             host = host_of(rec)

@@ -17,13 +17,17 @@ class RunCounts:
     """One run's records, counted as its ``run_end`` counts them (runner.py, the gate's
     ``counts()``): ``allowed`` leaves out TLS-inspected tunnels (their requests count);
     ``denied`` is the gate's denials (policy, SSRF, DNS, budget; rejected and expired
-    approvals); ``direct_egress`` the kernel's; ``failed`` what upstream or the client broke."""
+    approvals); ``direct_egress`` the kernel's; ``failed`` what upstream or the client broke.
+    ``held``: requests answered 409 while their approval waits (``hold = "return"``: the
+    agent asks again later), which the gate records as denied and run_end counts so: not a
+    refusal, so counted apart here."""
 
     run: str
     allowed: int = 0
     denied: int = 0
     direct_egress: int = 0
     failed: int = 0
+    held: int = 0
     #: Refused with 503 before any dial: their record could not be written (``failed`` with
     #: an ``internal:`` error; run_end's ``unsent``).
     unsent: int = 0
@@ -48,6 +52,8 @@ class RunCounts:
         elif decision == "allowed":
             if not (event == "connect" and rec.get("inspected") is True):
                 self.allowed += 1
+        elif returned(rec):
+            self.held += attempts(rec)
         elif decision in DENIED:
             self.denied += attempts(rec)
         elif decision == "failed" and str(rec.get("error") or "").startswith("internal:"):
@@ -60,6 +66,13 @@ class RunCounts:
 #: written before the dial and followed by its ``request``/``connect`` record, nor
 #: ``unix_socket``, which the kernel records and allows.
 GATE_DECISIONS = frozenset({"request", "connect", "dns"})
+
+
+def returned(rec: dict[str, Any]) -> bool:
+    """Whether a gate record is a request answered 409 while its approval waits (``hold =
+    "return"``, gate_core hold.rs: status 409 and the approval named), whatever its
+    ``decision`` says."""
+    return rec.get("event") in ("request", "connect") and rec.get("status") == 409 and bool(rec.get("approval"))
 
 
 def attempts(rec: dict[str, Any]) -> int:
@@ -95,7 +108,7 @@ class Stats:
         if counts is None:
             counts = self.runs[run] = RunCounts(run)
         counts.add(rec)
-        if rec.get("decision") in DENIED:
+        if rec.get("decision") in DENIED and not returned(rec):
             dest = destination(rec)
             if dest in self.denied_to or len(self.denied_to) < MAX_DESTINATIONS:
                 self.denied_to[dest] += attempts(rec)
@@ -111,10 +124,11 @@ class Stats:
 
     def lines(self, top: int) -> list[str]:
         """The two tables, for a terminal (values escaped)."""
-        out = [f"{'RUN':<14} {'ALLOWED':>8} {'DENIED':>8} {'DIRECT':>8} {'FAILED':>8} {'UNSENT':>8}  STATUS"]
+        out = [f"{'RUN':<14} {'ALLOWED':>8} {'DENIED':>8} {'DIRECT':>8} {'FAILED':>8} {'UNSENT':>8} {'HELD':>8}  STATUS"]
         for c in self.runs.values():
             status = f"exit {c.exit_code}" if c.exit_code is not None else ("ended" if c.ended else "running or died")
-            out.append(f"{printable(c.run):<14} {c.allowed:>8} {c.denied:>8} {c.direct_egress:>8} {c.failed:>8} {c.unsent:>8}  {status}")
+            out.append(f"{printable(c.run):<14} {c.allowed:>8} {c.denied:>8} {c.direct_egress:>8} {c.failed:>8} "
+                       f"{c.unsent:>8} {c.held:>8}  {status}")
         out += ["", f"{'DENIED':>8}  DESTINATION (top {top})"]
         out += [f"{n:>8}  {printable(d)}" for d, n in self.denied_to.most_common(top)] or ["       0  -"]
         if self.other_denied:

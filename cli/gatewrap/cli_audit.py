@@ -42,7 +42,8 @@ def _time_option(name: str, what: str):  # type: ignore[no-untyped-def]
                    "(fnmatch: *.example.com, 203.0.113.*), case-insensitively. Repeatable.")
 @_time_option("--since", "at or after")
 @_time_option("--until", "at or before")
-@click.option("--pid", type=int, metavar="PID", help="Only records of process PID (kernel denials name it).")
+@click.option("--pid", type=int, metavar="PID", help="Only records of process PID: the kernel's records name it (pid), the gate's its "
+                   "client (client_pid: the process holding the connection).")
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]),
               help="table (the default on a terminal), json (JSON lines, the default otherwise) or csv.")
 @click.option("--json", "as_json", is_flag=True, help="Same as --format json.")

@@ -602,7 +602,8 @@ class Sandbox:
                              ca_dir=opts.ca_dir if inspecting else None,
                              upstream_ca=opts.upstream_ca or None, run_cgroup=self.leaf, **shared,
                              **({} if breakpoints is None else
-                                {"state": breakpoints.url, "on_asked": breakpoints.notifier}))
+                                {"state": breakpoints.url, "on_asked": breakpoints.notifier,
+                                 "answer_prefix": breakpoints.hint[0], "answer_suffix": breakpoints.hint[1]}))
         except core.GateError as e:
             raise GatewrapError(f"the gate could not start: {e}") from e
         except ValueError as e:
@@ -867,6 +868,8 @@ class _Breakpoints:
     url: str
     store: Any
     notifier: Any
+    #: What the live line puts around ``approve ID`` (:func:`approvals.state.answer_hint`).
+    hint: tuple[str, str] = ("sudo gatewrap approvals", "")
 
 
 def _approvals(opts: RunOptions, policy: Any, run_id: str, audit: Any, err: TextIO) -> _Breakpoints | None:
@@ -902,7 +905,7 @@ def _approvals(opts: RunOptions, policy: Any, run_id: str, audit: Any, err: Text
     notifier = notify.Notifier(audit, run_id, webhook=webhook, secret=secret,
                                review_url=notify_cfg.get("review_url") or notify.DEFAULT_REVIEW_URL,
                                stderr=False, err=err)
-    return _Breakpoints(url, store, notifier)
+    return _Breakpoints(url, store, notifier, state.answer_hint(url, environ))
 
 
 def _policy_webhook(policy: Any) -> str | None:

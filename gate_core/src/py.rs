@@ -388,7 +388,7 @@ pub struct PyGate {
 #[pymethods]
 impl PyGate {
     #[new]
-    #[pyo3(signature = (*, run_id, netns_path, policy, audit, listen_port = 3128, nameservers = None, connect_timeout = 10.0, public_ranges = None, notices = false, dns_stub = false, ca_dir = None, upstream_ca = None, body_limit = gate::inspect::DEFAULT_BODY_LIMIT, idle_timeout = gate::DEFAULT_IDLE_TIMEOUT.as_secs_f64(), run_cgroup = None, state = None, on_asked = None, shared_runtime = false, notice_fd = None, secrets = None))]
+    #[pyo3(signature = (*, run_id, netns_path, policy, audit, listen_port = 3128, nameservers = None, connect_timeout = 10.0, public_ranges = None, notices = false, dns_stub = false, ca_dir = None, upstream_ca = None, body_limit = gate::inspect::DEFAULT_BODY_LIMIT, idle_timeout = gate::DEFAULT_IDLE_TIMEOUT.as_secs_f64(), run_cgroup = None, state = None, on_asked = None, shared_runtime = false, notice_fd = None, secrets = None, answer_prefix = None, answer_suffix = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -412,6 +412,8 @@ impl PyGate {
         shared_runtime: bool,
         notice_fd: Option<i32>,
         secrets: Option<Vec<(String, String, Option<String>)>>,
+        answer_prefix: Option<String>,
+        answer_suffix: Option<String>,
     ) -> PyResult<Self> {
         if !(connect_timeout.is_finite() && connect_timeout > 0.0) {
             return Err(gate_err(gate::GateError::ConnectTimeout(connect_timeout)));
@@ -451,6 +453,10 @@ impl PyGate {
                     })
                 })
             }),
+            answer_hint: {
+                let d = gate::AnswerHint::default();
+                gate::AnswerHint { prefix: answer_prefix.unwrap_or(d.prefix), suffix: answer_suffix.unwrap_or(d.suffix) }
+            },
         };
         let gate = py.allow_threads(move || Gate::start(config)).map_err(gate_err)?;
         Ok(PyGate { inner: gate })

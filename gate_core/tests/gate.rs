@@ -235,6 +235,7 @@ fn gate_start_failures_say_what_to_do() {
         state: None,
         on_asked: None,
         secrets: Default::default(),
+        answer_hint: Default::default(),
         notice_fd: None,
         shared_runtime: false,
     })
@@ -265,6 +266,7 @@ fn start_gate(ns: &Netns, policy_text: &str, audit: &PathBuf) -> (Gate, Arc<RwLo
         state: None,
         on_asked: None,
         secrets: Default::default(),
+        answer_hint: Default::default(),
         notice_fd: None,
         shared_runtime: false,
     })

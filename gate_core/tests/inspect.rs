@@ -140,6 +140,7 @@ fn setup_idle(tag: &str, idle_timeout: Duration) -> Setup {
         state: None,
         on_asked: None,
         secrets: Default::default(),
+        answer_hint: Default::default(),
         notice_fd: None,
         shared_runtime: false,
     })

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import time
 
@@ -103,7 +104,8 @@ def test_an_approval_with_a_grant_lists_it_and_revoke_ends_it(store_url, asked, 
     (g,) = json.loads(cli("grants", "--state", store_url, "--json").stdout)["grants"]
     assert (g["run_id"], g["method"], g["host"], g["path_prefix"], g["created_by"]) == \
         (RUN, "POST", "mail.test", "/v3/", "alice")
-    assert 1790 <= g["expires"] - g["created"] <= 1810
+    span = dt.datetime.fromisoformat(g["expires"]) - dt.datetime.fromisoformat(g["created"])
+    assert 1790 <= span.total_seconds() <= 1810
     assert g["id"] in cli("grants", "--state", store_url).stdout
     assert cli("revoke", g["id"], "--state", store_url).returncode == 0
     assert json.loads(cli("grants", "--state", store_url, "--json").stdout)["grants"] == []
@@ -130,3 +132,19 @@ def test_an_unknown_id_exits_1_and_a_store_that_cannot_open_exits_125(store_url,
     (tmp_path / "file").write_text("")
     bad = cli("list", "--state", f"sqlite:{tmp_path}/file/state.db")
     assert bad.returncode == 125 and "cannot open the approvals store" in bad.stderr
+
+
+def test_json_gives_times_in_rfc_3339_as_the_audit_log_does(store_url, asked):
+    import re
+
+    stamp = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ")
+    (listed,) = json.loads(cli("list", "--state", store_url, "--json").stdout)["approvals"]
+    shown = json.loads(cli("show", asked["id"], "--state", store_url, "--json").stdout)
+    for doc in (listed, shown):
+        assert stamp.fullmatch(doc["created"]) and stamp.fullmatch(doc["deadline"]), doc
+        assert doc["decided_at"] is None and doc["sent_at"] is None
+    ok = json.loads(cli("approve", asked["id"], "--yes", "--grant", "POST mail.test/v3/", "--for", "30m",
+                        "--state", store_url, "--json").stdout)
+    assert stamp.fullmatch(ok["approval"]["decided_at"]), ok
+    (g,) = json.loads(cli("grants", "--state", store_url, "--json").stdout)["grants"]
+    assert stamp.fullmatch(g["created"]) and stamp.fullmatch(g["expires"]) and g["revoked"] is None, g

@@ -165,3 +165,31 @@ def test_a_bad_config_file_is_refused_naming_what(tmp_path, case, text, error):
 def test_a_password_in_a_store_url_is_not_shown():
     assert state._redact("postgresql://gw:s3cret@db:5432/x") == "postgresql://gw:***@db:5432/x"
     assert state._redact("sqlite:/var/lib/gatewrap/state.db") == "sqlite:/var/lib/gatewrap/state.db"
+
+
+ANSWER_HINT_CASES = [
+    # (case, SUDO_UID, store URL, expected prefix, expected suffix)
+    ("a user through sudo, the default store", "1000", "sqlite:/var/lib/gatewrap/state.db",
+     "sudo gatewrap approvals", ""),
+    ("root at a root shell, the default store", None, "sqlite:/var/lib/gatewrap/state.db", "gatewrap approvals", ""),
+    ("sudo from root is still root", "0", "/var/lib/gatewrap/state.db", "gatewrap approvals", ""),
+    ("a store of its own is named, quoted for a shell", "1000", "sqlite:/srv/gw dir/state.db",
+     "sudo gatewrap approvals", " --state 'sqlite:/srv/gw dir/state.db'"),
+    ("a PostgreSQL store is named with its password redacted", "1000", "postgresql://gw:hunter2@db:5432/gw",
+     "sudo gatewrap approvals", " --state 'postgresql://gw:***@db:5432/gw'"),
+]
+
+
+@pytest.mark.parametrize("case,sudo_uid,url,prefix,suffix", ANSWER_HINT_CASES, ids=[c[0] for c in ANSWER_HINT_CASES])
+def test_the_answer_hint_says_sudo_to_a_user_and_names_a_store_the_command_would_not_find(
+        case, sudo_uid, url, prefix, suffix, monkeypatch, tmp_path):
+    monkeypatch.setattr(state, "DEFAULT_CONFIG", str(tmp_path / "none.toml"))
+    environ = {"GATEWRAP_STATE": url} if sudo_uid is None else {"SUDO_UID": sudo_uid, "GATEWRAP_STATE": url}
+    assert state.answer_hint(url, environ) == (prefix, suffix), case
+
+
+def test_the_answer_hint_leaves_out_a_store_the_config_file_names(monkeypatch, tmp_path):
+    config = tmp_path / "config.toml"
+    config.write_text('[state]\nurl = "sqlite:/srv/gw/state.db"\n')
+    monkeypatch.setattr(state, "DEFAULT_CONFIG", str(config))
+    assert state.answer_hint("/srv/gw/state.db", {"SUDO_UID": "1000"}) == ("sudo gatewrap approvals", "")

@@ -48,6 +48,10 @@ def test_the_stderr_line_names_the_request_the_deadline_and_the_commands():
                     "policy.toml:rule[2]) waits until 2027-01-15T08:10:00Z; answer with: sudo gatewrap approvals "
                     "approve ap-abcdefghijklmnopqrst | reject ap-abcdefghijklmnopqrst --reason TEXT | show "
                     "ap-abcdefghijklmnopqrst")
+    root = notify.stderr_line(approval(), ("gatewrap approvals", " --state sqlite:/srv/s.db"))
+    assert root.endswith("answer with: gatewrap approvals approve ap-abcdefghijklmnopqrst --state sqlite:/srv/s.db "
+                         "| reject ap-abcdefghijklmnopqrst --reason TEXT --state sqlite:/srv/s.db | show "
+                         "ap-abcdefghijklmnopqrst --state sqlite:/srv/s.db")
 
 
 def test_the_body_has_text_and_blocks_with_the_request_rule_expiry_excerpt_and_a_review_button():

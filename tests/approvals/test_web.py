@@ -44,10 +44,16 @@ def run(store, request):
 
 
 @pytest.fixture
-def server(store_url):
+def audit_log(tmp_path):
+    """The path of an audit log (written by the tests that need records in it)."""
+    return str(tmp_path / "log" / "audit.jsonl")
+
+
+@pytest.fixture
+def server(store_url, audit_log):
     from gatewrap import _gate_core as core
 
-    s = ReviewServer(core.ApprovalStore(store_url), ("127.0.0.1", 0))
+    s = ReviewServer(core.ApprovalStore(store_url), ("127.0.0.1", 0), audit_log=audit_log)
     t = threading.Thread(target=s.serve_forever, daemon=True)
     t.start()
     yield s
@@ -74,8 +80,10 @@ def staleness_of(element):
 
 
 def _decide(browser, form: str, name: str = "bob", **fields) -> None:
+    """Type ``name`` in the page's one name field, fill ``fields`` of the ``form`` part
+    (approve, grant, reject, edit) and press its button."""
     f = browser.find_element(By.ID, form)
-    f.find_element(By.NAME, "name").send_keys(name)
+    browser.find_element(By.ID, "name").send_keys(name)
     for k, v in fields.items():
         el = f.find_element(By.NAME, k)
         el.clear()
@@ -285,3 +293,76 @@ def test_forms_without_the_csrf_token_or_from_another_site_are_refused(run, serv
     assert r.status_code == 303 and r.headers["Referrer-Policy"] == "no-referrer"
     assert run.store.get(a["id"])["decided_by"] == "mallory (web)"
     assert requests.get(f"{server.base}/l/{server.list_key}", timeout=30).headers["Referrer-Policy"] == "no-referrer"
+
+
+def _write_run(audit_log: str, a: dict, before: int, after: int = 2) -> list[str]:
+    """Records of run ``RUN`` as gatewrap and its gate write them: its ``run_start`` (a user's
+    command), ``before`` requests, the approval's ``approval_asked``, ``after`` requests more;
+    returns the targets of the requests before, in order."""
+    from gatewrap import _gate_core as core
+
+    log = core.AuditLog(audit_log, key=None)
+    log.write({"run": RUN, "event": "run_start", "argv": ["python3", "agent.py", "--task", "send prices"],
+               "uid": 65534, "cgroup_id": 1})
+    targets = [f"http://allowed.test/step/{i}" for i in range(before)]
+    for t in targets:
+        log.write({"run": RUN, "event": "request", "decision": "allowed", "method": "GET", "target": t,
+                   "dst_host": "allowed.test", "dst_port": 80, "proto": "http", "status": 200,
+                   "client_pid": 42, "client_comm": "python3"})
+    log.write({"run": RUN, "event": "approval_asked", "approval": a["id"], "rule": a["rule"], "method": a["method"],
+               "url": a["url"], "digest": a["digest"], "version": 1, "deadline": "2030-01-01T00:00:00Z"})
+    for i in range(after):
+        log.write({"run": RUN, "event": "request", "decision": "allowed", "method": "GET",
+                   "target": f"http://allowed.test/later/{i}", "dst_host": "allowed.test", "dst_port": 80,
+                   "proto": "http", "status": 200})
+    return targets
+
+
+def test_the_page_heads_with_the_runs_user_and_command_the_full_url_and_the_time_left(run, server, audit_log):
+    a = run.pending()
+    _write_run(audit_log, a, before=1)
+    page = requests.get(server.base + a["review_path"], timeout=30).text
+    assert "Run gw-00000000b1: nobody's <code id=\"command\">python3 agent.py --task &#x27;send prices&#x27;</code> " \
+           "asks to send" in page
+    assert '<h1 id="headline">POST http://allowed.test/echo</h1>' in page
+    left = page.split('id="time-left">')[1].split("</p>")[0]
+    assert left.startswith("Time left: <b>") and (" min " in left or " h " in left) and "then it is denied" in left
+
+
+def test_a_json_body_is_shown_indented_and_the_raw_request_is_one_click_away(run, server, chromium):
+    a = run.pending()
+    chromium.get(server.base + a["review_path"])
+    shown = chromium.find_element(By.ID, "request").text
+    assert shown.endswith('{\n  "to": "all-customers@example.com",\n  "subject": "prices"\n}'), shown
+    raw = chromium.find_element(By.ID, "raw")
+    assert not chromium.find_element(By.ID, "raw-request").is_displayed()
+    raw.find_element(By.TAG_NAME, "summary").click()
+    assert chromium.find_element(By.ID, "raw-request").text.endswith(held.BODY)
+
+
+def test_the_page_shows_the_runs_last_20_records_before_it_asked(run, server, audit_log):
+    a = run.pending()
+    targets = _write_run(audit_log, a, before=25)
+    page = requests.get(server.base + a["review_path"], timeout=30).text
+    history = page.split('<pre id="history">')[1].split("</pre>")[0]
+    rows = history.split("\n")
+    assert len(rows) == 20 and "/later/" not in history and "run_start" not in history
+    paths = [t.removeprefix("http://allowed.test") for t in targets]
+    assert [f"allowed.test:80{p} " in history for p in paths] == [False] * 5 + [True] * 20
+    assert rows[-1].endswith(f"request       allowed   http allowed.test:80{paths[-1]:<14} GET -&gt; 200; pid 42 python3")
+
+
+def test_the_page_says_when_the_audit_log_has_no_records_of_the_run(run, server):
+    a = run.pending()
+    page = requests.get(server.base + a["review_path"], timeout=30).text
+    assert "does not exist (serve --log PATH names the run&#x27;s)" in page
+    assert 'Run gw-00000000b1: the agent asks to send' in page
+
+
+def test_the_page_asks_the_name_once_and_enter_in_it_decides_nothing(run, server, chromium):
+    a = run.pending()
+    chromium.get(server.base + a["review_path"])
+    assert len(chromium.find_elements(By.NAME, "name")) == 1
+    chromium.find_element(By.ID, "name").send_keys("bob\n")
+    assert run.store.get(a["id"])["status"] == "pending"
+    assert chromium.current_url == server.base + a["review_path"]

@@ -10,6 +10,7 @@ from typing import Any, Callable
 import click
 
 from ..errors import GatewrapError
+from ..run_types import DEFAULT_AUDIT_LOG
 from ..text import counted, printable
 from . import decide as dec
 from . import render, state
@@ -380,17 +381,23 @@ def prune(older_than: str, state_url: str | None, as_json: bool) -> int:
               help="A host name the pages may be reached by (repeatable), besides the listen address; "
                    "default: [review] names in the config file (space-separated). Requests for any other "
                    "Host are refused with 421.")
+@click.option("--log", "audit_log", default=None, metavar="PATH",
+              help="The audit log the pages read a run's user, command and last records from. Default: "
+                   "/var/log/gatewrap/audit.jsonl (give the runs' --audit-log if they used another).")
 @click.option("--allow-remote", is_flag=True,
               help="Listen on a non-loopback address anyway (the pages are plain HTTP: put TLS and "
                    "authentication in front).")
 @_common
-def serve(listen: str | None, names: tuple[str, ...], allow_remote: bool, state_url: str | None,
-          as_json: bool) -> int:
+def serve(listen: str | None, names: tuple[str, ...], audit_log: str | None, allow_remote: bool,
+          state_url: str | None, as_json: bool) -> int:
     """Serve the review pages on the host: a list of approvals and one page per approval
-    (its link holds the approval's own secret token) with Approve, Grant (approve, and let
-    the run's later requests of a method, host and path prefix through for a while), Edit
-    and Reject. Every form carries a CSRF token and the version and digest it showed; the name you type is
-    recorded with the decision. Never reachable from a sandbox (it listens on the host).
+    (its link holds the approval's own secret token): who asks (the run's user and command)
+    for what (the full URL), the time left, the request (a JSON body re-indented, the raw one
+    a click away), what the run did before asking (its last 20 audit records), and Approve,
+    Grant (approve, and let the run's later requests of a method, host and path prefix
+    through for a while), Edit and Reject. The form carries a CSRF token and the version and
+    digest it showed; the name you type is recorded with the decision. Never reachable from
+    a sandbox (it listens on the host).
 
     \b
     The list's address, printed at start, holds a key made anew each time: other users
@@ -416,7 +423,7 @@ def serve(listen: str | None, names: tuple[str, ...], allow_remote: bool, state_
     store = state.open_store(state.resolve_url(state_url, config), create=False)
     names = names or tuple(config.get("review", {}).get("names", "").replace(",", " ").split())
     try:
-        server = ReviewServer(store, (host, port), names=names)
+        server = ReviewServer(store, (host, port), names=names, audit_log=audit_log or DEFAULT_AUDIT_LOG)
     except OSError as e:
         raise GatewrapError(f"cannot listen on {host}:{port}: {e.strerror}; choose another with --listen") from e
     url = f"{server.base}/l/{server.list_key}"

@@ -49,16 +49,18 @@ EXCERPT = 600
 NOTICE_DIGEST_CHARS = 12
 
 
-def stderr_line(a: dict[str, Any]) -> str:
+def stderr_line(a: dict[str, Any], hint: tuple[str, str] = ("sudo gatewrap approvals", "")) -> str:
     """The live line (APPROVALS.md): id, the first :data:`NOTICE_DIGEST_CHARS` of the digest
     (``approve`` shows it whole before it asks: a line the agent forged on the stderr it
-    shares cannot name another request's), request, rule, deadline, the commands to answer.
-    The same text as gate_core hold.rs ``notice_line``."""
+    shares cannot name another request's), request, rule, deadline, the commands to answer
+    (``hint``: :func:`gatewrap.approvals.state.answer_hint`). The same text as gate_core
+    hold.rs ``notice_line``."""
+    p, s = hint
     return printable(
         f"gatewrap: approval {a['id']} (digest {a['digest'][:NOTICE_DIGEST_CHARS]}): {a['method']} {a['url']} "
         f"(rule {a['rule']}) waits until "
-        f"{when(a['deadline'])}; answer with: sudo gatewrap approvals approve {a['id']} | "
-        f"reject {a['id']} --reason TEXT | show {a['id']}")
+        f"{when(a['deadline'])}; answer with: {p} approve {a['id']}{s} | "
+        f"reject {a['id']} --reason TEXT{s} | show {a['id']}{s}")
 
 
 def review_link(review_url: str, a: dict[str, Any]) -> str:

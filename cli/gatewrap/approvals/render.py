@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import difflib
+import json
 import urllib.parse
 from typing import Any
 
@@ -47,6 +48,33 @@ def request_lines(method: str, url: str, headers: list[Any], body: bytes) -> lis
     if body:
         lines += body_text(body).split("\n")
     return lines
+
+
+def pretty_body(body: bytes) -> str | None:
+    """``body`` re-indented for reading when it is a JSON object or array (RFC 8259, UTF-8):
+    two spaces a level, non-ASCII kept, every line escaped as :func:`body_text` does; None
+    for anything else (shown as it is). What is sent stays the raw body."""
+    text = body.lstrip()[:1]
+    if text not in (b"{", b"["):
+        return None
+    try:
+        doc = json.loads(body.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    return body_text(json.dumps(doc, indent=2, ensure_ascii=False).encode("utf-8"))
+
+
+def time_left(deadline: float, now: float) -> str:
+    """The time from ``now`` to ``deadline`` (Unix seconds) as ``1 h 02 min``, ``4 min 05 s``
+    or ``12 s``; ``none (past the deadline)`` when it has passed."""
+    left = int(deadline - now)
+    if left <= 0:
+        return "none (past the deadline)"
+    h, rest = divmod(left, 3600)
+    m, s = divmod(rest, 60)
+    if h:
+        return f"{h} h {m:02d} min"
+    return f"{m} min {s:02d} s" if m else f"{s} s"
 
 
 def show(a: dict[str, Any]) -> str:
@@ -106,13 +134,20 @@ def grant_row(g: dict[str, Any]) -> str:
                      f"used {g.get('uses', 0)}x, by {g.get('created_by')} (from {g.get('approval_id')})")
 
 
+#: The store's fields that are times (Unix seconds there), of approvals, grants and runs.
+TIME_FIELDS = frozenset({"created", "deadline", "decided_at", "sent_at", "expires", "revoked", "started", "ended"})
+
+
 def as_json(a: dict[str, Any]) -> dict[str, Any]:
     """An approval (or grant, run) as a JSON-ready dict: each bytes value as
-    ``<name>_base64``, plus ``<name>`` as text when it is valid UTF-8 (else null); times stay
-    the store's Unix seconds."""
+    ``<name>_base64``, plus ``<name>`` as text when it is valid UTF-8 (else null); the
+    times (:data:`TIME_FIELDS`) as RFC 3339 UTC (:func:`when`), as the audit log and the
+    rest of the CLI write them."""
     out: dict[str, Any] = {}
     for k, v in a.items():
-        if isinstance(v, (bytes, bytearray, memoryview)):
+        if k in TIME_FIELDS and isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[k] = when(v)
+        elif isinstance(v, (bytes, bytearray, memoryview)):
             raw = bytes(v)
             out[k + "_base64"] = base64.b64encode(raw).decode("ascii")
             try:

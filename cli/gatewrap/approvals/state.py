@@ -115,6 +115,36 @@ def open_store(url: str, *, create: bool = True) -> Any:
         raise GatewrapError(f"cannot open the approvals store {shown}: {e}; {hint}") from e
 
 
+def answer_hint(url: str, environ: Mapping[str, str]) -> tuple[str, str]:
+    """What the live line of a run puts around ``approve ID`` (gate_core hold.rs
+    ``AnswerHint``): ``(prefix, suffix)``.
+
+    ``prefix`` is ``sudo gatewrap approvals`` when the human who started the run is not root
+    (``SUDO_UID`` of ``environ`` names another user: sudo(8) sets it), else ``gatewrap
+    approvals``. ``suffix`` is `` --state URL`` (shell-quoted, a password redacted: the agent
+    reads that stderr) when ``approvals`` run from a fresh ``sudo`` (no ``$GATEWRAP_STATE``:
+    sudo's env_reset drops it; the default config file) would open another store than
+    ``url``, else empty."""
+    import shlex
+
+    uid = environ.get("SUDO_UID", "")
+    human_is_root = not (uid.isdigit() and int(uid) != 0) and os.getuid() == 0
+    prefix = "gatewrap approvals" if human_is_root else "sudo gatewrap approvals"
+    try:
+        found = resolve_url(None, load_config(DEFAULT_CONFIG), environ={})
+    except GatewrapError:
+        found = DEFAULT_STATE
+    same = _sqlite_path(found) is not None and _sqlite_path(found) == _sqlite_path(url) or found == url
+    return prefix, "" if same else " --state " + shlex.quote(_redact(url))
+
+
+def _sqlite_path(url: str) -> str | None:
+    """The absolute file of a SQLite store URL (a path or ``sqlite:PATH``), else None."""
+    if "://" in url:
+        return None
+    return os.path.abspath(url.removeprefix("sqlite:"))
+
+
 def _redact(url: str) -> str:
     """``url`` with the password of a ``scheme://user:password@host`` form replaced by ``***``."""
     scheme, sep, rest = url.partition("://")

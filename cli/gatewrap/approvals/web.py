@@ -11,8 +11,11 @@ Routes (everything else is 404):
 - ``GET /l/<list key>``: the list of approvals. The key is random per server start and printed
   by ``serve``: every local user can reach a loopback port, so the list is not open to them.
 - ``GET /a/<token>``: one approval (its token is its own secret, 32 random bytes, compared in
-  constant time by the store). Shows the exact request, the diff after an edit, and the
-  Approve / Grant / Edit / Reject forms (no Grant form if the rule says ``grants = false``).
+  constant time by the store). Shows who asks (the run's user and command, from its
+  ``run_start`` audit record) for what (method and full URL), the time left, the exact
+  request (a JSON body re-indented, the raw request in a ``details``), the diff after an
+  edit, the run's last audit records before it asked, and one form (one name field) with
+  Approve / Grant / Edit / Reject buttons (no Grant if the rule says ``grants = false``).
 - ``POST /a/<token>/approve|grant|reject|edit``: a decision. Each form carries a CSRF token
   (an HMAC of the approval's token under this server's random key, compared with
   ``hmac.compare_digest``), the version and digest the page showed, and the decider's name.
@@ -40,15 +43,19 @@ import html
 import ipaddress
 import re
 import secrets
+import shlex
 import sys
+import time
 import urllib.parse
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from .. import audit_format
+from ..run_types import DEFAULT_AUDIT_LOG
 from ..text import printable
 from . import decide as dec
-from . import editor, render
+from . import editor, history, render
 
 #: Most bytes of a form (the edit form holds the body: the store keeps up to 64 KiB of it).
 MAX_FORM = 1 << 20
@@ -57,11 +64,14 @@ MAX_NAME = 64
 
 STYLE = """
 body{font:15px/1.4 system-ui,sans-serif;margin:2em auto;max-width:60em;padding:0 1em;color:#222}
-pre{background:#f4f4f4;padding:.8em;overflow-x:auto;white-space:pre-wrap;word-break:break-all}
-table{border-collapse:collapse}td,th{padding:.2em .8em;text-align:left;vertical-align:top}
+pre{background:#f4f4f4;padding:.8em;overflow-x:auto;white-space:pre-wrap;overflow-wrap:anywhere}
+table{border-collapse:collapse}td,th{padding:.2em .8em;text-align:left;vertical-align:top}td{overflow-wrap:anywhere}
 .st{font-weight:bold}.pending{color:#a60}.approved,.sent{color:#070}.rejected,.expired,.cancelled{color:#a00}
 .msg{padding:.6em;border:2px solid #070;background:#efe}.stale{border-color:#a00;background:#fee}
-form{margin:1em 0;padding:.6em;border:1px solid #ccc}textarea{width:100%;font-family:monospace}
+.asks{margin:0;color:#555}h1{font-size:1.5em;margin:.2em 0;overflow-wrap:anywhere}
+.left{font-size:1.1em}.left b{color:#a60}
+form{margin:1em 0}fieldset{margin:.8em 0;border:1px solid #ccc}textarea{width:100%;font-family:monospace}
+.who{padding:.6em;background:#f4f4f4}summary{cursor:pointer;color:#036}
 .del{color:#a00}.add{color:#070}
 """
 
@@ -91,17 +101,20 @@ _NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?\.?")
 class ReviewServer(ThreadingHTTPServer):
     """The review server over ``store`` (an ``ApprovalStore``); ``list_key`` opens the list.
     ``names``: host names it may be reached by besides its listen address (a listen host
-    given as a name counts as one)."""
+    given as a name counts as one). ``audit_log``: where the pages read who started a run,
+    with what command, and what it did before it asked."""
 
     daemon_threads = True
 
-    def __init__(self, store: Any, listen: tuple[str, int], names: tuple[str, ...] | list[str] = ()) -> None:
+    def __init__(self, store: Any, listen: tuple[str, int], names: tuple[str, ...] | list[str] = (),
+                 audit_log: str = DEFAULT_AUDIT_LOG) -> None:
         import socket
 
         if ":" in listen[0]:
             self.address_family = socket.AF_INET6
         super().__init__(listen, Handler)
         self.store = store
+        self.audit_log = audit_log
         self.list_key = secrets.token_urlsafe(24)
         self._key = secrets.token_bytes(32)
         self.names = {n.lower().rstrip(".") for n in names}
@@ -156,8 +169,9 @@ def e(v: Any) -> str:
     return html.escape(printable(str(v)), quote=True)
 
 
-def _pre(lines: list[str]) -> str:
-    return "<pre>" + "\n".join(html.escape(ln, quote=True) for ln in lines) + "</pre>"
+def _pre(lines: list[str], id_: str) -> str:
+    """``lines`` (escaped already for a terminal) in a ``pre`` with id ``id_``, HTML-escaped."""
+    return f"<pre id=\"{id_}\">" + "\n".join(html.escape(ln, quote=True) for ln in lines) + "</pre>"
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -323,6 +337,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def _page(self, a: dict[str, Any], status: HTTPStatus, message: tuple[str, bool] | None) -> None:
         token = a["token"]
+        run = history.run_history(self.server.audit_log, a["run_id"], a["id"])
         facts = [("status", a["status"]), ("run", a["run_id"]), ("rule", a["rule"]),
                  ("asked", render.when(a["created"])), ("expires", render.when(a["deadline"]) + " (then denied)"),
                  ("version", a["version"]), ("digest", a["digest"])]
@@ -334,7 +349,7 @@ class Handler(BaseHTTPRequestHandler):
             facts.append(("reason", a["reason"]))
         if a.get("waiters", 0) > 1:
             facts.append(("waiting", f"{a['waiters']} identical requests share this approval"))
-        out = [f"<h1>Approval {e(a['id'])}</h1>"]
+        out = [_headline(a, run)]
         if message:
             out.append(f"<p class=\"msg{' stale' if message[1] else ''}\" id=\"message\">{e(message[0])}</p>")
         rows = []
@@ -343,7 +358,7 @@ class Handler(BaseHTTPRequestHandler):
             rows.append(f"<tr><th>{e(k)}</th><td id=\"{e(k.replace(' ', '-'))}\"{cls}>{e(v)}</td></tr>")
         out.append("<table>" + "".join(rows) + "</table>")
         out.append("<h2>The request (credentials redacted)</h2>")
-        out.append(_pre(render.request_lines(a["method"], a["url"], a["headers"], a["body"])))
+        out.append(_request(a))
         if a.get("body_truncated"):
             out.append(f"<p>Body truncated: {e(a['body_len'])} bytes in all, sha256 {e(a['body_digest'])}.</p>")
         if a.get("edited"):
@@ -353,6 +368,7 @@ class Handler(BaseHTTPRequestHandler):
                 cls = "del" if ln.startswith("-") else "add" if ln.startswith("+") else "same"
                 spans.append(f'<span class="{cls}">{html.escape(ln, quote=True)}</span>')
             out.append('<pre id="diff">' + "\n".join(spans) + "</pre>")
+        out.append(_before(run))  # before the forms: read what it did, then decide
         if a["status"] == "pending":
             out.append(self._forms(a, token))
         self._send(status, f"gatewrap approval {a['id']}", "".join(out))
@@ -368,46 +384,55 @@ class Handler(BaseHTTPRequestHandler):
         return (f"{g['id']}: {g['method']} {g['host']}{g['path_prefix']} of run {g['run_id']}, {state}, "
                 f"used {g.get('uses', 0)}x (gatewrap approvals revoke {g['id']} ends it)")
 
-    def _grant_form(self, a: dict[str, Any], token: str, hidden: str, name: str) -> str:
+    def _grant_form(self, a: dict[str, Any]) -> str:
         """Approve with a grant: the spec starts as the narrowest one covering this request
         (:func:`decide.suggested_grant`); the server checks what comes back as ``approve
         --grant`` does. If the rule forbids grants, a line that says so instead."""
         if not a.get("grants_allowed"):
             return (f"<p id=\"no-grant\">Rule {e(a['rule'])} forbids grants (<code>grants = false</code>): each "
                     "of its requests is asked for.</p>")
-        return (f"<form method=\"post\" action=\"/a/{e(token)}/grant\" id=\"grant\">{hidden}{name}"
+        return (f"<fieldset id=\"grant\"><legend>Approve and grant</legend>"
                 f"<p>Approve, and let run {e(a['run_id'])} send later requests like this one without asking: "
                 "this method, this host (never another, never another run) and a path prefix, for a while.</p>"
-                f"<label>Grant <input name=\"grant\" required maxlength=\"500\" size=\"50\" "
+                f"<label>Grant <input name=\"grant\" maxlength=\"500\" size=\"50\" "
                 f"value=\"{e(dec.suggested_grant(a))}\"></label> "
-                "<label>for <input name=\"for\" required maxlength=\"12\" size=\"5\" value=\"30m\" "
-                "pattern=\"[0-9]+[smhd]\" title=\"N and a unit: 90s, 30m, 2h, 1d\"></label> "
-                "<button type=\"submit\">Approve and grant</button></form>")
+                "<label>for <input name=\"for\" maxlength=\"12\" size=\"5\" value=\"30m\" "
+                "title=\"N and a unit: 90s, 30m, 2h, 1d\"></label> "
+                f"<button type=\"submit\" formaction=\"/a/{e(a['token'])}/grant\">Approve and grant</button>"
+                "</fieldset>")
 
     def _forms(self, a: dict[str, Any], token: str) -> str:
-        hidden = (f"<input type=\"hidden\" name=\"csrf\" value=\"{e(self.server.csrf(token))}\">"
-                  f"<input type=\"hidden\" name=\"version\" value=\"{e(a['version'])}\">"
-                  f"<input type=\"hidden\" name=\"digest\" value=\"{e(a['digest'])}\">")
-        name = ("<label>Your name <input name=\"name\" required maxlength=\"64\" autocomplete=\"name\"></label> ")
-        forms = [
-            f"<form method=\"post\" action=\"/a/{e(token)}/approve\" id=\"approve\">{hidden}{name}"
-            "<button type=\"submit\">Approve and send</button></form>",
-            self._grant_form(a, token, hidden, name),
-            f"<form method=\"post\" action=\"/a/{e(token)}/reject\" id=\"reject\">{hidden}{name}"
-            "<label>Reason (the agent is told) <input name=\"reason\" required maxlength=\"500\"></label> "
-            "<button type=\"submit\">Reject</button></form>",
+        """One form, one name field, a button per decision (``formaction``): the name is typed
+        once whatever is decided. Its first button is disabled, so Enter in a field submits
+        nothing (HTML, "implicit submission": a disabled default button does nothing)."""
+        act = f"/a/{e(token)}/"
+        parts = [
+            f"<form method=\"post\" action=\"{act}approve\" id=\"decide\">",
+            "<button type=\"submit\" disabled hidden aria-hidden=\"true\"></button>",
+            f"<input type=\"hidden\" name=\"csrf\" value=\"{e(self.server.csrf(token))}\">"
+            f"<input type=\"hidden\" name=\"version\" value=\"{e(a['version'])}\">"
+            f"<input type=\"hidden\" name=\"digest\" value=\"{e(a['digest'])}\">",
+            "<p class=\"who\"><label>Your name (recorded with the decision) <input id=\"name\" name=\"name\" "
+            "required maxlength=\"64\" autocomplete=\"name\"></label></p>",
+            f"<fieldset id=\"approve\"><legend>Approve</legend><button type=\"submit\" formaction=\"{act}approve\">"
+            "Approve and send</button></fieldset>",
+            self._grant_form(a),
+            "<fieldset id=\"reject\"><legend>Reject</legend>"
+            "<label>Reason (the agent is told) <input name=\"reason\" maxlength=\"500\" size=\"50\"></label> "
+            f"<button type=\"submit\" formaction=\"{act}reject\">Reject</button></fieldset>",
         ]
         try:
             text = editor.to_text(a)
         except Exception as err:  # noqa: BLE001 — a body that cannot be edited here
-            forms.append(f"<p>{e(err)}</p>")
+            parts.append(f"<p>{e(err)}</p>")
         else:
-            forms.append(
-                f"<form method=\"post\" action=\"/a/{e(token)}/edit\" id=\"edit\">{hidden}{name}"
-                f"<p>Edit the headers and the body (then approve the edited request):</p>"
+            parts.append(
+                "<fieldset id=\"edit\"><legend>Edit</legend>"
+                "<p>Edit the headers and the body (then approve the edited request):</p>"
                 f"<textarea name=\"request\" rows=\"16\">{html.escape(text, quote=True)}</textarea>"
-                "<button type=\"submit\">Save the edit</button></form>")
-        return "".join(forms)
+                f"<button type=\"submit\" formaction=\"{act}edit\">Save the edit</button></fieldset>")
+        parts.append("</form>")
+        return "".join(parts)
 
     # --- writing
 
@@ -434,6 +459,48 @@ class Handler(BaseHTTPRequestHandler):
     def _not_found(self) -> None:
         self._send(HTTPStatus.NOT_FOUND, "not found", "<p>No such page. An approval's page is reached by its own "
                    "link (gatewrap approvals show ID prints it).</p>")
+
+
+def _headline(a: dict[str, Any], run: history.RunHistory) -> str:
+    """Who asks what: the run's user and command (from its ``run_start`` record, written by
+    gatewrap), the full method and URL, the time left until the hold's deadline."""
+    argv = run.command()
+    who = (f"{e(run.user() or 'an unknown user')}'s <code id=\"command\">{e(shlex.join(argv))}</code>"
+           if argv else "the agent")
+    out = [f"<p class=\"asks\">Run {e(a['run_id'])}: {who} asks to send</p>",
+           f"<h1 id=\"headline\">{e(a['method'])} {e(a['url'])}</h1>"]
+    if a["status"] == "pending":
+        out.append(f"<p class=\"left\" id=\"time-left\">Time left: <b>{e(render.time_left(a['deadline'], time.time()))}"
+                   f"</b> (until {e(render.when(a['deadline']))}; then it is denied). Approval {e(a['id'])}.</p>")
+    else:
+        out.append(f"<p class=\"left\">Approval {e(a['id'])}: {e(a['status'])}.</p>")
+    return "".join(out)
+
+
+def _request(a: dict[str, Any]) -> str:
+    """The request as it goes upstream: headers and, for a JSON body, the body re-indented
+    (the raw request one click away, in a ``details``)."""
+    raw = render.request_lines(a["method"], a["url"], a["headers"], a["body"])
+    pretty = render.pretty_body(bytes(a["body"]))
+    if pretty is None:
+        return _pre(raw, "request")
+    head = render.request_lines(a["method"], a["url"], a["headers"], b"")
+    return (_pre(head + pretty.split("\n"), "request")
+            + "<details id=\"raw\"><summary>The raw request, byte for byte as it is sent</summary>"
+            + _pre(raw, "raw-request") + "</details>")
+
+
+def _before(run: history.RunHistory) -> str:
+    """The run's last records before it asked (time, event, decision, destination, who/why)."""
+    title = f"<h2>What the run did before asking (its last {history.LAST_RECORDS} audit records)</h2>"
+    if run.problem:
+        return title + f"<p id=\"history\">{e(run.problem)}.</p>"
+    if not run.before:
+        return title + "<p id=\"history\">No records of this run before it asked.</p>"
+    lines = [" ".join((str(r.get("time", "-"))[11:19], f"{r.get('event', '-'):13}", f"{r.get('decision') or '-':9}",
+                       f"{audit_format.destination(r):34}", audit_format.who_why(r))).rstrip()
+             for r in run.before]
+    return title + _pre([printable(ln) for ln in lines], "history")
 
 
 def _style_hash() -> str:

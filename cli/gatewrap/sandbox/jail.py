@@ -49,10 +49,18 @@ def refuse_root(uid: int) -> None:
             "it as a user (sudo from that user, or --user USER), or add --jail none (weaker: it sees the host)")
 
 
+#: Where nsjail is looked for after PATH: where scripts/setup.sh installs it, then the usual
+#: folders of system binaries (sudo's secure_path and a root shell have them, a user's PATH
+#: often not).
+NSJAIL_DIRS = ("/usr/local/bin", "/usr/local/sbin", "/usr/sbin", "/usr/bin", "/sbin")
+
+
 def nsjail_path(environ: Mapping[str, str] | None = None) -> str | None:
     """The nsjail binary: ``$GATEWRAP_NSJAIL`` (of ``environ``, else this process's
-    environment), else ``nsjail`` on PATH, else None."""
-    return (os.environ if environ is None else environ).get("GATEWRAP_NSJAIL") or shutil.which("nsjail")
+    environment), else ``nsjail`` on PATH, else the first executable ``nsjail`` in
+    :data:`NSJAIL_DIRS`, else None."""
+    named = (os.environ if environ is None else environ).get("GATEWRAP_NSJAIL")
+    return named or shutil.which("nsjail") or shutil.which("nsjail", path=os.pathsep.join(NSJAIL_DIRS))
 
 
 def tini_path() -> str | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import click
@@ -88,7 +89,12 @@ def _duration(value: str) -> float:
 
 
 def _status(path: str, as_json: bool) -> None:
+    from ..errors import NeedRoot
     from .client import connect
+
+    if os.geteuid() != 0:  # the daemon answers root alone (SO_PEERCRED), its socket is root's 0600
+        raise NeedRoot("gatewrap daemon --status needs root: the daemon answers root alone (its socket is root's); "
+                       "run it with sudo: sudo gatewrap daemon --status")
 
     try:
         sock = connect(path, start=False)

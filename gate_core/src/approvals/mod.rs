@@ -85,6 +85,10 @@ pub struct Approval {
     /// [`digest::request_digest`] of the current (possibly edited) request.
     pub digest: String,
     pub idem_key: Option<String>,
+    /// 1 when asked; one step per change a human decides on or is fenced by: an edit, a
+    /// decision (approve, reject), an expiry, a cancel. The gate's own sending of an
+    /// approved request (claim, sent) changes the status only: a decision names the
+    /// version it saw, and no decision can follow an approval anyway.
     pub version: i64,
     pub status: String,
     /// `wait` | `return` (the rule's `hold`).

@@ -235,6 +235,20 @@ fn claim_has_one_winner() {
 }
 
 #[test]
+fn one_decision_is_one_version_step_whatever_the_gate_does_after() {
+    on_each(|s| {
+        let r = run(s);
+        let (a, _) = s.ask(&req(&r, b"x")).unwrap();
+        let d = s.decide(&a.id, a.version, &a.digest, Verdict::Approve, "ann", None, None).unwrap();
+        assert_eq!((a.version, d.version), (1, 2));
+        assert!(s.claim(&a.id).unwrap());
+        assert_eq!(s.get(&a.id).unwrap().unwrap().version, 2, "sending is not a decision");
+        s.sent(&a.id, Some(200)).unwrap();
+        assert_eq!(s.get(&a.id).unwrap().unwrap().version, 2, "sent is not a decision");
+    });
+}
+
+#[test]
 fn claim_across_connections() {
     let dir = std::env::temp_dir().join(new_id("gatewrap-store-test-"));
     let url = format!("sqlite:{}", dir.join("state.db").display());

@@ -46,6 +46,8 @@ pub struct Approvals {
     store: Arc<Mutex<Store>>,
     pub(super) wakes: Arc<tokio::sync::Notify>,
     on_asked: Option<Arc<OnAsked>>,
+    /// How the live line says to answer (see [`AnswerHint`]).
+    hint: AnswerHint,
     /// Approval events written already by this gate ((id, event)): one record per step
     /// even when several requests share the approval.
     written: Mutex<HashSet<(String, &'static str)>>,
@@ -56,7 +58,7 @@ pub struct Approvals {
 
 impl Approvals {
     /// Open the store at `url`, listen for wake-ups, register run `run_id`.
-    pub fn start(url: &str, run_id: &str, on_asked: Option<OnAsked>) -> Result<Approvals, String> {
+    pub fn start(url: &str, run_id: &str, on_asked: Option<OnAsked>, hint: AnswerHint) -> Result<Approvals, String> {
         let mut store = Store::open(url).map_err(|e| e.to_string())?;
         let wakes = Arc::new(tokio::sync::Notify::new());
         let w = wakes.clone();
@@ -67,6 +69,7 @@ impl Approvals {
             store: Arc::new(Mutex::new(store)),
             wakes,
             on_asked: on_asked.map(Arc::new),
+            hint,
             written: Mutex::new(HashSet::new()),
             held_bytes: Arc::new(AtomicU64::new(0)),
             _listener: listener,
@@ -473,7 +476,7 @@ where
             return (Held::Answer(respond::audit_unwritable(&e)), rec);
         }
         ap.first(&a.id, f::EVENT_APPROVAL_ASKED);
-        ctx.notices.say(&notice_line(&a));
+        ctx.notices.say(&notice_line(&a, &ap.hint));
         if let Some(cb) = ap.on_asked.clone() {
             let copy = a.clone();
             tokio::task::spawn_blocking(move || cb(&copy));
@@ -487,20 +490,41 @@ where
 /// forged for the same approval id cannot name another request's digest by chance.
 pub const NOTICE_DIGEST_CHARS: usize = 12;
 
+/// What the live line puts around the commands a human answers with, so that a pasted
+/// command reaches this run's store: `{prefix} approve ID{suffix} | reject ID --reason
+/// TEXT{suffix} | show ID{suffix}`. gatewrap's Python side says what they are (``sudo`` only
+/// for a human who is not root, ``--state URL`` only for a store the command would not
+/// find by itself).
+#[derive(Clone, Debug)]
+pub struct AnswerHint {
+    /// e.g. `sudo gatewrap approvals`.
+    pub prefix: String,
+    /// e.g. ` --state sqlite:/srv/gw/state.db`, or empty.
+    pub suffix: String,
+}
+
+impl Default for AnswerHint {
+    fn default() -> Self {
+        AnswerHint { prefix: "sudo gatewrap approvals".into(), suffix: String::new() }
+    }
+}
+
 /// The live line of a new approval on the run's stderr: its id and the first
 /// [`NOTICE_DIGEST_CHARS`] of its digest (which `gatewrap approvals approve` shows in full
 /// before it asks y/N: the agent shares that stderr and may print a forged line), the
-/// request, the rule, the deadline, the commands. Control characters escaped by `say`.
-/// The same text as `notify.stderr_line` (gatewrap's Python side).
-pub fn notice_line(a: &Approval) -> String {
+/// request, the rule, the deadline, the commands (as `hint` says). Control characters
+/// escaped by `say`. The same text as `notify.stderr_line` (gatewrap's Python side).
+pub fn notice_line(a: &Approval, hint: &AnswerHint) -> String {
     format!(
-        "gatewrap: approval {id} (digest {dg}): {} {} (rule {}) waits until {}; answer with: sudo gatewrap approvals approve {id} | reject {id} --reason TEXT | show {id}",
+        "gatewrap: approval {id} (digest {dg}): {} {} (rule {}) waits until {}; answer with: {p} approve {id}{s} | reject {id} --reason TEXT{s} | show {id}{s}",
         a.method,
         a.url,
         a.rule,
         approvals::rfc3339(a.deadline),
         id = a.id,
         dg = &a.digest[..a.digest.len().min(NOTICE_DIGEST_CHARS)],
+        p = hint.prefix,
+        s = hint.suffix,
     )
 }
 

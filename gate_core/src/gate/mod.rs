@@ -11,6 +11,7 @@ pub mod dial;
 mod forward;
 mod guard;
 mod hold;
+pub use hold::AnswerHint;
 mod idle;
 pub mod inspect;
 mod malformed;
@@ -117,6 +118,8 @@ pub struct GateConfig {
     pub on_asked: Option<OnAsked>,
     /// The run's resolved secrets (see `secrets`); [`Gate::secrets`] replaces them.
     pub secrets: secrets::Shared,
+    /// How the live line of an approval says to answer it.
+    pub answer_hint: AnswerHint,
 }
 
 fn parse_nameservers(list: &[String]) -> Result<ResolverConfig, GateError> {
@@ -187,7 +190,7 @@ impl Gate {
         };
         let counts = Arc::new(Counts::default());
         let approvals = match &config.state {
-            Some(url) => Some(Arc::new(hold::Approvals::start(url, &config.run_id, config.on_asked).map_err(GateError::Approvals)?)),
+            Some(url) => Some(Arc::new(hold::Approvals::start(url, &config.run_id, config.on_asked, config.answer_hint.clone()).map_err(GateError::Approvals)?)),
             None => None,
         };
         let _guard = handle.enter();

@@ -140,6 +140,7 @@ pub fn gate_config(
         state: None,
         on_asked: None,
         secrets: Default::default(),
+        answer_hint: Default::default(),
         notice_fd: None,
         shared_runtime: false,
     }

@@ -733,14 +733,15 @@ impl Store {
     }
 
     /// approved -> sending: true for exactly one caller per approval (the at-most-once).
+    /// The version stays (see [`Approval::version`]): one decision, one step.
     pub fn claim(&mut self, id: &str) -> Result<bool> {
-        Ok(self.exec("UPDATE approvals SET status = 'sending', version = version + 1 WHERE id = ?1 AND status = 'approved'", &[id.into()])? == 1)
+        Ok(self.exec("UPDATE approvals SET status = 'sending' WHERE id = ?1 AND status = 'approved'", &[id.into()])? == 1)
     }
 
     /// sending -> sent, with upstream's status (None: no response came).
     pub fn sent(&mut self, id: &str, upstream_status: Option<i64>) -> Result<()> {
         self.exec(
-            "UPDATE approvals SET status = 'sent', version = version + 1, sent_at = ?2, upstream_status = ?3 WHERE id = ?1 AND status = 'sending'",
+            "UPDATE approvals SET status = 'sent', sent_at = ?2, upstream_status = ?3 WHERE id = ?1 AND status = 'sending'",
             &[id.into(), now().into(), upstream_status.into()],
         )?;
         Ok(())
