@@ -202,7 +202,10 @@ impl Gate {
                 inspector,
                 idle_timeout: config.idle_timeout,
                 audit_failing: Default::default(),
-                clients: Arc::new(client::Clients::new(config.run_cgroup)),
+                clients: Arc::new(client::Clients::new(
+                    config.run_cgroup.map(|cg| client::Scope::new(cg, Some(&config.netns_path))),
+                    tasks.clone(),
+                )),
                 dns_rate: Default::default(),
                 folds: Default::default(),
                 upstream: pool::Pool::new(tasks.clone(), pool::IDLE_TIMEOUT, pool::MAX_IDLE_PER_KEY),
