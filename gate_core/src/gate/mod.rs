@@ -177,9 +177,7 @@ impl Gate {
         };
         let tasks = tasks::Tasks::new(handle.clone());
         let sink = match config.notice_fd {
-            Some(fd) if config.notices => Some(
-                notice_fd::FdSink::start(fd).map_err(|e| GateError::Thread(format!("cannot start the notice writer thread: {e}")))?,
-            ),
+            Some(fd) if config.notices => Some(notice_fd::FdSink::new(fd)),
             _ => None,
         };
         let counts = Arc::new(Counts::default());
