@@ -85,7 +85,8 @@ impl FdSink {
     }
 
     /// Whether no writer thread runs (nothing waits to be written).
-    pub fn idle(&self) -> bool {
+    #[cfg(test)]
+    fn idle(&self) -> bool {
         !self.shared.queue.lock().unwrap_or_else(|p| p.into_inner()).writing
     }
 }
