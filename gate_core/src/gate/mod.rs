@@ -192,6 +192,7 @@ impl Gate {
                 policy: config.policy,
                 audit: config.audit,
                 resolver: resolver(config.nameservers.as_deref())?,
+                lookups: tokio::sync::Semaphore::new(guard::MAX_LOOKUPS),
                 connect_timeout: config.connect_timeout,
                 counts: counts.clone(),
                 public_ranges: config.public_ranges,
