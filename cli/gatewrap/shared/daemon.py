@@ -83,20 +83,25 @@ class Parked:
     def _watch(self) -> None:
         self._sel.register(self._wake_r, selectors.EVENT_READ)
         while True:
-            for key, _ in self._sel.select():
-                if key.fileobj == self._wake_r:
-                    with contextlib.suppress(BlockingIOError):
-                        os.read(self._wake_r, 4096)
-                    with self._lock:
-                        new, self._new = self._new, []
-                    for conn, then in new:
-                        self._sel.register(conn, selectors.EVENT_READ, then)
-                    continue
-                self._sel.unregister(key.fileobj)
-                try:
-                    threading.Thread(target=key.data, daemon=True, name="gatewrap-end").start()
-                except RuntimeError:  # no thread to be had: end it here, the others wait
-                    key.data()
+            # In a call of its own: nothing of a run (its ``then``, which holds its sandbox and
+            # gate, and so a duplicate of its terminal) stays referenced from this frame.
+            self._ready([key for key, _ in self._sel.select()])
+
+    def _ready(self, keys: list[selectors.SelectorKey]) -> None:
+        for key in keys:
+            if key.fileobj == self._wake_r:
+                with contextlib.suppress(BlockingIOError):
+                    os.read(self._wake_r, 4096)
+                with self._lock:
+                    new, self._new = self._new, []
+                for conn, then in new:
+                    self._sel.register(conn, selectors.EVENT_READ, then)
+                continue
+            self._sel.unregister(key.fileobj)
+            try:
+                threading.Thread(target=key.data, daemon=True, name="gatewrap-end").start()
+            except RuntimeError:  # no thread to be had: end it here, the others wait
+                key.data()
 
 
 class DaemonRunning(GatewrapError):
