@@ -219,6 +219,8 @@ def main() -> int:
             "start_first10_median_s": round(statistics.median(first), 3),
             "start_last10_median_s": round(statistics.median(last), 3),
             "daemon_threads": int(next(l.split()[1] for l in open(f"/proc/{daemon.pid}/status") if l.startswith("Threads:"))),
+            "daemon_fds": len(os.listdir(f"/proc/{daemon.pid}/fd")),
+            "pid_max": int(open("/proc/sys/kernel/pid_max").read()),
         })
     finally:
         t0 = time.perf_counter()

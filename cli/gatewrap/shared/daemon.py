@@ -3,8 +3,9 @@ of every shared-mode run on the host.
 
 It holds what a run of its own would load each time: the hooks (loaded and attached once),
 one tokio runtime for every run's gate (``Gate(shared_runtime=True)``), and it removes stale
-sandboxes once at its start. Each run costs it a thread waiting on the run's connection, the
-run's gate (listeners made inside the run's netns) and the run's ring-buffer reader.
+sandboxes once at its start. Each run costs it the run's gate (listeners made inside the run's
+netns) and the run's ring-buffer reader; while a run's agent runs, its connection waits with
+every other run's on one thread (:class:`Parked`): an idle run costs the daemon no thread.
 
 Fail closed: the hooks stay attached to the ``gatewrap/`` cgroup whatever happens to the
 daemon, and only the gate's listeners are reachable from a sandbox, so a dead daemon leaves
@@ -20,6 +21,7 @@ import fcntl
 import json
 import os
 import select
+import selectors
 import signal
 import socket
 import sys
@@ -48,6 +50,57 @@ BACKLOG = 512
 #: thousand threads take turns on the GIL at every step of each teardown: 121 s for all of
 #: them, against ~12 ms for one run's end alone.
 ENDING_AT_ONCE = 4
+
+
+class Parked:
+    """Connections waiting for their client's next line, watched by one thread (selectors):
+    when one is readable, ``then`` runs on a thread of its own, which ends with it.
+
+    A run's connection waits for ``exit CODE`` as long as its agent runs; a thread blocked
+    on each made a thousand idle runs a thousand threads of the daemon (issue 23, target 4).
+    The watching thread starts with the first connection parked.
+    """
+
+    def __init__(self) -> None:
+        self._sel = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        self._lock = threading.Lock()
+        self._new: list[tuple[socket.socket, Any]] = []
+        self._started = False
+
+    def park(self, conn: socket.socket, then: Any) -> None:
+        """Call ``then()`` (on a thread of its own) once ``conn`` has something to read or
+        is closed by its peer."""
+        with self._lock:
+            self._new.append((conn, then))
+            if not self._started:
+                threading.Thread(target=self._watch, daemon=True, name="gatewrap-parked").start()
+                self._started = True
+        with contextlib.suppress(BlockingIOError):
+            os.write(self._wake_w, b"x")
+
+    def _watch(self) -> None:
+        self._sel.register(self._wake_r, selectors.EVENT_READ)
+        while True:
+            # In a call of its own: nothing of a run (its ``then``, which holds its sandbox and
+            # gate, and so a duplicate of its terminal) stays referenced from this frame.
+            self._ready([key for key, _ in self._sel.select()])
+
+    def _ready(self, keys: list[selectors.SelectorKey]) -> None:
+        for key in keys:
+            if key.fileobj == self._wake_r:
+                with contextlib.suppress(BlockingIOError):
+                    os.read(self._wake_r, 4096)
+                with self._lock:
+                    new, self._new = self._new, []
+                for conn, then in new:
+                    self._sel.register(conn, selectors.EVENT_READ, then)
+                continue
+            self._sel.unregister(key.fileobj)
+            try:
+                threading.Thread(target=key.data, daemon=True, name="gatewrap-end").start()
+            except RuntimeError:  # no thread to be had: end it here, the others wait
+                key.data()
 
 
 class DaemonRunning(GatewrapError):
@@ -222,6 +275,8 @@ class Daemon:
         self.runs: dict[str, runner.Sandbox] = {}
         self._lock = threading.Lock()
         self._ending = threading.BoundedSemaphore(ENDING_AT_ONCE)
+        #: The connections of the runs whose agent runs (see :meth:`_serve_end`).
+        self.parked = Parked()
         self.hooks: loader.Hooks | None = None
         self.reader: SharedReader | None = None
         #: Runs of a dead daemon kept for their clients to come back (see :meth:`_resume`).
@@ -474,26 +529,33 @@ class Daemon:
             self.say(f"removed stale sandbox {stale} (its gatewrap run did not come back)")
         self.hooks.sweep(parent)
 
-    def _resume(self, conn: socket.socket, reader: protocol.Reader, run_id: str, pid: int) -> None:
+    def _resume(self, conn: socket.socket, reader: protocol.Reader, run_id: str, pid: int) -> bool:
         """``resume RUN_ID`` from a run's waiter after a daemon restart: take the run back
         (its gate again in its netns), answer ``resumed``, then serve its end as usual. Only
-        the run's own client may (SO_PEERCRED's pid is the one the run was saved with)."""
+        the run's own client may (SO_PEERCRED's pid is the one the run was saved with).
+        Returns whether the connection was handed on (:meth:`_serve_end` closes it then)."""
         saved = registry.saved(run_id)
         if saved is None or saved.get("owner_pid") != pid or saved.get("socket") != self.socket_path:
             protocol.send_line(conn, f"refused: run {run_id} is not one this daemon can take back")
-            return
+            return False
         with self._lock:
             self.awaiting.discard(run_id)
         err = _terminal_of(reader.fds)
+        logs = contextlib.ExitStack()
+        audit_logs = logs.enter_context(self.audit_logs())
+        handed = False
         try:
-            with self.audit_logs() as audit_logs:
-                self._take_back(conn, reader, run_id, pid, saved, err, audit_logs)
+            handed = self._take_back(conn, reader, run_id, pid, saved, err, audit_logs, logs.close)
+            return handed
         finally:
-            err.close()
+            if not handed:
+                err.close()
+                logs.close()
 
     def _take_back(self, conn: socket.socket, reader: protocol.Reader, run_id: str, pid: int, saved: dict[str, Any],
-                   err: Terminal, audit_logs: Callable[[RunOptions], Any]) -> None:
-        """:meth:`_resume` once the client is known to be the run's own."""
+                   err: Terminal, audit_logs: Callable[[RunOptions], Any], release: Callable[[], None]) -> bool:
+        """:meth:`_resume` once the client is known to be the run's own; ``release`` lets go of
+        its audit log at the run's end. Returns whether the connection was handed on."""
         opts = options(saved.get("opts"))
         try:
             planned = runner.plan_taken_back(run_id, opts, err,  # type: ignore[arg-type]
@@ -503,7 +565,7 @@ class Daemon:
                                  socket=self.socket_path).take_back(saved)
         except GatewrapError as e:
             protocol.send_line(conn, f"refused: {e}")
-            return
+            return False
         self.say(f"took run {run_id} back (its client, pid {pid}, came back)")
         print(f"gatewrap: the gatewrap daemon is back: run {run_id}'s gate serves again", file=err)
         try:
@@ -511,11 +573,12 @@ class Daemon:
         except OSError:
             box.__exit__(None, None, None)
             raise
-        self._serve_end(conn, reader, box, run_id, saved.get("summary", "text"))
+        return self._serve_end(conn, reader, box, run_id, saved.get("summary", "text"), err, release)
 
     def _serve_one(self, conn: socket.socket) -> None:
         """One connection: check the peer, then answer its one request."""
         reader = protocol.Reader(conn)
+        handed = False
         try:
             pid, uid, _ = protocol.peer(conn)
             if uid != 0:
@@ -526,13 +589,13 @@ class Daemon:
             if line is None:
                 return
             if line.startswith(b"resume "):
-                self._resume(conn, reader, line[len(b"resume "):].decode(errors="replace").strip(), pid)
+                handed = self._resume(conn, reader, line[len(b"resume "):].decode(errors="replace").strip(), pid)
                 return
             msg = protocol.parse(line)
             if msg.get("op") == "status":
                 protocol.send(conn, {"pid": os.getpid(), "started": self.started, "runs": sorted(self.runs)})
             elif msg.get("op") == "run":
-                self._run(conn, reader, msg, pid)
+                handed = self._run(conn, reader, msg, pid)
             elif msg.get("op") == "reload":
                 protocol.send(conn, self._reload(str(msg.get("run"))))
             else:
@@ -547,10 +610,8 @@ class Daemon:
             with contextlib.suppress(OSError):
                 protocol.send(conn, {"error": f"the daemon failed: {e}", "exit_code": 125})
         finally:
-            for fd in reader.fds:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
-            conn.close()
+            if not handed:
+                _close(conn, reader)
 
     def _reload(self, run_id: str) -> dict[str, Any]:
         """``{"op": "reload", "run": ID}``: read the run's policy file again (:mod:`gatewrap.reload`);
@@ -581,22 +642,30 @@ class Daemon:
                 self.say("the hooks were loaded again by another gatewrap: new runs use the new ones")
             return self.hooks
 
-    def _run(self, conn: socket.socket, reader: protocol.Reader, msg: dict[str, Any], client_pid: int) -> None:
+    def _run(self, conn: socket.socket, reader: protocol.Reader, msg: dict[str, Any], client_pid: int) -> bool:
         """A run's life on the daemon's side: plan, set up, hand the spawn to the client,
         wait for its ``exit CODE``, finish, send the summary; then let go of its terminal and
-        audit log."""
+        audit log. Returns whether the connection was handed on (:meth:`_serve_end` closes it
+        then)."""
         if len(reader.fds) != 1:
             raise protocol.ProtocolError("a run request carries exactly one fd, the client's stderr")
         err = Terminal(reader.fds.pop())
+        logs = contextlib.ExitStack()
+        audit_logs = logs.enter_context(self.audit_logs())
+        handed = False
         try:
-            with self.audit_logs() as audit_logs:
-                self._set_up(conn, reader, msg, client_pid, err, audit_logs)
+            handed = self._set_up(conn, reader, msg, client_pid, err, audit_logs, logs.close)
+            return handed
         finally:
-            err.close()
+            if not handed:
+                err.close()
+                logs.close()
 
     def _set_up(self, conn: socket.socket, reader: protocol.Reader, msg: dict[str, Any], client_pid: int,
-                err: Terminal, audit_logs: Callable[[RunOptions], Any]) -> None:
-        """:meth:`_run` with the run's terminal ``err`` and its way of opening audit logs."""
+                err: Terminal, audit_logs: Callable[[RunOptions], Any], release: Callable[[], None]) -> bool:
+        """:meth:`_run` with the run's terminal ``err``, its way of opening audit logs and of
+        letting them go (``release``, at the run's end). Returns whether the connection was
+        handed on."""
         opts = options(msg.get("opts"))
         try:
             planned = runner.plan(opts, err, audit_logs)  # type: ignore[arg-type]
@@ -607,20 +676,51 @@ class Daemon:
             box.__enter__()
         except GatewrapError as e:
             protocol.send(conn, {"error": str(e), "exit_code": e.exit_code})
-            return
+            return False
         try:
             protocol.send(conn, {"spawn": box.spawn_spec(), "run": planned.run_id})
         except OSError:
             box.__exit__(None, None, None)
             raise
-        self._serve_end(conn, reader, box, planned.run_id, msg.get("summary", "text"))
+        return self._serve_end(conn, reader, box, planned.run_id, msg.get("summary", "text"), err, release)
 
     def _serve_end(self, conn: socket.socket, reader: protocol.Reader, box: runner.Sandbox, run_id: str,
-                   summary: str) -> None:
-        """Wait for the run's ``exit CODE``, finish the run, send its summary, tear it down."""
+                   summary: str, err: Terminal, release: Callable[[], None]) -> bool:
+        """Once the run's ``exit CODE`` comes (its connection waits in :attr:`parked`, with no
+        thread of its own), finish the run, send its summary, tear it down; then close ``err``,
+        let go of its audit log (``release``) and close the connection. Returns True: the
+        connection is handed on."""
         with self._lock:
             self.runs[run_id] = box
         box.release_later = True
+
+        def then() -> None:
+            try:
+                self._end(conn, reader, box, run_id, summary)
+            except protocol.ProtocolError as e:  # as _serve_one answers it
+                with contextlib.suppress(OSError):
+                    protocol.send(conn, {"error": f"the daemon refused the request: {e}", "exit_code": 125})
+            except OSError as e:
+                self.say(f"a client connection failed: {e}")
+            except Exception as e:  # one run's fault must not take the daemon (and every other run) down
+                self.say(f"internal error serving a client: {e!r}")
+                with contextlib.suppress(OSError):
+                    protocol.send(conn, {"error": f"the daemon failed: {e}", "exit_code": 125})
+            finally:
+                err.close()
+                release()
+                _close(conn, reader)
+
+        if reader.has_line():
+            then()
+        else:
+            self.parked.park(conn, then)
+        return True
+
+    def _end(self, conn: socket.socket, reader: protocol.Reader, box: runner.Sandbox, run_id: str,
+             summary: str) -> None:
+        """Read the run's ``exit CODE`` (or the end of its connection), finish the run, send
+        its summary, tear it down."""
         try:
             line = reader.line()
             code = _exit_code(line)
@@ -651,6 +751,14 @@ class Daemon:
                 with contextlib.suppress(OSError):
                     conn.shutdown(socket.SHUT_RDWR)
                 box.wait_released()
+
+
+def _close(conn: socket.socket, reader: protocol.Reader) -> None:
+    """Close a client's connection and the descriptors it sent that are still ours."""
+    for fd in reader.fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    conn.close()
 
 
 def _terminal_of(fds: list[int]) -> Terminal:

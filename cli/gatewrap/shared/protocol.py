@@ -130,6 +130,10 @@ class Reader:
         line, _, self._buf = self._buf.partition(b"\n")
         return line
 
+    def has_line(self) -> bool:
+        """Whether a whole line is buffered already (:meth:`line` returns it without reading)."""
+        return b"\n" in self._buf
+
     def message(self) -> dict[str, Any] | None:
         """The next line as a JSON object; None at the end of the stream.
 

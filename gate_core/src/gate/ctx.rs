@@ -38,6 +38,8 @@ pub struct Ctx {
     pub(super) policy: Arc<RwLock<Policy>>,
     pub(super) audit: Arc<AuditLog>,
     pub(super) resolver: TokioAsyncResolver,
+    /// The run's lookups in flight (see `guard::MAX_LOOKUPS`).
+    pub(super) lookups: tokio::sync::Semaphore,
     pub(super) connect_timeout: Duration,
     pub(super) counts: Arc<Counts>,
     /// Extra ranges the SSRF guard counts as public.

@@ -24,6 +24,11 @@ use super::admit::Admission;
 use super::dial::{self, DialError};
 use super::Ctx;
 
+/// Lookups of one run in flight at once: a run whose agent asks for a thousand names that
+/// never answer holds that many of the resolver's queries, retransmits and sockets on the
+/// runtime every run shares (issue 23, target 5); the others wait their turn, in its time.
+pub const MAX_LOOKUPS: usize = 32;
+
 /// Resolve (names only), screen, and connect to the first kept address that answers.
 pub async fn dial(ctx: &Ctx, adm: &Admission) -> Result<(TcpStream, SocketAddr), DialError> {
     let kept = vetted(ctx, adm).await?;
@@ -35,7 +40,20 @@ pub async fn dial(ctx: &Ctx, adm: &Admission) -> Result<(TcpStream, SocketAddr),
 ///
 /// Errors: the lookup's [`DialError`], or [`DialError::Ssrf`] when every address is refused.
 pub async fn vetted(ctx: &Ctx, adm: &Admission) -> Result<Vec<IpAddr>, DialError> {
-    let ips = dial::addresses(&ctx.resolver, &adm.host, ctx.connect_timeout).await?;
+    // A name's lookup takes one of the run's [`MAX_LOOKUPS`] slots, waited for within the
+    // lookup's own time limit.
+    let started = tokio::time::Instant::now();
+    let _slot = match (&adm.host, adm.host.ip()) {
+        (Host::Name(name), None) => Some(
+            tokio::time::timeout(ctx.connect_timeout, ctx.lookups.acquire())
+                .await
+                .map_err(|_| DialError::DnsTimeout(name.clone()))?
+                .map_err(|_| DialError::DnsTimeout(name.clone()))?,
+        ),
+        _ => None,
+    };
+    let limit = ctx.connect_timeout.saturating_sub(started.elapsed());
+    let ips = dial::addresses(&ctx.resolver, &adm.host, limit).await?;
     screen_for(ctx, adm, ips)
 }
 

@@ -183,9 +183,7 @@ impl Gate {
         };
         let tasks = tasks::Tasks::new(handle.clone());
         let sink = match config.notice_fd {
-            Some(fd) if config.notices => Some(
-                notice_fd::FdSink::start(fd).map_err(|e| GateError::Thread(format!("cannot start the notice writer thread: {e}")))?,
-            ),
+            Some(fd) if config.notices => Some(notice_fd::FdSink::new(fd)),
             _ => None,
         };
         let counts = Arc::new(Counts::default());
@@ -200,6 +198,7 @@ impl Gate {
                 policy: config.policy,
                 audit: config.audit,
                 resolver: resolver(config.nameservers.as_deref())?,
+                lookups: tokio::sync::Semaphore::new(guard::MAX_LOOKUPS),
                 connect_timeout: config.connect_timeout,
                 counts: counts.clone(),
                 public_ranges: config.public_ranges,
@@ -208,7 +207,10 @@ impl Gate {
                 inspector,
                 idle_timeout: config.idle_timeout,
                 audit_failing: Default::default(),
-                clients: Arc::new(client::Clients::new(config.run_cgroup)),
+                clients: Arc::new(client::Clients::new(
+                    config.run_cgroup.map(|cg| client::Scope::new(cg, Some(&config.netns_path))),
+                    tasks.clone(),
+                )),
                 dns_rate: Default::default(),
                 folds: Default::default(),
                 upstream: pool::Pool::new(tasks.clone(), pool::IDLE_TIMEOUT, pool::MAX_IDLE_PER_KEY),
