@@ -14,6 +14,7 @@ mod hold;
 mod idle;
 pub mod inspect;
 mod malformed;
+mod metered;
 mod notice;
 mod notice_fd;
 pub mod netns;
