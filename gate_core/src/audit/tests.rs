@@ -326,12 +326,12 @@ fn thread_cpu() -> std::time::Duration {
 
 /// The CPU one allowed request's two records (`admit`, then `request`) cost, written as the
 /// gate did before (each a JSON map: `write(rec.into_map())`) and as it does now
-/// (`write_gate`), in turn, to a log in DIR (default /tmp):
-/// `GW_AUDIT_DIR=DIR cargo test --release -p gate_core --lib record_cost -- --ignored --nocapture`.
+/// (`write_gate`), in turn, to a log in DIR
+/// (default /tmp/gw-record-cost, made root-only) `GW_AUDIT_DIR=DIR cargo test --release -p gate_core --lib record_cost -- --ignored --nocapture`.
 #[test]
 #[ignore]
 fn record_cost() {
-    let dir = std::env::var("GW_AUDIT_DIR").unwrap_or_else(|_| "/tmp".into());
+    let dir = std::env::var("GW_AUDIT_DIR").unwrap_or_else(|_| "/tmp/gw-record-cost".into());
     let path = std::path::PathBuf::from(dir).join(format!("gw-record-cost-{}.jsonl", std::process::id()));
     let log = AuditLog::open(&path).expect("open");
     let rec = GateRecord {
