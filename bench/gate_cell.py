@@ -13,7 +13,7 @@ with callers) in DIR.
 
 Usage (root; takes no lock itself: run it under ``flock /tmp/gatewrap-kernel.lock``):
   .venv/bin/python bench/gate_cell.py --proto connect_tls --conns 64 [--close] [--secs 5]
-      [--reps 3] [--proxies gate,squid] [--perf DIR] [--url http://denied.test/]
+      [--reps 3] [--proxies gate,squid] [--perf DIR] [--url http://denied.test/] [--squid-log none]
 Prints one JSON object. Only loopback and a netns this script makes are used.
 """
 
@@ -114,6 +114,9 @@ def main() -> None:
     ap.add_argument("--proxies", default="gate,squid")
     ap.add_argument("--perf", help="directory for perf data and reports (last round of each proxy)")
     ap.add_argument("--tag", default="", help="prefix of the perf files")
+    ap.add_argument("--squid-log", choices=("stdio", "none"), default="stdio",
+                    help="Squid's access log: stdio (buffered, as the harness runs it) or none; the difference "
+                         "in its CPU per request is what its access-log line costs")
     args = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="gwb-cell-")
     os.chmod(tmp, 0o755)
@@ -129,6 +132,8 @@ def main() -> None:
                 g = stack.enter_context(Gate(ns, tmp, False, nginx.ca))
                 proxies["gate"] = (g.port, ns.exec([]), [os.getpid()])
             if "squid" in names:
+                if args.squid_log == "none":
+                    Squid.access_log = "none"
                 sq = stack.enter_context(Squid(tmp))
                 spids = [int(p) for p in subprocess.run(["pgrep", "-s", str(sq.proc.pid)], capture_output=True,
                                                         text=True).stdout.split()]

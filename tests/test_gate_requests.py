@@ -92,3 +92,18 @@ def test_an_agent_cannot_hold_more_than_1024_connections_to_the_gate(gatewrap):
     assert r.stdout.splitlines() == ["extra closed", "200"], r.stdout + r.stderr
     limits = [x for x in r.records(event="request") if x.get("reason", "").startswith("limit:")]
     assert len(limits) == 1 and limits[0]["decision"] == "denied"
+
+
+def test_a_request_record_carries_its_bytes_up_and_down_and_its_duration(gatewrap):
+    # Like Squid's and Smokescreen's logs: body bytes each way and the time it took.
+    r = gatewrap(["sh", "-c", "head -c 1000 /dev/zero | curl -sS --max-time 10 -o /dev/null -w '%{size_download}' "
+                  "--data-binary @- http://allowed.test/bytes/5000"], allow=["allowed.test"])
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "5000"
+    (rec,) = r.records(event="request")
+    assert (rec["decision"], rec["status"]) == ("allowed", 200)
+    assert (rec["bytes_up"], rec["bytes_down"]) == (1000, 5000)
+    assert isinstance(rec["duration_ms"], (int, float)) and rec["duration_ms"] >= 0
+    assert "error" not in rec
+    (admit,) = r.records(event="admit")
+    assert not {"bytes_up", "bytes_down", "duration_ms", "status"} & admit.keys(), "the decision only, before the dial"

@@ -22,7 +22,7 @@ acl all_src src all
 http_access allow all
 cache deny all
 cache_mem 8 MB
-access_log stdio:{d}/squid-access.log
+access_log {access_log}
 cache_log {d}/squid-cache.log
 pid_filename {d}/squid.pid
 coredump_dir {d}
@@ -87,12 +87,15 @@ class Proxy:
 
 class Squid(Proxy):
     name, port = "squid", SQUID_PORT
+    #: Squid's ``access_log`` (``{d}``: its directory); ``none`` measures it without one
+    #: (``bench/gate_cell.py --squid-log none``: what its access-log line costs).
+    access_log = "stdio:{d}/squid-access.log"
 
     def argv(self) -> list[str]:
         exe = need("squid")
         conf = os.path.join(self.d, "squid.conf")
         with open(conf, "w") as f:
-            f.write(SQUID_CONF.format(port=self.port, d=self.d))
+            f.write(SQUID_CONF.format(port=self.port, d=self.d, access_log=self.access_log.format(d=self.d)))
         return [exe, "-N", "-f", conf]
 
 

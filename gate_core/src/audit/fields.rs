@@ -36,6 +36,15 @@ pub const PROTO: &str = "proto";
 pub const STATUS: &str = "status";
 /// Cause of a failure, prefixed with where it came from (`upstream:`, `dns:`, `downstream:`).
 pub const ERROR: &str = "error";
+/// On a `request` record: the request body's bytes the gate sent upstream (as received,
+/// after any chunked framing is removed; 0 for none).
+pub const BYTES_UP: &str = "bytes_up";
+/// On a `request` record: the response body's bytes the gate passed to the client (as
+/// above); what upstream sent until the client had all of it or went away.
+pub const BYTES_DOWN: &str = "bytes_down";
+/// On a `request` record: milliseconds (microsecond resolution) from the gate reading the
+/// request head to the response's last byte handed to the client (or the client leaving).
+pub const DURATION_MS: &str = "duration_ms";
 pub const HOOK: &str = "hook";
 pub const FAMILY: &str = "family";
 pub const COMM: &str = "comm";

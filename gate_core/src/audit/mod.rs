@@ -27,6 +27,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use serde::Serialize;
 use serde_json::{Map, Value};
 
 use crate::root_dir::{self, UnsafeDir};
@@ -220,9 +221,25 @@ impl AuditLog {
     pub fn write(&self, record: Map<String, Value>) -> Result<(), AuditError> {
         let time = now_rfc3339();
         let line = line(&time, record)?;
+        self.append_line(&time, &line)
+    }
+
+    /// Append a gate decision as [`AuditLog::write`] does with `rec.into_map()` (the same
+    /// line), serialized straight from the record rather than through a JSON map; `admit`:
+    /// as its [`fields::EVENT_ADMIT`] record (the decision only, see `record::Fields`).
+    /// Errors as [`AuditLog::write`].
+    pub fn write_gate(&self, rec: &GateRecord, admit: bool) -> Result<(), AuditError> {
+        let time = now_rfc3339();
+        let line = gate_line(&time, record::Fields { rec, admit });
+        self.append_line(&time, &line)
+    }
+
+    /// Put `line` (from [`line`] or [`gate_line`], stamped `time`) in the chain and append it,
+    /// as [`AuditLog::write`] says.
+    fn append_line(&self, time: &str, line: &str) -> Result<(), AuditError> {
         self.at_head(|w, end, head| {
             let (end, head) = if self.rotation_due(end, &head, line.len()) { self.rotate(w, end, head)? } else { (end, head) };
-            let line = chain::place(&line, prefix_len(&time), head.seq + 1, &head.hash);
+            let line = chain::place(line, prefix_len(time), head.seq + 1, &head.hash);
             self.append(&w.file, end, &line)?;
             let seq = head.seq + 1;
             let hash = chain::hash(line.as_bytes());
@@ -451,6 +468,32 @@ pub fn line(time: &str, record: Map<String, Value>) -> Result<String, AuditError
         out.insert(k, v);
     }
     Ok(cap::capped_line(out))
+}
+
+/// The line of a gate record (`fields`) stamped `time`: the same bytes as [`line`] of its
+/// map, written without building one; a line over [`MAX_RECORD`] bytes goes through [`line`]
+/// (and [`cap::capped_line`]) instead.
+fn gate_line(time: &str, rec: record::Fields) -> String {
+    let mut out = Vec::with_capacity(768);
+    out.extend_from_slice(format!("{{\"{}\":{},\"{}\":{}", fields::V, fields::VERSION, fields::TIME, escape::to_string(time)).as_bytes());
+    out.extend_from_slice(format!(",\"{}\":{},\"{}\":\"{}\"", fields::SEQ, chain::SEQ_PLACEHOLDER, fields::PREV, chain::PREV_PLACEHOLDER).as_bytes());
+    let open = out.len();
+    let mut ser = serde_json::Serializer::with_formatter(&mut out, escape::ControlEscaping);
+    // A record always has `run`: its object is never empty, so its `{` becomes the `,`
+    // after `prev`. Serializing into a Vec cannot fail.
+    if rec.serialize(&mut ser).is_ok() && out.get(open) == Some(&b'{') && out.len() < MAX_RECORD {
+        out[open] = b',';
+        out.push(b'\n');
+        if let Ok(s) = String::from_utf8(out) {
+            return s;
+        }
+    }
+    let map = match serde_json::to_value(rec) {
+        Ok(Value::Object(m)) => m,
+        _ => Map::new(),
+    };
+    // The record's keys are never reserved ones.
+    line(time, map).unwrap_or_default()
 }
 
 /// The length of a line's `{"v":1,"time":"..."` (what precedes `seq`).

@@ -261,3 +261,113 @@ fn a_directory_others_can_write_is_refused() {
     assert!(e.to_string().contains("(above it)"), "a directory above that others can write: {e}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A record with every field the gate sets.
+fn full_record() -> GateRecord {
+    GateRecord {
+        run: "gw-1".into(),
+        event: "request",
+        decision: "allowed",
+        reason: Some("policy: rule r\u{9b}".into()),
+        rule: Some("r".into()),
+        would: Some("deny"),
+        client: Some("127.0.0.1:5".into()),
+        client_pid: Some(None),
+        client_comm: Some("curl\u{1b}".into()),
+        method: Some("GET".into()),
+        target: Some("http://x.test/\"q\"".into()),
+        dst_host: Some("x.test".into()),
+        dst_ip: Some("192.0.2.1".into()),
+        dst_port: Some(80),
+        proto: "http",
+        status: Some(200),
+        error: Some("downstream: x".into()),
+        bytes_up: Some(3),
+        bytes_down: Some(5000),
+        duration_ms: Some(1.234),
+        inspected: true,
+        count: Some(2),
+        approval: Some("ap-1".into()),
+        grant: Some("gr-1".into()),
+        secret: Some("github".into()),
+    }
+}
+
+#[test]
+fn a_gate_record_is_written_as_the_line_of_its_map() {
+    let rec = full_record();
+    let direct = super::gate_line("T", super::record::Fields { rec: &rec, admit: false });
+    assert_eq!(direct, line("T", rec.clone().into_map()).expect("line"));
+    let mut admit = rec.clone().into_map();
+    admit.insert("event".into(), json!("admit"));
+    // The keys in the record's order (the gate's admit line had them shuffled: the map's
+    // `remove` is a swap_remove).
+    for outcome in ["status", "dst_ip", "error", "bytes_up", "bytes_down", "duration_ms"] {
+        admit.shift_remove(outcome);
+    }
+    assert_eq!(super::gate_line("T", super::record::Fields { rec: &rec, admit: true }), line("T", admit).expect("line"));
+}
+
+#[test]
+fn a_gate_record_over_the_cap_is_cut_as_any_record() {
+    let rec = GateRecord { target: Some("x".repeat(40_000)), ..full_record() };
+    let direct = super::gate_line("T", super::record::Fields { rec: &rec, admit: false });
+    assert!(direct.len() <= super::MAX_RECORD);
+    assert_eq!(direct, line("T", rec.into_map()).expect("line"));
+}
+
+/// CPU time of this thread (user + system), from getrusage(2) RUSAGE_THREAD.
+fn thread_cpu() -> std::time::Duration {
+    // SAFETY: getrusage fills the struct we pass.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) };
+    let tv = |t: libc::timeval| std::time::Duration::from_micros(t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64);
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
+/// The CPU one allowed request's two records (`admit`, then `request`) cost, written as the
+/// gate did before (each a JSON map: `write(rec.into_map())`) and as it does now
+/// (`write_gate`), in turn, to a log in DIR
+/// (default /tmp/gw-record-cost, made root-only) `GW_AUDIT_DIR=DIR cargo test --release -p gate_core --lib record_cost -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn record_cost() {
+    let dir = std::env::var("GW_AUDIT_DIR").unwrap_or_else(|_| "/tmp/gw-record-cost".into());
+    let path = std::path::PathBuf::from(dir).join(format!("gw-record-cost-{}.jsonl", std::process::id()));
+    let log = AuditLog::open(&path).expect("open");
+    let rec = GateRecord {
+        reason: Some("policy: rule bench-policy.toml:rule[1]".into()),
+        rule: Some("bench-policy.toml:rule[1]".into()),
+        would: None,
+        client_pid: Some(None),
+        client_comm: None,
+        error: None,
+        inspected: false,
+        count: None,
+        approval: None,
+        grant: None,
+        ..full_record()
+    };
+    let n = 20_000u32;
+    for round in 0..3 {
+        let t = thread_cpu();
+        for _ in 0..n {
+            let mut admit = rec.clone().into_map();
+            admit.insert("event".into(), json!("admit"));
+            for outcome in ["status", "dst_ip", "error", "bytes_up", "bytes_down", "duration_ms"] {
+                admit.remove(outcome);
+            }
+            log.write(admit).expect("write");
+            log.write(rec.clone().into_map()).expect("write");
+        }
+        let maps = (thread_cpu() - t) / n;
+        let t = thread_cpu();
+        for _ in 0..n {
+            log.write_gate(&rec, true).expect("write");
+            log.write_gate(&rec, false).expect("write");
+        }
+        let direct = (thread_cpu() - t) / n;
+        println!("round {round}: a request's two records: as maps {maps:?} CPU, straight from the record {direct:?}");
+    }
+    let _ = std::fs::remove_file(&path);
+}

@@ -138,22 +138,21 @@ impl Ctx {
         {
             return Ok(());
         }
-        self.write(rec.into_map())
+        self.noting(self.audit.write_gate(&rec, false))
     }
 
     /// Write a folded record of denials (see `fold`): counted when each happened.
     pub(super) fn write_folded(&self, record: serde_json::Map<String, serde_json::Value>) -> Result<(), AuditError> {
-        self.write(record)
+        self.noting(self.audit.write(record))
     }
 
     /// Write a record that is no decision (an approval step) to the audit log.
     pub(super) fn event(&self, record: serde_json::Map<String, serde_json::Value>) -> Result<(), AuditError> {
-        self.write(record)
+        self.noting(self.audit.write(record))
     }
 
-    /// Write one record to the audit log, noting whether the log is failing.
-    fn write(&self, record: serde_json::Map<String, serde_json::Value>) -> Result<(), AuditError> {
-        let result = self.audit.write(record);
+    /// `result` (of one audit write), noting whether the log is failing.
+    fn noting(&self, result: Result<(), AuditError>) -> Result<(), AuditError> {
         let failing = result.is_err();
         if self.audit_failing.swap(failing, Ordering::Relaxed) != failing {
             match &result {
@@ -173,13 +172,8 @@ impl Ctx {
     /// says the audit log cannot be written is returned: the caller must not dial.
     #[allow(clippy::result_large_err)] // the Err is the answer itself, returned at once
     pub(super) fn admit(&self, rec: &GateRecord) -> Result<(), Response<respond::Body>> {
-        let mut line = rec.clone().into_map();
-        line.insert(f::EVENT.into(), f::EVENT_ADMIT.into());
         // The decision only: what is known of the outcome goes in the record that follows.
-        for outcome in [f::STATUS, f::DST_IP, f::ERROR] {
-            line.remove(outcome);
-        }
-        match self.write(line) {
+        match self.noting(self.audit.write_gate(rec, true)) {
             Ok(()) => Ok(()),
             Err(e) => Err(self.unrecorded(rec.clone(), &e)),
         }

@@ -2,7 +2,9 @@
 //! a WebSocket handshake is relayed after the upstream's 101, `Upgrade: h2c` refused (`upgrade`).
 
 use std::net::SocketAddr;
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
+use std::time::Instant;
 
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
@@ -16,6 +18,7 @@ use super::admit::admit_request;
 use super::hold;
 use super::respond::{self, Body};
 use super::ctx::Pending;
+use super::metered::{Counted, Outcome, Recorded};
 use super::target::{
     check_host_header, split_authority, upstream_target, HostHeaderError, InvalidPort, ASTERISK_REASON, ASTERISK_REFUSED,
     HTTP_DEFAULT_PORT,
@@ -155,6 +158,7 @@ fn host_header(host: &Host, port: u16) -> Option<HeaderValue> {
 /// header that disagrees; decide (403 when denied); else write the `admit` record (503 if
 /// it cannot be written), dial and forward.
 pub async fn handle(ctx: Arc<Ctx>, peer: SocketAddr, req: Request<Incoming>) -> Response<Body> {
+    let started = Instant::now();
     let mut rec = ctx.record_for(f::EVENT_REQUEST, f::PROTO_HTTP, peer, &req);
     let Some(authority) = req.uri().authority().cloned() else {
         return ctx.refuse(rec, "protocol: absolute-form request without a host", respond::ORIGIN_FORM);
@@ -229,20 +233,23 @@ pub async fn handle(ctx: Arc<Ctx>, peer: SocketAddr, req: Request<Incoming>) -> 
         parts.headers.insert(HOST, h);
     }
     secrets::inject(&ctx, &adm, &mut parts);
-    let upstream_req = Request::from_parts(parts, body);
+    let up = Arc::new(AtomicU64::new(0));
+    let upstream_req = Request::from_parts(parts, Counted::new(body, up.clone()).boxed());
 
     match conn.send(upstream_req).await {
         Ok(resp) => {
             pending.rec().status = Some(resp.status().as_u16());
-            pending.finish();
             if let Some(s) = sending.as_mut() {
                 s.status = Some(resp.status().as_u16());
             }
             if let Some(down) = down_upgrade.filter(|_| resp.status() == hyper::StatusCode::SWITCHING_PROTOCOLS) {
+                pending.finish();
                 return upgrade::switch(&ctx, down, resp, target);
             }
             let (mut parts, body) = resp.into_parts();
             strip_hop_by_hop(&mut parts.headers);
+            // The record is written at the body's end, with its bytes and duration.
+            let body = Recorded::new(body, Outcome { pending, started, up });
             Response::from_parts(parts, body.boxed())
         }
         Err(failure) => pending.send_failed(&target, failure),

@@ -15,6 +15,7 @@ pub use hold::AnswerHint;
 mod idle;
 pub mod inspect;
 mod malformed;
+mod metered;
 mod notice;
 mod notice_fd;
 pub mod netns;
