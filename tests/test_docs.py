@@ -68,7 +68,8 @@ STRUCTS = {"FileSchema": "top", "RuleSchema": "rule", "BudgetSchema": "budget", 
            "NotifySchema": "notify", "ApprovalsSchema": "approvals", "SecretSchema": "secret",
            "InjectSchema": "inject"}
 #: What each Rust field type is called on the page.
-TYPES = [(r"Vec<Spanned<RuleSchema>>|Vec<Spanned<SecretSchema>>|Vec<SecretSchema>", "array of tables"),
+TYPES = [(r"\bOneOrMore\b", "integer or array of integers"),
+         (r"Vec<Spanned<RuleSchema>>|Vec<Spanned<SecretSchema>>|Vec<SecretSchema>", "array of tables"),
          (r"[A-Z]\w*Schema>*$", "table"), (r"SpannedList<String>|Vec<Spanned<String>>|Vec<String>", "array of strings"),
          (r"Vec<Spanned<i64>>|Vec<i64>", "array of integers"), (r"\bString\b", "string"),
          (r"\bi64\b|\bu\d+\b", "integer"), (r"\bbool\b", "boolean")]

@@ -1,9 +1,9 @@
 """bench/run's body: every section in turn, each failure recorded instead of raised, then
-bench/results/latest.{json,md} (and the README with --readme).
+bench/results/latest.{json,md} (and docs/benchmarks.md with --readme).
 
 Usage (root; bench/run takes the kernel lock and installs the peers first):
   python -m harness [--only startup,memory,proxies,hooks,policy,audit] [--quick] [--readme]
-  python -m harness --readme-only     # latest.md into the README, nothing measured
+  python -m harness --readme-only     # latest.md into docs/benchmarks.md, nothing measured
   python -m harness --render          # latest.md again from latest.json (after a format change)
 """
 
@@ -39,8 +39,8 @@ def main() -> int:
                                  "GATEWRAP_PYTHON=path picks the build measured (default: .venv/bin/python).")
     ap.add_argument("--only", help="comma-separated sections (default: all)")
     ap.add_argument("--quick", action="store_true", help="small sizes, a smoke test of the harness (~4 min)")
-    ap.add_argument("--readme", action="store_true", help="also put the table in the README's Benchmarks section")
-    ap.add_argument("--readme-only", action="store_true", help="only put bench/results/latest.md in the README")
+    ap.add_argument("--readme", action="store_true", help="also put the table in docs/benchmarks.md")
+    ap.add_argument("--readme-only", action="store_true", help="only put bench/results/latest.md in docs/benchmarks.md")
     ap.add_argument("--render", action="store_true", help="only write latest.md again from latest.json")
     args = ap.parse_args()
     if args.render:

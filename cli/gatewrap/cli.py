@@ -75,7 +75,7 @@ def cli() -> None:
                    "mirror or registry on 10.x. Never a metadata address. Policy file: allow_private = true "
                    "on the rule. Repeatable.")
 @click.option("--policy", "policy_file", type=click.Path(dir_okay=False), metavar="FILE",
-              help="Policy file (TOML; format in the README's Policy section). Without it: deny everything "
+              help="Policy file (TOML; format: docs/reference/policy.md). Without it: deny everything "
                    "no --allow names.")
 @click.option("--user", metavar="USER", help="Run the agent as USER (name or uid). Default: the user who ran sudo.")
 @click.option("--audit-log", default=DEFAULT_AUDIT_LOG, show_default=True, metavar="PATH",
