@@ -266,7 +266,7 @@ def _duration(value: str | None) -> float | None:
             return core.parse_duration(value)
         except ValueError as e:
             raise click.BadParameter(f"{e}; or a number of seconds (90, 0.5)") from None
-    if not seconds > 0 or seconds == float("inf"):
+    if not seconds > 0:  # inf included: no timeout, as before
         raise click.BadParameter(f"{value!r} is not a positive number of seconds")
     return seconds
 
