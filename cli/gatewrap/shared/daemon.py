@@ -575,40 +575,50 @@ class Daemon:
             raise
         return self._serve_end(conn, reader, box, run_id, saved.get("summary", "text"), err, release)
 
-    def _serve_one(self, conn: socket.socket) -> None:
-        """One connection: check the peer, then answer its one request."""
-        reader = protocol.Reader(conn)
-        handed = False
+    @contextlib.contextmanager
+    def _faults_answered(self, conn: socket.socket) -> Iterator[None]:
+        """A client's request served inside: a protocol error is answered as a refusal (125), a
+        failed connection said in the daemon's log, any other fault answered as the daemon's
+        failure (125) and never raised: one run's fault must not take the daemon (and every
+        other run) down."""
         try:
-            pid, uid, _ = protocol.peer(conn)
-            if uid != 0:
-                protocol.send(conn, {"error": "only root may ask the gatewrap daemon for a sandbox (sudo gatewrap run ...)",
-                                     "exit_code": 125})
-                return
-            line = reader.line()
-            if line is None:
-                return
-            if line.startswith(b"resume "):
-                handed = self._resume(conn, reader, line[len(b"resume "):].decode(errors="replace").strip(), pid)
-                return
-            msg = protocol.parse(line)
-            if msg.get("op") == "status":
-                protocol.send(conn, {"pid": os.getpid(), "started": self.started, "runs": sorted(self.runs)})
-            elif msg.get("op") == "run":
-                handed = self._run(conn, reader, msg, pid)
-            elif msg.get("op") == "reload":
-                protocol.send(conn, self._reload(str(msg.get("run"))))
-            else:
-                raise protocol.ProtocolError(f"unknown op {msg.get('op')!r}")
+            yield
         except protocol.ProtocolError as e:
             with contextlib.suppress(OSError):
                 protocol.send(conn, {"error": f"the daemon refused the request: {e}", "exit_code": 125})
         except OSError as e:
             self.say(f"a client connection failed: {e}")
-        except Exception as e:  # one run's fault must not take the daemon (and every other run) down
+        except Exception as e:
             self.say(f"internal error serving a client: {e!r}")
             with contextlib.suppress(OSError):
                 protocol.send(conn, {"error": f"the daemon failed: {e}", "exit_code": 125})
+
+    def _serve_one(self, conn: socket.socket) -> None:
+        """One connection: check the peer, then answer its one request."""
+        reader = protocol.Reader(conn)
+        handed = False
+        try:
+            with self._faults_answered(conn):
+                pid, uid, _ = protocol.peer(conn)
+                if uid != 0:
+                    protocol.send(conn, {"error": "only root may ask the gatewrap daemon for a sandbox (sudo gatewrap run ...)",
+                                         "exit_code": 125})
+                    return
+                line = reader.line()
+                if line is None:
+                    return
+                if line.startswith(b"resume "):
+                    handed = self._resume(conn, reader, line[len(b"resume "):].decode(errors="replace").strip(), pid)
+                    return
+                msg = protocol.parse(line)
+                if msg.get("op") == "status":
+                    protocol.send(conn, {"pid": os.getpid(), "started": self.started, "runs": sorted(self.runs)})
+                elif msg.get("op") == "run":
+                    handed = self._run(conn, reader, msg, pid)
+                elif msg.get("op") == "reload":
+                    protocol.send(conn, self._reload(str(msg.get("run"))))
+                else:
+                    raise protocol.ProtocolError(f"unknown op {msg.get('op')!r}")
         finally:
             if not handed:
                 _close(conn, reader)
@@ -696,16 +706,8 @@ class Daemon:
 
         def then() -> None:
             try:
-                self._end(conn, reader, box, run_id, summary)
-            except protocol.ProtocolError as e:  # as _serve_one answers it
-                with contextlib.suppress(OSError):
-                    protocol.send(conn, {"error": f"the daemon refused the request: {e}", "exit_code": 125})
-            except OSError as e:
-                self.say(f"a client connection failed: {e}")
-            except Exception as e:  # one run's fault must not take the daemon (and every other run) down
-                self.say(f"internal error serving a client: {e!r}")
-                with contextlib.suppress(OSError):
-                    protocol.send(conn, {"error": f"the daemon failed: {e}", "exit_code": 125})
+                with self._faults_answered(conn):
+                    self._end(conn, reader, box, run_id, summary)
             finally:
                 err.close()
                 release()
