@@ -25,7 +25,7 @@ from .bpf import loader
 from .errors import EXIT_CANNOT_EXEC, EXIT_GATEWRAP, EXIT_NOT_FOUND, GatewrapError, require_root
 from .kernel_denials import KernelDenials
 from . import secrets as secret_sources
-from .policy import build_policy, read_policy_text, sandbox_binds, sandbox_unprotect
+from .policy import build_policy, policy_where, read_policy_text, sandbox_binds, sandbox_unprotect
 from .run_types import DEFAULT_AUDIT_LOG, DEFAULT_CA_DIR, RunOptions, RunResult, audit_command, summary_line
 
 __all__ = ["DEFAULT_AUDIT_LOG", "RunOptions", "RunResult", "Sandbox", "plan", "run", "spawn", "summary_line"]
@@ -220,6 +220,9 @@ class Plan:
     protecting: "_OnThread | None" = None
     #: The secrets the gate injects, resolved (:mod:`gatewrap.secrets`; values never shown).
     secrets: list[secret_sources.Resolved] = dataclasses.field(default_factory=list)
+    #: Where the policy file lay at the start (:func:`gatewrap.policy.policy_where`): a reload
+    #: reads it again only from there. None: no file.
+    policy_where: dict[str, Any] | None = None
 
     @property
     def gate_url(self) -> str:
@@ -252,6 +255,7 @@ def plan(opts: RunOptions, err: TextIO, audit_logs: Any = open_audit_log) -> Pla
     """
 
     environ = opts.env()
+    where = None if opts.policy_file is None else policy_where(opts.policy_file)
     policy_text = None if opts.policy_file is None else read_policy_text(opts.policy_file)
     policy = build_policy(opts.policy_file, opts.allow, opts.deny, text=policy_text, allow_private=opts.allow_private)
     target = user.resolve(opts.user, environ)
@@ -297,7 +301,7 @@ def plan(opts: RunOptions, err: TextIO, audit_logs: Any = open_audit_log) -> Pla
     audit = audit_logs(opts)
     breakpoints = _approvals(opts, policy, run_id, audit, err)
     return Plan(opts, run_id, policy, target, env, env_names, cwd, argv, ro_binds, rw_binds, audit, breakpoints,
-                policy_text, roots, unprotect, protecting=protecting, secrets=resolved)
+                policy_text, roots, unprotect, protecting=protecting, secrets=resolved, policy_where=where)
 
 
 def _scan_protected(roots: list[str], unprotect: list[str], home: str, jail_mode: str,
@@ -328,7 +332,7 @@ def protect_notices(found: protect.Protected) -> list[str]:
 
 
 def plan_taken_back(run_id: str, opts: RunOptions, err: TextIO, policy_text: str | None = None,
-                    audit_logs: Any = open_audit_log) -> Plan:
+                    audit_logs: Any = open_audit_log, policy_where: dict[str, Any] | None = None) -> Plan:
     """The plan of a run a restarted daemon takes back (:meth:`Sandbox.take_back`): its
     policy built again from the same options and ``policy_text``, the policy file's text the
     run started with (never the file as it is now: the agent may have rewritten it), its
@@ -345,7 +349,7 @@ def plan_taken_back(run_id: str, opts: RunOptions, err: TextIO, policy_text: str
     audit = audit_logs(opts)
     breakpoints = _approvals(opts, policy, run_id, audit, err)
     return Plan(opts, run_id, policy, target, {}, [], opts.cwd or "/", list(opts.argv), [], [], audit, breakpoints,
-                policy_text)
+                policy_text, policy_where=policy_where)
 
 
 class Sandbox:
@@ -500,6 +504,7 @@ class Sandbox:
         self._spec = self._agent(ns, staged, mounts)
         if self._shared_runtime:  # a daemon's run: what a restarted daemon needs to take it back
             registry.save(run_id, {"opts": dataclasses.asdict(opts), "policy_text": p.policy_text,
+                                   "policy_where": p.policy_where,
                                    "cgroup_id": cgroup_id, "netns_ino": ns.ino, "staged": staged,
                                    "owner_pid": self._owner_pid, "owner_starttime": registry.process_started(self._owner_pid),
                                    "socket": self.socket, "summary": self.summary,
