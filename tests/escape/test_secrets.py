@@ -1,0 +1,90 @@
+"""Escape suite, secrets the gate injects (issue 20): the agent holds a placeholder, never the
+value, and the placeholder goes nowhere but where a rule injects it. Each case is an agent
+trying to read the value back or to carry the placeholder past the gate's screen, on plain
+http (the gate sees the whole exchange) against the fake internet; both modes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytestmark = pytest.mark.kernel
+
+VALUE = "ghp_ESCAPEVALUE0123456789abcdefXYZ"
+
+POLICY = """
+[[secret]]
+name = "github"
+from_env = "GW_TEST_SECRET"
+placeholder_env = "GITHUB_TOKEN"
+
+[[rule]]
+host = "allowed.test"
+schemes = ["http"]
+action = "allow"
+inject = { secret = "github", as = "bearer" }
+
+[[rule]]
+host = "other.allowed.test"
+schemes = ["http"]
+action = "allow"
+"""
+
+# The agent: each request (url, method, headers, body; "PH" replaced by the placeholder), its
+# status and response body printed as one JSON line.
+AGENT = """
+import json, os, sys, urllib.request, urllib.error
+ph = os.environ["GITHUB_TOKEN"]
+for url, method, headers, body in json.loads(sys.argv[1]):
+    data = None if body is None else body.replace("PH", ph).encode()
+    req = urllib.request.Request(url.replace("PH", ph), data=data, method=method,
+                                 headers={k: v.replace("PH", ph) for k, v in headers.items()})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            print(json.dumps({"status": r.status, "body": r.read().decode(errors="replace")}))
+    except urllib.error.HTTPError as e:
+        print(json.dumps({"status": e.code, "body": e.read().decode(errors="replace")}))
+"""
+
+
+def run_agent(gatewrap, tmp_path, requests):
+    policy = tmp_path / "policy.toml"
+    policy.write_text(POLICY)
+    r = gatewrap(["/usr/bin/python3", "-c", AGENT, json.dumps(requests)], extra=["--policy", str(policy)],
+                 unnamed={"GW_TEST_SECRET": VALUE})
+    return r, [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
+
+
+@pytest.mark.xfail(strict=True, reason="the gate does not look at responses: a host the rule injects for that "
+                   "reflects the request (an echo endpoint, an error page quoting the header, a debug route) hands "
+                   "the value to the agent. Needs a response screen in the gate (the value and its Basic/base64 "
+                   "forms searched across body chunks, redacted or the connection cut) or rules scoped by path to "
+                   "routes that do not reflect; not small")
+def test_an_injected_host_that_echoes_the_request_hands_the_agent_the_value(gatewrap, tmp_path, outcome):
+    """The rule injects into every request to its host; the host's /echo sends the request's
+    headers back: the agent reads the real token in the response."""
+    r, lines = run_agent(gatewrap, tmp_path, [["http://allowed.test/echo", "GET", {"Authorization": "Bearer PH"}, None]])
+    assert r.returncode == 0, r.stderr
+    (got,) = lines
+    assert got["status"] == 200, got
+    leaked = VALUE in got["body"]
+    outcome("gate (responses are not screened)", "the value came back in the response body" if leaked
+            else "the value did not reach the agent", "OPEN" if leaked else "held")
+    assert not leaked, "the agent read the secret's value in the echoed response"
+
+
+@pytest.mark.xfail(strict=True, reason="the gate screens a request's headers and target, never its body (issue 20 "
+                   "asks for bodies too): the placeholder leaves in a POST body to any allowed host, unrecorded. The "
+                   "placeholder is worthless without this run's gate, so this loses the tripwire (the secret_misuse "
+                   "record), not the value; a body screen needs the body buffered or searched in a stream")
+def test_the_placeholder_in_a_request_body_to_another_allowed_host_is_refused(gatewrap, tmp_path, outcome):
+    """The placeholder in a POST body to an allowed host that no rule injects for."""
+    r, lines = run_agent(gatewrap, tmp_path, [["http://other.allowed.test/echo", "POST",
+                                               {"Content-Type": "text/plain"}, "token=PH"]])
+    assert r.returncode == 0, r.stderr
+    (got,) = lines
+    recs = [x for x in r.records(event="request") if x.get("secret")]
+    outcome("gate (request bodies are not screened)", f"status {got['status']}, a secret_misuse record: {bool(recs)}",
+            "held" if got["status"] == 403 else "OPEN")
+    assert got["status"] == 403 and recs and recs[0]["reason"].startswith("secret_misuse"), (got, recs)
