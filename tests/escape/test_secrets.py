@@ -5,9 +5,19 @@ http (the gate sees the whole exchange) against the fake internet; both modes.""
 
 from __future__ import annotations
 
+import glob
 import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
 
 import pytest
+
+from conftest import AGENT_UID, ROOT, gatewrap_cmd
+from gatewrap.sandbox.registry import RUNS_DIR
 
 pytestmark = pytest.mark.kernel
 
@@ -88,3 +98,35 @@ def test_the_placeholder_in_a_request_body_to_another_allowed_host_is_refused(ga
     outcome("gate (request bodies are not screened)", f"status {got['status']}, a secret_misuse record: {bool(recs)}",
             "held" if got["status"] == 403 else "OPEN")
     assert got["status"] == 403 and recs and recs[0]["reason"].startswith("secret_misuse"), (got, recs)
+
+
+
+def test_the_value_from_gatewraps_environment_is_not_written_to_what_a_daemon_keeps_of_the_run(tmp_path, outcome):
+    """``from_env``: the value is in gatewrap's environment; a shared run's client sends that
+    environment to the daemon, which keeps the run's options on disk (/run/gatewrap/runs) to
+    take the run back after a restart. The value must not be written there (issue 20: the
+    value is never written anywhere). A run of its own keeps nothing there: it holds."""
+    policy = tmp_path / "policy.toml"
+    policy.write_text(POLICY)
+    shown = Path(tempfile.mkdtemp(prefix="gwt-secret-keep-"))
+    shown.chmod(0o755)
+    audit, go = tmp_path / "audit.jsonl", shown / "go"
+    cmd = gatewrap_cmd("run", "--audit-log", str(audit), "--policy", str(policy), "--workdir", "/tmp",
+                       "--ro-bind", str(shown), "--", "/bin/sh", "-c", f"while [ ! -e {go} ]; do sleep 0.05; done")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                            env={**os.environ, "GW_TEST_SECRET": VALUE, "SUDO_UID": str(AGENT_UID),
+                                 "SUDO_GID": str(AGENT_UID)})
+    try:
+        end = time.monotonic() + 60
+        while not (audit.exists() and "run_start" in audit.read_text()):
+            assert time.monotonic() < end and proc.poll() is None, proc.communicate()
+            time.sleep(0.05)
+        found = [p for p in glob.glob(f"{RUNS_DIR}/*.json") if VALUE in Path(p).read_text(errors="replace")]
+    finally:
+        go.touch()
+        out, err = proc.communicate(timeout=60)
+        shutil.rmtree(shown, ignore_errors=True)
+    assert proc.returncode == 0, err
+    outcome("daemon's saved run", "the value was in the run's saved options" if found else "the saved options hold no value",
+            "OPEN" if found else "held")
+    assert not found, f"{found} hold the secret's value (the client's environment)"
