@@ -503,7 +503,11 @@ class Sandbox:
         undo.push(self._close_unended)
         self._spec = self._agent(ns, staged, mounts)
         if self._shared_runtime:  # a daemon's run: what a restarted daemon needs to take it back
-            registry.save(run_id, {"opts": dataclasses.asdict(opts), "policy_text": p.policy_text,
+            # The client's environment, but a variable holding a secret's value (from_env): the
+            # value is never written (issue 20); a run taken back gets no secrets anyway.
+            kept = dataclasses.replace(opts, environ={k: v for k, v in opts.env().items()
+                                                      if not any(r.value in v for r in p.secrets)})
+            registry.save(run_id, {"opts": dataclasses.asdict(kept), "policy_text": p.policy_text,
                                    "policy_where": p.policy_where,
                                    "cgroup_id": cgroup_id, "netns_ino": ns.ino, "staged": staged,
                                    "owner_pid": self._owner_pid, "owner_starttime": registry.process_started(self._owner_pid),
