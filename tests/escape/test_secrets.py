@@ -5,6 +5,7 @@ http (the gate sees the whole exchange) against the fake internet; both modes.""
 
 from __future__ import annotations
 
+import base64
 import glob
 import json
 import os
@@ -130,3 +131,37 @@ def test_the_value_from_gatewraps_environment_is_not_written_to_what_a_daemon_ke
     outcome("daemon's saved run", "the value was in the run's saved options" if found else "the saved options hold no value",
             "OPEN" if found else "held")
     assert not found, f"{found} hold the secret's value (the client's environment)"
+
+
+def test_a_from_command_secret_runs_nothing_the_agent_left_in_its_working_directory(tmp_path, outcome):
+    """``from_command`` runs as root on the host at every run's start (and at a reload). Run
+    in the run's working directory, the agent's, ``python3 -m MODULE`` (a keyring, a token
+    helper) imports MODULE from that directory first (sys.path[0], python(1) ``-m``): a
+    ``base64.py`` the agent left there runs as root at the user's next run."""
+    top = Path(tempfile.mkdtemp(prefix="gwt-secret-cmd-"))
+    top.chmod(0o755)
+    try:
+        work, marker, token = top / "w", top / "ran-as-root", top / "token.b64"
+        work.mkdir()
+        subprocess.run(["chown", f"{AGENT_UID}:{AGENT_UID}", str(work)], check=True)
+        token.write_text(base64.b64encode(VALUE.encode()).decode() + "\n")
+        token.chmod(0o600)
+        policy = tmp_path / "policy.toml"
+        policy.write_text(POLICY.replace('from_env = "GW_TEST_SECRET"',
+                                         f'from_command = ["/usr/bin/python3", "-m", "base64", "-d", "{token}"]'))
+        plant = f"import os\nos.system('touch {marker}')\n"
+        runs = []
+        for script in (f"printf '%s' \"{plant}\" > base64.py", "true"):  # the run that plants, the user's next
+            cmd = gatewrap_cmd("run", "--audit-log", str(tmp_path / "audit.jsonl"), "--policy", str(policy),
+                               "--workdir", str(work), "--", "/bin/sh", "-c", script)
+            runs.append(subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=ROOT,
+                                       env={**os.environ, "SUDO_UID": str(AGENT_UID), "SUDO_GID": str(AGENT_UID)}))
+        assert runs[0].returncode == 0, runs[0].stderr
+        assert (work / "base64.py").exists(), "the agent could not plant its module: the vector is not tried"
+        ran = marker.exists()
+        outcome("secrets (from_command)", "the planted module ran as root at the next run's start" if ran
+                else "the next run's from_command ran nothing of the working directory", "OPEN" if ran else "held")
+        assert not ran, "a module the agent planted ran as root when the next run resolved its secret"
+        assert runs[1].returncode == 0, runs[1].stderr
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
