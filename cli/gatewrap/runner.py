@@ -268,7 +268,7 @@ def plan(opts: RunOptions, err: TextIO, audit_logs: Any = open_audit_log) -> Pla
     for note in notes:
         print(note, file=err)
     cwd = opts.cwd or os.getcwd()
-    resolved = secret_sources.resolve(policy, environ, cwd)  # before anything is set up: 125 on a bad source
+    resolved = secret_sources.resolve(policy, environ)  # before anything is set up: 125 on a bad source
     env = secret_sources.agent_env(shims.agent_env(base, GATE_IP4, opts.port), resolved)
     env["PWD"] = cwd
     argv = _resolve_command(opts.argv, env, target, cwd)
@@ -696,7 +696,7 @@ class Sandbox:
 
     def resolve_secrets_again(self) -> None:
         """Rotation of the run's secrets (issue 20): each source read again
-        (:func:`gatewrap.secrets.resolve_again`, the run's environment and folder), placeholders
+        (:func:`gatewrap.secrets.resolve_again`, the run's environment), placeholders
         kept, and the gate's values replaced; requests from now on carry the new ones. For the
         reload (SIGHUP) or a TTL; nothing when the run injects nothing.
 
@@ -706,7 +706,7 @@ class Sandbox:
         p, gate = self.plan, getattr(self, "_gate", None)
         if not p.secrets or gate is None:
             return
-        fresh = secret_sources.resolve_again(p.policy, p.opts.env(), p.secrets, p.cwd)
+        fresh = secret_sources.resolve_again(p.policy, p.opts.env(), p.secrets)
         gate.set_secrets(secret_sources.for_gate(fresh))
         p.secrets = fresh
 
