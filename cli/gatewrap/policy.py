@@ -22,6 +22,79 @@ def read_policy_text(policy_file: str) -> str:
         raise GatewrapError(f"cannot read policy {policy_file}: {e}") from e
 
 
+def policy_where(policy_file: str) -> dict[str, Any]:
+    """Where the policy file lies, to read it again only from there (:func:`read_policy_again`):
+    ``{"path": its real path (links resolved), "folders": [[st_dev, st_ino], ...] of each
+    folder from / down to the file's own}``.
+
+    Raises:
+        GatewrapError: a folder on the way cannot be looked at.
+    """
+    real = os.path.realpath(policy_file)
+    folders = []
+    here = "/"
+    try:
+        for part in ["", *real.strip("/").split("/")[:-1]]:
+            here = os.path.join(here, part)
+            st = os.lstat(here)
+            folders.append([st.st_dev, st.st_ino])
+    except OSError as e:
+        raise GatewrapError(f"cannot look at {here}, on the way to policy {policy_file}: {e.strerror}") from e
+    return {"path": real, "folders": folders}
+
+
+def read_policy_again(policy_file: str, where: dict[str, Any] | None) -> str:
+    """The policy file's text (UTF-8), read through the very folders it lay in at the run's
+    start (``where``: :func:`policy_where` then): each opened from / without following a link
+    (``O_PATH | O_NOFOLLOW | O_DIRECTORY``, openat(2)) and compared with the start's, the file
+    opened in the last. A folder the agent can write may be renamed away and made again with
+    a policy of its own in it (the file itself is a read-only mount point, the folder is not):
+    that file is never read.
+
+    Raises:
+        GatewrapError: ``where`` is unknown, a folder on the way was replaced (or is a link
+            now), or the file cannot be read or is not UTF-8.
+    """
+    if not where:
+        raise GatewrapError(f"where {policy_file} lay at the run's start was not kept (a daemon of another "
+                            "version started the run): restart the run to read the file again")
+    real, folders = where["path"], where["folders"]
+    parts = ["", *real.strip("/").split("/")]
+    fd = None
+    here = "/"
+    try:
+        for i, part in enumerate(parts[:-1]):
+            here = os.path.join(here, part)
+            flags = os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC
+            try:
+                nxt = os.open(part or "/", flags, dir_fd=fd)
+            except OSError as e:
+                raise GatewrapError(f"the folder {here}, on the way to policy {policy_file}, was replaced during the "
+                                    f"run ({e.strerror}): only the file the run started with is read again; the "
+                                    "agent may have made this one") from None
+            if fd is not None:
+                os.close(fd)
+            fd = nxt
+            st = os.fstat(fd)
+            if i >= len(folders) or [st.st_dev, st.st_ino] != list(folders[i]):
+                raise GatewrapError(f"the folder {here}, on the way to policy {policy_file}, was replaced during the "
+                                    "run (another folder than at its start): only the file the run started with is "
+                                    "read again; the agent may have made this one")
+        try:
+            f = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=fd)
+        except OSError as e:
+            raise GatewrapError(f"cannot read policy {policy_file}: {e.strerror}") from None
+        with open(f, "rb") as file:
+            data = file.read()
+    finally:
+        if fd is not None:
+            os.close(fd)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise GatewrapError(f"cannot read policy {policy_file}: {e}") from e
+
+
 def build_policy(policy_file: str | None, allow: list[str], deny: list[str], text: str | None = None,
                  allow_private: Sequence[str] = ()) -> Any:
     """Return a ``gatewrap._gate_core.Policy``.

@@ -16,7 +16,7 @@ import hashlib
 from typing import Any, Callable, TextIO
 
 from .errors import GatewrapError
-from .policy import build_policy, read_policy_text
+from .policy import build_policy, read_policy_again
 from .sandbox import registry
 
 #: The audit record's event.
@@ -56,7 +56,7 @@ def reload_policy(plan: Any, err: TextIO, rotate: Callable[[], None] | None = No
         raise ReloadFailed(why)
     rec["policy_file"] = opts.policy_file
     try:
-        text = read_policy_text(opts.policy_file)
+        text = read_policy_again(opts.policy_file, plan.policy_where)
         rec["new_digest"] = digest(text)
         new = build_policy(opts.policy_file, opts.allow, opts.deny, text=text, allow_private=opts.allow_private)
     except GatewrapError as e:

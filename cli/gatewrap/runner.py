@@ -25,7 +25,7 @@ from .bpf import loader
 from .errors import EXIT_CANNOT_EXEC, EXIT_GATEWRAP, EXIT_NOT_FOUND, GatewrapError, require_root
 from .kernel_denials import KernelDenials
 from . import secrets as secret_sources
-from .policy import build_policy, read_policy_text, sandbox_binds, sandbox_unprotect
+from .policy import build_policy, policy_where, read_policy_text, sandbox_binds, sandbox_unprotect
 from .run_types import DEFAULT_AUDIT_LOG, DEFAULT_CA_DIR, RunOptions, RunResult, audit_command, summary_line
 
 __all__ = ["DEFAULT_AUDIT_LOG", "RunOptions", "RunResult", "Sandbox", "plan", "run", "spawn", "summary_line"]
@@ -220,6 +220,9 @@ class Plan:
     protecting: "_OnThread | None" = None
     #: The secrets the gate injects, resolved (:mod:`gatewrap.secrets`; values never shown).
     secrets: list[secret_sources.Resolved] = dataclasses.field(default_factory=list)
+    #: Where the policy file lay at the start (:func:`gatewrap.policy.policy_where`): a reload
+    #: reads it again only from there. None: no file.
+    policy_where: dict[str, Any] | None = None
 
     @property
     def gate_url(self) -> str:
@@ -252,6 +255,7 @@ def plan(opts: RunOptions, err: TextIO, audit_logs: Any = open_audit_log) -> Pla
     """
 
     environ = opts.env()
+    where = None if opts.policy_file is None else policy_where(opts.policy_file)
     policy_text = None if opts.policy_file is None else read_policy_text(opts.policy_file)
     policy = build_policy(opts.policy_file, opts.allow, opts.deny, text=policy_text, allow_private=opts.allow_private)
     target = user.resolve(opts.user, environ)
@@ -264,7 +268,7 @@ def plan(opts: RunOptions, err: TextIO, audit_logs: Any = open_audit_log) -> Pla
     for note in notes:
         print(note, file=err)
     cwd = opts.cwd or os.getcwd()
-    resolved = secret_sources.resolve(policy, environ, cwd)  # before anything is set up: 125 on a bad source
+    resolved = secret_sources.resolve(policy, environ)  # before anything is set up: 125 on a bad source
     env = secret_sources.agent_env(shims.agent_env(base, GATE_IP4, opts.port), resolved)
     env["PWD"] = cwd
     argv = _resolve_command(opts.argv, env, target, cwd)
@@ -297,7 +301,7 @@ def plan(opts: RunOptions, err: TextIO, audit_logs: Any = open_audit_log) -> Pla
     audit = audit_logs(opts)
     breakpoints = _approvals(opts, policy, run_id, audit, err)
     return Plan(opts, run_id, policy, target, env, env_names, cwd, argv, ro_binds, rw_binds, audit, breakpoints,
-                policy_text, roots, unprotect, protecting=protecting, secrets=resolved)
+                policy_text, roots, unprotect, protecting=protecting, secrets=resolved, policy_where=where)
 
 
 def _scan_protected(roots: list[str], unprotect: list[str], home: str, jail_mode: str,
@@ -328,7 +332,7 @@ def protect_notices(found: protect.Protected) -> list[str]:
 
 
 def plan_taken_back(run_id: str, opts: RunOptions, err: TextIO, policy_text: str | None = None,
-                    audit_logs: Any = open_audit_log) -> Plan:
+                    audit_logs: Any = open_audit_log, policy_where: dict[str, Any] | None = None) -> Plan:
     """The plan of a run a restarted daemon takes back (:meth:`Sandbox.take_back`): its
     policy built again from the same options and ``policy_text``, the policy file's text the
     run started with (never the file as it is now: the agent may have rewritten it), its
@@ -345,7 +349,7 @@ def plan_taken_back(run_id: str, opts: RunOptions, err: TextIO, policy_text: str
     audit = audit_logs(opts)
     breakpoints = _approvals(opts, policy, run_id, audit, err)
     return Plan(opts, run_id, policy, target, {}, [], opts.cwd or "/", list(opts.argv), [], [], audit, breakpoints,
-                policy_text)
+                policy_text, policy_where=policy_where)
 
 
 class Sandbox:
@@ -499,7 +503,12 @@ class Sandbox:
         undo.push(self._close_unended)
         self._spec = self._agent(ns, staged, mounts)
         if self._shared_runtime:  # a daemon's run: what a restarted daemon needs to take it back
-            registry.save(run_id, {"opts": dataclasses.asdict(opts), "policy_text": p.policy_text,
+            # The client's environment, but a variable holding a secret's value (from_env): the
+            # value is never written (issue 20); a run taken back gets no secrets anyway.
+            kept = dataclasses.replace(opts, environ={k: v for k, v in opts.env().items()
+                                                      if not any(r.value in v for r in p.secrets)})
+            registry.save(run_id, {"opts": dataclasses.asdict(kept), "policy_text": p.policy_text,
+                                   "policy_where": p.policy_where,
                                    "cgroup_id": cgroup_id, "netns_ino": ns.ino, "staged": staged,
                                    "owner_pid": self._owner_pid, "owner_starttime": registry.process_started(self._owner_pid),
                                    "socket": self.socket, "summary": self.summary,
@@ -687,7 +696,7 @@ class Sandbox:
 
     def resolve_secrets_again(self) -> None:
         """Rotation of the run's secrets (issue 20): each source read again
-        (:func:`gatewrap.secrets.resolve_again`, the run's environment and folder), placeholders
+        (:func:`gatewrap.secrets.resolve_again`, the run's environment), placeholders
         kept, and the gate's values replaced; requests from now on carry the new ones. For the
         reload (SIGHUP) or a TTL; nothing when the run injects nothing.
 
@@ -697,7 +706,7 @@ class Sandbox:
         p, gate = self.plan, getattr(self, "_gate", None)
         if not p.secrets or gate is None:
             return
-        fresh = secret_sources.resolve_again(p.policy, p.opts.env(), p.secrets, p.cwd)
+        fresh = secret_sources.resolve_again(p.policy, p.opts.env(), p.secrets)
         gate.set_secrets(secret_sources.for_gate(fresh))
         p.secrets = fresh
 

@@ -20,6 +20,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -340,4 +341,48 @@ def test_a_file_gatewrap_reads_at_the_next_run_stays_as_the_user_wrote_it(tmp_pa
         assert own.read_text() == first, f"the agent rewrote {own.name}: {own.read_text()!r}"
         outcome("read-only protected path", "the file gatewrap reads next is read-only inside")
     finally:
+        shutil.rmtree(top, ignore_errors=True)
+
+
+def test_a_policy_file_in_a_folder_the_agent_renames_is_not_reloaded_from_the_agents_copy(tmp_path, outcome):
+    """The policy file in a subfolder of the working directory (``conf/policy.toml``) is
+    read-only inside, but its folder is the agent's: renamed away and made again with a file
+    of the agent's, the path names the agent's policy. A reload (``gatewrap reload``, SIGHUP:
+    the human rotating a secret) must not put that file in force: it would allow every host
+    (and a ``from_command`` of a secret the run injects would run as root on the host)."""
+    top = Path(tempfile.mkdtemp(prefix="gwt-protect-reload-"))
+    top.chmod(0o755)
+    proc = None
+    try:
+        work = top / "w"
+        (work / "conf").mkdir(parents=True)
+        policy = work / "conf" / "policy.toml"
+        policy.write_text('default = "deny"\n')
+        subprocess.run(["chown", "-R", f"{AGENT_UID}:{AGENT_UID}", str(work)], check=True)
+        policy.chmod(0o644)
+        audit = tmp_path / "audit.jsonl"
+        script = ("mv conf conf.old && mkdir conf && printf 'default = \"allow\"\\n' > conf/policy.toml; "
+                  "echo \"SWAP $?\"; touch swapped; while [ ! -e go ]; do sleep 0.05; done")
+        cmd = gatewrap_cmd("run", "--audit-log", str(audit), "--workdir", str(work), "--policy", str(policy),
+                           "--", "/bin/sh", "-c", script)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, "SUDO_UID": str(AGENT_UID), "SUDO_GID": str(AGENT_UID)})
+        end = time.monotonic() + 60
+        while not (work / "swapped").exists():
+            assert time.monotonic() < end and proc.poll() is None, proc.communicate()
+            time.sleep(0.05)
+        run_id = next(r["run"] for r in map(json.loads, audit.read_text().splitlines()) if r["event"] == "run_start")
+        r = subprocess.run(gatewrap_cmd("reload", run_id), capture_output=True, text=True, timeout=60)
+        (work / "go").touch()
+        out, err = proc.communicate(timeout=60)
+        assert "SWAP 0" in out, out + err  # the folder move works inside: the vector is real
+        records = [json.loads(x) for x in audit.read_text().splitlines()]
+        reloads = [x for x in records if x.get("event") == "policy_reload"]
+        assert [x["result"] for x in reloads] == ["failed"], (r.stdout, r.stderr, reloads)
+        assert r.returncode == 1 and "replaced" in r.stderr, r.stdout + r.stderr
+        outcome("reload", "refused: a folder on the policy file's path was replaced during the run")
+    finally:
+        if proc is not None and proc.poll() is None:
+            (top / "w" / "go").touch()
+            proc.communicate(timeout=60)
         shutil.rmtree(top, ignore_errors=True)

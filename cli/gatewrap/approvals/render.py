@@ -58,10 +58,42 @@ def pretty_body(body: bytes) -> str | None:
     if text not in (b"{", b"["):
         return None
     try:
-        doc = json.loads(body.decode("utf-8"))
+        doc = json.loads(body.decode("utf-8"), object_pairs_hook=_no_key_twice, parse_float=_float_as_written,
+                         parse_int=_int_as_written, parse_constant=_not_json)
     except (UnicodeDecodeError, ValueError, RecursionError):
         return None
     return body_text(json.dumps(doc, indent=2, ensure_ascii=False).encode("utf-8"))
+
+
+# The body is the agent's: its re-indented form must say what the raw bytes say, or the
+# human approves what is not sent. Where it could not, pretty_body gives None (the raw
+# body is shown): a key twice (servers differ on which one counts, RFC 8259 §4), a number
+# that would be written back otherwise (1e2 as 100.0, digits beyond a double's), NaN and
+# Infinity (not JSON).
+
+def _no_key_twice(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        raise ValueError("a key given twice")
+    return out
+
+
+def _float_as_written(s: str) -> float:
+    f = float(s)
+    if json.dumps(f) != s:
+        raise ValueError(f"{s} would be shown otherwise")
+    return f
+
+
+def _int_as_written(s: str) -> int:
+    i = int(s)
+    if str(i) != s:
+        raise ValueError(f"{s} would be shown otherwise")
+    return i
+
+
+def _not_json(s: str) -> None:
+    raise ValueError(f"{s} is not JSON")
 
 
 def time_left(deadline: float, now: float) -> str:

@@ -5,8 +5,9 @@ A ``[[secret]]`` (in the policy, or in the host's :data:`HOST_FILE`, root's, mod
 its source: ``from_file`` (a root-owned file no one else may read), ``from_env`` (a variable
 of gatewrap's own environment: the caller's; in shared mode the client's, sent over the
 daemon's root-only socket) or ``from_command`` (argv, run on the host with that environment,
-at most :data:`COMMAND_TIMEOUT` seconds; its stdout). One trailing newline is dropped. A
-secret with ``placeholder_env`` gets a random per-run placeholder the agent holds instead
+in ``/``: never the run's working directory, the agent's, where ``python3 -m MODULE`` would
+import a module it left; at most :data:`COMMAND_TIMEOUT` seconds; its stdout). One trailing
+newline is dropped. A secret with ``placeholder_env`` gets a random per-run placeholder the agent holds instead
 (:func:`placeholder`); the gate swaps it only where a rule injects that secret.
 
 Every failure raises :class:`~gatewrap.errors.GatewrapError` (exit 125) naming the secret and
@@ -116,7 +117,7 @@ def _strip_one_newline(text: str) -> str:
     return text[:-2] if text.endswith("\r\n") else text[:-1] if text.endswith("\n") else text
 
 
-def resolve_one(definition: dict[str, Any], environ: dict[str, str], cwd: str = "/") -> str:
+def resolve_one(definition: dict[str, Any], environ: dict[str, str]) -> str:
     """The value of one ``Policy.secrets()`` entry, from its source.
 
     Raises:
@@ -135,7 +136,7 @@ def resolve_one(definition: dict[str, Any], environ: dict[str, str], cwd: str = 
     else:
         try:
             done = subprocess.run(list(where), capture_output=True, timeout=COMMAND_TIMEOUT, env=environ,
-                                  cwd=cwd if os.path.isdir(cwd) else "/", stdin=subprocess.DEVNULL, check=False)
+                                  cwd="/", stdin=subprocess.DEVNULL, check=False)
         except FileNotFoundError:
             raise GatewrapError(f"{what}: from_command: {where[0]} not found") from None
         except subprocess.TimeoutExpired:
@@ -156,7 +157,7 @@ def resolve_one(definition: dict[str, Any], environ: dict[str, str], cwd: str = 
     return value
 
 
-def resolve(policy: Any, environ: dict[str, str], cwd: str = "/") -> list[Resolved]:
+def resolve(policy: Any, environ: dict[str, str]) -> list[Resolved]:
     """Every secret a rule of ``policy`` injects, resolved (with a placeholder when it has
     ``placeholder_env``). Secrets no rule injects are not read.
 
@@ -169,11 +170,11 @@ def resolve(policy: Any, environ: dict[str, str], cwd: str = "/") -> list[Resolv
         if d["name"] not in used:
             continue
         ph = d.get("placeholder_env")
-        out.append(Resolved(d["name"], resolve_one(d, environ, cwd), placeholder() if ph else None, ph))
+        out.append(Resolved(d["name"], resolve_one(d, environ), placeholder() if ph else None, ph))
     return out
 
 
-def resolve_again(policy: Any, environ: dict[str, str], old: list[Resolved], cwd: str = "/") -> list[Resolved]:
+def resolve_again(policy: Any, environ: dict[str, str], old: list[Resolved]) -> list[Resolved]:
     """A rotation: ``old``'s secrets resolved again from their sources, placeholders kept
     (the agent holds them). Hand the result to ``Gate.set_secrets(for_gate(...))``; the lead's
     reload (SIGHUP) calls this.
@@ -182,7 +183,7 @@ def resolve_again(policy: Any, environ: dict[str, str], old: list[Resolved], cwd
         GatewrapError: as :func:`resolve_one`; the old values then stay in use.
     """
     by_name = {d["name"]: d for d in policy.secrets()}
-    return [Resolved(r.name, resolve_one(by_name[r.name], environ, cwd), r.placeholder, r.placeholder_env)
+    return [Resolved(r.name, resolve_one(by_name[r.name], environ), r.placeholder, r.placeholder_env)
             for r in old if r.name in by_name]
 
 

@@ -77,7 +77,7 @@ def secrets_list(policy_file: str | None, as_json: bool) -> int:
 @_POLICY
 @_JSON
 def secrets_check(policy_file: str | None, as_json: bool) -> int:
-    """Resolve each secret's source as `gatewrap run` would (this environment, this folder),
+    """Resolve each secret's source as `gatewrap run` would (this environment; commands in /),
     and say whether it resolves; never print a value.
 
     Exit 0 when every secret resolves, 1 when one does not (the reason on its line), 125 when
@@ -92,7 +92,7 @@ def secrets_check(policy_file: str | None, as_json: bool) -> int:
     ok = True
     for t in table:
         try:
-            resolve_one(t["_def"], dict(os.environ), os.getcwd())
+            resolve_one(t["_def"], dict(os.environ))
             t["resolves"], t["error"] = True, None
         except GatewrapError as e:
             t["resolves"], t["error"], ok = False, str(e), False

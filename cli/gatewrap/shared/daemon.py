@@ -559,7 +559,8 @@ class Daemon:
         opts = options(saved.get("opts"))
         try:
             planned = runner.plan_taken_back(run_id, opts, err,  # type: ignore[arg-type]
-                                             policy_text=saved.get("policy_text"), audit_logs=audit_logs)
+                                             policy_text=saved.get("policy_text"), audit_logs=audit_logs,
+                                             policy_where=saved.get("policy_where"))
             box = runner.Sandbox(planned, err, hooks=self.hooks, owner_pid=pid,  # type: ignore[arg-type]
                                  shared_runtime=True, notice_fd=err.fileno(), reader=self.reader,
                                  socket=self.socket_path).take_back(saved)

@@ -18,7 +18,7 @@ use std::net::{IpAddr, SocketAddr};
 use tokio::net::TcpStream;
 
 use crate::policy::ssrf::{Class, PublicRanges};
-use crate::policy::{Host, Policy};
+use crate::policy::{Action, Host, Policy};
 
 use super::admit::Admission;
 use super::dial::{self, DialError};
@@ -60,16 +60,22 @@ pub async fn vetted(ctx: &Ctx, adm: &Admission) -> Result<Vec<IpAddr>, DialError
 fn screen_for(ctx: &Ctx, adm: &Admission, ips: Vec<IpAddr>) -> Result<Vec<IpAddr>, DialError> {
     let policy = ctx.policy.read().unwrap_or_else(|p| p.into_inner());
     let allow_private = adm.decision.allow_private && matches!(adm.host, Host::Name(_));
-    screen(&policy, &ctx.public_ranges.with(&policy.public_ranges), allow_private, adm.port, ips)
+    // An IP literal an allow rule matched (whatever its methods, path and schemes) is named
+    // for this request: the rule decided it.
+    let by_decision = adm.host.ip().filter(|_| adm.decision.action == Action::Allow && adm.decision.rule.is_some());
+    screen(&policy, &ctx.public_ranges.with(&policy.public_ranges), allow_private, by_decision, adm.port, ips)
 }
 
 /// The addresses of `ips` the gate may dial on `port`, in order; when none is left, the
 /// first refused one and its class ([`DialError::Ssrf`]). `allow_private`: the destination
-/// is a name whose deciding rule has `allow_private = true`.
+/// is a name whose deciding rule has `allow_private = true`. `named_by_decision`: the
+/// destination is this IP literal and an allow rule decided the request (it names it,
+/// even when scoped by method, path or scheme; see [`Policy::names_ip`]).
 pub fn screen(
     policy: &Policy,
     ranges: &PublicRanges,
     allow_private: bool,
+    named_by_decision: Option<IpAddr>,
     port: u16,
     ips: Vec<IpAddr>,
 ) -> Result<Vec<IpAddr>, DialError> {
@@ -78,6 +84,7 @@ pub fn screen(
     for ip in ips {
         let class = ranges.classify(ip);
         let allowed = class == Class::Public
+            || named_by_decision == Some(ip)
             || policy.names_ip(ip, port).is_some()
             || (allow_private && class.allow_private_covers());
         if allowed {
@@ -130,13 +137,16 @@ mod tests {
             ("multicast, allow_private", true, 80, &["224.0.0.1"], refused(Class::Multicast, "224.0.0.1")),
         ];
         for (case, allow_private, port, input, want) in table {
-            let got = screen(&policy, &ranges, *allow_private, *port, ips(input)).map_err(|e| match e {
+            let got = screen(&policy, &ranges, *allow_private, None, *port, ips(input)).map_err(|e| match e {
                 DialError::Ssrf { ip, class } => (class, ip),
                 other => panic!("{case}: {other}"),
             });
             assert_eq!(&got, want, "{case}");
         }
-        let e = screen(&policy, &ranges, false, 80, ips(&["100.64.0.1"])).err().map(|e| e.to_string());
+        let e = screen(&policy, &ranges, false, None, 80, ips(&["100.64.0.1"])).err().map(|e| e.to_string());
         assert_eq!(e.as_deref(), Some("ssrf: cgnat address 100.64.0.1"));
+        // The IP literal a (scoped) allow rule decided is named for that request alone.
+        let named = screen(&policy, &ranges, false, Some(ip("10.0.0.7")), 80, ips(&["10.0.0.7"]));
+        assert_eq!(named.ok(), Some(ips(&["10.0.0.7"])));
     }
 }

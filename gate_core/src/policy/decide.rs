@@ -209,9 +209,13 @@ impl Policy {
     }
 
     /// The id of the rule that allows `ip` on `port` by naming it: the first rule matching
-    /// the IP literal is an `allow` rule (only an exact rule can match a literal). The SSRF
-    /// guard lets a non-public address through when a rule names it, whatever its class and
-    /// whichever host resolved to it: the agent could ask for the address directly anyway.
+    /// the IP literal is an `allow` rule (only an exact rule can match a literal) for every
+    /// request to it (no `methods`, `path` nor `schemes`). The SSRF guard lets a non-public
+    /// address through when a rule names it, whatever its class and whichever host resolved
+    /// to it: the agent could ask for the address directly anyway. A rule scoped to some
+    /// requests names the address only for the requests it decides itself (the guard's
+    /// `named_by_decision`): it must not open the address to a name resolving to it, nor to
+    /// the default.
     pub fn names_ip(&self, ip: IpAddr, port: u16) -> Option<&str> {
         let host = Host::from(ip);
         Self::names_ip_among(self.candidates(&host), &host, port)
@@ -228,6 +232,7 @@ impl Policy {
         rules
             .find(|r| r.matches(host, port))
             .filter(|r| r.action == Action::Allow && matches!(&r.host, HostPattern::Exact(h) if h == host))
+            .filter(|r| r.methods.is_none() && r.path.is_none() && r.schemes.is_none())
             .map(|r| r.id.as_str())
     }
 }

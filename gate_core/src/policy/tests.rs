@@ -306,7 +306,9 @@ fn names_ip_needs_an_allow_rule_naming_the_address_and_port() {
     let text = "default = \"allow\"\n\n[[rule]]\nhost = \"10.0.0.9\"\naction = \"deny\"\n\n\
                 [[rule]]\nhost = \"10.0.0.9\"\naction = \"allow\"\n\n\
                 [[rule]]\nhost = \"169.254.169.254\"\nport = 80\naction = \"allow\"\n\n\
-                [[rule]]\nhost = \"::ffff:127.0.0.1\"\nport = 8080\naction = \"allow\"\n";
+                [[rule]]\nhost = \"::ffff:127.0.0.1\"\nport = 8080\naction = \"allow\"\n\n\
+                [[rule]]\nhost = \"10.0.0.7\"\npath = \"/one\"\naction = \"allow\"\n\n\
+                [[rule]]\nhost = \"10.0.0.6\"\nmethods = [\"GET\"]\naction = \"allow\"\n";
     let p = from_toml(text, "p.toml").expect("parses");
     let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap_or_else(|e| panic!("{s}: {e}"));
     let table: &[(&str, u16, Option<&str>)] = &[
@@ -316,6 +318,9 @@ fn names_ip_needs_an_allow_rule_naming_the_address_and_port() {
         ("::ffff:127.0.0.1", 8080, Some("p.toml:rule[4]")),
         ("127.0.0.1", 8080, None),
         ("10.0.0.8", 443, None),
+        // scoped to some requests: named only for those it decides (the guard's by_decision)
+        ("10.0.0.7", 80, None),
+        ("10.0.0.6", 80, None),
     ];
     for (addr, port, want) in table {
         assert_eq!(p.names_ip(ip(addr), *port), *want, "{addr}:{port}");
