@@ -120,3 +120,20 @@ def test_a_rotation_reads_each_source_again_and_keeps_the_placeholders(tmp_path)
     assert (again.value, again.placeholder, again.placeholder_env) == ("new-value-2", first.placeholder, "GH")
     with pytest.raises(GatewrapError, match="from_env GW_T_SECRET is not in"):
         sec.resolve_again(p, {}, [first])
+
+
+def test_a_process_that_resolved_a_secret_can_no_longer_dump_its_memory(tmp_path):
+    """A core of gatewrap (or the daemon) would hold the values: resolving the first secret
+    makes the process non-dumpable (PR_GET_DUMPABLE 0), and an exec'd child is dumpable again."""
+    policy = tmp_path / "p.toml"
+    policy.write_text('[[secret]]\nname = "k"\nfrom_env = "K"\n\n[[rule]]\nhost = "api.test"\nschemes = ["http"]\n'
+                      'action = "allow"\ninject = { secret = "k", as = "bearer" }\n')
+    code = ("import ctypes, subprocess, sys\n"
+            "from gatewrap import secrets\nfrom gatewrap.policy import build_policy\n"
+            "libc = ctypes.CDLL(None)\nbefore = libc.prctl(3, 0, 0, 0, 0)\n"
+            f"secrets.resolve(build_policy({str(policy)!r}, [], []), {{'K': 'v4lue'}})\n"
+            "child = subprocess.run([sys.executable, '-c', 'import ctypes; print(ctypes.CDLL(None).prctl(3, 0, 0, 0, 0))'],"
+            " capture_output=True, text=True).stdout.strip()\n"
+            "print(before, libc.prctl(3, 0, 0, 0, 0), child)\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.stdout.split() == ["1", "0", "1"], p.stderr

@@ -22,6 +22,7 @@ from .sandbox import cgroup
 #: Signals forwarded to the agent, which runs in a session of its own (no controlling
 #: terminal), so Ctrl-C reaches it only through gatewrap.
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+PR_SET_DUMPABLE = 4  # prctl(2)
 PR_SET_CHILD_SUBREAPER = 36
 #: oom_score_adj (proc(5), -1000..1000) of gatewrap's own processes: a run's gatewrap (its
 #: gate), the shared mode's daemon and waiter. Protected from the OOM killer's choice, not
@@ -46,6 +47,19 @@ def become_subreaper() -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
         raise GatewrapError(f"prctl(PR_SET_CHILD_SUBREAPER) failed: {os.strerror(ctypes.get_errno())}")
+
+
+def no_core_dumps() -> None:
+    """Never dump this process's memory: PR_SET_DUMPABLE 0 (prctl(2)), so a crash leaves no
+    core with the secrets it holds, and /proc/PID/mem and environ are root's alone. Not
+    inherited across execve(2) (the agent's own limits are unchanged).
+
+    Raises:
+        GatewrapError: the prctl failed.
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        raise GatewrapError(f"prctl(PR_SET_DUMPABLE) failed: {os.strerror(ctypes.get_errno())}")
 
 
 def reap(pid: int) -> int | None:

@@ -159,12 +159,17 @@ def resolve_one(definition: dict[str, Any], environ: dict[str, str]) -> str:
 
 def resolve(policy: Any, environ: dict[str, str]) -> list[Resolved]:
     """Every secret a rule of ``policy`` injects, resolved (with a placeholder when it has
-    ``placeholder_env``). Secrets no rule injects are not read.
+    ``placeholder_env``). Secrets no rule injects are not read. Before the first is read, the
+    process stops being dumpable (:func:`gatewrap.agent_process.no_core_dumps`).
 
     Raises:
         GatewrapError: as :func:`resolve_one`.
     """
     used = {r["inject"][0] for r in policy.describe() if r.get("inject")}
+    if used:
+        from ..agent_process import no_core_dumps
+
+        no_core_dumps()  # the process (gatewrap's own or the daemon) holds values from now on
     out = []
     for d in policy.secrets():
         if d["name"] not in used:
