@@ -192,3 +192,20 @@ def test_stop_refuses_a_run_whose_gatewrap_is_in_another_pid_namespace_and_signa
     assert bystander_alive, "stop signalled the process its pid names here"
     assert s.returncode == 125, s.stderr
     assert f"run {run_id} is not this gatewrap's to stop" in s.stderr and "another pid namespace" in s.stderr
+
+
+def test_ps_survives_processes_that_come_and_go_between_listing_and_reading(tmp_path):
+    """An agent that starts a short-lived process every 10 ms: processes leave its cgroup
+    between ps's listing and its reads (psutil.NoSuchProcess), and every ps still answers."""
+    p = _start(tmp_path / "churn.jsonl", "/bin/sh", "-c", "end=$(($(date +%s) + 60)); "
+               "while [ $(date +%s) -lt $end ]; do sleep 0.01; done")
+    try:
+        _live(p.pid, lambda r: r["argv"] is not None and r["procs"] >= 3)
+        for _ in range(15):
+            got = _gw("ps", "--json")
+            assert got.returncode == 0, got.stderr
+            (r,) = [r for r in json.loads(got.stdout) if r["pid"] == p.pid]
+            assert isinstance(r["procs"], int) and r["procs"] >= 3, r
+    finally:
+        p.terminate()
+        p.wait(timeout=30)
