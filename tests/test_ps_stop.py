@@ -27,6 +27,19 @@ CONNECTS_THEN_WAITS = textwrap.dedent("""
     time.sleep(300)
 """)
 
+#: Forks one child that sleeps, then spins for 30 s (CPU for ps to see while the tests run),
+#: then waits to be stopped.
+BUSY_WITH_A_CHILD = textwrap.dedent("""
+    import os, time
+    if os.fork() == 0:
+        time.sleep(300)
+        os._exit(0)
+    end = time.monotonic() + 30
+    while time.monotonic() < end:
+        pass
+    time.sleep(300)
+""")
+
 
 def _gw(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(gatewrap_cmd(*args), capture_output=True, text=True, timeout=120, cwd=ROOT)
@@ -56,8 +69,10 @@ def runs(tmp_path_factory):
     d = tmp_path_factory.mktemp("ps")
     sleeper = _start(d / "sleep.jsonl", "/bin/sleep", "300")
     connector = _start(d / "connect.jsonl", AGENT_PYTHON, "-c", CONNECTS_THEN_WAITS)
-    yield {"sleep": (sleeper, d / "sleep.jsonl"), "connect": (connector, d / "connect.jsonl")}
-    for p in (sleeper, connector):
+    busy = _start(d / "busy.jsonl", AGENT_PYTHON, "-c", BUSY_WITH_A_CHILD)
+    yield {"sleep": (sleeper, d / "sleep.jsonl"), "connect": (connector, d / "connect.jsonl"),
+           "busy": (busy, d / "busy.jsonl")}
+    for p in (sleeper, connector, busy):
         if p.poll() is None:
             p.terminate()
             try:
@@ -74,10 +89,42 @@ def test_ps_shows_a_live_run_with_its_command_user_and_uptime(runs):
     assert r["run"].startswith("gw-") and r["audit_log"] == str(audit) and r["uptime_s"] >= 0
     assert (r["pending_approvals"], r["allowed"], r["denied"], r["direct_egress"], r["failed"]) == (0, 0, 0, 0, 0)
     table = _gw("ps").stdout.splitlines()
-    assert table[0].split() == ["RUN", "PID", "USER", "UPTIME", "PENDING", "ALLOWED", "DENIED", "DIRECT", "FAILED",
-                                "COMMAND"]
+    assert table[0].split() == ["RUN", "PID", "USER", "UPTIME", "CPU%", "RSS", "PROCS", "PENDING", "ALLOWED",
+                                "DENIED", "DIRECT", "FAILED", "COMMAND"]
     row = next(line for line in table if line.startswith(r["run"]))
     assert row.split()[1:3] == [str(p.pid), "nobody"] and row.endswith("/bin/sleep 300")
+
+
+def _cgroup_procs(run: str) -> list[int]:
+    from gatewrap.sandbox import cgroup
+
+    with open(os.path.join(cgroup.cgroup2_mount(), "gatewrap", run, "cgroup.procs")) as f:
+        return [int(line) for line in f]
+
+
+def test_ps_shows_a_busy_runs_cpu_memory_and_processes(runs):
+    """The busy agent spins (one CPU's worth) beside a sleeping child: its run's CPU % is
+    well above zero, its process count is what its cgroup holds (nsjail, tini, the agent and
+    its child), and a sleeping run's CPU % is about zero."""
+    p, _ = runs["busy"]
+    r = _live(p.pid, lambda r: r["argv"] is not None and r["procs"] >= 4)
+    s = _live(runs["sleep"][0].pid, lambda r: r["argv"] is not None)
+    assert isinstance(r["cpu_percent"], float) and r["cpu_percent"] > 20, r
+    assert isinstance(r["rss"], int) and r["rss"] > 1 << 20, r
+    assert isinstance(r["procs"], int) and r["procs"] == len(_cgroup_procs(r["run"])) == 4, r
+    assert s["procs"] == 3 and s["cpu_percent"] < 20 and s["rss"] > 0, s
+    row = next(line for line in _gw("ps").stdout.splitlines() if line.startswith(r["run"]))
+    assert row.split()[6] == "4", row
+
+
+def test_ps_lists_runs_by_start_oldest_first(runs):
+    for p, _ in runs.values():
+        _live(p.pid, lambda r: r["argv"] is not None)
+    got = json.loads(_gw("ps", "--json").stdout)
+    started = [r["started"] for r in got]
+    assert started == sorted(started), [(r["run"], r["started"]) for r in got]
+    table = [line.split()[0] for line in _gw("ps").stdout.splitlines()[1:]]
+    assert [r for r in table if r in {g["run"] for g in got}] == [g["run"] for g in got if g["run"] in table]
 
 
 def test_ps_counts_what_the_run_did_so_far(runs):
@@ -145,3 +192,20 @@ def test_stop_refuses_a_run_whose_gatewrap_is_in_another_pid_namespace_and_signa
     assert bystander_alive, "stop signalled the process its pid names here"
     assert s.returncode == 125, s.stderr
     assert f"run {run_id} is not this gatewrap's to stop" in s.stderr and "another pid namespace" in s.stderr
+
+
+def test_ps_survives_processes_that_come_and_go_between_listing_and_reading(tmp_path):
+    """An agent that starts a short-lived process every 10 ms: processes leave its cgroup
+    between ps's listing and its reads (psutil.NoSuchProcess), and every ps still answers."""
+    p = _start(tmp_path / "churn.jsonl", "/bin/sh", "-c", "end=$(($(date +%s) + 60)); "
+               "while [ $(date +%s) -lt $end ]; do sleep 0.01; done")
+    try:
+        _live(p.pid, lambda r: r["argv"] is not None and r["procs"] >= 3)
+        for _ in range(15):
+            got = _gw("ps", "--json")
+            assert got.returncode == 0, got.stderr
+            (r,) = [r for r in json.loads(got.stdout) if r["pid"] == p.pid]
+            assert isinstance(r["procs"], int) and r["procs"] >= 3, r
+    finally:
+        p.terminate()
+        p.wait(timeout=30)

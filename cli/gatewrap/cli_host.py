@@ -14,8 +14,16 @@ from .cli import CONTEXT
 @click.command(context_settings=CONTEXT)
 @click.option("--json", "as_json", is_flag=True, help="Print the runs as a JSON array.")
 def ps(as_json: bool) -> int:
-    """List the live runs: id, gatewrap's pid (with --shared, its gatewrap-wait's), the
-    agent's user, uptime, pending approvals, counts so far, command.
+    """List the live runs, oldest first: id, gatewrap's pid (with --shared, its
+    gatewrap-wait's), the agent's user, uptime, CPU %, RSS, processes, pending approvals,
+    counts so far, command.
+
+    \b
+    CPU%, RSS and PROCS are the processes in the run's cgroup (its cgroup.procs: the jail's
+    nsjail and init, the agent and its children): CPU% is the CPU time they used over one
+    0.2 s sample (taken for every run at once, so ps takes 0.2 s), of one CPU (200 = two
+    CPUs busy); RSS sums their resident memory (shared pages once per process). --json
+    gives cpu_percent (a number), rss (bytes) and procs (an int).
 
     \b
     Counts are the run's own records in its audit log so far (read from where the log

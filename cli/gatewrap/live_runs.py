@@ -7,7 +7,8 @@ file's ``audit_offset``): exact, and costs a read of what was written since then
 run's records in that log), never the whole log. Its pending approvals are counted from
 the same records: an ``approval_asked`` whose approval has no ``approval_approved``,
 ``_rejected``, ``_expired`` or ``_cancelled`` record yet (``gatewrap approvals list --run
-ID`` reads the store itself).
+ID`` reads the store itself). What its processes use now (CPU %, RSS, count) is sampled
+from its cgroup (run_usage.py).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any
 from . import audit_reader as ar
 from .audit_stats import RunCounts
 from .errors import GatewrapError
+from .run_usage import Usage, sample
 from .sandbox import registry
 from .text import printable
 
@@ -32,7 +34,8 @@ from .text import printable
 @dataclass
 class LiveRun:
     """One live run: its gatewrap's pid, the agent's argv and user (None until its
-    ``run_start`` record is written), its age in seconds and its counts so far."""
+    ``run_start`` record is written), its age in seconds, its counts so far and what its
+    processes use now (:class:`gatewrap.run_usage.Usage`, zero until sampled)."""
 
     run: str
     pid: int
@@ -45,13 +48,16 @@ class LiveRun:
     counts: RunCounts = field(default_factory=lambda: RunCounts(""))
     #: Approvals asked and not answered yet, as the run's audit records say so far.
     pending_approvals: int = 0
+    usage: Usage = field(default_factory=Usage)
 
     def as_record(self) -> dict[str, Any]:
         """``{run, pid, argv, user, uid, started, uptime_s, audit_log, pending_approvals,
-        allowed, denied, direct_egress, failed}`` (``started``: Unix seconds)."""
+        allowed, denied, direct_egress, failed, cpu_percent, rss, procs}`` (``started``: Unix
+        seconds; ``cpu_percent`` a float, of one CPU; ``rss`` bytes; ``procs`` an int)."""
         c = self.counts
-        rec = {k: v for k, v in asdict(self).items() if k != "counts"}
+        rec = {k: v for k, v in asdict(self).items() if k not in ("counts", "usage")}
         rec.update(allowed=c.allowed, denied=c.denied, direct_egress=c.direct_egress, failed=c.failed)
+        rec.update(asdict(self.usage))
         return rec
 
 
@@ -151,9 +157,17 @@ def live_run(run_id: str, now: float | None = None) -> LiveRun | None:
                    audit_log=info.get("audit_log"), counts=counts, pending_approvals=len(asked - answered))
 
 
-def live_runs() -> list[LiveRun]:
-    """Every live run, by id."""
-    return [r for r in (live_run(i) for i in registry.live()) if r is not None]
+def live_runs(usage: bool = True) -> list[LiveRun]:
+    """Every live run, oldest first (by ``started``; one whose start is unknown last, then by
+    id), with what its processes use now when ``usage`` (:func:`gatewrap.run_usage.sample`:
+    takes :data:`gatewrap.run_usage.SAMPLE_S` seconds)."""
+    runs = [r for r in (live_run(i) for i in registry.live()) if r is not None]
+    runs.sort(key=lambda r: (r.started is None, r.started or 0.0, r.run))
+    if usage:
+        used = sample([r.run for r in runs])
+        for r in runs:
+            r.usage = used[r.run]
+    return runs
 
 
 def uptime(seconds: float | None) -> str:
@@ -172,15 +186,26 @@ def uptime(seconds: float | None) -> str:
 
 def ps_lines(runs: list[LiveRun]) -> list[str]:
     """The table of ``gatewrap ps`` (the agent's command escaped)."""
-    out = [f"{'RUN':<14} {'PID':>7} {'USER':<10} {'UPTIME':>7} {'PENDING':>7} {'ALLOWED':>7} {'DENIED':>7} "
-           f"{'DIRECT':>7} {'FAILED':>7}  COMMAND"]
+    out = [f"{'RUN':<14} {'PID':>7} {'USER':<10} {'UPTIME':>7} {'CPU%':>6} {'RSS':>6} {'PROCS':>5} "
+           f"{'PENDING':>7} {'ALLOWED':>7} {'DENIED':>7} {'DIRECT':>7} {'FAILED':>7}  COMMAND"]
     for r in runs:
-        c = r.counts
+        c, u = r.counts, r.usage
         cmd = " ".join(r.argv) if r.argv else "(starting)"
         out.append(f"{r.run:<14} {r.pid:>7} {printable(r.user or '-'):<10} {uptime(r.uptime_s):>7} "
+                   f"{u.cpu_percent:>6.1f} {size(u.rss):>6} {u.procs:>5} "
                    f"{r.pending_approvals:>7} {c.allowed:>7} {c.denied:>7} {c.direct_egress:>7} {c.failed:>7}  "
                    f"{printable(cmd)}")
     return out
+
+
+def size(n: int) -> str:
+    """Bytes as ps tables show them: ``812K``, ``23.4M``, ``1.2G`` (powers of 1024)."""
+    value, unit = n / 1024, "K"
+    for bigger in "MGT":
+        if value < 1000:
+            break
+        value, unit = value / 1024, bigger
+    return f"{value:.0f}K" if unit == "K" else f"{value:.1f}{unit}"
 
 
 @dataclass
