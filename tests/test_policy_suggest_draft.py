@@ -99,10 +99,18 @@ def test_suggest_carries_allow_private_where_the_guard_refused_a_name_on_a_priva
          "reason": "ssrf: private address 10.1.2.3"},
         {"event": "request", "method": "GET", "dst_host": "meta.test", "dst_port": 80, "decision": "denied",
          "reason": "ssrf: metadata address 169.254.169.254"},
+        # reached in the report run through --allow-private (or --public-range): the draft's
+        # enforcing run needs allow_private too
+        {"event": "connect", "method": "CONNECT", "dst_host": "pypi.org", "dst_port": 443, "decision": "allowed",
+         "rule": "--allow-private pypi.org", "dst_ip": "203.0.113.80"},
+        {"event": "connect", "method": "CONNECT", "dst_host": "files.test", "dst_port": 443, "decision": "allowed",
+         "would": "deny", "reason": "policy: default deny", "dst_ip": "2001:db8::5"},
     ])
     code, out, err = gw(capsys, "policy", "suggest", "--run", "gw-1", "--log", log)
     assert (code, err) == (0, ""), out
     assert ('host = "mirror.corp.test"\nports = [443]\naction = "allow"\nallow_private = true\n') in out
+    assert ('host = "pypi.org"\nports = [443]\naction = "allow"\nallow_private = true\n') in out
+    assert ('host = "files.test"\nports = [443]\naction = "allow"\nallow_private = true\n') in out
     assert 'host = "public.test"\nports = [80]\naction = "allow"\n\n' in out or out.endswith(
         'host = "public.test"\nports = [80]\naction = "allow"\n'), "no allow_private where none was needed"
     assert 'host = "10.1.2.3"\nports = [80]\naction = "allow"\n' in out, "an address: a rule naming it is enough"

@@ -11,6 +11,7 @@ embedded IPv4). A name the guard refused for a private-range address (a company 
 from __future__ import annotations
 
 import json
+import ipaddress
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -100,6 +101,16 @@ class Suggestion:
         return "\n".join(out) + "\n"
 
 
+def _not_global(ip: Any) -> bool:
+    """Whether ``ip`` (a record's ``dst_ip``) is an address outside the public internet
+    (Python's ``ipaddress`` ``is_global``: the IANA special-purpose registries, RFC 6890),
+    which the guard opens to a name only with ``allow_private``."""
+    try:
+        return not ipaddress.ip_address(str(ip)).is_global
+    except ValueError:
+        return False
+
+
 def suggest(records: Iterable[dict[str, Any]], run: str) -> Suggestion:
     """Collect the records of ``run`` into a :class:`Suggestion`.
 
@@ -131,8 +142,8 @@ def suggest(records: Iterable[dict[str, Any]], run: str) -> Suggestion:
                 ssrf[f"{_hostport(rec['dst_host'], rec['dst_port'])}: {reason}"] += n
                 continue
             use = hosts[str(rec["dst_host"])]
-            if ssrf_class is not None and not _is_address(str(rec["dst_host"])):
-                use.private = True
+            if not _is_address(str(rec["dst_host"])) and (ssrf_class is not None or _not_global(rec.get("dst_ip"))):
+                use.private = True  # refused for it, or reached it through --allow-private/--public-range
             use.ports.add(rec["dst_port"])
             use.methods[str(rec.get("method") or "?")] += n
             if rec.get("decision") == "denied" or rec.get("would") == "deny":
