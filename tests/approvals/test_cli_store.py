@@ -78,6 +78,9 @@ def test_edit_makes_a_new_version_and_show_prints_the_diff(store_url, asked, sto
     assert r.returncode == 0, r.stderr
     a = store.get(asked["id"])
     assert a["version"] == 2 and a["edited"] and a["body"] == BODY.replace(b"all-customers@", b"pricing-team@")
+    hint = r.stdout.splitlines()[-1]  # the command to paste: as root no sudo, and this store named
+    assert hint.startswith(f"gatewrap: edited {a['id']}: now version 2; approve it with: gatewrap approvals approve "), hint
+    assert f"--digest {a['digest']}" in hint and "--state" in hint, hint
     assert ["X-Trace", "reviewed"] in [list(h) for h in a["headers"]]
     assert ["Authorization", "[redacted]"] in [list(h) for h in a["headers"]]
     s = cli("show", asked["id"], "--state", store_url).stdout

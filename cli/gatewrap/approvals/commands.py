@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 from typing import Any, Callable
 
@@ -294,9 +295,10 @@ def edit(approval_id: str, state_url: str | None, as_json: bool) -> int:
                                "diff": render.diff(after)}))
     else:
         click.echo("\n".join(render.diff(after)))
+        prefix, suffix = state.answer_hint(state.resolve_url(state_url), os.environ)
         click.echo(f"gatewrap: edited {after['id']}: now version {after['version']}; approve it with: "
-                   f"sudo gatewrap approvals approve {after['id']} --version {after['version']} "
-                   f"--digest {after['digest']}")
+                   f"{prefix} approve {after['id']} --version {after['version']} "
+                   f"--digest {after['digest']}{suffix}")
     return 0
 
 

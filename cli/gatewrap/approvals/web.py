@@ -342,7 +342,8 @@ class Handler(BaseHTTPRequestHandler):
                  ("asked", render.when(a["created"])), ("expires", render.when(a["deadline"]) + " (then denied)"),
                  ("version", a["version"]), ("digest", a["digest"])]
         if a.get("decided_by"):
-            facts.append(("decided by", f"{a['decided_by']} at {render.when(a.get('decided_at'))}"))
+            when = f" at {render.when(a['decided_at'])}" if a.get("decided_at") else ""
+            facts.append(("edited by" if a["status"] == "pending" else "decided by", f"{a['decided_by']}{when}"))
         if a.get("grant_id"):
             facts.append(("granted", self._grant_fact(a)))
         if a.get("reason"):
