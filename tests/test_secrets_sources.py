@@ -92,6 +92,8 @@ def test_policy_check_says_what_is_wrong_with_an_inject(tmp_path, case, extra, n
     r = gatewrap("policy", "check", str(p))
     assert r.returncode == code, r.stderr
     assert want in r.stderr
+    if code == 0:  # the rule's summary names the secret and its place
+        assert "inject [secret github] into header authorization" in r.stdout, r.stdout
 
 
 def test_secrets_list_and_check_never_print_a_value(tmp_path):

@@ -133,7 +133,8 @@ def _warnings(default: str, mode: str, rules: list[dict[str, Any]]) -> list[str]
 
 
 def rule_extras(r: dict[str, Any]) -> str:
-    """The keys of a rule beyond host, ports and action: ``methods POST,PUT  path /v1  inspect``."""
+    """The keys of a rule beyond host, ports and action: ``methods POST,PUT  path /v1  inspect
+    inject [secret github] into header authorization`` (a secret by name, never its value)."""
     parts = []
     if r.get("methods"):
         parts.append("methods " + ",".join(r["methods"]))
@@ -148,6 +149,8 @@ def rule_extras(r: dict[str, Any]) -> str:
         parts.append(f"budget {r['budget'][0]} per {r['budget'][1]}")
     if r.get("timeout"):
         parts.append(f"timeout {r['timeout']}")
+    if r.get("inject"):
+        parts.append(f"inject [secret {r['inject'][0]}] into {r['inject'][1]}")
     return "  ".join(parts)
 
 
