@@ -14,7 +14,7 @@ from .cli import CONTEXT
 @click.command(context_settings=CONTEXT)
 @click.option("--json", "as_json", is_flag=True, help="Print the runs as a JSON array.")
 def ps(as_json: bool) -> int:
-    """List the live runs, oldest first: id, gatewrap's pid (with --shared, its
+    """List the live runs, oldest first: id, gatewrap's pid (a shared run: its
     gatewrap-wait's), the agent's user, uptime, CPU %, RSS, processes, pending approvals,
     counts so far, command.
 
@@ -76,7 +76,7 @@ def stop(run_id: str, timeout: float, as_json: bool) -> int:
         click.echo(json.dumps(res.as_record()))
     else:
         end = (f"the agent exited {res.exit_code}" if res.exit_code is not None else
-               "no run_end record in its log yet (a --shared run whose daemon is down: gatewrap gc or the "
+               "no run_end record in its log yet (a shared run whose daemon is down: gatewrap gc or the "
                "restarted daemon removes its sandbox and writes it)")
         click.echo(f"gatewrap: stopped {run_id}: {end}")
     return 0
@@ -98,7 +98,7 @@ def reload(run_id: str, timeout: float, as_json: bool) -> int:
     protected paths, the jail. A file that cannot be read or does not parse leaves the
     policy in force as it was, and says why. Either way a policy_reload record (old and
     new digest) goes to the run's audit log. SIGHUP to a run's own gatewrap process does
-    the same (a --shared run is reloaded through its daemon).
+    the same (a shared run, the default, is reloaded through its daemon).
 
     \b
     Exit 0 when reloaded, 1 when RUN is not a live run or its file was refused, 125 when

@@ -138,5 +138,5 @@ def _waiter() -> Check:
     if found:
         return Check("gatewrap-wait", "ok", found)
     return Check("gatewrap-wait", "warn",
-                 "not found: gatewrap run --shared then waits in Python (~5 MB per run instead of ~0.13 MB)",
+                 "not found: a shared gatewrap run (the default) then waits in Python (~5 MB per run instead of ~0.13 MB)",
                  "sudo scripts/setup.sh install (builds gate_wait/ and installs it beside the venv's python)")
