@@ -71,16 +71,20 @@ def main() -> None:
                "--resolver", net.dns_server, "--public-range", "198.51.100.128/25", "--public-range", "2001:db8:100::/48",
                "--policy", policy, "--state", state, "--workdir", "/tmp", "--ro-bind", net.tmpdir,
                "--", "/bin/sh", "-c", agent]
-        p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+        # stderr to a file, not a pipe: a line per approval (the gate's notice) would fill a
+        # pipe no one reads before the end (~140 approvals), and the run would stall on it.
+        errors = open(os.path.join(tmp, "stderr"), "w+")
+        p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=errors, text=True, cwd=ROOT)
         decided: dict[str, float] = {}
         while len(decided) < n and p.poll() is None:
             for a in store.list(status="pending"):
                 d = store.decide(a["id"], version=a["version"], digest=a["digest"], verdict="approve", by="bench")
                 decided[key(a["url"])] = d["decided_at"]
             time.sleep(0.001)
-        _, err = p.communicate(timeout=120)
+        p.wait(timeout=120)
         if p.returncode != 0:
-            raise SystemExit(f"gatewrap run failed ({p.returncode}): {err}")
+            errors.seek(0)
+            raise SystemExit(f"gatewrap run failed ({p.returncode}): {errors.read()[-4000:]}")
         arrived = {key(e["path"]): e["ts"] for e in net.access_entries(server="http", event="request")
                    if e["path"].startswith("/echo?i=")}
         approved: dict[str, float] = {}

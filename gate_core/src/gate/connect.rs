@@ -70,7 +70,7 @@ async fn open(ctx: Arc<Ctx>, peer: SocketAddr, mut req: Request<Incoming>) -> Re
         return unrecorded;
     }
     let mut pending = Pending::new(ctx.clone(), rec);
-    match guard::dial(&ctx, &adm).await {
+    match guard::dial(&ctx, &adm, sending.as_mut().and_then(hold::Sending::early)).await {
         Err(e) => {
             hold::not_sent(sending, &e);
             pending.fail(&adm, &e)

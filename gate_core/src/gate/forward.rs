@@ -212,7 +212,7 @@ pub async fn handle(ctx: Arc<Ctx>, peer: SocketAddr, req: Request<Incoming>) -> 
     }
     let target = adm.host.with_port(port);
     let mut pending = Pending::new(ctx.clone(), rec);
-    let conn = match pool::checkout(&ctx, &ctx.upstream, &adm).await {
+    let conn = match pool::checkout(&ctx, &ctx.upstream, &adm, sending.as_mut().and_then(hold::Sending::early)).await {
         Ok(conn) => conn,
         Err(e) => {
             hold::not_sent(sending, &e);

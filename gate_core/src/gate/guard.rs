@@ -14,6 +14,7 @@
 //! suggest` turns into a rule with `allow_private = true`.
 
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 
 use tokio::net::TcpStream;
 
@@ -29,21 +30,32 @@ use super::Ctx;
 /// runtime every run shares (issue 23, target 5); the others wait their turn, in its time.
 pub const MAX_LOOKUPS: usize = 32;
 
-/// Resolve (names only), screen, and connect to the first kept address that answers.
-pub async fn dial(ctx: &Ctx, adm: &Admission) -> Result<(TcpStream, SocketAddr), DialError> {
-    let kept = vetted(ctx, adm).await?;
+/// Resolve (names only), screen, and connect to the first kept address that answers;
+/// `early`: the lookup [`Early::start`] began already (an approved request), else made here.
+pub async fn dial(ctx: &Ctx, adm: &Admission, early: Option<Early>) -> Result<(TcpStream, SocketAddr), DialError> {
+    let kept = vetted(ctx, adm, early).await?;
     dial::connect_any(&kept, adm.port, ctx.connect_timeout).await
 }
 
 /// Resolve (names only) and screen: the addresses the gate may dial for `adm`, in order
-/// (never empty). The pool (`pool.rs`) reuses a connection only to one of these.
+/// (never empty). The pool (`pool.rs`) reuses a connection only to one of these. `early`:
+/// the lookup of `adm.host` started before (see [`Early`]); its addresses are screened here,
+/// now, as a lookup made here would be.
 ///
 /// Errors: the lookup's [`DialError`], or [`DialError::Ssrf`] when every address is refused.
-pub async fn vetted(ctx: &Ctx, adm: &Admission) -> Result<Vec<IpAddr>, DialError> {
-    // A name's lookup takes one of the run's [`MAX_LOOKUPS`] slots, waited for within the
-    // lookup's own time limit.
+pub async fn vetted(ctx: &Ctx, adm: &Admission, early: Option<Early>) -> Result<Vec<IpAddr>, DialError> {
+    let ips = match early {
+        Some(early) => early.addresses().await?,
+        None => lookup(ctx, &adm.host).await?,
+    };
+    screen_for(ctx, adm, ips)
+}
+
+/// What `host` resolves to (a name's lookup takes one of the run's [`MAX_LOOKUPS`] slots,
+/// waited for within the lookup's own time limit, the gate's connect timeout).
+async fn lookup(ctx: &Ctx, host: &Host) -> Result<Vec<IpAddr>, DialError> {
     let started = tokio::time::Instant::now();
-    let _slot = match (&adm.host, adm.host.ip()) {
+    let _slot = match (host, host.ip()) {
         (Host::Name(name), None) => Some(
             tokio::time::timeout(ctx.connect_timeout, ctx.lookups.acquire())
                 .await
@@ -53,8 +65,43 @@ pub async fn vetted(ctx: &Ctx, adm: &Admission) -> Result<Vec<IpAddr>, DialError
         _ => None,
     };
     let limit = ctx.connect_timeout.saturating_sub(started.elapsed());
-    let ips = dial::addresses(&ctx.resolver, &adm.host, limit).await?;
-    screen_for(ctx, adm, ips)
+    dial::addresses(&ctx.resolver, host, limit).await
+}
+
+/// A name's lookup started ahead of the dial, on its own task: an approved request's,
+/// begun alongside the claim (`hold.rs`) so that the human's yes does not wait for the claim
+/// and then for DNS in turn. Only the lookup: its addresses are screened by [`vetted`] when
+/// the request is sent (after the claim was won and the `admit` record written), and a
+/// claim that is lost drops it (the task is aborted; nothing is dialled).
+pub struct Early {
+    task: tokio::task::JoinHandle<Result<Vec<IpAddr>, DialError>>,
+    host: String,
+}
+
+impl Early {
+    /// Start resolving `host` on the current runtime; `None` for an IP literal (nothing
+    /// to look up) or outside a runtime.
+    pub fn start(ctx: &Arc<Ctx>, host: &Host) -> Option<Early> {
+        if !matches!((host, host.ip()), (Host::Name(_), None)) {
+            return None;
+        }
+        let (ctx, host) = (ctx.clone(), host.clone());
+        let rt = tokio::runtime::Handle::try_current().ok()?;
+        let name = host.to_string();
+        Some(Early { task: rt.spawn(async move { lookup(&ctx, &host).await }), host: name })
+    }
+
+    /// The lookup's answer (as [`vetted`] would have had it).
+    async fn addresses(mut self) -> Result<Vec<IpAddr>, DialError> {
+        let host = std::mem::take(&mut self.host);
+        (&mut self.task).await.unwrap_or_else(|e| Err(DialError::Dns { host, msg: format!("the lookup's task ended: {e}") }))
+    }
+}
+
+impl Drop for Early {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
 }
 
 fn screen_for(ctx: &Ctx, adm: &Admission, ips: Vec<IpAddr>) -> Result<Vec<IpAddr>, DialError> {

@@ -12,7 +12,7 @@
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -25,9 +25,10 @@ use serde_json::{Map, Value};
 use crate::approvals::{self, digest, redact, status, wake, Approval, NewApproval, PendingCaps, Store, StoreError};
 use crate::audit::{fields as f, GateRecord};
 use crate::policy::path::without_query;
-use crate::policy::{canonical_path, Action, Hold, Scheme, DEFAULT_ASK_TIMEOUT};
+use crate::policy::{canonical_path, Action, Hold, Host, Scheme, DEFAULT_ASK_TIMEOUT};
 
 use super::admit::Admission;
+use super::guard::Early;
 use super::respond::{self, Body};
 use super::Ctx;
 
@@ -41,9 +42,14 @@ const REREAD: Duration = Duration::from_secs(1);
 /// Called with each new approval (off the runtime; its failure decides nothing).
 pub type OnAsked = Box<dyn Fn(&Approval) + Send + Sync>;
 
+/// A piece of work for the store's thread (see [`Approvals::call`]).
+type Job = Box<dyn FnOnce(&mut Store) + Send>;
+
 /// The approvals side of a running gate.
 pub struct Approvals {
     store: Arc<Mutex<Store>>,
+    /// The store's thread's queue, made on the first call (see [`Approvals::post`]).
+    jobs: Mutex<Option<mpsc::Sender<Job>>>,
     pub(super) wakes: Arc<tokio::sync::Notify>,
     on_asked: Option<Arc<OnAsked>>,
     /// How the live line says to answer (see [`AnswerHint`]).
@@ -67,6 +73,7 @@ impl Approvals {
         store.start_run(run_id, &host, std::process::id() as i64, listener.address.as_deref()).map_err(|e| e.to_string())?;
         Ok(Approvals {
             store: Arc::new(Mutex::new(store)),
+            jobs: Mutex::new(None),
             wakes,
             on_asked: on_asked.map(Arc::new),
             hint,
@@ -76,12 +83,45 @@ impl Approvals {
         })
     }
 
-    /// Run `f` on the store on a blocking thread (the PostgreSQL client has its own runtime).
+    /// Run `f` on the store, on the store's thread (SQLite's and the PostgreSQL client's
+    /// calls block; the PostgreSQL client has its own runtime), and await its answer.
+    ///
+    /// Errors: `f`'s, or [`StoreError::Invalid`] when the store's thread cannot be started
+    /// or `f` panicked (the request is then denied: nothing is sent without the store).
     pub(super) async fn call<T: Send + 'static>(&self, f: impl FnOnce(&mut Store) -> approvals::Result<T> + Send + 'static) -> approvals::Result<T> {
-        let store = self.store.clone();
-        tokio::task::spawn_blocking(move || f(&mut store.lock().unwrap_or_else(|p| p.into_inner())))
-            .await
-            .unwrap_or_else(|e| Err(StoreError::Invalid(format!("store task failed: {e}"))))
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.post(Box::new(move |s| {
+            let _ = tx.send(f(s));
+        }))?;
+        rx.await.unwrap_or_else(|_| Err(StoreError::Invalid("store call failed (it panicked)".into())))
+    }
+
+    /// Queue `job` for the store's thread: one thread per gate with approvals on, started by
+    /// the first job (from a runtime thread, so in the host's network namespace, as the
+    /// blocking threads it replaces were), ending when the gate drops its [`Approvals`]. Jobs
+    /// run one at a time in the order they were posted (a claim before its `sent`), each
+    /// with the store locked (the plain threads of `end_run` lock it too). A job that panics
+    /// is dropped; the thread goes on.
+    fn post(&self, job: Job) -> approvals::Result<()> {
+        let mut jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
+        if jobs.is_none() {
+            let (tx, rx) = mpsc::channel::<Job>();
+            let store = self.store.clone();
+            std::thread::Builder::new()
+                .name("gate-store".into())
+                .spawn(move || {
+                    for job in rx {
+                        let mut s = store.lock().unwrap_or_else(|p| p.into_inner());
+                        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(&mut s)));
+                    }
+                })
+                .map_err(|e| StoreError::Invalid(format!("the store's thread could not be started: {e}")))?;
+            *jobs = Some(tx);
+        }
+        match jobs.as_ref().map(|tx| tx.send(job)) {
+            Some(Ok(())) => Ok(()),
+            _ => Err(StoreError::Invalid("the store's thread has ended".into())),
+        }
     }
 
     /// End the run in the store (its pending approvals cancelled). From a plain thread.
@@ -107,6 +147,8 @@ pub struct Sending {
     ctx: Arc<Ctx>,
     approval: Approval,
     pub status: Option<u16>,
+    /// The destination's lookup, started alongside the claim (see [`Early`]).
+    early: Option<Early>,
     /// Its outcome is recorded already ([`not_sent`]): the drop records nothing.
     done: bool,
 }
@@ -125,11 +167,9 @@ impl Drop for Sending {
             rec.insert(f::ERROR.into(), "upstream: no response".into());
         }
         let _ = self.ctx.event(rec);
-        if let Ok(h) = tokio::runtime::Handle::try_current() {
-            h.spawn_blocking(move || {
-                let _ = ap.store.lock().unwrap_or_else(|p| p.into_inner()).sent(&id, st);
-            });
-        }
+        let _ = ap.post(Box::new(move |s| {
+            let _ = s.sent(&id, st);
+        }));
     }
 }
 
@@ -142,16 +182,21 @@ pub fn not_sent(sending: Option<Sending>, err: &super::dial::DialError) {
     let mut rec = event(&s.ctx, f::EVENT_APPROVAL_CANCELLED, &s.approval);
     rec.insert(f::REASON.into(), why.clone().into());
     let _ = s.ctx.event(rec);
-    if let (Some(ap), Ok(h)) = (s.ctx.approvals.clone(), tokio::runtime::Handle::try_current()) {
+    if let Some(ap) = s.ctx.approvals.clone() {
         let id = s.approval.id.clone();
-        h.spawn_blocking(move || {
-            let _ = ap.store.lock().unwrap_or_else(|p| p.into_inner()).unsent(&id, &why);
-        });
+        let _ = ap.post(Box::new(move |s| {
+            let _ = s.unsent(&id, &why);
+        }));
     }
     s.done = true;
 }
 
 impl Sending {
+    /// The lookup started alongside the claim, for the dial (taken once).
+    pub fn early(&mut self) -> Option<Early> {
+        self.early.take()
+    }
+
     /// The reason of the request record: who approved which approval.
     pub fn reason(&self) -> String {
         format!("ask: approval {} approved by {}", self.approval.id, self.approval.decided_by.as_deref().unwrap_or("?"))
@@ -385,6 +430,9 @@ where
         None => adm.host.with_port(adm.port),
     };
     let grants_ok = grants_ok && target.is_some();
+    // The name a yes dials (an inspected tunnel dials nothing when it opens): looked up
+    // alongside the claim, never before the approval says approved.
+    let dials = (target.is_some() || !adm.decision.inspect).then(|| adm.host.clone());
     // Counted until this hold ends (`_held` dropped with this future).
     let (bytes, _held) = match collect(body, limit, Reserved { total: ap.held_bytes.clone(), n: 0 }, cap).await {
         (Ok(b), held) => (b, held),
@@ -482,8 +530,8 @@ where
             tokio::task::spawn_blocking(move || cb(&copy));
         }
     }
-    let (a, claimed) = if mode == Hold::Return { (a, None) } else { wait(ctx, &ap, a).await };
-    (outcome(ctx, &ap, a, claimed, rec.clone(), headers, bytes).await, rec)
+    let (a, claimed, early) = if mode == Hold::Return { (a, None, None) } else { wait(ctx, &ap, a, dials.as_ref()).await };
+    (outcome(ctx, &ap, a, (claimed, early), dials.as_ref(), rec.clone(), headers, bytes).await, rec)
 }
 
 /// Characters of the request's digest a notice line shows: 48 bits, enough that a line
@@ -532,28 +580,37 @@ pub fn notice_line(a: &Approval, hint: &AnswerHint) -> String {
 /// it at its deadline. If the agent leaves (this future is dropped), the approval is
 /// cancelled when no other request shares it. An approval found approved is claimed in the
 /// same trip to the store (one blocking-thread hop less between the human's yes and the
-/// send): `Some(won)` is that [`Store::claim`]'s answer.
-async fn wait(ctx: &Arc<Ctx>, ap: &Arc<Approvals>, mut a: Approval) -> (Approval, Option<approvals::Result<bool>>) {
+/// send): `Some(won)` is that [`Store::claim`]'s answer. Found approved, the lookup of
+/// `dials` (the destination a yes dials) starts between the read and the claim, on its own
+/// task ([`Early`]): the claim's write and the lookup overlap.
+async fn wait(ctx: &Arc<Ctx>, ap: &Arc<Approvals>, mut a: Approval, dials: Option<&Host>) -> (Approval, Option<approvals::Result<bool>>, Option<Early>) {
     let mut leaving = Leaving { ap: ap.clone(), ctx: ctx.clone(), id: Some(a.id.clone()) };
-    let mut claimed = None;
+    let (mut claimed, mut early) = (None, None);
+    let rt = tokio::runtime::Handle::current();
     loop {
         let woken = ap.wakes.notified();
         tokio::pin!(woken);
         woken.as_mut().enable();
         let id = a.id.clone();
+        let (c, rt, host) = (ctx.clone(), rt.clone(), dials.cloned());
         let read = ap
             .call(move |s| {
                 let now = s.get(&id)?;
-                let claim = match &now {
-                    Some(n) if n.status == status::APPROVED => Some(s.claim(&id)),
-                    _ => None,
+                let (claim, early) = match &now {
+                    Some(n) if n.status == status::APPROVED => {
+                        let _in = rt.enter();
+                        let early = host.and_then(|h| Early::start(&c, &h));
+                        (Some(s.claim(&id)), early)
+                    }
+                    _ => (None, None),
                 };
-                Ok((now, claim))
+                Ok((now, claim, early))
             })
             .await;
-        if let Ok((Some(now), claim)) = read {
+        if let Ok((Some(now), claim, e)) = read {
             a = now;
             claimed = claim;
+            early = e;
         }
         if a.status != status::PENDING {
             break;
@@ -574,7 +631,7 @@ async fn wait(ctx: &Arc<Ctx>, ap: &Arc<Approvals>, mut a: Approval) -> (Approval
         let _ = tokio::time::timeout(REREAD.min(Duration::from_secs_f64(left)), woken).await;
     }
     leaving.id = None;
-    (a, claimed)
+    (a, claimed, early)
 }
 
 /// Cancels a held approval whose last waiting request went away.
@@ -587,27 +644,36 @@ struct Leaving {
 impl Drop for Leaving {
     fn drop(&mut self) {
         let Some(id) = self.id.take() else { return };
-        let (ap, ctx) = (self.ap.clone(), self.ctx.clone());
-        if let Ok(h) = tokio::runtime::Handle::try_current() {
-            h.spawn_blocking(move || {
-                let mut s = ap.store.lock().unwrap_or_else(|p| p.into_inner());
-                if let Ok(0) = s.leave(&id) {
-                    if let Ok(true) = s.cancel(&id, "the agent disconnected while it was held") {
-                        if let Ok(Some(a)) = s.get(&id) {
-                            let mut m = event(&ctx, f::EVENT_APPROVAL_CANCELLED, &a);
-                            m.insert(f::REASON.into(), "the agent disconnected while it was held".into());
-                            let _ = ctx.event(m);
-                        }
+        let ctx = self.ctx.clone();
+        let _ = self.ap.post(Box::new(move |s| {
+            if let Ok(0) = s.leave(&id) {
+                if let Ok(true) = s.cancel(&id, "the agent disconnected while it was held") {
+                    if let Ok(Some(a)) = s.get(&id) {
+                        let mut m = event(&ctx, f::EVENT_APPROVAL_CANCELLED, &a);
+                        m.insert(f::REASON.into(), "the agent disconnected while it was held".into());
+                        let _ = ctx.event(m);
                     }
                 }
-            });
-        }
+            }
+        }));
     }
 }
 
 /// Carry out the decision of `a` for this request; `claimed`: the [`Store::claim`] made
-/// already when `a` was read (else it is made here).
-async fn outcome(ctx: &Arc<Ctx>, ap: &Arc<Approvals>, a: Approval, claimed: Option<approvals::Result<bool>>, rec: GateRecord, headers: &HeaderMap, body: Bytes) -> Held {
+/// already when `a` was read (else it is made here, the lookup of `dials` started beside
+/// it) and the lookup started with it. A lost claim drops the lookup: nothing is dialled.
+#[allow(clippy::too_many_arguments)]
+async fn outcome(
+    ctx: &Arc<Ctx>,
+    ap: &Arc<Approvals>,
+    a: Approval,
+    claimed: (Option<approvals::Result<bool>>, Option<Early>),
+    dials: Option<&Host>,
+    rec: GateRecord,
+    headers: &HeaderMap,
+    body: Bytes,
+) -> Held {
+    let (claimed, early) = claimed;
     let id = a.id.clone();
     match a.status.as_str() {
         status::PENDING => {
@@ -636,9 +702,12 @@ async fn outcome(ctx: &Arc<Ctx>, ap: &Arc<Approvals>, a: Approval, claimed: Opti
         }
         status::APPROVED => {
             let cid = id.clone();
-            let won = match claimed {
-                Some(won) => won,
-                None => ap.call(move |s| s.claim(&cid)).await,
+            let (won, early) = match claimed {
+                Some(won) => (won, early),
+                None => {
+                    let early = dials.and_then(|h| Early::start(ctx, h));
+                    (ap.call(move |s| s.claim(&cid)).await, early)
+                }
             };
             match won {
                 Ok(true) => {
@@ -660,7 +729,7 @@ async fn outcome(ctx: &Arc<Ctx>, ap: &Arc<Approvals>, a: Approval, claimed: Opti
                     Held::Go {
                         headers: send_headers(headers, &a),
                         body: send_body,
-                        sending: Some(Sending { ctx: ctx.clone(), approval: a, status: None, done: false }),
+                        sending: Some(Sending { ctx: ctx.clone(), approval: a, status: None, early, done: false }),
                     }
                 }
                 Ok(false) => sent_once(ctx, rec, &id),

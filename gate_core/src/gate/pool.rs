@@ -199,11 +199,12 @@ pub struct Conn<'p> {
 
 /// The connection for the plain-http request `adm` allowed: resolve and screen (the SSRF
 /// guard, on every request), then a kept connection to the first vetted address that has
-/// one, else a new one to the first vetted address that answers.
+/// one, else a new one to the first vetted address that answers. `early`: an approved
+/// request's lookup, started alongside its claim ([`guard::Early`]).
 ///
 /// Errors: the [`DialError`] of the lookup, the guard (403) or the dial (502/504).
-pub async fn checkout<'p>(ctx: &Ctx, pool: &'p Pool<ReqBody>, adm: &Admission) -> Result<Conn<'p>, DialError> {
-    let kept = guard::vetted(ctx, adm).await?;
+pub async fn checkout<'p>(ctx: &Ctx, pool: &'p Pool<ReqBody>, adm: &Admission, early: Option<guard::Early>) -> Result<Conn<'p>, DialError> {
+    let kept = guard::vetted(ctx, adm, early).await?;
     let key = |addr| Key { scheme: "http", host: adm.host.clone(), rule: adm.decision.rule.clone(), addr };
     if let Some((key, sender)) = pool.take_vetted(&kept, adm.port, key) {
         return Ok(Conn { pool, key, sender, reused: true, connect_timeout: ctx.connect_timeout });

@@ -7,9 +7,10 @@
 //! dropped, which closes its sockets. That is what lets many gates share one runtime
 //! ([`shared`]): stopping one ends exactly its work and nothing of the others.
 //!
-//! `spawn_blocking` work (store calls in `hold`, the `/proc` lookups in `client`, at most
-//! `client::THREADS` of those at once for all gates) is not tracked: each closure does a
-//! bounded piece of work and ends on its own.
+//! `spawn_blocking` work (the `/proc` lookups in `client`, at most `client::THREADS` of
+//! those at once for all gates; the approvals store has a thread of its own, see
+//! `hold::Approvals::call`) is not tracked: each closure does a bounded piece of work and
+//! ends on its own.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};

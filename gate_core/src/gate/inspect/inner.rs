@@ -148,7 +148,7 @@ pub(super) async fn handle(ctx: Arc<Ctx>, tunnel: Arc<Tunnel>, req: Request<Inco
     }
     let mut pending = Pending::new(ctx.clone(), rec);
     // The SSRF guard on every request; a kept connection only to an address it kept now.
-    let vetted = match guard::vetted(&ctx, &adm).await {
+    let vetted = match guard::vetted(&ctx, &adm, sending.as_mut().and_then(hold::Sending::early)).await {
         Ok(ips) => ips,
         Err(e) => {
             hold::not_sent(sending, &e);
