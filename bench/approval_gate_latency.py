@@ -67,7 +67,7 @@ def main() -> None:
         store = ApprovalStore(state)
         audit = os.path.join(tmp, "audit.jsonl")
         agent = f"for i in $(seq {n}); do curl -sS -o /dev/null --max-time 30 -X POST --data x http://allowed.test/echo?i=$i; done"
-        cmd = [sys.executable, "-m", "gatewrap", "run", "--audit-log", audit,
+        cmd = [sys.executable, "-m", "gatewrap", "run", "--own", "--audit-log", audit,
                "--resolver", net.dns_server, "--public-range", "198.51.100.128/25", "--public-range", "2001:db8:100::/48",
                "--policy", policy, "--state", state, "--workdir", "/tmp", "--ro-bind", net.tmpdir,
                "--", "/bin/sh", "-c", agent]

@@ -47,7 +47,7 @@ def run(net: FakeInternet, policy: str, n: int, tmp: str) -> dict:
     path = os.path.join(tmp, f"policy-{len(os.listdir(tmp))}.toml")
     with open(path, "w") as f:
         f.write(policy)
-    cmd = [sys.executable, "-m", "gatewrap", "run", "--audit-log", os.path.join(tmp, "audit.jsonl"),
+    cmd = [sys.executable, "-m", "gatewrap", "run", "--own", "--audit-log", os.path.join(tmp, "audit.jsonl"),
            "--resolver", net.dns_server, "--public-range", "198.51.100.128/25", "--public-range", "2001:db8:100::/48",
            "--policy", path, "--upstream-ca", net.ca_path, "--ca-dir", os.path.join(tmp, "ca"),
            "--workdir", "/tmp", "--ro-bind", net.tmpdir, "--", "/usr/bin/python3", "-c", AGENT, str(n)]

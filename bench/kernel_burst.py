@@ -54,7 +54,7 @@ def scenario(python: str, probe: str, tmp: str, n: int, dests: list[tuple[str, i
         argv += [ip, str(port)]
     if pad:
         argv += ["--", "A" * pad]
-    cmd = [python, "-m", "gatewrap", "run", "--audit-log", audit, "--workdir", work, "--", *argv]
+    cmd = [python, "-m", "gatewrap", "run", "--own", "--audit-log", audit, "--workdir", work, "--", *argv]
     env = dict(os.environ, SUDO_UID=str(AGENT_UID), SUDO_GID=str(AGENT_UID))
     with open(os.path.join(tmp, "audit", "out"), "w+") as out, open(os.path.join(tmp, "audit", "err"), "w+") as err:
         p = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, cwd=ROOT)

@@ -446,7 +446,7 @@ def run_and_sample(args: argparse.Namespace, mode: str, up: Upstream, out_dir: s
     except RuntimeError as e:  # SharedDaemon's: it did not start
         raise SoakError(f"{e} on {SOCKET}: try `gatewrap daemon --socket {SOCKET}` by hand to see why") from None
     env = {k: v for k, v in env.items() if k != "GATEWRAP_SHARED"}
-    argv = [os.environ.get("GATEWRAP_PYTHON", VENV_PY), "-m", "gatewrap", "run", *(["--shared"] if args.shared else []),
+    argv = [os.environ.get("GATEWRAP_PYTHON", VENV_PY), "-m", "gatewrap", "run", *(["--shared"] if args.shared else ["--own"]),
             "--json", "--audit-log", audit.path, "--workdir", os.path.dirname(agent_file),
             "--resolver", f"{up.address}:53", "--public-range", up.net, "--allow", ALLOWED, "--",
             AGENT_PYTHON, "-I", agent_file, str(seconds), f"http://{ALLOWED}/", f"http://{DENIED}/", up.address, "80"]

@@ -117,13 +117,13 @@ def main() -> int:
     #: speak one version of the protocol).
     envs: dict[str, dict[str, str]] = {}
     for i, gw in enumerate(builds):
-        label = "gatewrap run -- /bin/true" + (f" [{gw}]" if len(builds) > 1 else "")
-        cmds[label] = [gw, "run", "--audit-log", log, "--", "/bin/true"]
+        label = "gatewrap run --own -- /bin/true" + (f" [{gw}]" if len(builds) > 1 else "")
+        cmds[label] = [gw, "run", "--own", "--audit-log", log, "--", "/bin/true"]
         if args.no_jail:
-            cmds[label.replace("run --", "run --jail none --")] = [gw, "run", "--jail", "none", "--audit-log", log,
+            cmds[label.replace("run --own --", "run --own --jail none --")] = [gw, "run", "--own", "--jail", "none", "--audit-log", log,
                                                                "--", "/bin/true"]
         if args.shared:
-            name = label.replace("run --", "run --shared --")
+            name = label.replace("run --own --", "run --shared --")
             cmds[name] = [gw, "run", "--shared", "--audit-log", log, "--", "/bin/true"]
             envs[name] = dict(ENV, GATEWRAP_DAEMON_SOCKET=socket_of(i))
     with contextlib.ExitStack() as daemons:  # stopped however the measuring ends (a failed run exits)
@@ -144,7 +144,7 @@ def main() -> int:
         for _ in range(args.cold):
             for gw in builds:
                 subprocess.run([python_of(gw), "-c", UNLOAD], check=True)
-                cold.setdefault(gw, []).append(wall([gw, "run", "--audit-log", log, "--", "/bin/true"]))
+                cold.setdefault(gw, []).append(wall([gw, "run", "--own", "--audit-log", log, "--", "/bin/true"]))
         cold_cache: dict[str, list[float]] = {}
         for _ in range(args.cold_cache):
             for gw in builds:

@@ -33,7 +33,8 @@ def gatewrap_argv(audit: str, *extra: str) -> list[str]:
     """``gatewrap run`` of this worktree's venv (``GATEWRAP_PYTHON`` to pick another build),
     writing its audit to ``audit``; the agent command follows ``--``."""
     py = os.environ.get("GATEWRAP_PYTHON", VENV_PY)
-    return [py, "-m", "gatewrap", "run", "--audit-log", audit, "--workdir", "/tmp", *extra]
+    own = [] if "--shared" in extra else ["--own"]  # the default is the host's shared daemon
+    return [py, "-m", "gatewrap", "run", *own, "--audit-log", audit, "--workdir", "/tmp", *extra]
 
 
 def agent_env() -> dict[str, str]:
