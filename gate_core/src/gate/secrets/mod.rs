@@ -10,6 +10,9 @@
 //!    target (as sent and percent-decoded once, Basic credentials base64-decoded) are
 //!    searched for any secret's placeholder or value (ASCII case ignored). Found: 403, the
 //!    record denied with reason `secret_misuse: ...` and `secret` naming it, never the value.
+//!    A secret with `budget = N` is carried by N requests of a run at most: the next one
+//!    that would carry it is refused (403, reason `budget: secret NAME ...`), counted with
+//!    the rules' budgets (`policy::budget`, a window as long as the run).
 //! 2. [`inject`], just before the request goes upstream: the marker's place gets the value.
 //!
 //! The value is in no record, no answer and no approval: only in the upstream request.
@@ -30,7 +33,8 @@ use hyper::http::uri::PathAndQuery;
 use hyper::{Response, StatusCode};
 
 use crate::audit::GateRecord;
-use crate::policy::{Inject, Place};
+use crate::policy::budget::REASON_BUDGET;
+use crate::policy::{Budget, Inject, Place, Spend};
 
 use super::admit::Admission;
 use super::respond::Body;
@@ -261,8 +265,13 @@ fn place(inject: &Inject, headers: &mut HeaderMap, pq: &str, text: &str) -> Opti
 #[allow(clippy::result_large_err)]
 pub fn screen(ctx: &Ctx, adm: &Admission, rec: &mut GateRecord, headers: &mut HeaderMap, pq: PathAndQuery)
     -> Result<PathAndQuery, Response<Body>> {
-    let secrets = ctx.secrets.read().unwrap_or_else(|p| p.into_inner());
     let inject = adm.decision.inject.as_deref();
+    // Before the secrets' lock: a reload takes the policy's, then the secrets'.
+    let budget = inject.and_then(|i| {
+        let policy = ctx.policy.read().unwrap_or_else(|p| p.into_inner());
+        policy.secrets.iter().find(|d| d.name == i.secret).and_then(|d| d.budget)
+    });
+    let secrets = ctx.secrets.read().unwrap_or_else(|p| p.into_inner());
     if secrets.is_empty() && inject.is_none() {
         return Ok(pq);
     }
@@ -275,6 +284,20 @@ pub fn screen(ctx: &Ctx, adm: &Admission, rec: &mut GateRecord, headers: &mut He
                 adm.decision.rule.as_deref().unwrap_or("-"), i.secret);
             rec.secret = Some(i.secret.clone());
             return Err(ctx.refuse_with(rec.clone(), StatusCode::SERVICE_UNAVAILABLE, reason, body));
+        }
+        if let Some(count) = budget {
+            let per_run = Budget { count, per: std::time::Duration::MAX };
+            if let Spend::Over { .. } = ctx.budgets.spend(&format!("[[secret]] {}", i.secret), &per_run, std::time::Instant::now()) {
+                drop(secrets);
+                let reason = format!("{REASON_BUDGET}: secret {} carried in {count} requests of this run, its budget", i.secret);
+                let body = format!(
+                    "gatewrap gate: secret {} may be carried in {count} requests per run (`budget` on its [[secret]]) and \
+                     this run has used them; raise the budget or start a new run\n",
+                    i.secret
+                );
+                rec.secret = Some(i.secret.clone());
+                return Err(ctx.refuse_with(rec.clone(), StatusCode::FORBIDDEN, reason, body));
+            }
         }
         let mark = match i.place {
             Place::Basic => {
