@@ -4,6 +4,8 @@ NAME ...``, ``secret`` naming it), while requests that carry no secret go on."""
 
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 
 from test_secrets import POLICY, no_value_written, run_agent
@@ -31,3 +33,17 @@ def test_the_request_past_a_secrets_budget_is_refused_and_recorded(gatewrap, net
         ("allowed", "github", 200), ("allowed", "github", 200), ("denied", "github", 403), ("allowed", None, 200)], recs
     assert recs[2]["reason"] == "budget: secret github carried in 2 requests of this run, its budget", recs[2]
     no_value_written(r, tmp_path)
+
+
+@pytest.mark.parametrize("budget,error", [
+    ("0", "invalid budget 0: expected a whole number of requests from 1 to 4294967295"),
+    ("-1", "invalid budget -1: expected a whole number of requests from 1 to 4294967295"),
+    ('"10"', 'invalid type: string "10", expected i64'),
+], ids=["zero", "negative", "a string"])
+def test_a_budget_that_is_not_a_positive_count_is_refused_with_its_line(tmp_path, budget, error):
+    from conftest import gatewrap_cmd
+
+    policy = tmp_path / "policy.toml"
+    policy.write_text(f'[[secret]]\nname = "s"\nfrom_env = "X"\nbudget = {budget}\n')
+    p = subprocess.run(gatewrap_cmd("policy", "check", str(policy)), capture_output=True, text=True)
+    assert (p.returncode, p.stderr.strip()) == (1, f"gatewrap: {policy}:4: {error}"), p
