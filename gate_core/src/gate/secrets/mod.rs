@@ -55,6 +55,9 @@ pub struct Secret {
 #[derive(Default)]
 pub struct Secrets {
     list: Vec<Secret>,
+    /// The bytes any needle starts with, both ASCII cases (a bit per byte value): the search
+    /// compares needles only where one of these is, so a body costs about a lookup per byte.
+    starts: [u64; 4],
 }
 
 /// The run's secrets as the gate shares them: replaced whole on rotation ([`Secrets::new`]).
@@ -94,6 +97,11 @@ impl Secrets {
                 }
             }
             let needles = needles(placeholder.as_deref(), &value);
+            for b in needles.iter().filter_map(|(_, n)| n.first()) {
+                for c in [b.to_ascii_lowercase(), b.to_ascii_uppercase()] {
+                    out.starts[usize::from(c >> 6)] |= 1 << (c & 63);
+                }
+            }
             out.list.push(Secret { name, value, needles });
         }
         Ok(out)
@@ -108,10 +116,18 @@ impl Secrets {
     }
 
     /// The first secret one of whose [`needles`] occurs in `hay` (ASCII case ignored).
+    /// The first place in `hay` that starts a needle wins.
     pub fn found_in(&self, hay: &[u8]) -> Option<(&str, &'static str)> {
-        self.list
-            .iter()
-            .find_map(|s| s.needles.iter().find(|(_, n)| contains(hay, n)).map(|(what, _)| (s.name.as_str(), *what)))
+        let starts = |b: u8| self.starts[usize::from(b >> 6)] & (1 << (b & 63)) != 0;
+        hay.iter().enumerate().filter(|(_, b)| starts(**b)).find_map(|(i, _)| {
+            let rest = &hay[i..];
+            self.list.iter().find_map(|s| {
+                s.needles
+                    .iter()
+                    .find(|(_, n)| rest.len() >= n.len() && rest[..n.len()].eq_ignore_ascii_case(n))
+                    .map(|(what, _)| (s.name.as_str(), *what))
+            })
+        })
     }
 
     /// The longest needle of any secret (bytes; 0 without secrets).
@@ -188,11 +204,6 @@ fn base64_forms(text: &[u8]) -> Vec<Vec<u8>> {
         }
     }
     out
-}
-
-/// `hay` holds `needle` (ASCII case ignored).
-fn contains(hay: &[u8], needle: &[u8]) -> bool {
-    !needle.is_empty() && hay.len() >= needle.len() && hay.windows(needle.len()).any(|w| w.eq_ignore_ascii_case(needle))
 }
 
 /// The decoded `user:password` of a `Basic` credentials value (RFC 7617), if it is one.
