@@ -154,7 +154,8 @@ class Policy:
 
     def secrets(self) -> list[dict[str, Any]]:
         """The ``[[secret]]``s: ``name``, ``source`` (("file"|"env", str) or ("command", list[str])),
-        ``placeholder_env`` (str | None), ``origin`` ("FILE:LINE"). Never a value."""
+        ``placeholder_env`` (str | None), ``budget`` (int | None: requests per run), ``origin`` ("FILE:LINE").
+        Never a value."""
 
     def notify(self) -> dict[str, str | None]:
         """The file's ``[notify]`` table: ``{"webhook": URL or None}``."""

@@ -175,7 +175,7 @@ impl PyPolicy {
     }
 
     /// The `[[secret]]`s: [{"name", "source": ("file"|"env"|"command", str | [str]),
-    /// "placeholder_env": str | None, "origin": "FILE:LINE"}].
+    /// "placeholder_env": str | None, "budget": int | None (requests per run), "origin": "FILE:LINE"}].
     fn secrets<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
         self.read()
             .secrets
@@ -189,6 +189,7 @@ impl PyPolicy {
                     policy::Source::Command(c) => d.set_item("source", ("command", c.clone()))?,
                 }
                 d.set_item("placeholder_env", s.placeholder_env.clone())?;
+                d.set_item("budget", s.budget)?;
                 d.set_item("origin", &s.origin)?;
                 Ok(d)
             })

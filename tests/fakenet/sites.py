@@ -14,6 +14,13 @@ answers a conversation without tool results with one ``fetch_url`` tool call per
 last user message, and one with tool results with a final message that quotes each result's
 first line. Each request to it is logged (``server``, ``event`` = ``chat``, ``tools``).
 
+A host folder holding a file ``.git-http`` is a smart-HTTP git server (gitprotocol-http(5)):
+every request goes to ``git http-backend`` (git-http-backend(1), as CGI, RFC 3875) over the
+bare repositories in the folder, clone and push, once its ``Authorization`` is Basic
+credentials (RFC 7617) whose password is the file's content (any user, as GitHub takes a
+token); else ``401`` with ``WWW-Authenticate: Basic``. Each request is logged (``event`` =
+``git``, ``user``, ``authorized``, ``path``).
+
 A host folder holding a file ``.mail`` is a fake e-mail API (examples/breakpoint):
 ``POST /v3/mail/send`` with a JSON body answers ``202`` and ``{"id": "msg-N", "to",
 "subject"}``, and logs each message (``event`` = ``mail``, ``to``, ``subject``, ``body``);
@@ -22,10 +29,12 @@ A host folder holding a file ``.mail`` is a fake e-mail API (examples/breakpoint
 
 from __future__ import annotations
 
+import base64
 import json
 import mimetypes
 import os
 import re
+import subprocess
 import time
 
 #: Folder of every host's site (set by servers.py from its config's ``sites_root``).
@@ -47,6 +56,8 @@ def serve(handler, site: str, body: bytes, log) -> None:
         return _chat(handler, route, body, log)
     if os.path.exists(os.path.join(site, ".mail")):
         return _mail(handler, route, body, log)
+    if os.path.exists(os.path.join(site, ".git-http")):
+        return _git(handler, site, body, log)
     if handler.command not in ("GET", "HEAD"):
         return handler._send(405, b"method not allowed\n")
     rel = os.path.normpath(route.lstrip("/")) if route.strip("/") else "."
@@ -61,6 +72,55 @@ def serve(handler, site: str, body: bytes, log) -> None:
     ctype = mimetypes.guess_type(path)[0] or "application/octet-stream"
     with open(path, "rb") as f:
         handler._send(200, f.read(), ctype)
+
+
+def _basic(header: str | None) -> tuple[str, str] | None:
+    """``(user, password)`` of Basic credentials (RFC 7617), or None."""
+    scheme, _, b64 = (header or "").partition(" ")
+    if scheme.lower() != "basic":
+        return None
+    try:
+        user, sep, password = base64.b64decode(b64.strip(), validate=True).decode().partition(":")
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return (user, password) if sep else None
+
+
+def _git(handler, site: str, body: bytes, log) -> None:
+    with open(os.path.join(site, ".git-http")) as f:
+        password = f.read().strip()
+    creds = _basic(handler.headers.get("Authorization"))
+    authorized = creds is not None and creds[1] == password
+    path, _, query = handler.path.partition("?")
+    log.write(server=handler.server.scheme, event="git", path=path, authorized=authorized,
+              user=creds[0] if creds else None)
+    if not authorized:
+        handler.send_response(401)
+        handler.send_header("WWW-Authenticate", 'Basic realm="git"')
+        handler.send_header("Content-Length", "0")
+        handler.end_headers()
+        return
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "GIT_PROJECT_ROOT": site, "GIT_HTTP_EXPORT_ALL": "1",
+           "REQUEST_METHOD": handler.command, "PATH_INFO": path, "QUERY_STRING": query,
+           "CONTENT_TYPE": handler.headers.get("Content-Type", ""), "CONTENT_LENGTH": str(len(body)),
+           "REMOTE_USER": creds[0] or "agent", "REMOTE_ADDR": "198.51.100.1", "GATEWAY_INTERFACE": "CGI/1.1",
+           "HTTP_CONTENT_ENCODING": handler.headers.get("Content-Encoding", ""),
+           "GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "safe.directory", "GIT_CONFIG_VALUE_0": "*"}
+    p = subprocess.run(["git", "http-backend"], input=body, capture_output=True, env=env, timeout=60)
+    head, _, out = p.stdout.partition(b"\r\n\r\n")
+    status, headers = 200, []
+    for line in head.decode("latin-1").split("\r\n"):
+        name, _, value = line.partition(":")
+        if name.lower() == "status":
+            status = int(value.split()[0])
+        elif name:
+            headers.append((name, value.strip()))
+    handler.send_response(status)
+    for name, value in headers:
+        handler.send_header(name, value)
+    handler.send_header("Content-Length", str(len(out)))
+    handler.end_headers()
+    handler.wfile.write(out)
 
 
 #: Messages the fake e-mail API accepted, per host.

@@ -59,7 +59,7 @@ pub struct Ctx {
     /// The run's denials, folded (see `fold`).
     pub(super) folds: super::fold::Folds,
     /// Kept upstream connections of plain-http requests (see `pool`).
-    pub(super) upstream: super::pool::Pool<super::respond::Body>,
+    pub(super) upstream: super::pool::Pool<super::pool::ReqBody>,
     /// Kept upstream TLS connections of inspected requests (see `pool`, `inspect`).
     pub(super) inspected: super::pool::Pool<super::inspect::UpBody>,
     /// Approvals (breakpoints); `None`: an `ask` is a denial.
@@ -294,6 +294,18 @@ impl Pending {
     /// `allowed` with that error (its head reached upstream), answered 400.
     pub fn send_failed(mut self, target: &str, failure: super::forward::SendFailure) -> Response<respond::Body> {
         match failure {
+            super::forward::SendFailure::Secret(m) => {
+                let (reason, body) = super::secrets::misuse_texts(&m, target);
+                let resp = respond::text(StatusCode::FORBIDDEN, "denied", body);
+                let rec = self.rec();
+                rec.decision = f::DENIED;
+                rec.reason = Some(reason);
+                rec.secret = Some(m.secret);
+                rec.error = Some("the head and the body before the secret had gone upstream; the gate aborted the request there".into());
+                rec.status = Some(StatusCode::FORBIDDEN.as_u16());
+                self.finish();
+                resp
+            }
             super::forward::SendFailure::Upstream(cause) => self.fail_after_dial(target, cause, StatusCode::BAD_GATEWAY),
             super::forward::SendFailure::Downstream(cause) => {
                 let resp = respond::text(StatusCode::BAD_REQUEST, "allowed", format!("gatewrap gate: {cause}\n"));

@@ -48,6 +48,9 @@ pub const TE_REFUSED: &str = "gatewrap gate: only the chunked transfer coding is
 
 /// How a request's exchange with upstream ended after the dial, when no response came.
 pub enum SendFailure {
+    /// The body carried a secret ([`secrets::InBody`]): the screen ended it before that
+    /// part left, and hyper aborted the upstream request.
+    Secret(secrets::Misuse),
     /// Upstream's fault (it closed, or spoke something else than HTTP/1): decision `failed`.
     Upstream(String),
     /// The client's: its body broke off or was malformed after the head (and maybe some of
@@ -60,6 +63,10 @@ pub enum SendFailure {
 /// user error whose source is that body's own `hyper::Error`: incomplete when the client
 /// left, a parse error when its chunked framing was malformed.
 pub fn send_failure(e: &hyper::Error) -> SendFailure {
+    if let Some(found) = std::error::Error::source(e).and_then(|s| s.downcast_ref::<secrets::InBody>()) {
+        let m = &found.0;
+        return SendFailure::Secret(secrets::Misuse { secret: m.secret.clone(), what: m.what, seen: m.seen.clone() });
+    }
     if e.is_incomplete_message() || e.is_canceled() {
         return SendFailure::Upstream("upstream: closed the connection before responding".to_string());
     }
@@ -190,23 +197,31 @@ pub async fn handle(ctx: Arc<Ctx>, peer: SocketAddr, req: Request<Incoming>) -> 
     let facts = RequestFacts { host: &host, port, scheme: Scheme::Http, method: req.method().as_str(), path: pq.as_str() };
     let adm = admit_request(&ctx, &facts);
     adm.fill(&mut rec);
-    let mut req = req.map(|b| b.boxed());
+    let mut req = req;
     let pq = match secrets::screen(&ctx, &adm, &mut rec, req.headers_mut(), pq) {
         Ok(pq) => pq,
         Err(answer) => return answer,
     };
+    let held = hold::applies(&ctx, &adm);
+    if !held && !adm.proceed {
+        return adm.forbid(&ctx, rec);
+    }
+    let (mut parts, body) = req.into_parts();
+    let body = match secrets::screen_body(&ctx, &adm, &mut rec, body).await {
+        Ok(body) => body.boxed(),
+        Err(answer) => return answer,
+    };
     let mut sending = None;
-    if hold::applies(&ctx, &adm) {
-        let (mut parts, body) = req.into_parts();
+    let mut req = if held {
         let (body, s) = match hold::hold_request(&ctx, &adm, &mut rec, &mut parts, body, Scheme::Http, pq.as_str(), hold::HOLD_BODY_LIMIT).await {
             Ok(go) => go,
             Err(answer) => return answer,
         };
         sending = s;
-        req = Request::from_parts(parts, Full::new(body).map_err(|never| match never {}).boxed());
-    } else if !adm.proceed {
-        return adm.forbid(&ctx, rec);
-    }
+        Request::from_parts(parts, Full::new(body).map_err(|never| -> secrets::BoxError { match never {} }).boxed())
+    } else {
+        Request::from_parts(parts, body)
+    };
     if let Err(unrecorded) = ctx.admit(&rec) {
         return unrecorded;
     }

@@ -31,7 +31,8 @@ use std::time::{Duration, Instant};
 use hyper::body::{Body, Incoming};
 
 /// The body of a request the gate sends upstream: the agent's, or an approved (edited) one.
-type ReqBody = super::respond::Body;
+/// A request body on its way upstream (its errors boxed: the client's, or the secrets screen's).
+pub type ReqBody = http_body_util::combinators::BoxBody<bytes::Bytes, super::secrets::BoxError>;
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;

@@ -11,6 +11,7 @@
 //!                                              # or from_command (argv, run on the host)
 //! placeholder_env = "GITHUB_TOKEN"             # optional: the agent's variable that holds
 //!                                              # a random per-run placeholder
+//! budget = 100                                 # optional: requests per run that carry it
 //!
 //! [[rule]]
 //! host = "api.github.com"
@@ -46,6 +47,8 @@ pub struct SecretDef {
     pub source: Source,
     /// `placeholder_env = "VAR"`: the agent's variable holding the run's placeholder.
     pub placeholder_env: Option<String>,
+    /// `budget = N`: at most N requests of a run carry it (the gate counts them).
+    pub budget: Option<u32>,
     /// `FILE:LINE` of its `[[secret]]` header, for messages.
     pub origin: String,
 }
@@ -90,6 +93,7 @@ pub(super) struct SecretSchema {
     from_env: Option<Spanned<String>>,
     from_command: Option<Spanned<Vec<String>>>,
     placeholder_env: Option<Spanned<String>>,
+    budget: Option<Spanned<i64>>,
 }
 
 #[derive(Deserialize)]
@@ -169,7 +173,14 @@ impl SecretSchema {
             }
             p => p.as_ref().map(|p| p.get_ref().clone()),
         };
-        Ok(SecretDef { name: name.clone(), source, placeholder_env, origin })
+        let budget = match &self.budget {
+            Some(b) => match u32::try_from(*b.get_ref()) {
+                Ok(n) if n > 0 => Some(n),
+                _ => return Err((b.span().start, format!("invalid budget {}: expected a whole number of requests from 1 to {}", b.get_ref(), u32::MAX))),
+            },
+            None => None,
+        };
+        Ok(SecretDef { name: name.clone(), source, placeholder_env, budget, origin })
     }
 }
 

@@ -130,19 +130,27 @@ pub(super) async fn handle(ctx: Arc<Ctx>, tunnel: Arc<Tunnel>, req: Request<Inco
         Ok(pq) => pq,
         Err(answer) => return answer,
     };
+    let held = hold::applies(&ctx, &adm);
+    if !held && !adm.proceed {
+        return adm.forbid(&ctx, rec);
+    }
+    let (mut parts, body) = req.into_parts();
+    let body = match secrets::screen_body(&ctx, &adm, &mut rec, body).await {
+        Ok(body) => body.boxed_unsync(),
+        Err(answer) => return answer,
+    };
     let mut sending = None;
-    if hold::applies(&ctx, &adm) {
-        let (mut parts, body) = req.into_parts();
+    let mut req = if held {
         let (body, s) = match hold::hold_request(&ctx, &adm, &mut rec, &mut parts, body, Scheme::Https, pq.as_str(), limit as usize).await {
             Ok(go) => go,
             Err(answer) => return answer,
         };
         sending = s;
         let full = http_body_util::Full::new(body).map_err(|never| -> Box<dyn std::error::Error + Send + Sync> { match never {} });
-        req = Request::from_parts(parts, full.boxed_unsync());
-    } else if !adm.proceed {
-        return adm.forbid(&ctx, rec);
-    }
+        Request::from_parts(parts, full.boxed_unsync())
+    } else {
+        Request::from_parts(parts, body)
+    };
     if let Err(unrecorded) = ctx.admit(&rec) {
         return unrecorded;
     }

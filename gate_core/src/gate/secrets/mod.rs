@@ -10,12 +10,20 @@
 //!    target (as sent and percent-decoded once, Basic credentials base64-decoded) are
 //!    searched for any secret's placeholder or value (ASCII case ignored). Found: 403, the
 //!    record denied with reason `secret_misuse: ...` and `secret` naming it, never the value.
+//!    A secret with `budget = N` is carried by N requests of a run at most: the next one
+//!    that would carry it is refused (403, reason `budget: secret NAME ...`), counted with
+//!    the rules' budgets (`policy::budget`, a window as long as the run).
 //! 2. [`inject`], just before the request goes upstream: the marker's place gets the value.
 //!
 //! The value is in no record, no answer and no approval: only in the upstream request.
 
+mod body;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_body;
+
+pub use body::{BoxError, InBody, Screened};
 
 use std::sync::{Arc, RwLock};
 
@@ -25,7 +33,8 @@ use hyper::http::uri::PathAndQuery;
 use hyper::{Response, StatusCode};
 
 use crate::audit::GateRecord;
-use crate::policy::{Inject, Place};
+use crate::policy::budget::REASON_BUDGET;
+use crate::policy::{Budget, Inject, Place, Spend};
 
 use super::admit::Admission;
 use super::respond::Body;
@@ -38,13 +47,17 @@ pub const REASON_MISUSE: &str = "secret_misuse";
 pub struct Secret {
     name: String,
     value: String,
-    placeholder: Option<String>,
+    /// What the screen looks for (see [`needles`]): `(placeholder|value, bytes)`.
+    needles: Vec<(&'static str, Vec<u8>)>,
 }
 
 /// A run's resolved secrets (few: a linear search).
 #[derive(Default)]
 pub struct Secrets {
     list: Vec<Secret>,
+    /// The bytes any needle starts with, both ASCII cases (a bit per byte value): the search
+    /// compares needles only where one of these is, so a body costs about a lookup per byte.
+    starts: [u64; 4],
 }
 
 /// The run's secrets as the gate shares them: replaced whole on rotation ([`Secrets::new`]).
@@ -83,7 +96,13 @@ impl Secrets {
                     return Err(format!("secret {name:?}: placeholder must be at least {MIN_PLACEHOLDER} letters, digits or _"));
                 }
             }
-            out.list.push(Secret { name, value, placeholder });
+            let needles = needles(placeholder.as_deref(), &value);
+            for b in needles.iter().filter_map(|(_, n)| n.first()) {
+                for c in [b.to_ascii_lowercase(), b.to_ascii_uppercase()] {
+                    out.starts[usize::from(c >> 6)] |= 1 << (c & 63);
+                }
+            }
+            out.list.push(Secret { name, value, needles });
         }
         Ok(out)
     }
@@ -96,24 +115,32 @@ impl Secrets {
         self.list.iter().find(|s| s.name == name).map(|s| s.value.as_str())
     }
 
-    /// The first secret whose placeholder or value occurs in `hay` (ASCII case ignored).
+    /// The first secret one of whose [`needles`] occurs in `hay` (ASCII case ignored).
+    /// The first place in `hay` that starts a needle wins.
     pub fn found_in(&self, hay: &[u8]) -> Option<(&str, &'static str)> {
-        for s in &self.list {
-            if let Some(p) = &s.placeholder {
-                if contains(hay, p.as_bytes()) {
-                    return Some((&s.name, "placeholder"));
-                }
-            }
-            if contains(hay, s.value.as_bytes()) {
-                return Some((&s.name, "value"));
-            }
-        }
-        None
+        let starts = |b: u8| self.starts[usize::from(b >> 6)] & (1 << (b & 63)) != 0;
+        hay.iter().enumerate().filter(|(_, b)| starts(**b)).find_map(|(i, _)| {
+            let rest = &hay[i..];
+            self.list.iter().find_map(|s| {
+                s.needles
+                    .iter()
+                    .find(|(_, n)| rest.len() >= n.len() && rest[..n.len()].eq_ignore_ascii_case(n))
+                    .map(|(what, _)| (s.name.as_str(), *what))
+            })
+        })
+    }
+
+    /// The longest needle of any secret (bytes; 0 without secrets).
+    pub fn longest(&self) -> usize {
+        self.list.iter().flat_map(|s| s.needles.iter().map(|(_, n)| n.len())).max().unwrap_or(0)
     }
 
     /// [`Secrets::found_in`] on `hay` as it is and percent-decoded once.
     fn found_in_decoded(&self, hay: &[u8]) -> Option<(&str, &'static str)> {
         self.found_in(hay).or_else(|| {
+            if !hay.contains(&b'%') {
+                return None;
+            }
             let decoded: Vec<u8> = percent_encoding::percent_decode(hay).collect();
             (decoded.len() != hay.len()).then(|| self.found_in(&decoded)).flatten()
         })
@@ -126,20 +153,57 @@ impl Secrets {
             return Some(found(f, "target".into()));
         }
         for (name, value) in headers {
-            if let Some(f) = self.found_in(name.as_str().as_bytes()).or_else(|| self.found_in_decoded(value.as_bytes())) {
-                return Some(found(f, format!("header {name}")));
-            }
             if let Some(f) = basic_credentials(value).and_then(|c| self.found_in(&c)) {
                 return Some(found(f, format!("basic credentials in header {name}")));
+            }
+            if let Some(f) = self.found_in(name.as_str().as_bytes()).or_else(|| self.found_in_decoded(value.as_bytes())) {
+                return Some(found(f, format!("header {name}")));
             }
         }
         None
     }
 }
 
-/// `hay` holds `needle` (ASCII case ignored).
-fn contains(hay: &[u8], needle: &[u8]) -> bool {
-    !needle.is_empty() && hay.len() >= needle.len() && hay.windows(needle.len()).any(|w| w.eq_ignore_ascii_case(needle))
+/// What the screen looks for of one secret (headers, target, body: one definition), each
+/// compared ASCII case ignored, as sent and percent-decoded once: the placeholder and the
+/// value themselves, and the base64 of each (RFC 4648 §4 and its URL-safe alphabet, §5) at
+/// each of the three offsets it can start at in a longer base64 text: the characters that
+/// hold only the secret's bits, when there are at least [`MIN_PLACEHOLDER`] of them (a
+/// shorter run would match by chance).
+fn needles(placeholder: Option<&str>, value: &str) -> Vec<(&'static str, Vec<u8>)> {
+    let mut out = Vec::new();
+    for (what, text) in placeholder.map(|p| ("placeholder", p)).into_iter().chain([("value", value)]) {
+        out.push((what, text.as_bytes().to_vec()));
+        for form in base64_forms(text.as_bytes()) {
+            if form.len() >= MIN_PLACEHOLDER && !out.iter().any(|(_, n)| n.eq_ignore_ascii_case(&form)) {
+                out.push((what, form));
+            }
+        }
+    }
+    out
+}
+
+/// The base64 characters of `text` that do not depend on its neighbours, for `text` starting
+/// 0, 1 or 2 bytes into a 3-byte group (standard and URL-safe alphabets).
+fn base64_forms(text: &[u8]) -> Vec<Vec<u8>> {
+    use base64::engine::general_purpose::{STANDARD_NO_PAD, URL_SAFE_NO_PAD};
+    let mut out = Vec::new();
+    for k in 0..3usize {
+        let mut padded = vec![0u8; k];
+        padded.extend_from_slice(text);
+        padded.extend_from_slice(&[0, 0]);
+        // Character i holds bits [6i, 6i+6); the text's are [8k, 8k + 8 len).
+        let (first, end) = ((8 * k).div_ceil(6), (8 * (k + text.len())) / 6);
+        for engine in [&STANDARD_NO_PAD, &URL_SAFE_NO_PAD] {
+            let enc = engine.encode(&padded);
+            if let Some(chars) = enc.as_bytes().get(first..end) {
+                if !out.contains(&chars.to_vec()) {
+                    out.push(chars.to_vec());
+                }
+            }
+        }
+    }
+    out
 }
 
 /// The decoded `user:password` of a `Basic` credentials value (RFC 7617), if it is one.
@@ -212,8 +276,13 @@ fn place(inject: &Inject, headers: &mut HeaderMap, pq: &str, text: &str) -> Opti
 #[allow(clippy::result_large_err)]
 pub fn screen(ctx: &Ctx, adm: &Admission, rec: &mut GateRecord, headers: &mut HeaderMap, pq: PathAndQuery)
     -> Result<PathAndQuery, Response<Body>> {
-    let secrets = ctx.secrets.read().unwrap_or_else(|p| p.into_inner());
     let inject = adm.decision.inject.as_deref();
+    // Before the secrets' lock: a reload takes the policy's, then the secrets'.
+    let budget = inject.and_then(|i| {
+        let policy = ctx.policy.read().unwrap_or_else(|p| p.into_inner());
+        policy.secrets.iter().find(|d| d.name == i.secret).and_then(|d| d.budget)
+    });
+    let secrets = ctx.secrets.read().unwrap_or_else(|p| p.into_inner());
     if secrets.is_empty() && inject.is_none() {
         return Ok(pq);
     }
@@ -226,6 +295,20 @@ pub fn screen(ctx: &Ctx, adm: &Admission, rec: &mut GateRecord, headers: &mut He
                 adm.decision.rule.as_deref().unwrap_or("-"), i.secret);
             rec.secret = Some(i.secret.clone());
             return Err(ctx.refuse_with(rec.clone(), StatusCode::SERVICE_UNAVAILABLE, reason, body));
+        }
+        if let Some(count) = budget {
+            let per_run = Budget { count, per: std::time::Duration::MAX };
+            if let Spend::Over { .. } = ctx.budgets.spend(&format!("[[secret]] {}", i.secret), &per_run, std::time::Instant::now()) {
+                drop(secrets);
+                let reason = format!("{REASON_BUDGET}: secret {} carried in {count} requests of this run, its budget", i.secret);
+                let body = format!(
+                    "gatewrap gate: secret {} may be carried in {count} requests per run (`budget` on its [[secret]]) and \
+                     this run has used them; raise the budget or start a new run\n",
+                    i.secret
+                );
+                rec.secret = Some(i.secret.clone());
+                return Err(ctx.refuse_with(rec.clone(), StatusCode::FORBIDDEN, reason, body));
+            }
         }
         let mark = match i.place {
             Place::Basic => {
@@ -241,16 +324,42 @@ pub fn screen(ctx: &Ctx, adm: &Admission, rec: &mut GateRecord, headers: &mut He
     }
     let Some(m) = secrets.misuse(headers, pq.as_str()) else { return Ok(pq) };
     drop(secrets);
-    let hp = adm.host.with_port(adm.port);
+    Err(refuse_misuse(ctx, adm, rec, m))
+}
+
+/// The text of a misuse's reason (`secret_misuse: ...`) and of the gate's 403 about it.
+pub fn misuse_texts(m: &Misuse, hp: &str) -> (String, String) {
     let reason = format!("{REASON_MISUSE}: the {} of secret {} in the {} to {hp}", m.what, m.secret, m.seen);
     let body = format!(
         "gatewrap gate: the {} of secret {} was sent in the {} to {hp}; the gate puts a secret only where a \
          rule injects it (`inject`), so nothing else may carry it\n",
         m.what, m.secret, m.seen
     );
+    (reason, body)
+}
+
+/// Refuse (403, recorded `secret_misuse`, `secret` naming it) a request that carries `m`.
+fn refuse_misuse(ctx: &Ctx, adm: &Admission, rec: &mut GateRecord, m: Misuse) -> Response<Body> {
+    let (reason, body) = misuse_texts(&m, &adm.host.with_port(adm.port));
     rec.secret = Some(m.secret);
     rec.would = None;
-    Err(ctx.refuse_with(rec.clone(), StatusCode::FORBIDDEN, reason, body))
+    ctx.refuse_with(rec.clone(), StatusCode::FORBIDDEN, reason, body)
+}
+
+/// Step 1 for the body, after [`screen`] and before any hold or dial: `body` screened as it
+/// streams ([`Screened`]), its first bytes read ahead so that a secret in them is refused
+/// (403, recorded) before anything is sent. Without secrets in the run, `body` passes as it is.
+#[allow(clippy::result_large_err)]
+pub async fn screen_body<B>(ctx: &Ctx, adm: &Admission, rec: &mut GateRecord, body: B) -> Result<Screened<B>, Response<Body>>
+where
+    B: hyper::body::Body<Data = bytes::Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
+    let screened = Screened::new(body, ctx.secrets.clone());
+    if ctx.secrets.read().unwrap_or_else(|p| p.into_inner()).is_empty() {
+        return Ok(screened);
+    }
+    screened.read_ahead().await.map_err(|InBody(m)| refuse_misuse(ctx, adm, rec, m))
 }
 
 /// Step 2 of the module: the value in the place [`screen`] marked (`parts`' headers and
