@@ -85,10 +85,6 @@ def test_an_injected_host_that_echoes_the_request_hands_the_agent_the_value(gate
     assert not leaked, "the agent read the secret's value in the echoed response"
 
 
-@pytest.mark.xfail(strict=True, reason="the gate screens a request's headers and target, never its body (issue 20 "
-                   "asks for bodies too): the placeholder leaves in a POST body to any allowed host, unrecorded. The "
-                   "placeholder is worthless without this run's gate, so this loses the tripwire (the secret_misuse "
-                   "record), not the value; a body screen needs the body buffered or searched in a stream")
 def test_the_placeholder_in_a_request_body_to_another_allowed_host_is_refused(gatewrap, tmp_path, outcome):
     """The placeholder in a POST body to an allowed host that no rule injects for."""
     r, lines = run_agent(gatewrap, tmp_path, [["http://other.allowed.test/echo", "POST",
@@ -96,7 +92,7 @@ def test_the_placeholder_in_a_request_body_to_another_allowed_host_is_refused(ga
     assert r.returncode == 0, r.stderr
     (got,) = lines
     recs = [x for x in r.records(event="request") if x.get("secret")]
-    outcome("gate (request bodies are not screened)", f"status {got['status']}, a secret_misuse record: {bool(recs)}",
+    outcome("gate (request bodies are screened)", f"status {got['status']}, a secret_misuse record: {bool(recs)}",
             "held" if got["status"] == 403 else "OPEN")
     assert got["status"] == 403 and recs and recs[0]["reason"].startswith("secret_misuse"), (got, recs)
 
