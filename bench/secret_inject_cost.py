@@ -11,7 +11,7 @@ ROUNDS times in alternation (A B C A B C: the machine is shared, alternation spr
 over all), with an agent that makes N sequential GETs of ``https://allowed.test/`` on one
 kept-alive connection (requests.Session), timed inside the agent (p50, p99 in µs), and the
 gatewrap process's CPU (user + system, proc(5) ``stat``) from the agent's first request to its
-last, per request. Prints one JSON object (medians over the rounds) and writes it to
+last, per request. Prints one JSON object (medians over the rounds, and each round's figures) and writes it to
 bench/results/secret_inject_cost.json.
 
 The fake upstream must set TCP_NODELAY (tests/fakenet/servers.py ``nodelay``): without it its
@@ -105,6 +105,7 @@ def main() -> None:
            "uptime": open("/proc/loadavg").read().split()[:3],
            **{k: {m: round(statistics.median(r[m] for r in v), 1) for m in ("p50_us", "p99_us", "gate_cpu_us")}
               for k, v in got.items()}}
+    out["per_round"] = {k: [{m: round(r[m], 1) for m in r} for r in v] for k, v in got.items()}
     for k in ("injected", "placeholder"):
         out[f"{k}_minus_inspected"] = {m: round(out[k][m] - out["inspected"][m], 1) for m in ("p50_us", "gate_cpu_us")}
     os.makedirs(os.path.join(ROOT, "bench", "results"), exist_ok=True)
