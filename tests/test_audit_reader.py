@@ -451,8 +451,12 @@ def test_pid_matches_the_kernels_pid_and_the_gates_client_pid(log):
 
 
 def test_stats_count_a_request_held_with_hold_return_as_held_not_denied(log):
-    _append(log, _rec(53, **GATE_DENIAL), _rec(54, **HELD_409), _rec(55, **HELD_409))
+    # The 409 of a retry after the approved request was sent once waits for nothing: denied,
+    # as the gate's own counts say (run_end).
+    sent_once = {**HELD_409, "reason": "ask: approval ap-eo3rba5qnzc2mfdbakhc already sent once (at most once)"}
+    _append(log, _rec(53, **GATE_DENIAL), _rec(54, **HELD_409), _rec(55, **HELD_409), _rec(56, **sent_once))
     s = json.loads(_gw("audit", "stats", "--json", "--run", "gw-dddddddddd", "--log", str(log)).stdout)
     (c,) = s["runs"]
-    assert (c["denied"], c["held"]) == (1, 2), c
-    assert s["top_denied"] == [{"destination": "http evil.example:80/v1/upload?…", "count": 1}]
+    assert (c["denied"], c["held"]) == (2, 2), c
+    assert s["top_denied"] == [{"destination": "http evil.example:80/v1/upload?…", "count": 1},
+                               {"destination": "http api.example:80/v1/send", "count": 1}]

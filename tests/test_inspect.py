@@ -105,6 +105,19 @@ def test_curl_trusts_the_gates_leaf_through_the_ca_variables_and_each_request_is
     assert "replaced your" in r.stderr and "SSL_CERT_FILE" in r.stderr, r.stderr
 
 
+def test_an_inspected_request_record_carries_its_bytes_up_and_down_and_its_duration(inspecting):
+    # As on plain http (test_gate_requests.py): body bytes each way, the time it took.
+    r = inspecting(["sh", "-c", "head -c 1000 /dev/zero | curl -sS --max-time 10 -o /dev/null -w '%{size_download}' "
+                    "--data-binary @- https://allowed.test/bytes/5000"])
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "5000"
+    (rec,) = r.records(event="request", proto="https")
+    assert (rec["decision"], rec["status"]) == ("allowed", 200)
+    assert (rec["bytes_up"], rec["bytes_down"]) == (1000, 5000)
+    assert isinstance(rec["duration_ms"], (int, float)) and rec["duration_ms"] >= 0
+    assert "error" not in rec
+
+
 def test_the_ca_variables_reach_the_agent_and_name_files_it_can_read(inspecting, tmp_path):
     r = inspecting(python="""
         import json, os

@@ -120,6 +120,7 @@ def who_why(rec: dict[str, Any]) -> str:
         parts.append(
             f"exit {rec.get('exit_code')}: {rec.get('allowed', 0)} allowed, {rec.get('denied', 0)} denied, "
             f"{rec.get('failed', 0)} failed, {rec.get('direct_egress', 0)} direct egress blocked"
+            + (f", {rec['held']} held (409, waiting for approval)" if rec.get("held") else "")
             + (f", {rec['inspected']} tunnels TLS-inspected" if rec.get("inspected") else "")
             + (f", {rec['would_deny']} would be denied in enforce mode" if rec.get("would_deny") else "")
             + (f", {rec['unsent']} not sent (503: not recordable)" if rec.get("unsent") else "")

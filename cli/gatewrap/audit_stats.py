@@ -68,11 +68,17 @@ class RunCounts:
 GATE_DECISIONS = frozenset({"request", "connect", "dns"})
 
 
+#: How the reason of a held 409 begins (gate_core/src/gate/hold.rs HELD_REASON).
+HELD_REASON = "ask: held for approval "
+
+
 def returned(rec: dict[str, Any]) -> bool:
     """Whether a gate record is a request answered 409 while its approval waits (``hold =
-    "return"``, gate_core hold.rs: status 409 and the approval named), whatever its
-    ``decision`` says."""
-    return rec.get("event") in ("request", "connect") and rec.get("status") == 409 and bool(rec.get("approval"))
+    "return"``, gate_core hold.rs: status 409, the approval named, the reason
+    :data:`HELD_REASON`; not the 409 of a retry after the approved one was sent), whatever
+    its ``decision`` says. The gate counts the same ones as ``held`` (run_end)."""
+    return (rec.get("event") in ("request", "connect") and rec.get("status") == 409 and bool(rec.get("approval"))
+            and str(rec.get("reason", "")).startswith(HELD_REASON))
 
 
 def attempts(rec: dict[str, Any]) -> int:

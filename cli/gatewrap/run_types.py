@@ -95,6 +95,8 @@ class RunResult:
     oom_kills: int = 0
     #: Requests refused with 503 before any dial: their record could not be written.
     unsent: int = 0
+    #: Requests answered 409 while their approval waits (``hold = "return"``): not in denied.
+    held: int = 0
     #: Kernel denials delivered but not recorded: the audit log could not take them.
     unrecorded: int = 0
     #: Protected paths the agent tried to change, refused by the kernel: host path -> attempts
@@ -106,7 +108,7 @@ class RunResult:
         return {"run": self.run_id, "exit_code": self.exit_code, "allowed": self.allowed,
                 "denied": self.denied, "failed": self.failed, "direct_egress": self.direct_egress,
                 "inspected": self.inspected, "would_deny": self.would_deny,
-                "unsent": self.unsent, "lost_events": self.lost, "unrecorded_events": self.unrecorded,
+                "unsent": self.unsent, "held": self.held, "lost_events": self.lost, "unrecorded_events": self.unrecorded,
                 "pids_refused": self.pids_refused, "oom_kills": self.oom_kills,
                 "audit_log": self.audit_log,
                 **({"approvals": self.approvals} if self.approvals is not None else {}),
@@ -122,7 +124,8 @@ def summary_line(r: RunResult) -> str:
         lost += f", {r.unrecorded} kernel events NOT RECORDED (the audit log could not be written)"
     return (
         f"gatewrap: run {r.run_id} exited {r.exit_code}: {r.allowed} allowed, "
-        f"{r.denied} denied by the gate, {r.direct_egress} direct egress blocked"
+        f"{r.denied} denied by the gate, "
+        f"{f'{r.held} held (409, waiting for approval), ' if r.held else ''}{r.direct_egress} direct egress blocked"
         f"{f', {r.failed} upstream failed' if r.failed else ''}"
         f"{f', {r.unsent} NOT SENT (503: the audit log could not record them)' if r.unsent else ''}"
         f"{f', {r.inspected} tunnels TLS-inspected' if r.inspected else ''}"

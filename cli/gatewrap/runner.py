@@ -761,7 +761,7 @@ class Sandbox:
                            self._denials.count + e["direct_egress"], lost, p.opts.audit_log,
                            inspected=counts.get("inspected", 0), would_deny=counts.get("would_deny", 0),
                            approvals=asked, protected=protected,
-                           unsent=counts.get("unsent", 0), unrecorded=self._denials.unrecorded,
+                           unsent=counts.get("unsent", 0), held=counts.get("held", 0), unrecorded=self._denials.unrecorded,
                            refused=dict(self._denials.refused), **hit)
         end = result.as_record()
         del end["audit_log"]

@@ -484,10 +484,11 @@ impl PyGate {
         d.set_item("allowed", allowed)?;
         d.set_item("denied", denied)?;
         d.set_item("failed", failed)?;
-        let (inspected, would_deny, unsent) = self.inner.more_counts();
+        let (inspected, would_deny, unsent, held) = self.inner.more_counts();
         d.set_item("inspected", inspected)?;
         d.set_item("would_deny", would_deny)?;
         d.set_item("unsent", unsent)?;
+        d.set_item("held", held)?;
         Ok(d)
     }
 

@@ -222,6 +222,11 @@ def test_hold_return_answers_409_and_the_retry_goes_through_once(net, tmp_path):
     assert len(s.upstream("/echo?t=ret")) == 1
     assert f'"id":"{a["id"]}"' in r.stdout and '"status":"approved"' in r.stdout, "the wait endpoint tells the status"
     assert "\n409" in r.stdout and "\n200" in r.stdout and "already sent once" in r.stdout
+    # The gate's own counts, as `audit stats` counts them: the first 409 held (it waited for
+    # the approval), the retry allowed, the one after it denied (sent once already).
+    (end,) = events(r, "run_end")
+    assert (end["allowed"], end["denied"], end["held"]) == (1, 1, 1), end
+    assert ": 1 allowed, 1 denied by the gate, 1 held (409, waiting for approval), " in r.stderr, r.stderr
 
 
 def test_hold_return_after_an_edit_and_a_grant_sends_the_edited_request(net, tmp_path):

@@ -30,6 +30,9 @@ pub struct Counts {
     /// Refused with 503 before any dial because their record could not be written (decision
     /// `failed`, error `internal: ...`): not in `failed`, which is what upstream broke.
     pub unsent: AtomicU64,
+    /// Answered 409 while their approval waits (`hold = "return"`; decision `denied`,
+    /// reason [`super::hold::HELD_REASON`]): not in `denied`.
+    pub held: AtomicU64,
 }
 
 /// What every connection task shares.
@@ -117,6 +120,7 @@ impl Ctx {
         let counter = match rec.decision {
             f::ALLOWED if rec.inspected => &self.counts.inspected,
             f::ALLOWED => &self.counts.allowed,
+            f::DENIED if rec.reason.as_deref().is_some_and(|r| r.starts_with(super::hold::HELD_REASON)) => &self.counts.held,
             f::DENIED => &self.counts.denied,
             _ if rec.error.as_deref().is_some_and(|e| e.starts_with(INTERNAL)) => &self.counts.unsent,
             _ => &self.counts.failed,

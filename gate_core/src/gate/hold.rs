@@ -659,6 +659,10 @@ impl Drop for Leaving {
     }
 }
 
+/// How the reason of a request answered 409 while its approval waits begins (`hold =
+/// "return"`): counted as `held`, not `denied` (`Ctx::record`).
+pub(super) const HELD_REASON: &str = "ask: held for approval ";
+
 /// Carry out the decision of `a` for this request; `claimed`: the [`Store::claim`] made
 /// already when `a` was read (else it is made here, the lookup of `dials` started beside
 /// it) and the lookup started with it. A lost claim drops the lookup: nothing is dialled.
@@ -696,7 +700,7 @@ async fn outcome(
             }
             let mut rec = rec;
             rec.decision = f::DENIED;
-            rec.reason = Some(format!("ask: held for approval {id} (hold = return)"));
+            rec.reason = Some(format!("{HELD_REASON}{id} (hold = return)"));
             rec.status = Some(409);
             Held::Answer(ctx.answer_recorded(rec, resp))
         }

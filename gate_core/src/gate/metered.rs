@@ -1,6 +1,7 @@
-//! The bytes and duration of a forwarded request, for its record (`bytes_up`, `bytes_down`,
-//! `duration_ms`): the request body counted on its way upstream ([`Counted`]), the response
-//! body on its way to the client ([`Recorded`]), whose end writes the record.
+//! The bytes and duration of a forwarded request (plain http, or inside an inspected
+//! tunnel), for its record (`bytes_up`, `bytes_down`, `duration_ms`): the request body
+//! counted on its way upstream ([`Counted`]), the response body on its way to the client
+//! ([`Recorded`]), whose end writes the record.
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -268,12 +268,14 @@ impl Gate {
     }
 
     /// (inspected tunnels, report-mode decisions `enforce` would have denied, requests
-    /// refused unsent because their record could not be written) so far.
-    pub fn more_counts(&self) -> (u64, u64, u64) {
+    /// refused unsent because their record could not be written, requests answered 409
+    /// while their approval waits) so far.
+    pub fn more_counts(&self) -> (u64, u64, u64, u64) {
         (
             self.counts.inspected.load(Ordering::Relaxed),
             self.counts.would_deny.load(Ordering::Relaxed),
             self.counts.unsent.load(Ordering::Relaxed),
+            self.counts.held.load(Ordering::Relaxed),
         )
     }
 

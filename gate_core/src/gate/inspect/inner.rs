@@ -9,7 +9,9 @@
 
 use std::error::Error as _;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
+use std::time::Instant;
 
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use hyper::body::Incoming;
@@ -24,6 +26,7 @@ use crate::policy::{canonical_host, Host, RequestFacts, Scheme};
 
 use super::super::admit::admit_request;
 use super::super::hold;
+use super::super::metered::{Counted, Outcome, Recorded};
 use super::super::dial::{self, DialError};
 use super::super::pool::Key;
 use super::super::ctx::Pending;
@@ -90,6 +93,7 @@ fn too_large(limit: u64) -> (String, String) {
 }
 
 pub(super) async fn handle(ctx: Arc<Ctx>, tunnel: Arc<Tunnel>, req: Request<Incoming>) -> Response<Body> {
+    let started = Instant::now();
     let (host, port) = (&tunnel.host, tunnel.port);
     let mut rec = ctx.record_for(f::EVENT_REQUEST, f::PROTO_HTTPS, tunnel.peer, &req);
     let target = upstream_target(req.method(), req.uri());
@@ -192,6 +196,8 @@ pub(super) async fn handle(ctx: Arc<Ctx>, tunnel: Arc<Tunnel>, req: Request<Inco
         parts.headers.insert(HOST, h);
     }
     secrets::inject(&ctx, &adm, &mut parts);
+    let up = Arc::new(AtomicU64::new(0));
+    let body = Counted::new(body, up.clone()).boxed_unsync();
     let result = send(&ctx, &tunnel, sender, reused, addr, Request::from_parts(parts, body)).await;
     match result {
         Ok((resp, sender)) => {
@@ -199,15 +205,17 @@ pub(super) async fn handle(ctx: Arc<Ctx>, tunnel: Arc<Tunnel>, req: Request<Inco
             if let Some(s) = sending.as_mut() {
                 s.status = Some(resp.status().as_u16());
             }
-            pending.finish();
             match down_upgrade {
                 Some(down) if resp.status() == StatusCode::SWITCHING_PROTOCOLS => {
+                    pending.finish();
                     upgrade::switch(&ctx, down, resp, host.with_port(port))
                 }
                 _ => {
                     ctx.inspected.give_back(key, sender);
                     let (mut parts, body) = resp.into_parts();
                     strip_hop_by_hop(&mut parts.headers);
+                    // The record is written at the body's end, with its bytes and duration.
+                    let body = Recorded::new(body, Outcome { pending, started, up });
                     Response::from_parts(parts, body.boxed())
                 }
             }
