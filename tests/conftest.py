@@ -259,6 +259,24 @@ def netns_holders(ino: int) -> list[str]:
     return found
 
 
+#: Run as ``sh -c PIDNS_SETUP sh ARGV...`` in a new mount namespace: a /proc of the new pid
+#: namespace's own, mounts made there not seen outside. ``unshare --mount-proc`` makes "/"
+#: private first, which fails where "/" is no mount point (a chroot: fresh-debian's, "cannot
+#: change root filesystem propagation"); then /proc, a mount point everywhere, is made private
+#: before the new proc is mounted over it (mount_namespaces(7), "Shared subtrees").
+PIDNS_SETUP = ("mount --make-rprivate / 2>/dev/null || mount --make-rprivate /proc || exit 126\n"
+               "mount -t proc -o nosuid,nodev,noexec proc /proc || exit 126\n"
+               'exec "$@"')
+
+
+def in_new_pid_namespace(*argv: str) -> list[str]:
+    """``argv`` as the first child of a new pid namespace (``unshare --pid --fork``) in a new
+    mount namespace with its own /proc: what ``unshare --mount --pid --fork --mount-proc``
+    does, also in a chroot (:data:`PIDNS_SETUP`). Exit 126: the namespace could not be made."""
+    return ["unshare", "--mount", "--pid", "--fork", "--propagation", "unchanged",
+            "/bin/sh", "-c", PIDNS_SETUP, "sh", *argv]
+
+
 def gatewrap_cmd(*args: str) -> list[str]:
     """The gatewrap command line, with this interpreter (the project's venv). An
     ``--audit-log PATH`` among ``args`` is noted: its records are checked against the

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import AGENT_PYTHON, AGENT_UID, ROOT, gatewrap_cmd
+from conftest import AGENT_PYTHON, AGENT_UID, ROOT, gatewrap_cmd, in_new_pid_namespace
 
 pytestmark = pytest.mark.kernel
 
@@ -172,14 +172,14 @@ def test_stop_refuses_a_run_whose_gatewrap_is_in_another_pid_namespace_and_signa
     run_id = "gw-" + os.urandom(5).hex()
     bystander = subprocess.Popen(["sleep", "60"])
     holder = subprocess.Popen(
-        ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", textwrap.dedent(f"""
+        in_new_pid_namespace(sys.executable, "-c", textwrap.dedent(f"""
             import sys
             from gatewrap.sandbox import registry
             fd = registry.claim({run_id!r}, {str(tmp_path / 'audit.jsonl')!r}, pid={bystander.pid})
             print("held", flush=True)
             sys.stdin.read()
             registry.release({run_id!r}, fd)
-        """)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        """)), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline() == "held\n"
         s = subprocess.run(gatewrap_cmd("stop", run_id, "--timeout", "1"), capture_output=True, text=True, timeout=60)

@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+from conftest import in_new_pid_namespace
+
 from gatewrap import procstat
 from gatewrap.sandbox import cgroup, registry
 
@@ -34,7 +36,8 @@ def test_a_process_start_time_is_its_ticks_since_boot_and_names_that_process_onl
 def _in_child_pid_namespace(code: str, mount_proc: bool = True) -> str:
     """What ``code`` (Python, this interpreter) prints run as pid 1 of a new pid namespace
     (``unshare --pid --fork``, with a /proc of its own unless ``mount_proc`` is False)."""
-    cmd = ["unshare", "--pid", "--fork", *(["--mount-proc"] if mount_proc else []), sys.executable, "-c", code]
+    argv = (sys.executable, "-c", code)
+    cmd = in_new_pid_namespace(*argv) if mount_proc else ["unshare", "--pid", "--fork", *argv]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=True).stdout.strip()
 
 

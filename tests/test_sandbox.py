@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import AGENT_PYTHON, gatewrap_cmd, netns_holders
+from conftest import AGENT_PYTHON, AGENT_UID, gatewrap_cmd, netns_holders
 
 pytestmark = pytest.mark.kernel
 
@@ -422,6 +422,20 @@ def _limits(text: str) -> dict[str, tuple[str, str]]:
         name, soft, hard = line[:26].strip(), *line[26:].split()[:2]
         rows[name] = (soft, hard)
     return rows
+
+
+@pytest.mark.parametrize("jail", ["nsjail", "none"])
+def test_the_agent_gets_the_callers_open_file_limit_not_the_one_gatewrap_raised_for_itself(tmp_path, jail):
+    """gatewrap raises its own soft RLIMIT_NOFILE to the hard one (the gate's sockets); the
+    agent starts with the caller's soft limit all the same (a caller with soft < hard, as
+    sudo under pam_limits leaves it on Debian)."""
+    cmd = ["prlimit", "--nofile=1000:", "--",
+           *gatewrap_cmd("run", "--audit-log", str(tmp_path / "audit.jsonl"), "--jail", jail, "--workdir", "/tmp",
+                         "--", "/bin/cat", "/proc/self/limits")]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "SUDO_UID": str(AGENT_UID), "SUDO_GID": str(AGENT_UID)})
+    assert r.returncode == 0, r.stderr
+    assert _limits(r.stdout)["Max open files"][0] == "1000", r.stdout
 
 
 def test_the_agent_has_no_limit_the_user_did_not_set(gatewrap):

@@ -450,6 +450,7 @@ def spawn_agent(
     join_cgroups: list[str] = ...,
     oom_score_adj: int | None = None,
     nproc: int | None = None,
+    nofile: int | None = None,
 ) -> int:
     """Start ``argv`` inside the sandbox and return its pid (reap it with ``os.waitpid``).
 
@@ -458,7 +459,8 @@ def spawn_agent(
     does. Before exec, in this order, the child: enters the working directory; joins each
     ``join_cgroups`` folder (cgroup v1 leaves: ``0`` written to its ``cgroup.procs``, opened
     by the parent); writes ``oom_score_adj`` (proc(5)) and sets RLIMIT_NPROC to ``nproc``
-    (soft and hard) when given; resets
+    (soft and hard) when given, and the soft RLIMIT_NOFILE to ``nofile`` (at most the hard
+    one, which stays); resets
     SIGPIPE/SIGXFSZ to default and empties the signal mask; joins the netns; enters new cgroup and
     mount namespaces (mounts private), covers each ``hide`` path with an empty read-only tmpfs
     and bind-mounts each ``readonly`` path read-only onto itself; sets ``groups``, then gid; empties the capability

@@ -144,6 +144,8 @@ def spawn(spec: dict[str, Any]) -> int:
         if ino is not None and os.fstat(ns).st_ino != ino:
             raise GatewrapError("starting the agent failed: the run's network namespace is gone (another is in its place)")
         spec["netns_path"] = f"/proc/self/fd/{ns}"
+        if _CALLER_NOFILE is not None:
+            spec["nofile"] = _CALLER_NOFILE
         return core.spawn_agent(**spec)
     except core.SpawnError as e:
         if e.stage != "exec":
@@ -161,9 +163,19 @@ def protect_from_oom() -> None:
         f.write(str(GATEWRAP_OOM_SCORE_ADJ))
 
 
+#: The caller's soft RLIMIT_NOFILE before :func:`raise_fd_limit` raised this process's; the
+#: agent gets it back (:func:`spawn`). None: not raised.
+_CALLER_NOFILE: int | None = None
+
+
 def raise_fd_limit() -> None:
     """The gate holds two fds per tunnel (up to 1024 connections per run): raise gatewrap's
-    soft RLIMIT_NOFILE to its hard limit (getrlimit(2)). The agent's is set by the jail."""
+    soft RLIMIT_NOFILE to its hard limit (getrlimit(2)). The agent is started with the
+    caller's soft limit (:func:`spawn`); in the jail nsjail then makes it the hard one too
+    (its ``rlimit_nofile_type: SOFT`` sets both)."""
+    global _CALLER_NOFILE
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < hard:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        if _CALLER_NOFILE is None:
+            _CALLER_NOFILE = soft

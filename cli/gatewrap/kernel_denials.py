@@ -148,6 +148,26 @@ def _proc_link(tgid: int, name: str) -> str | None:
         return None
 
 
+def _agent_view(tgid: int, link: str | None) -> str | None:
+    """``link`` (a /proc/TGID/{cwd,fd/N} target) as the process itself names it: relative to
+    its own root. The kernel writes such a link relative to the reader's root only when the
+    reader's root is reachable from it (proc(5), /proc/pid/cwd; d_path() stops at the reader's
+    root or at the top of the process's mount namespace): gatewrap in a chroot (a root that is
+    no mount point) reading a process of another mount namespace gets the full path, chroot
+    folder included, and /proc/TGID/root says which prefix that is. None when the process is
+    gone."""
+    if link is None:
+        return None
+    root = _proc_link(tgid, "root")
+    if root is None:
+        return None
+    if root in ("/", "") or not root.startswith("/"):
+        return link
+    if link == root:
+        return "/"
+    return link[len(root):] if link.startswith(root + "/") else link
+
+
 def refused_path(ev: _Event, workdir: str | None) -> str | None:
     """The absolute path a refused write named: its path as given, joined to the directory
     it was relative to (the process's cwd or ``dirfd``, read from /proc now if it still
@@ -161,7 +181,7 @@ def refused_path(ev: _Event, workdir: str | None) -> str | None:
         return None
     if ev.path.startswith("/"):
         return os.path.normpath(ev.path)
-    base = _proc_link(ev.tgid, "cwd" if ev.dirfd == AT_FDCWD else f"fd/{ev.dirfd}")
+    base = _agent_view(ev.tgid, _proc_link(ev.tgid, "cwd" if ev.dirfd == AT_FDCWD else f"fd/{ev.dirfd}"))
     if base is None:
         if ev.dirfd != AT_FDCWD or workdir is None:
             return None

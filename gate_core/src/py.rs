@@ -535,7 +535,7 @@ fn landlock_abi() -> Option<u32> {
 }
 
 #[pyfunction]
-#[pyo3(signature = (argv, env, cwd, netns_path, cgroup_dir, uid, gid, groups, hide=Vec::new(), readonly=Vec::new(), jail="none", join_cgroups=Vec::new(), oom_score_adj=None, nproc=None))]
+#[pyo3(signature = (argv, env, cwd, netns_path, cgroup_dir, uid, gid, groups, hide=Vec::new(), readonly=Vec::new(), jail="none", join_cgroups=Vec::new(), oom_score_adj=None, nproc=None, nofile=None))]
 #[allow(clippy::too_many_arguments)]
 fn spawn_agent(
     py: Python<'_>,
@@ -553,6 +553,7 @@ fn spawn_agent(
     join_cgroups: Vec<PathBuf>,
     oom_score_adj: Option<i32>,
     nproc: Option<u64>,
+    nofile: Option<u64>,
 ) -> PyResult<u32> {
     let mode = match jail {
         "nsjail" => launcher::Mode::Nsjail,
@@ -574,6 +575,7 @@ fn spawn_agent(
         join_cgroups,
         oom_score_adj,
         nproc,
+        nofile,
     };
     py.allow_threads(|| launcher::spawn(&req)).map_err(|e| spawn_err(py, e))
 }

@@ -27,6 +27,7 @@ fn request(argv: &[&str], ns: &Netns, cg: &Cgroup, uid: u32, cwd: &Path) -> Spaw
         join_cgroups: vec![],
         oom_score_adj: None,
         nproc: None,
+        nofile: None,
     }
 }
 

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from conftest import Run, gatewrap_cmd
+from conftest import Run, gatewrap_cmd, in_new_pid_namespace
 
 from .helpers import (assert_audited, assert_bounded, assert_nothing_reached, attempts, python_argv,
                       run_id_of, spawn)
@@ -210,17 +210,17 @@ ANSWERING = """
 
 def _second_install(script: str, **popen) -> subprocess.Popen:
     """``script`` (sh) run by another install of gatewrap on this kernel: this venv's gatewrap
-    (``$GW``) in a mount and pid namespace of its own (``unshare --mount --pid --fork
-    --mount-proc``), with a registry and state of its own (tmpfs over /run/gatewrap and
-    /var/lib/gatewrap there), as a chroot's or a container's would be; the cgroup
-    hierarchy and bpffs are the kernel's, shared."""
+    (``$GW``) in a mount and pid namespace of its own (:func:`conftest.in_new_pid_namespace`),
+    with a registry and state of its own (tmpfs over /run/gatewrap and /var/lib/gatewrap
+    there), as a chroot's or a container's would be; the cgroup hierarchy and bpffs are the
+    kernel's, shared."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWRAP_")}
     env.update(SUDO_UID="65534", SUDO_GID="65534", GW=" ".join(gatewrap_cmd()))
     setup = ("mount -t tmpfs -o mode=0755 gatewrap-second /run/gatewrap && "
              "mount -t tmpfs -o mode=0755 gatewrap-second /var/lib/gatewrap && ")
     popen.setdefault("stdout", subprocess.PIPE)
     popen.setdefault("stderr", subprocess.STDOUT)
-    return subprocess.Popen(["unshare", "--mount", "--pid", "--fork", "--mount-proc", "/bin/sh", "-c", setup + script],
+    return subprocess.Popen(in_new_pid_namespace("/bin/sh", "-c", setup + script),
                             env=env, text=True, start_new_session=True, **popen)
 
 
@@ -256,6 +256,7 @@ def test_another_gatewrap_in_its_own_mount_and_pid_namespace_leaves_the_hosts_li
         killed, killed_id = host_run("killed", own_env)
         killed.kill()
         killed.wait()
+        host_run_dev = os.stat("/run/gatewrap").st_dev
         # The second install starts a run (its start-up collection) and runs its gc.
         second = _second_install(f"$GW run --own --audit-log {tmp_path}/second.jsonl --workdir /tmp -- /bin/true; "
                                  "echo \"run exit $?\"; $GW gc; echo \"gc exit $?\"")
@@ -266,6 +267,9 @@ def test_another_gatewrap_in_its_own_mount_and_pid_namespace_leaves_the_hosts_li
                                       "/bin/sh -c 'echo ready; exec sleep 120'", stderr=subprocess.DEVNULL)
         assert second_long.stdout.readline() == "ready\n"
         second_id = run_id_of(tmp_path / "second-long.jsonl")
+        # Its tmpfs stay in its mount namespace (in a chroot, whose "/" cannot be made private,
+        # a shared parent mount would show them here).
+        assert not os.path.ismount("/run/gatewrap") or os.stat("/run/gatewrap").st_dev == host_run_dev
         g = subprocess.run(gatewrap_cmd("gc", "--json"), capture_output=True, text=True, timeout=60, env=own_env)
         host_gc = json.loads(g.stdout)
         after = {"own": answer(own), "shared": answer(shared)}

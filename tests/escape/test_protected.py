@@ -54,8 +54,11 @@ PLANTS = [
 
 def _as_agent(cmd: list[str], cwd: Path, home: Path) -> subprocess.CompletedProcess:
     """``cmd`` run outside, as the agent's user would run it after the run (its own git)."""
+    # PAGER=cat: the user's pager is no part of the test (Debian's fallback, more(1), waits for
+    # a key on the terminal where less -FRX would exit); a planted core.pager still wins over
+    # it (git-config(1), core.pager).
     env = {"PATH": "/usr/bin:/bin", "HOME": str(home), "GIT_CONFIG_NOSYSTEM": "1", "LANG": "C.UTF-8",
-           "TERM": "dumb"}
+           "TERM": "dumb", "PAGER": "cat"}
     return subprocess.run(cmd, cwd=cwd, env=env, user=AGENT_UID, group=AGENT_UID, extra_groups=[],
                           capture_output=True, text=True, timeout=30)
 

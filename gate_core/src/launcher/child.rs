@@ -28,6 +28,8 @@ pub enum Step {
     OomScoreAdj,
     /// prlimit(RLIMIT_NPROC) where no pids controller bounds the run.
     Nproc,
+    /// prlimit(RLIMIT_NOFILE): the caller's soft limit back (gatewrap raised its own).
+    Nofile,
     Signals,
     Setsid,
     Setns,
@@ -55,10 +57,11 @@ pub enum Step {
 }
 
 impl Step {
-    const ALL: [Step; 24] = [
+    const ALL: [Step; 25] = [
         Step::JoinCgroup,
         Step::OomScoreAdj,
         Step::Nproc,
+        Step::Nofile,
         Step::Signals,
         Step::Setsid,
         Step::Setns,
@@ -93,6 +96,7 @@ impl fmt::Display for Step {
             Step::JoinCgroup => "joining the run's cgroup v1 (writing 0 to its cgroup.procs)",
             Step::OomScoreAdj => "setting the agent's oom_score_adj",
             Step::Nproc => "setting the agent's RLIMIT_NPROC",
+            Step::Nofile => "setting the agent's RLIMIT_NOFILE",
             Step::Signals => "resetting SIGPIPE/SIGXFSZ",
             Step::Setsid => "setsid",
             Step::Setns => "setns into the sandbox netns",
@@ -157,6 +161,8 @@ pub struct Plan {
     pub oom_score_adj: Option<CString>,
     /// RLIMIT_NPROC (soft and hard) for the agent, or `None` to keep the caller's.
     pub nproc: Option<u64>,
+    /// The agent's soft RLIMIT_NOFILE (the hard one kept), or `None` to keep this process's.
+    pub nofile: Option<u64>,
 }
 
 #[repr(C)]
@@ -339,6 +345,16 @@ impl Plan {
             let rc = libc::syscall(libc::SYS_prlimit64, 0, libc::RLIMIT_NPROC, &limit as *const libc::rlimit64,
                                    ptr::null_mut::<libc::rlimit64>());
             self.check(Step::Nproc, rc)?;
+        }
+        if let Some(soft) = self.nofile {
+            let mut limit = libc::rlimit64 { rlim_cur: 0, rlim_max: 0 };
+            let rc = libc::syscall(libc::SYS_prlimit64, 0, libc::RLIMIT_NOFILE, ptr::null::<libc::rlimit64>(),
+                                   &mut limit as *mut libc::rlimit64);
+            self.check(Step::Nofile, rc)?;
+            limit.rlim_cur = soft.min(limit.rlim_max);
+            let rc = libc::syscall(libc::SYS_prlimit64, 0, libc::RLIMIT_NOFILE, &limit as *const libc::rlimit64,
+                                   ptr::null_mut::<libc::rlimit64>());
+            self.check(Step::Nofile, rc)?;
         }
         Ok(())
     }

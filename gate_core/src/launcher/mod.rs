@@ -56,6 +56,9 @@ pub struct SpawnRequest {
     pub oom_score_adj: Option<i32>,
     /// RLIMIT_NPROC for the agent (where no pids controller bounds the run).
     pub nproc: Option<u64>,
+    /// The agent's soft RLIMIT_NOFILE: the caller's, where gatewrap raised its own to the
+    /// hard limit for the gate's sockets (`None`: this process's).
+    pub nofile: Option<u64>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -261,6 +264,7 @@ pub fn spawn(req: &SpawnRequest) -> Result<u32, SpawnError> {
         join_fds: joins.iter().map(|f| f.as_raw_fd()).collect(),
         oom_score_adj: req.oom_score_adj.map(|adj| c_string(adj.to_string())).transpose()?,
         nproc: req.nproc,
+        nofile: req.nofile,
     };
 
     let args = CloneArgs {
