@@ -5,6 +5,7 @@ is tests/escape/test_protected_attempts.py."""
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
@@ -55,6 +56,32 @@ def test_a_path_relative_to_a_directory_fd_is_joined_to_that_folder(tmp_path):
         assert refused_path(_ev("hooks/x", tgid=os.getpid(), dirfd=fd), "/w") == f"{tmp_path}/hooks/x"
     finally:
         os.close(fd)
+
+
+def test_a_relative_path_of_a_process_in_a_chroot_is_joined_in_its_own_view(tmp_path):
+    """A process whose root is a folder (a chroot, as gatewrap's own in fresh-debian, seen
+    from another mount namespace): /proc/PID/cwd names the folder too; the path is the
+    process's own."""
+    (tmp_path / "w" / ".git").mkdir(parents=True)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: chroot into tmp_path, cwd /w, wait for the parent
+        try:
+            os.close(r)
+            os.chroot(tmp_path)
+            os.chdir("/w")
+            os.write(w, b"x")
+            time.sleep(30)
+        finally:
+            os._exit(0)
+    try:
+        os.close(w)
+        assert os.read(r, 1) == b"x"
+        assert refused_path(_ev(".git/config", tgid=pid), "/elsewhere") == "/w/.git/config"
+    finally:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        os.close(r)
 
 
 def test_the_summary_names_each_refused_path_once_with_its_count():
