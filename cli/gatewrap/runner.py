@@ -455,10 +455,8 @@ class Sandbox:
             hooks = loader.load_or_reuse(parent)
             undo.callback(hooks.close)
             collected = gc.collect(parent, salvager(hooks, "a starting gatewrap run"))
-            for stale in collected.runs:
-                print(f"gatewrap: removed stale sandbox {stale} (its gatewrap had died)", file=err)
-            for foreign, why in gc.untold(collected.left):
-                print(f"gatewrap: {gc.left_line(foreign, why)}", file=err)
+            for line in gc.said_of(collected):
+                print(f"gatewrap: {line}", file=err)
         leaf, cgroup_id = cgroup.create_leaf(parent, run_id)
         self.leaf = leaf
         undo.callback(limits.remove, run_id)  # the cgroup v1 leaves, once the v2 leaf is empty

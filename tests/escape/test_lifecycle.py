@@ -291,8 +291,9 @@ def test_another_gatewrap_in_its_own_mount_and_pid_namespace_leaves_the_hosts_li
             f"the second gatewrap {'says it left them alone' if f'left {own_id} {not_ours}' in said else 'SAID NOTHING'}",
             "held" if survived else "OPEN")
     assert "run exit 0" in said and "gc exit 0" in said, said
-    for run_id in (own_id, shared_id, killed_id):  # said by its run's start, and by its gc
-        assert said.count(f"left {run_id} {not_ours}") == 2 and f"gatewrap: left {run_id}" in said, said
+    for run_id in (own_id, shared_id, killed_id):  # said by its run's start (or counted there), and by its gc
+        assert f"gatewrap: left {run_id}" in said or "more sandboxes alone" in said, said
+        assert said.count(f"left {run_id} {not_ours}") in (1, 2), said
     assert "removed" not in said, said
     assert answers == {"own": None, "shared": None}, (answers, said)
     assert after == {"own": None, "shared": None}, (after, host_gc)

@@ -147,6 +147,29 @@ def left_line(run_id: str, why: str) -> str:
     return f"left {run_id} alone: {why}"
 
 
+#: Lines a run's start or a daemon says of each kind (removed, left alone) before the rest
+#: are one line with their count: a host with thousands of another install's sandboxes
+#: (or of dead runs) must not fill the caller's terminal or its stderr pipe.
+MAX_SAID = 8
+
+
+def said_of(collected: Collected) -> list[str]:
+    """What a run's start or a daemon's start says of ``collected`` (without the
+    ``gatewrap:`` prefix): each stale sandbox removed, each left alone that no one said yet
+    (:func:`untold`), at most :data:`MAX_SAID` lines of each kind, then one line with the
+    number of the others (``gatewrap gc --json`` lists every one)."""
+    removed = [f"removed stale sandbox {run_id} (its gatewrap had died)" for run_id in collected.runs]
+    left = [left_line(run_id, why) for run_id, why in untold(collected.left)]
+    out = removed[:MAX_SAID]
+    if len(removed) > MAX_SAID:
+        out.append(f"removed {len(removed) - MAX_SAID} more stale sandboxes (their gatewrap had died)")
+    out += left[:MAX_SAID]
+    if len(left) > MAX_SAID:
+        out.append(f"left {len(left) - MAX_SAID} more sandboxes alone: not started by this gatewrap's registry "
+                   "(gatewrap gc --json lists them)")
+    return out
+
+
 def untold(left: list[tuple[str, str]]) -> list[tuple[str, str]]:
     """Those of ``left`` (:attr:`Collected.left`) that no run's start or daemon of this
     registry said yet: each is said once (a marker ``.left-RUN`` in the registry's folder,

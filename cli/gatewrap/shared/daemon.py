@@ -334,10 +334,8 @@ class Daemon:
                      "gatewrap run to come back")
         collected = gc.collect(parent, runner.salvager(self.hooks, "the gatewrap daemon"), keep=self.awaiting,
                                waiting_for=self.socket_path)
-        for stale in collected.runs:
-            self.say(f"removed stale sandbox {stale} (its gatewrap had died)")
-        for foreign, why in gc.untold(collected.left):
-            self.say(gc.left_line(foreign, why))
+        for line in gc.said_of(collected):
+            self.say(line)
         if swept := self.hooks.sweep(parent):
             self.say(f"dropped the hooks' map entries of {swept} cgroups that are gone")
         if self.awaiting:
