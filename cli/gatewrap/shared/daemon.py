@@ -693,6 +693,7 @@ class Daemon:
         except OSError:
             box.__exit__(None, None, None)
             raise
+        box.start_socket_scan()  # after the reply, which it would delay (see there)
         return self._serve_end(conn, reader, box, planned.run_id, msg.get("summary", "text"), err, release)
 
     def _serve_end(self, conn: socket.socket, reader: protocol.Reader, box: runner.Sandbox, run_id: str,
