@@ -7,6 +7,7 @@ every process in it) and the run's BPF configuration.
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import dataclasses
 import ipaddress
@@ -854,22 +855,31 @@ def _write_protected(p: Plan, fields: dict[str, str], err: TextIO) -> None:
 
 class _OnThread:
     """``fn(*args)``, started now on a thread of its own (which inherits the signal mask);
-    :meth:`result` waits for it and returns its value or raises its exception."""
+    :meth:`result` waits for it and returns its value or raises its exception.
+
+    Started with :func:`_thread.start_new_thread`, which returns at once:
+    ``threading.Thread.start`` also waits until the new thread has run (a scheduling round
+    trip: median 0.1 ms, p90 3 ms, up to 6 ms on the loaded 2-core test machine), and the
+    set-up's critical path (the hooks' configuration, the protected-path walk) need not. Like
+    a daemon thread, it does not hold the interpreter's exit: every one is waited for by
+    :meth:`result` on the paths that need its work done."""
 
     def __init__(self, fn: Any, *args: Any) -> None:
         self._value: Any = None
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, args=(fn, args), name=f"gatewrap-{getattr(fn, '__name__', 'step')}")
-        self._thread.start()
+        self._done = threading.Event()
+        _thread.start_new_thread(self._run, (fn, args))
 
     def _run(self, fn: Any, args: tuple[Any, ...]) -> None:
         try:
             self._value = fn(*args)
         except BaseException as e:  # raised again in the caller's thread by result()
             self._error = e
+        finally:
+            self._done.set()
 
     def result(self) -> Any:
-        self._thread.join()
+        self._done.wait()
         if self._error is not None:
             raise self._error
         return self._value

