@@ -51,6 +51,8 @@ BACKLOG = 512
 #: thousand threads take turns on the GIL at every step of each teardown: 121 s for all of
 #: them, against ~12 ms for one run's end alone.
 ENDING_AT_ONCE = 4
+#: How long a stopping daemon waits for the ends under way (their sandbox's last removals), in seconds.
+ENDS_WAIT = 10.0
 
 
 class Parked:
@@ -275,6 +277,11 @@ class Daemon:
         self.started = time.time()
         self.runs: dict[str, runner.Sandbox] = {}
         self._lock = threading.Lock()
+        #: Runs whose end is under way (:meth:`_serve_end`), and their last one's signal: the
+        #: staged files and the ring buffer's release follow the client's release, and a daemon
+        #: leaving (SIGTERM, its idle time) waits for them rather than leave them behind.
+        self._ends = 0
+        self._ends_done = threading.Condition(self._lock)
         self._ending = threading.BoundedSemaphore(ENDING_AT_ONCE)
         #: The connections of the runs whose agent runs (see :meth:`_serve_end`).
         self.parked = Parked()
@@ -394,6 +401,8 @@ class Daemon:
             for box in boxes:  # what each gate holds in memory goes to the log before we go
                 with contextlib.suppress(Exception):
                     box.leave()
+            with self._lock:  # the ends under way finish their sandbox's removal
+                self._ends_done.wait_for(lambda: self._ends == 0, ENDS_WAIT)
             self._let_go()
 
     def _let_go(self) -> None:
@@ -445,7 +454,8 @@ class Daemon:
         socket and drops its lock before the start lock, so that the waiting client starts a
         new daemon."""
         with self._lock:
-            if self.runs or self._clients or self.awaiting or time.monotonic() - self._quiet_since < self.idle_exit:
+            if (self.runs or self._clients or self._ends or self.awaiting
+                    or time.monotonic() - self._quiet_since < self.idle_exit):
                 return False
         start = os.open(self.socket_path + ".start", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
@@ -708,6 +718,8 @@ class Daemon:
         box.release_later = True
 
         def then() -> None:
+            with self._lock:
+                self._ends += 1
             try:
                 with self._faults_answered(conn):
                     self._end(conn, reader, box, run_id, summary)
@@ -715,6 +727,10 @@ class Daemon:
                 err.close()
                 release()
                 _close(conn, reader)
+                with self._lock:
+                    self._ends -= 1
+                    self._quiet_since = time.monotonic()
+                    self._ends_done.notify_all()
 
         if reader.has_line():
             then()
