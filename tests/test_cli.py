@@ -220,6 +220,14 @@ def test_the_fast_shared_runs_path_imports_no_click():
                         ["click", "typing", *NOT_ON_THE_SHARED_RUNS_PATH]) == []
 
 
+def test_the_shared_runs_client_sends_its_request_before_loading_the_launcher():
+    # The launcher's extension (12 MB), ctypes and the agent's process helpers load while the
+    # daemon sets the sandbox up (shared.client.run), not before the request goes out.
+    assert _imported_of("from gatewrap import entry; from gatewrap.shared import client; "
+                        "entry.shared_run(['run', '--', '/bin/true'], {})",
+                        ["gatewrap.agent_process", "gatewrap._gate_core", "ctypes"]) == []
+
+
 def test_a_fast_shared_runs_failure_reads_as_clicks_would():
     # not root (as nobody): the same message and exit code whichever parser took the line
     said = []

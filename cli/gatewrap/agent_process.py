@@ -120,6 +120,14 @@ def wait_forwarding_signals(pid: int, timeout: float | None, leaf: str, err: Tex
             os.kill(_signal_target(pid), info.si_signo)
 
 
+def load_launcher() -> Any:
+    """The extension that holds the launcher (``gatewrap._gate_core``, ~12 MB to map and link):
+    loaded by :func:`spawn`; the shared mode's client loads it ahead, while the daemon works."""
+    from . import _gate_core
+
+    return _gate_core
+
+
 def spawn(spec: dict[str, Any]) -> int:
     """Start the agent as :meth:`Sandbox.spawn_spec` says (``spawn_agent``: fork, join the
     sandbox before exec); returns its pid.
@@ -132,8 +140,7 @@ def spawn(spec: dict[str, Any]) -> int:
     Raises:
         GatewrapError: 125 for a failure before exec (the netns included), 127/126 for the exec itself.
     """
-    from . import _gate_core as core
-
+    core = load_launcher()
     spec = dict(spec)
     ino = spec.pop("netns_ino", None)
     try:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import re
 import signal
@@ -213,5 +214,26 @@ def test_the_daemon_keeps_no_descriptor_nor_thread_of_a_finished_run(tmp_path):
         assert still_open == [], d.log_text()
         assert after[0] <= fds, f"open fds {after[0]}, {fds} before the runs: {sorted(_fds(pid).values())}"
         assert after[1] <= threads, f"threads {after[1]}, {threads} before the runs"
+    finally:
+        d.stop()
+
+
+def _run_id(audit) -> str:
+    return next(json.loads(line)["run"] for line in audit.read_text().splitlines() if '"run_start"' in line)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_daemon_stopped_right_after_a_run_leaves_nothing_of_it(tmp_path, sig):
+    # The run's staged files (and its ring buffer's release) are removed after its client has
+    # been let go: a daemon stopped at that moment finishes that removal before it exits.
+    d = Daemon().start()
+    try:
+        audit = tmp_path / "audit.jsonl"
+        r = _true_run(d, audit)
+        assert r.returncode == 0, r.stderr
+        d.kill(sig)  # at once: the run's end may still be under way
+        assert d.proc.returncode is not None, d.log_text()
+        run_id = _run_id(audit)
+        assert [s for s in os.listdir("/run/gatewrap-staged") if s.startswith(f"{run_id}-")] == [], d.log_text()
     finally:
         d.stop()

@@ -20,7 +20,6 @@ import signal
 import sys
 import time
 
-from .. import agent_process
 from ..errors import GatewrapError
 from . import protocol, waiter
 
@@ -172,6 +171,15 @@ def run(fields: dict[str, Any], summary: str = "text") -> NoReturn | int:
     sock = connect(path)
     reader = protocol.Reader(sock)
     protocol.send(sock, {"op": "run", "opts": opts, "summary": summary}, fds=[2])
+    # While the daemon sets the sandbox up (~20 ms), this process readies what the spawn needs
+    # (ctypes, the launcher's extension: a few ms off the critical path) and its own state.
+    from .. import agent_process
+
+    agent_process.load_launcher()
+    found = waiter.find()
+    agent_process.become_subreaper()
+    agent_process.raise_fd_limit()  # the agent inherits it, as from a run of its own
+    agent_process.protect_from_oom()  # the waiter this process becomes: the run's end depends on it
     reply = reader.message()
     if reply is None:
         raise GatewrapError("the gatewrap daemon closed the connection before the sandbox was up "
@@ -180,9 +188,6 @@ def run(fields: dict[str, Any], summary: str = "text") -> NoReturn | int:
         raise GatewrapError(str(reply["error"]), exit_code=int(reply.get("exit_code", 125)))
     spec = reply["spawn"]
     signal.pthread_sigmask(signal.SIG_BLOCK, set(agent_process.FORWARDED) | {signal.SIGCHLD})
-    agent_process.become_subreaper()
-    agent_process.raise_fd_limit()  # the agent inherits it, as from a run of its own
-    agent_process.protect_from_oom()  # the waiter this process becomes: the run's end depends on it
     try:
         pid = agent_process.spawn(spec)
     except GatewrapError as e:
@@ -192,7 +197,6 @@ def run(fields: dict[str, Any], summary: str = "text") -> NoReturn | int:
             protocol.send_line(sock, f"failed {e.exit_code} {' '.join(str(e).split())}")
             reader.rest()
         raise
-    found = waiter.find()
     if found is not None:
         waiter.exec_waiter(pid, sock.fileno(), timeout, spec["cgroup_dir"], resume=(path, reply["run"]))
     code = agent_process.wait_forwarding_signals(pid, timeout, spec["cgroup_dir"], sys.stderr)
