@@ -63,12 +63,13 @@ pub struct Approvals {
 }
 
 impl Approvals {
-    /// Open the store at `url`, listen for wake-ups, register run `run_id`.
-    pub fn start(url: &str, run_id: &str, on_asked: Option<OnAsked>, hint: AnswerHint) -> Result<Approvals, String> {
+    /// Open the store at `url`, listen for wake-ups (SQLite: on a task of `rt`, the gate's
+    /// runtime), register run `run_id`.
+    pub fn start(url: &str, run_id: &str, rt: &tokio::runtime::Handle, on_asked: Option<OnAsked>, hint: AnswerHint) -> Result<Approvals, String> {
         let mut store = Store::open(url).map_err(|e| e.to_string())?;
         let wakes = Arc::new(tokio::sync::Notify::new());
         let w = wakes.clone();
-        let listener = wake::Listener::start(url, run_id, wake::RUN_DIR, move |_| w.notify_waiters())?;
+        let listener = wake::Listener::start(url, run_id, wake::RUN_DIR, rt, move |_| w.notify_waiters())?;
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default().trim().to_string();
         store.start_run(run_id, &host, std::process::id() as i64, listener.address.as_deref()).map_err(|e| e.to_string())?;
         Ok(Approvals {
