@@ -1,5 +1,5 @@
 //! Wake-ups of a run's held requests: only a hint to re-read the store (the truth), which
-//! the gate also re-reads at least every second. SQLite: a unix
+//! the gate also re-reads on its own (`[approvals] reread`, 1 s by default). SQLite: a unix
 //! datagram socket of the run (`/run/gatewrap/<run-id>/control.sock`, the directory
 //! root-only 0700, outside any sandbox view) receives the approval id, read by a task on the
 //! gate's runtime: the worker woken by the datagram is the one that asks the store, no
@@ -54,7 +54,7 @@ impl Listener {
                             match it.next() {
                                 Ok(Some(note)) => on_wake(note.payload()),
                                 Ok(None) => break,
-                                // The connection broke: waiters fall back to re-reading every second.
+                                // The connection broke: waiters fall back to re-reading the store (`[approvals] reread`).
                                 Err(_) => return,
                             }
                         }
