@@ -34,7 +34,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
-from fakenet import FakeInternet  # noqa: E402
+from fakenet import FakeInternet, cleanup_leftovers  # noqa: E402
 
 from gatewrap._gate_core import ApprovalStore  # noqa: E402
 
@@ -59,6 +59,7 @@ def main() -> None:
     ap.add_argument("legacy_n", nargs="?", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     n = args.legacy_n or args.n
+    cleanup_leftovers()  # what a dead fake internet left (a live one is left alone), as the tests do
     with tempfile.TemporaryDirectory() as tmp, FakeInternet(ttl=args.ttl) as net:
         policy = os.path.join(tmp, "policy.toml")
         with open(policy, "w") as f:

@@ -108,6 +108,23 @@ def test_approve_sends_once_after_the_decision(net, tmp_path):
     assert e.value.why in ("decided", "run ended")
 
 
+def test_a_decision_reaches_the_held_request_by_its_wake_up_not_by_the_store_re_read(net, tmp_path):
+    # The held request re-reads the store once an hour and may wait ten minutes: only the
+    # decision's wake-up (the run's control socket, read on the gate's runtime) lets it
+    # through within curl's 60 s bound.
+    s = Session(net, tmp_path, post("/echo?t=woken", "hello-woken"), timeout="10m",
+                extra='\n[approvals]\nreread = "1h"\n')
+    (a,) = s.pending()
+    time.sleep(0.5)  # past the hold's first read of the store: from now on it waits
+    assert s.upstream("/echo?t=woken") == []
+    s.decide(a, "approve")
+    r = s.finish()
+    assert r.returncode == 0, r.stderr
+    assert "hello-woken" in r.stdout and r.stdout.strip().endswith("200")
+    assert len(s.upstream("/echo?t=woken")) == 1
+    assert [e["approval"] for e in events(r, "approval_sent")] == [a["id"]]
+
+
 def test_reject_answers_403_with_the_reason_and_sends_nothing(net, tmp_path):
     s = Session(net, tmp_path, post("/echo?t=reject", "x"))
     (a,) = s.pending()

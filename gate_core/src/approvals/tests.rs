@@ -340,14 +340,17 @@ fn wake_socket_receives_the_id() {
     let run_dir = std::env::temp_dir().join(new_id("gatewrap-run-"));
     let (tx, rx) = std::sync::mpsc::channel::<String>();
     let r = new_id("run-");
-    let l = wake::Listener::start(s.url(), &r, run_dir.to_str().unwrap(), move |id| {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let l = wake::Listener::start(s.url(), &r, run_dir.to_str().unwrap(), rt.handle(), move |id| {
         let _ = tx.send(id.to_string());
     })
     .unwrap();
     s.start_run(&r, "host", 1, l.address.as_deref()).unwrap();
     let (a, _) = s.ask(&req(&r, b"x")).unwrap();
     s.decide(&a.id, 1, &a.digest, Verdict::Approve, "ann", None, None).unwrap();
-    assert_eq!(rx.recv_timeout(std::time::Duration::from_secs(5)).unwrap(), a.id);
+    // The task runs while the runtime is driven (here: until the id came or 5 s passed).
+    let got = rt.block_on(async { tokio::task::spawn_blocking(move || rx.recv_timeout(std::time::Duration::from_secs(5))).await.unwrap() });
+    assert_eq!(got.unwrap(), a.id);
     drop(l);
     assert!(!run_dir.join(&r).exists());
 }
@@ -394,7 +397,8 @@ fn postgres_notify_reaches_the_listener() {
     let mut s = Store::open(&url).unwrap();
     let (tx, rx) = std::sync::mpsc::channel::<String>();
     let r = new_id("run-");
-    let l = wake::Listener::start(&url, &r, "/nonexistent", move |id| {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let l = wake::Listener::start(&url, &r, "/nonexistent", rt.handle(), move |id| {
         let _ = tx.send(id.to_string());
     })
     .unwrap();

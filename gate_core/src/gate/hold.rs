@@ -4,7 +4,7 @@
 //! (`hold = "return"`) until a human decides. Approved: the one [`Store::claim`] winner
 //! sends the current request with the agent's original credentials (the store has only
 //! redacted copies). Rejected, expired, cancelled: 403. The store is the truth; wake-ups
-//! only shorten the wait (it is re-read at least every second). A store that cannot be
+//! only shorten the wait (it is re-read every `[approvals] reread`, 1 s by default). A store that cannot be
 //! read or written denies the request (recorded): nothing is sent without it.
 //! An uninspected CONNECT is held the same way, the approval being for the tunnel itself
 //! ([`hold_tunnel`]). The bodies held at once are bounded over the whole gate (the policy's
@@ -36,8 +36,6 @@ use super::Ctx;
 pub const MAX_POLL: f64 = 60.0;
 /// Most bytes of a plain-http request body the gate holds in memory for an approval.
 pub const HOLD_BODY_LIMIT: usize = 16 * 1024 * 1024;
-/// How often a waiter re-reads the store without a wake-up.
-const REREAD: Duration = Duration::from_secs(1);
 
 /// Called with each new approval (off the runtime; its failure decides nothing).
 pub type OnAsked = Box<dyn Fn(&Approval) + Send + Sync>;
@@ -63,12 +61,13 @@ pub struct Approvals {
 }
 
 impl Approvals {
-    /// Open the store at `url`, listen for wake-ups, register run `run_id`.
-    pub fn start(url: &str, run_id: &str, on_asked: Option<OnAsked>, hint: AnswerHint) -> Result<Approvals, String> {
+    /// Open the store at `url`, listen for wake-ups (SQLite: on a task of `rt`, the gate's
+    /// runtime), register run `run_id`.
+    pub fn start(url: &str, run_id: &str, rt: &tokio::runtime::Handle, on_asked: Option<OnAsked>, hint: AnswerHint) -> Result<Approvals, String> {
         let mut store = Store::open(url).map_err(|e| e.to_string())?;
         let wakes = Arc::new(tokio::sync::Notify::new());
         let w = wakes.clone();
-        let listener = wake::Listener::start(url, run_id, wake::RUN_DIR, move |_| w.notify_waiters())?;
+        let listener = wake::Listener::start(url, run_id, wake::RUN_DIR, rt, move |_| w.notify_waiters())?;
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default().trim().to_string();
         store.start_run(run_id, &host, std::process::id() as i64, listener.address.as_deref()).map_err(|e| e.to_string())?;
         Ok(Approvals {
@@ -417,11 +416,11 @@ where
 {
     let ap = ctx.approvals.clone().expect("hold without approvals");
     let rule = adm.decision.rule.clone().unwrap_or_else(|| "default".into());
-    let (timeout, mode, grants_ok, cap, caps) = {
+    let (timeout, mode, grants_ok, cap, caps, reread) = {
         let p = ctx.policy.read().unwrap_or_else(|p| p.into_inner());
         let (t, m, g) = p.rule(&rule).map_or((DEFAULT_ASK_TIMEOUT, Hold::Wait, true), |r| (r.timeout.unwrap_or(DEFAULT_ASK_TIMEOUT), r.hold, r.grants));
         let caps = PendingCaps { run: p.approvals.max_pending, store: p.approvals.max_pending_store };
-        (t, m, g, p.approvals.held_bytes, caps)
+        (t, m, g, p.approvals.held_bytes, caps, p.approvals.reread)
     };
     let run = ctx.run_id.clone();
     let method = method.to_string();
@@ -530,7 +529,7 @@ where
             tokio::task::spawn_blocking(move || cb(&copy));
         }
     }
-    let (a, claimed, early) = if mode == Hold::Return { (a, None, None) } else { wait(ctx, &ap, a, dials.as_ref()).await };
+    let (a, claimed, early) = if mode == Hold::Return { (a, None, None) } else { wait(ctx, &ap, a, dials.as_ref(), reread).await };
     (outcome(ctx, &ap, a, (claimed, early), dials.as_ref(), rec.clone(), headers, bytes).await, rec)
 }
 
@@ -576,14 +575,14 @@ pub fn notice_line(a: &Approval, hint: &AnswerHint) -> String {
     )
 }
 
-/// Wait until `a` is no longer pending (re-read on a wake-up or every second), expiring
+/// Wait until `a` is no longer pending (re-read on a wake-up or every `reread`), expiring
 /// it at its deadline. If the agent leaves (this future is dropped), the approval is
 /// cancelled when no other request shares it. An approval found approved is claimed in the
 /// same trip to the store (one blocking-thread hop less between the human's yes and the
 /// send): `Some(won)` is that [`Store::claim`]'s answer. Found approved, the lookup of
 /// `dials` (the destination a yes dials) starts between the read and the claim, on its own
 /// task ([`Early`]): the claim's write and the lookup overlap.
-async fn wait(ctx: &Arc<Ctx>, ap: &Arc<Approvals>, mut a: Approval, dials: Option<&Host>) -> (Approval, Option<approvals::Result<bool>>, Option<Early>) {
+async fn wait(ctx: &Arc<Ctx>, ap: &Arc<Approvals>, mut a: Approval, dials: Option<&Host>, reread: Duration) -> (Approval, Option<approvals::Result<bool>>, Option<Early>) {
     let mut leaving = Leaving { ap: ap.clone(), ctx: ctx.clone(), id: Some(a.id.clone()) };
     let (mut claimed, mut early) = (None, None);
     let rt = tokio::runtime::Handle::current();
@@ -628,7 +627,7 @@ async fn wait(ctx: &Arc<Ctx>, ap: &Arc<Approvals>, mut a: Approval, dials: Optio
             }
             continue;
         }
-        let _ = tokio::time::timeout(REREAD.min(Duration::from_secs_f64(left)), woken).await;
+        let _ = tokio::time::timeout(reread.min(Duration::from_secs_f64(left)), woken).await;
     }
     leaving.id = None;
     (a, claimed, early)

@@ -189,7 +189,7 @@ impl Gate {
         };
         let counts = Arc::new(Counts::default());
         let approvals = match &config.state {
-            Some(url) => Some(Arc::new(hold::Approvals::start(url, &config.run_id, config.on_asked, config.answer_hint.clone()).map_err(GateError::Approvals)?)),
+            Some(url) => Some(Arc::new(hold::Approvals::start(url, &config.run_id, &handle, config.on_asked, config.answer_hint.clone()).map_err(GateError::Approvals)?)),
             None => None,
         };
         let _guard = handle.enter();

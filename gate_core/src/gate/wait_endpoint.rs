@@ -69,6 +69,7 @@ pub async fn handle<B>(ctx: Arc<Ctx>, req: Request<B>) -> Response<Body> {
         .unwrap_or(0.0)
         .clamp(0.0, MAX_POLL);
     let until = Instant::now() + Duration::from_secs_f64(wait);
+    let reread = ctx.policy.read().unwrap_or_else(|p| p.into_inner()).approvals.reread;
     loop {
         let woken = ap.wakes.notified();
         tokio::pin!(woken);
@@ -89,7 +90,7 @@ pub async fn handle<B>(ctx: Arc<Ctx>, req: Request<B>) -> Response<Body> {
                                    "deadline": approvals::rfc3339(a.deadline)}),
             );
         }
-        let _ = tokio::time::timeout((until - now).min(Duration::from_secs(1)), woken).await;
+        let _ = tokio::time::timeout((until - now).min(reread), woken).await;
     }
 }
 

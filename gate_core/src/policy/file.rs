@@ -32,6 +32,7 @@
 //! held_bytes = 268435456 # most bytes of request bodies held in memory at once (256 MiB)
 //! max_pending = 100      # most pending approvals of this run; past it a request is denied (429)
 //! max_pending_store = 1000 # most pending approvals in the store, all runs (then 503)
+//! reread = "1s"          # how often a held request re-reads the store without a wake-up
 //!
 //! [sandbox]              # optional: host paths shown in the agent's jail (`sandbox.rs`)
 //! ro_bind = ["/opt/tools"]   # read-only, as `gatewrap run --ro-bind`
@@ -81,6 +82,7 @@ struct ApprovalsSchema {
     held_bytes: Option<Spanned<i64>>,
     max_pending: Option<Spanned<i64>>,
     max_pending_store: Option<Spanned<i64>>,
+    reread: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -375,7 +377,7 @@ impl Reader<'_> {
     }
 
     /// The `[approvals]` table: `held_bytes`, `max_pending`, `max_pending_store`, each a
-    /// positive integer (bytes, approvals, approvals).
+    /// positive integer (bytes, approvals, approvals), and `reread`, a duration.
     fn approvals(&self, a: Option<&ApprovalsSchema>) -> Result<ApprovalLimits, PolicyError> {
         let mut limits = ApprovalLimits::default();
         let Some(a) = a else { return Ok(limits) };
@@ -394,6 +396,9 @@ impl Reader<'_> {
         }
         if let Some(v) = positive(&a.max_pending_store, "max_pending_store", "approvals")? {
             limits.max_pending_store = v;
+        }
+        if let Some(t) = &a.reread {
+            limits.reread = parse_duration(t.get_ref()).map_err(|e| self.err(t.span().start, e.to_string()))?;
         }
         Ok(limits)
     }

@@ -31,7 +31,7 @@ pub use budget::{Budget, Budgets, Spend};
 pub use path::{canonical_path, PathError, PathPattern};
 pub use sandbox::{Sandbox, SandboxPath};
 pub use secret::{Inject, Place, SecretDef, Source};
-pub use rules::{Action, ApprovalLimits, Decision, Hold, Mode, Notify, Origin, Policy, Ports, RequestFacts, Rule, Scheme, DEFAULT_ASK_TIMEOUT, DEFAULT_HELD_BYTES, REASON_UNSPECIFIED};
+pub use rules::{Action, ApprovalLimits, Decision, Hold, Mode, Notify, Origin, Policy, Ports, RequestFacts, Rule, Scheme, DEFAULT_ASK_TIMEOUT, DEFAULT_HELD_BYTES, DEFAULT_REREAD, REASON_UNSPECIFIED};
 
 /// A policy that cannot be used: bad file or bad flag value.
 #[derive(Debug, thiserror::Error)]

@@ -72,6 +72,9 @@ impl Hold {
 /// Default of `[approvals] held_bytes`: 256 MiB.
 pub const DEFAULT_HELD_BYTES: u64 = 256 * 1024 * 1024;
 
+/// Default of `[approvals] reread`: 1 s.
+pub const DEFAULT_REREAD: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// The policy's `[approvals]` table: limits of the gate's holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ApprovalLimits {
@@ -84,6 +87,11 @@ pub struct ApprovalLimits {
     /// `max_pending_store = N`: most pending approvals in the store, all runs together
     /// ([`crate::approvals::DEFAULT_MAX_PENDING_STORE`]).
     pub max_pending_store: i64,
+    /// `reread = "1s"`: how often a held request (and the wait endpoint) re-reads the store
+    /// when no wake-up came ([`DEFAULT_REREAD`]). A decision wakes its run's holds at once
+    /// (`approvals::wake`); the re-read only bounds the wait of a lost wake-up, and costs a
+    /// store read per held request each time: longer for many holds on a busy store.
+    pub reread: std::time::Duration,
 }
 
 impl Default for ApprovalLimits {
@@ -92,6 +100,7 @@ impl Default for ApprovalLimits {
             held_bytes: DEFAULT_HELD_BYTES,
             max_pending: crate::approvals::DEFAULT_MAX_PENDING,
             max_pending_store: crate::approvals::DEFAULT_MAX_PENDING_STORE,
+            reread: DEFAULT_REREAD,
         }
     }
 }

@@ -345,6 +345,19 @@ fn approvals_held_bytes_defaults_to_256_mib_and_must_be_positive() {
 }
 
 #[test]
+fn approvals_reread_defaults_to_one_second_and_takes_a_policy_duration() {
+    let p = from_toml("", "p.toml").expect("parses");
+    assert_eq!(p.approvals.reread, std::time::Duration::from_secs(1));
+    assert_eq!(super::DEFAULT_REREAD, std::time::Duration::from_secs(1));
+    let p = from_toml("[approvals]\nreread = \"1h\"\n", "p.toml").expect("parses");
+    assert_eq!(p.approvals.reread, std::time::Duration::from_secs(3600));
+    for (bad, why) in [("\"0s\"", "invalid duration"), ("\"500ms\"", "invalid duration"), ("\"1\"", "invalid duration"), ("1", "expected a string")] {
+        let e = from_toml(&format!("[approvals]\nreread = {bad}\n"), "p.toml").expect_err("refused");
+        assert!(e.to_string().contains(why), "{bad}: {e}");
+    }
+}
+
+#[test]
 fn approvals_pending_caps_default_to_100_per_run_and_1000_per_store_and_must_be_positive() {
     let p = from_toml("", "p.toml").expect("parses");
     assert_eq!((p.approvals.max_pending, p.approvals.max_pending_store), (100, 1000));

@@ -108,7 +108,7 @@ trait Db: Send {
     /// (`BEGIN IMMEDIATE` already admits one writer); PostgreSQL: an advisory lock.
     fn lock_asks(&mut self) -> std::result::Result<(), String>;
     /// Tell the waiters of `run_wake` (the run's `wake` column) that approval `id` changed,
-    /// after the commit. Best effort: a lost wake-up only delays (waiters re-read every second).
+    /// after the commit. Best effort: a lost wake-up only delays (waiters re-read the store every `[approvals] reread`).
     fn wake(&mut self, run_wake: Option<&str>, id: &str);
 }
 
