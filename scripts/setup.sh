@@ -25,7 +25,7 @@ die() { printf 'setup: %s\n' "$*" >&2; exit 1; }
 apt_packages() {
 	say "Debian packages"
 	export DEBIAN_FRONTEND=noninteractive
-	local pkgs=(python3-bpfcc libbpf1 libnl-route-3-200 tini iproute2 procps curl dnsutils python3-venv
+	local pkgs=(python3-bpfcc libbpf1 libnl-route-3-200 iproute2 procps curl dnsutils python3-venv
 		python3-requests build-essential pkg-config hyperfine ca-certificates)
 	local kh="linux-headers-$(uname -r)"
 	if apt-cache show "$kh" >/dev/null 2>&1; then pkgs+=("$kh"); else pkgs+=(linux-headers-amd64); fi
@@ -149,7 +149,7 @@ waiter_bin() {
 	# that the agent's parent costs well under 1 MB instead of an interpreter's 3.4 MB
 	# (gatewrap.shared.waiter finds it beside the virtualenv's python).
 	local target=${CARGO_TARGET_DIR:-$ROOT/target}
-	say "gatewrap-wait (gate_wait/: the agent's parent in the shared mode; forwards signals, reaps, reports the exit code) -> $VENV/bin/gatewrap-wait"
+	say "gatewrap-wait (gate_wait/: the agent's parent in the shared mode, and the jail's init in both modes) -> $VENV/bin/gatewrap-wait"
 	(cd "$ROOT" && cargo build -q --release -p gate_wait --locked)
 	install -m 0755 "$target/release/gatewrap-wait" "$VENV/bin/gatewrap-wait"
 }
