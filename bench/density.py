@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import signal
 import statistics
 import subprocess
@@ -162,6 +163,33 @@ def enforcing(run_id: str, cgroup_parent: str) -> tuple[bool, str]:
     return said[:1] == ["EPERM"] and said[1:2] == ["HTTP/1.1_403_Forbidden"], " ".join(said) or p.stderr[-200:]
 
 
+def slab_kib() -> dict[str, int]:
+    """KiB held by each slab cache (/proc/slabinfo, slabinfo(5): num_objs x objsize)."""
+    out = {}
+    with open("/proc/slabinfo") as f:
+        for line in f.readlines()[2:]:
+            name, _active, num, size = line.split()[:4]
+            out[name] = int(num) * int(size) // 1024
+    return out
+
+
+def fd_kinds(pid: int) -> dict[str, int]:
+    """``pid``'s open descriptors by what they are (readlink of /proc/PID/fd/N: ``socket``,
+    ``anon_inode:bpf-map``, ``net`` for a namespace, a path's first two parts...)."""
+    kinds: dict[str, int] = {}
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("/"):
+            kind = "/".join(target.split("/")[:3])
+        else:
+            kind = target.split("[")[0].rstrip(":") if not target.startswith("anon_inode:") else target.split("]")[0] + "]"
+        kinds[kind] = kinds.get(kind, 0) + 1
+    return kinds
+
+
 def sample(items: list, k: int | None) -> list:
     """``k`` of ``items`` evenly spaced, the first and the last included (all if k is None or
     not less than their number)."""
@@ -217,8 +245,16 @@ def bench(args: argparse.Namespace) -> int:
     env = dict(os.environ, SUDO_UID=str(AGENT_UID), SUDO_GID=str(AGENT_UID), GATEWRAP_DAEMON_SOCKET=SOCKET)
     env.pop("GATEWRAP_SHARED", None)
     log = open("/tmp/gatewrap-bench-density-daemon.log", "ab")
+    # The daemon holds descriptors per sandbox (daemon_fds_each): its soft RLIMIT_NOFILE is
+    # raised to the hard one (a shell's soft 1024 would cap N at a few dozen; the systemd unit
+    # sets LimitNOFILE=1048576), and the hard one is what it is (raising it needs
+    # CAP_SYS_RESOURCE, which a container may not have): result["daemon_nofile"].
+    def raise_nofile() -> None:
+        _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
     daemon = subprocess.Popen([py, "-m", "gatewrap", "daemon", "--socket", SOCKET], stdout=log, stderr=log,
-                              start_new_session=True)
+                              start_new_session=True, preexec_fn=raise_nofile)
     procs: list[subprocess.Popen] = []
     result: dict = {"n": args.n, "jail": not args.no_jail, "uptime": open("/proc/loadavg").read().split()[:3]}
     try:
@@ -228,6 +264,8 @@ def bench(args: argparse.Namespace) -> int:
             time.sleep(0.05)
         time.sleep(0.5)
         daemon_before = pss_kib(daemon.pid)
+        fds_before = fd_kinds(daemon.pid)
+        slab_before = slab_kib()
         mem_before = meminfo_kib()
         avail_before = mem_before["MemAvailable"]
         starts = []
@@ -285,6 +323,9 @@ def bench(args: argparse.Namespace) -> int:
         mem_after = meminfo_kib()
         avail_fall = avail_before - mem_after["MemAvailable"]
         daemon_fds = len(os.listdir(f"/proc/{daemon.pid}/fd"))
+        fds_after = fd_kinds(daemon.pid)
+        slab_after = slab_kib()
+        slab_growth = sorted(((slab_after.get(k, 0) - slab_before.get(k, 0), k) for k in slab_after), reverse=True)
         from gatewrap.sandbox import cgroup
 
         parent = cgroup.parent_dir()
@@ -301,6 +342,9 @@ def bench(args: argparse.Namespace) -> int:
             "kernel_kib_each": {k: round((mem_after[k] - mem_before[k]) / n, 1) for k in KERNEL_FIELDS},
             "processes_each": round(nprocs / n, 2),
             "daemon_fds_each": round(daemon_fds / n, 2),
+            "daemon_fds_each_by_kind": {k: round((v - fds_before.get(k, 0)) / n, 2)
+                                        for k, v in sorted(fds_after.items()) if v - fds_before.get(k, 0) >= n // 2},
+            "slab_kib_each_top": {k: round(v / n, 1) for v, k in slab_growth[:12]},
             "daemon_nofile": open(f"/proc/{daemon.pid}/limits").read().split("Max open files")[1].split()[:2],
             "probed": len(probed),
             "probe_said": sorted({said for _, said in verdicts}),
