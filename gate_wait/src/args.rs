@@ -15,7 +15,7 @@ jail's init and reaping every orphan (the process is a subreaper), then writes `
 the control socket FD (the gatewrap daemon), copies the daemon's answer to stderr and exits
 with CODE: the agent's exit code, or 128 + signal.
 
-  --pid PID            the agent's process (nsjail or the agent itself): a child of this process
+  --pid PID            the agent's process (the jail's init or the agent itself): a child of this process
   --control-fd FD      a connected unix stream socket to the gatewrap daemon
   --timeout SECONDS    kill the agent's cgroup after SECONDS (decimals allowed): exit code 124
   --cgroup DIR         the run's cgroup v2 directory (needed with --timeout): DIR/cgroup.kill
