@@ -104,6 +104,21 @@ def meminfo_kib() -> dict[str, int]:
     return out
 
 
+def pss_by_mapping(pid: int) -> dict[str, int]:
+    """``pid``'s PSS in KiB by what is mapped (/proc/PID/smaps: a file's name, ``[heap]``,
+    ``anon_inode:bpf-map``, ``[anon]`` for an anonymous mapping without a name)."""
+    out: dict[str, int] = {}
+    name = "[anon]"
+    with open(f"/proc/{pid}/smaps") as f:
+        for line in f:
+            head = line.split()
+            if "-" in head[0] and len(head) >= 5 and not head[0].endswith(":"):
+                name = head[5] if len(head) > 5 else "[anon]"
+            elif head[0] == "Pss:":
+                out[name] = out.get(name, 0) + int(head[1])
+    return out
+
+
 def mem_available_kib() -> int:
     return meminfo_kib()["MemAvailable"]
 
@@ -265,6 +280,7 @@ def bench(args: argparse.Namespace) -> int:
         time.sleep(0.5)
         daemon_before = pss_kib(daemon.pid)
         fds_before = fd_kinds(daemon.pid)
+        maps_before = pss_by_mapping(daemon.pid)
         slab_before = slab_kib()
         mem_before = meminfo_kib()
         avail_before = mem_before["MemAvailable"]
@@ -324,6 +340,8 @@ def bench(args: argparse.Namespace) -> int:
         avail_fall = avail_before - mem_after["MemAvailable"]
         daemon_fds = len(os.listdir(f"/proc/{daemon.pid}/fd"))
         fds_after = fd_kinds(daemon.pid)
+        maps_after = pss_by_mapping(daemon.pid)
+        maps_growth = sorted(((v - maps_before.get(k, 0), k) for k, v in maps_after.items()), reverse=True)
         slab_after = slab_kib()
         slab_growth = sorted(((slab_after.get(k, 0) - slab_before.get(k, 0), k) for k in slab_after), reverse=True)
         from gatewrap.sandbox import cgroup
@@ -345,6 +363,7 @@ def bench(args: argparse.Namespace) -> int:
             "daemon_fds_each_by_kind": {k: round((v - fds_before.get(k, 0)) / n, 2)
                                         for k, v in sorted(fds_after.items()) if v - fds_before.get(k, 0) >= n // 2},
             "slab_kib_each_top": {k: round(v / n, 1) for v, k in slab_growth[:12]},
+            "daemon_pss_kib_each_by_mapping": {k: round(v / n, 1) for v, k in maps_growth[:6]},
             "daemon_nofile": open(f"/proc/{daemon.pid}/limits").read().split("Max open files")[1].split()[:2],
             "probed": len(probed),
             "probe_said": sorted({said for _, said in verdicts}),
