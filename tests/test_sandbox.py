@@ -18,7 +18,11 @@ pytestmark = pytest.mark.kernel
 def _leftovers(run_id: str) -> dict[str, list[str]]:
     """What is left of run ``run_id``: its netns, its cgroup, its live processes.
 
-    Zombies are not counted: an orphan whose gatewrap was SIGKILLed is reaped by init.
+    Zombies are not counted: an orphan whose gatewrap was SIGKILLed is reaped by init. Nor
+    are processes already exiting (PF_EXITING, 0x4 in /proc/PID/stat's flags:
+    include/linux/sched.h): a pid namespace's init, killed, finishes its exit only once the
+    kernel has reaped the rest of its namespace (zap_pid_ns_processes), after it has left
+    its cgroup (which gc then removes).
     """
     from gatewrap.sandbox import cgroup, netns
 
@@ -27,9 +31,10 @@ def _leftovers(run_id: str) -> dict[str, list[str]]:
         if p.isdigit():
             try:
                 with open(f"/proc/{p}/stat") as f:
-                    zombie = f.read().rsplit(")", 1)[1].split()[0] == "Z"
+                    fields = f.read().rsplit(")", 1)[1].split()
+                dying = fields[0] == "Z" or int(fields[6]) & 0x4
                 with open(f"/proc/{p}/cgroup") as f:
-                    if f"/gatewrap/{run_id}" in f.read() and not zombie:
+                    if f"/gatewrap/{run_id}" in f.read() and not dying:
                         procs.append(p)
             except OSError:
                 pass

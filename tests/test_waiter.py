@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import select
-import shutil
 import signal
 import socket
 import subprocess
@@ -117,34 +116,6 @@ def test_a_signal_to_the_client_is_forwarded_to_the_agent(tmp_path):
     client.daemon.sendall(b"summary\n")
     client.daemon.close()
     assert client.wait() == (128 + signal.SIGTERM, "summary\n")
-
-
-def runs_sleep(pid: int) -> bool:
-    """Whether ``pid`` has one child and it has exec'd sleep (between fork and exec, the
-    child still has the shell's trap and would swallow a signal)."""
-    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    try:
-        return len(children) == 1 and os.path.basename(os.readlink(f"/proc/{children[0]}/exe")) == "sleep"
-    except OSError:
-        return False
-
-
-def test_a_signal_goes_to_the_jails_init_when_the_agent_is_nsjail(tmp_path):
-    # A shell named nsjail with one child: the signal must reach the child (its exit code
-    # comes back through `wait`), not the "jail" (whose trap would exit 99).
-    jail = tmp_path / "nsjail"
-    shutil.copy("/bin/sh", jail)
-    client = start([str(jail), "-c", 'trap "exit 99" TERM; sleep 30 & wait $!'], tmp_path)
-    deadline = time.monotonic() + PATIENCE
-    while not runs_sleep(client.agent_pid):
-        assert time.monotonic() < deadline, "the fake jail never started its child"
-        time.sleep(0.01)
-    client.proc.send_signal(signal.SIGTERM)
-    assert client.line_from_waiter() == b"exit 143\n"
-    client.daemon.close()
-    code, err = client.wait()
-    # (dash says "Terminated" of its child before the waiter's line)
-    assert (code, err.endswith(UNRECORDED)) == (143, True), err
 
 
 def test_an_orphan_of_the_agent_is_reaped_while_the_agent_runs(tmp_path):

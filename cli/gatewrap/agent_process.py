@@ -76,19 +76,6 @@ def reap(pid: int) -> int | None:
             found = status
 
 
-def _signal_target(pid: int) -> int:
-    """Where a forwarded signal goes: the jail's init (nsjail's child), so that the agent's
-    own exit code comes back (nsjail answers a signal sent to it with 128 + signal);
-    ``pid`` itself without a jail or before the jail's init exists."""
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            children = f.read().split()
-        is_jail = os.path.basename(os.readlink(f"/proc/{pid}/exe")) == "nsjail"
-    except OSError:
-        return pid
-    return int(children[0]) if is_jail and len(children) == 1 else pid
-
-
 def wait_forwarding_signals(pid: int, timeout: float | None, leaf: str, err: TextIO,
                             on_hup: Callable[[], None] | None = None) -> int:
     """Wait for the agent, forwarding signals to it and reaping orphans; returns its exit code.
@@ -117,7 +104,7 @@ def wait_forwarding_signals(pid: int, timeout: float | None, leaf: str, err: Tex
             on_hup()
             continue
         with contextlib.suppress(ProcessLookupError):
-            os.kill(_signal_target(pid), info.si_signo)
+            os.kill(pid, info.si_signo)  # the jail's init, or the agent without a jail
 
 
 def load_launcher() -> Any:

@@ -2,7 +2,7 @@
 
 A kernel event names a pid (its thread group id), uid and comm; the record of it also says
 which executable that process runs and the chain of its parents up to the run's first
-process (the agent, or nsjail for a jailed one), read from /proc when the record is made.
+process (the agent, or the jail's init for a jailed one), read from /proc when the record is made.
 A pid is trusted only while its process is in the run's cgroup (a recycled pid outside it
 is someone else); otherwise, or when the process is gone, the record says
 ``attribution: "partial"`` and carries what could be read.

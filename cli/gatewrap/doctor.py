@@ -131,12 +131,13 @@ def checks() -> list[Check]:
 
 
 def _waiter() -> Check:
-    """The shared mode's native waiter (``gatewrap-wait``, gate_wait/)."""
+    """The native waiter and the jail's init (``gatewrap-wait``, gate_wait/)."""
     from .shared import waiter
 
     found = waiter.find()
     if found:
         return Check("gatewrap-wait", "ok", found)
-    return Check("gatewrap-wait", "warn",
-                 "not found: a shared gatewrap run (the default) then waits in Python (~5 MB per run instead of ~0.13 MB)",
+    return Check("gatewrap-wait", "fail",
+                 "not found: it is the jail's init (gatewrap run needs it unless given --jail none), and a shared "
+                 "run's waiter (without it the client waits in Python, ~5 MB per run instead of ~0.1 MB)",
                  "sudo scripts/setup.sh install (builds gate_wait/ and installs it beside the venv's python)")

@@ -7,6 +7,7 @@ use std::time::Duration;
 pub const USAGE: &str = "\
 usage: gatewrap-wait --pid PID --control-fd FD [--timeout SECONDS] [--cgroup DIR]
                      [--socket PATH --run RUN_ID]
+       gatewrap-wait --init -- PROGRAM [ARG...]
 
 The agent's parent in gatewrap's shared mode (the client exec()s it after spawning the agent).
 Waits for PID (a child of this process), forwarding SIGINT, SIGTERM, SIGHUP and SIGQUIT to the
@@ -14,7 +15,7 @@ jail's init and reaping every orphan (the process is a subreaper), then writes `
 the control socket FD (the gatewrap daemon), copies the daemon's answer to stderr and exits
 with CODE: the agent's exit code, or 128 + signal.
 
-  --pid PID            the agent's process (nsjail or the agent itself): a child of this process
+  --pid PID            the agent's process (the jail's init or the agent itself): a child of this process
   --control-fd FD      a connected unix stream socket to the gatewrap daemon
   --timeout SECONDS    kill the agent's cgroup after SECONDS (decimals allowed): exit code 124
   --cgroup DIR         the run's cgroup v2 directory (needed with --timeout): DIR/cgroup.kill
@@ -22,8 +23,21 @@ with CODE: the agent's exit code, or 128 + signal.
   --run RUN_ID         restarted daemon to take run RUN_ID back (`resume RUN_ID`)
   -h, --help           this text
 
+With --init it is the jail's init instead (pid 1 of the run's pid namespace, as tini): it
+runs PROGRAM, forwards to it every signal it gets, reaps every orphan and exits with PROGRAM's
+code (127: not found, 126: not executable).
+
 Exit codes: the agent's; 124 after --timeout; 125 when the waiter itself fails.
 ";
+
+/// With `--init --` first in `args` (those after the program name): the rest (the agent's
+/// command line), else `None`.
+pub fn init_command(args: &[OsString]) -> Option<Vec<OsString>> {
+    match args {
+        [init, dashes, rest @ ..] if init == "--init" && dashes == "--" => Some(rest.to_vec()),
+        _ => None,
+    }
+}
 
 /// What the waiter was asked to do.
 #[derive(Debug, PartialEq)]
@@ -186,6 +200,14 @@ mod tests {
             let got = run(args).expect_err(case);
             assert!(got.contains(reason), "{case}: {got:?} does not say {reason:?}");
         }
+    }
+
+    #[test]
+    fn init_takes_everything_after_its_double_dash_as_the_agents_command() {
+        let args = |a: &[&str]| a.iter().map(OsString::from).collect::<Vec<_>>();
+        assert_eq!(init_command(&args(&["--init", "--", "sh", "--pid", "-c"])), Some(args(&["sh", "--pid", "-c"])));
+        assert_eq!(init_command(&args(&["--init", "sh"])), None);
+        assert_eq!(init_command(&args(&["--pid", "4", "--init", "--", "sh"])), None);
     }
 
     #[test]

@@ -5,10 +5,15 @@
 //! children, the signal mask, pending signals and PR_SET_CHILD_SUBREAPER survive the exec
 //! (prctl(2), execve(2)). It forwards signals, reaps, kills the cgroup at --timeout, reports
 //! the exit code to the daemon and exits with it. `--help` for the command line.
+//!
+//! `gatewrap-wait --init -- PROGRAM [ARG...]` is the jail's init instead (pid 1 of the run's
+//! pid namespace, in tini's place: see `init`), in both modes; one binary, so its pages are
+//! shared with the waiters'.
 
 mod args;
 mod children;
 mod control;
+mod init;
 mod resume;
 mod signals;
 mod sys;
@@ -19,10 +24,14 @@ use std::process::exit;
 use args::{Config, Parsed};
 
 /// gatewrap's own failure (as `docker run` and env(1)).
-const EXIT_GATEWRAP: i32 = 125;
+pub const EXIT_GATEWRAP: i32 = 125;
 
 fn main() {
-    let cfg = match args::parse(std::env::args_os().skip(1)) {
+    let argv: Vec<_> = std::env::args_os().skip(1).collect();
+    if let Some(rest) = args::init_command(&argv) {
+        exit(init::run(rest))
+    }
+    let cfg = match args::parse(argv) {
         Ok(Parsed::Help) => {
             let _ = sys::write_all(1, args::USAGE.as_bytes());
             exit(0)

@@ -1,5 +1,6 @@
 //! The signals the waiter takes: blocked and read through a signalfd(2), as runner.py's
-//! `sigtimedwait` loop does; and where a forwarded one goes (runner.py's `_signal_target`).
+//! `sigtimedwait` loop does, and forwarded to the agent's process (the jail's init, which
+//! passes them on, or the agent itself without a jail).
 
 use std::io;
 use std::mem;
@@ -61,29 +62,10 @@ pub fn next(fd: &Fd) -> io::Result<Option<Got>> {
     Ok(Some(if sig == libc::SIGCHLD { Got::Child } else { Got::Forward(sig) }))
 }
 
-/// Where a forwarded signal goes: the jail's init (nsjail's only child), so that the agent's
-/// own exit code comes back (nsjail answers a signal sent to it with 128 + signal); `pid`
-/// itself without a jail, or before the jail's init exists (runner.py's `_signal_target`).
-pub fn target(pid: libc::pid_t) -> libc::pid_t {
-    let is_jail = std::fs::read_link(format!("/proc/{pid}/exe"))
-        .map(|exe| exe.file_name().is_some_and(|name| name == "nsjail"))
-        .unwrap_or(false);
-    if !is_jail {
-        return pid;
-    }
-    let Ok(children) = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")) else {
-        return pid;
-    };
-    let mut it = children.split_ascii_whitespace();
-    match (it.next().and_then(|c| c.parse().ok()), it.next()) {
-        (Some(child), None) => child,
-        _ => pid,
-    }
-}
-
-/// Send `sig` to `pid`'s signal target; a target that is gone already is no error.
+/// Send `sig` to `pid` (our child: the jail's init or the agent); one that is gone already
+/// is no error.
 pub fn forward(pid: libc::pid_t, sig: libc::c_int) {
     // SAFETY: kill(2) with plain integers. ESRCH (exited meanwhile) is expected, and nothing
-    // else can fail for our own child or its child as root.
-    unsafe { libc::kill(target(pid), sig) };
+    // else can fail for our own child as root.
+    unsafe { libc::kill(pid, sig) };
 }

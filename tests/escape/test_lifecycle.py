@@ -77,15 +77,18 @@ def test_children_threads_and_execd_programs_are_refused(gatewrap, quiet_net, ou
 
 
 def _run_procs(run_id: str) -> list[str]:
-    """Live (non-zombie) processes in the run's cgroup."""
+    """Live processes in the run's cgroup: not zombies, nor exiting already (PF_EXITING, 0x4
+    in /proc/PID/stat's flags: a killed pid namespace's init finishes its exit after it has
+    left its cgroup, once the kernel has reaped the rest of its namespace)."""
     procs = []
     for p in os.listdir("/proc"):
         if not p.isdigit():
             continue
         try:
             with open(f"/proc/{p}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
-                    continue
+                fields = f.read().rsplit(")", 1)[1].split()
+            if fields[0] == "Z" or int(fields[6]) & 0x4:
+                continue
             with open(f"/proc/{p}/cgroup") as f:
                 if f"/gatewrap/{run_id}" in f.read():
                     procs.append(p)

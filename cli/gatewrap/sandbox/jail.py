@@ -1,10 +1,11 @@
 """The agent's jail: nsjail, with the profile in ``nsjail/agent.cfg`` and per-run flags.
 
-gatewrap's launcher (Rust) has already put the process in the run's netns, cgroup and a
-mount namespace of its own, with no_new_privs; it then execs nsjail as root, which adds its
-namespaces (no user namespace: the kernel refuses those in a chroot, and some distributions
-restrict them), becomes the agent's uid, gid and groups, drops every capability and execs
-the agent (nsjail(1), config.proto).
+gatewrap's launcher (Rust) has already put the process in the run's netns, cgroup, a pid
+namespace (as its init) and a mount namespace of its own, with no_new_privs; it then execs
+nsjail as root, which adds its namespaces (no user namespace: the kernel refuses those in a
+chroot, and some distributions restrict them), becomes the agent's uid, gid and groups, drops
+every capability and execs the jail's init in its own place (execve mode: no resident
+nsjail), which runs the agent (nsjail(1), config.proto).
 """
 
 from __future__ import annotations
@@ -63,9 +64,12 @@ def nsjail_path(environ: Mapping[str, str] | None = None) -> str | None:
     return named or shutil.which("nsjail") or shutil.which("nsjail", path=os.pathsep.join(NSJAIL_DIRS))
 
 
-def tini_path() -> str | None:
-    """tini, the init the agent runs under in the jail's pid namespace (Debian's ``tini``)."""
-    return shutil.which("tini") or (os.path.exists("/usr/bin/tini") and "/usr/bin/tini") or None
+def init_path() -> str | None:
+    """The jail's init: ``gatewrap-wait`` (its ``--init`` mode, in tini's place; the crate
+    ``gate_wait/``), installed beside the virtualenv's interpreter; None when missing."""
+    from ..shared import waiter
+
+    return waiter.find()
 
 
 def wrap(argv: list[str], target: user.Target, cwd: str, mounts: list[view.Mount],
@@ -75,12 +79,18 @@ def wrap(argv: list[str], target: user.Target, cwd: str, mounts: list[view.Mount
     its tmpfs mounts sized out of ``tmpfs_budget`` bytes (:mod:`gatewrap.sandbox.tmpfs`).
     ``nsjail``: the binary (default :func:`nsjail_path`).
 
+    nsjail runs in execve mode (the profile's ``mode: EXECVE``): it sets up the jail in the
+    launcher's child, already the init of a pid namespace of its own, and execs the jail's
+    init, ``gatewrap-wait --init`` (:func:`init_path`), through a descriptor it opened before
+    its mounts (``--execute_fd``: the virtualenv is not in the jail's view); that init runs
+    ``argv``. No nsjail stays resident.
+
     Raises:
-        GatewrapError: nsjail or tini is not installed.
+        GatewrapError: nsjail or gatewrap-wait is not installed.
     """
-    nsjail, tini = nsjail or nsjail_path(), tini_path()
-    if nsjail is None or tini is None:
-        missing = "nsjail" if nsjail is None else "tini (apt-get install tini)"
+    nsjail, init = nsjail or nsjail_path(), init_path()
+    if nsjail is None or init is None:
+        missing = "nsjail" if nsjail is None else "gatewrap-wait (beside the virtualenv's python)"
         raise GatewrapError(
             f"{missing} is not installed: run scripts/setup.sh install, "
             "or run without the jail with --jail none (weaker: see gatewrap run --help)"
@@ -94,4 +104,4 @@ def wrap(argv: list[str], target: user.Target, cwd: str, mounts: list[view.Mount
             cmd += ["-g", str(g)]
     cmd += ["--cwd", cwd, *tmpfs.nsjail_args(tmpfs_budget),
             *view.nsjail_args(mounts, tmpfs.home_options(tmpfs_budget))]
-    return [*cmd, "--", tini, "--", *argv]
+    return [*cmd, "--execute_fd", "--", init, "--init", "--", *argv]

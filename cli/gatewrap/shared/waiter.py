@@ -64,7 +64,7 @@ def exec_waiter(pid: int, control_fd: int, timeout: float | None, cgroup_dir: st
     """Replace this process with ``gatewrap-wait``, which waits for the agent ``pid``.
 
     Args:
-        pid: the agent's process (nsjail's, or the agent's without a jail), a child of this
+        pid: the agent's process (the jail's init, or the agent's without a jail), a child of this
             process.
         control_fd: a connected unix stream socket to the daemon; it is made inheritable
             (FD_CLOEXEC cleared) so that it survives the exec. The daemon receives

@@ -267,8 +267,13 @@ pub fn spawn(req: &SpawnRequest) -> Result<u32, SpawnError> {
         nofile: req.nofile,
     };
 
+    // In the jail the child is born the init (pid 1) of a pid namespace of its own: nsjail,
+    // which it execs, runs in execve mode (nsjail/agent.cfg) and execs tini in its place, so
+    // tini is that init and no nsjail stays resident; its parent (gatewrap, or the shared
+    // mode's waiter) reaps it directly.
+    let pid_ns = if req.mode == Mode::Nsjail { libc::CLONE_NEWPID as u64 } else { 0 };
     let args = CloneArgs {
-        flags: CLONE_INTO_CGROUP,
+        flags: CLONE_INTO_CGROUP | pid_ns,
         exit_signal: libc::SIGCHLD as u64,
         cgroup: cgroup.as_raw_fd() as u64,
         ..CloneArgs::default()
