@@ -430,17 +430,20 @@ def _limits(text: str) -> dict[str, tuple[str, str]]:
 
 
 @pytest.mark.parametrize("jail", ["nsjail", "none"])
-def test_the_agent_gets_the_callers_open_file_limit_not_the_one_gatewrap_raised_for_itself(tmp_path, jail):
-    """gatewrap raises its own soft RLIMIT_NOFILE to the hard one (the gate's sockets); the
-    agent starts with the caller's soft limit all the same (a caller with soft < hard, as
-    sudo under pam_limits leaves it on Debian)."""
+def test_the_agents_open_file_limit_is_the_callers_not_the_one_gatewrap_raised_for_itself(tmp_path, jail):
+    """gatewrap raises its own soft RLIMIT_NOFILE to the hard one (the gate's sockets); a
+    caller with soft < hard (as sudo under pam_limits leaves it on Debian) has its soft one
+    back in the agent without the jail, and its hard one as both in the jail (nsjail sets one
+    value: agent.cfg)."""
     cmd = ["prlimit", "--nofile=1000:", "--",
            *gatewrap_cmd("run", "--audit-log", str(tmp_path / "audit.jsonl"), "--jail", jail, "--workdir", "/tmp",
                          "--", "/bin/cat", "/proc/self/limits")]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=60,
                        env={**os.environ, "SUDO_UID": str(AGENT_UID), "SUDO_GID": str(AGENT_UID)})
     assert r.returncode == 0, r.stderr
-    assert _limits(r.stdout)["Max open files"][0] == "1000", r.stdout
+    hard = _limits(open("/proc/self/limits").read())["Max open files"][1]
+    # In the jail nsjail sets both to one value: the caller's hard one (agent.cfg).
+    assert _limits(r.stdout)["Max open files"] == ("1000" if jail == "none" else hard, hard), r.stdout
 
 
 def test_the_agent_has_no_limit_the_user_did_not_set(gatewrap):
@@ -452,7 +455,10 @@ def test_the_agent_has_no_limit_the_user_did_not_set(gatewrap):
     agent, here = _limits(r.stdout), _limits(open("/proc/self/limits").read())
     for name in ("Max cpu time", "Max file size", "Max data size", "Max address space"):
         assert agent[name] == ("unlimited", "unlimited"), name
-    for name in ("Max open files", "Max stack size", "Max locked memory", "Max realtime priority",
+    # Open files: the caller's hard limit as both (nsjail sets one value; agent.cfg), which
+    # the caller could raise its soft one to; outside the jail exactly the caller's.
+    assert agent["Max open files"] == (here["Max open files"][1],) * 2, agent["Max open files"]
+    for name in ("Max stack size", "Max locked memory", "Max realtime priority",
                  "Max msgqueue size", "Max pending signals"):
         assert agent[name][0] == here[name][0], (name, agent[name], here[name])
     # Processes: the run's pids cgroup bounds them (--pids); RLIMIT_NPROC, which counts the

@@ -165,8 +165,8 @@ _CALLER_NOFILE: int | None = None
 def raise_fd_limit() -> None:
     """The gate holds two fds per tunnel (up to 1024 connections per run): raise gatewrap's
     soft RLIMIT_NOFILE to its hard limit (getrlimit(2)). The agent is started with the
-    caller's soft limit (:func:`spawn`); in the jail nsjail then makes it the hard one too
-    (its ``rlimit_nofile_type: SOFT`` sets both)."""
+    caller's soft limit (:func:`spawn`); in the jail nsjail then sets soft and hard to the
+    hard one (agent.cfg's ``rlimit_nofile_type: HARD``: one value for both)."""
     global _CALLER_NOFILE
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < hard:
