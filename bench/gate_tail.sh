@@ -41,19 +41,19 @@ trap cleanup EXIT
 nginx -c "$W/nginx.conf" -e "$W/nginx-err.log" || exit 1
 squid -f "$W/squid.conf" -N -d0 >"$W/squid/out.log" 2>&1 & SQ=$!
 for i in $(seq 50); do curl -s -o /dev/null -x http://127.0.0.1:13128 http://127.0.0.1:18080/f100 && break; sleep 0.2; done
-# start GATEWRAP NAME SLEEP: a run of GATEWRAP whose agent sleeps SLEEP s; prints its agent's pid.
+# start GATEWRAP NAME SLEEP: a run of GATEWRAP whose agent sleeps SLEEP s; its agent's pid in AGENT.
 start() { local gw=$1 name=$2 s=$3 ag=""
   "$gw" run --allow 127.0.0.1:18080 --public-range 127.0.0.1/32 --audit-log "$W/log/$name.jsonl" --workdir /tmp \
     -- /bin/sh -c "exec sleep $s" >"$W/$name.out" 2>&1 & RUNS="$RUNS $!"
   for i in $(seq 100); do
     for p in $(pgrep -x sleep); do [ "$(readlink /proc/$p/ns/net)" != "$(readlink /proc/self/ns/net)" ] && \
-      grep -qx "sleep$s" <(tr -d '\0' < /proc/$p/cmdline) && ag=$p; done
+      grep -qx "sleep$s" <(tr -d '\0' < /proc/$p/cmdline 2>/dev/null) && ag=$p; done
     [ -n "$ag" ] && break; sleep 0.1
   done
   [ -n "$ag" ] || { echo "gate_tail: the run did not start: $(tail -2 "$W/$name.out")" >&2; exit 1; }
-  echo "$ag"; }
-AG=$(start "$GW" after 600) || exit 1
-AB=""; [ -n "$GB" ] && { AB=$(start "$GB" before 601) || exit 1; }
+  AGENT=$ag; }
+start "$GW" after 600; AG=$AGENT
+AB=""; [ -n "$GB" ] && { start "$GB" before 601; AB=$AGENT; }
 # one LUA CMD...: "req/s p50 p99 p99.9 max" (ms) of one wrk.
 one() { local lua=$1; shift; "$@" -t2 -c"$C" -d"${D}s" --latency -s "$here/gate_tail.d/$lua" 2>/dev/null | awk '
   /Requests\/sec/{r=$2} /^TAIL /{p50=$2/1000; p99=$3/1000; p999=$4/1000; mx=$5/1000} END{printf "%s %.2f %.2f %.2f %.2f\n", r, p50, p99, p999, mx}'; }

@@ -130,3 +130,23 @@ fn a_batch_the_disk_cannot_take_fails_every_waiting_record_and_leaves_none_of_it
     drop(fs);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_record_nobody_waits_for_is_written_without_another_one_after_it() {
+    let dir = scratch("lazy");
+    let path = dir.join("audit.jsonl");
+    let log = AuditLog::open(&path).expect("open");
+    let _ = log.send_gate(&rec("gw-1", "alone".into()), false, false);
+    // Nothing else is queued or waited for, and the log stays open: the writer writes it on
+    // its own (the bound below is only how long this test is willing to wait).
+    let mut tries = 0;
+    while std::fs::read(&path).map(|b| b.is_empty()).unwrap_or(true) {
+        assert!(tries < 30_000, "the record was never written");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+        tries += 1;
+    }
+    let lines = chained(&path);
+    assert_eq!((lines.len(), lines[0]["target"].clone()), (1, json!("alone")));
+    drop(log);
+    let _ = std::fs::remove_dir_all(&dir);
+}
