@@ -1,4 +1,4 @@
-//! The audit log: JSON lines appended with one `write(2)` each, at most [`MAX_RECORD`]
+//! The audit log: JSON lines appended a batch a `write(2)`, at most [`MAX_RECORD`]
 //! bytes a line, never a cut one; every control character escaped ([`escape`]); each line
 //! chained to the one before it by its hash ([`chain`]), with signed checkpoints of the
 //! chain ([`note`]) every [`CHECKPOINT_RECORDS`] records or [`CHECKPOINT_INTERVAL`], and
