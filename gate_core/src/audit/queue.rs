@@ -5,12 +5,6 @@
 //! that needs its record written (the `admit` record before a dial, a refusal before its
 //! answer) waits for its [`Written`]: a future, or [`Written::wait`] on a plain thread.
 //!
-//! Only a waited-for entry wakes the writer at once: one nobody waits for (a request's
-//! outcome, whose `admit` is written already) goes with the next waited-for one, or after
-//! at most [`LAZY`], or once [`LAZY_BATCH`] are queued. A request's two records then cost
-//! the writer one wake-up, not two (a wake-up is a futex call on a runtime thread, and a
-//! context switch that may preempt it: the profile of issue 23's tail).
-//!
 //! The queue holds at most [`QUEUE_CAP`] entries: a caller that finds it full waits for room
 //! (the writer drains it), so a record is never dropped. An entry the writer could not
 //! write is told as that error to whoever waits; an entry dropped unwritten (the writer
@@ -30,10 +24,6 @@ use super::AuditError;
 pub const QUEUE_CAP: usize = 4096;
 /// Most entries the writer takes into one batch (one `write(2)`, under one `flock(2)`).
 pub const BATCH_CAP: usize = 512;
-/// Longest an entry nobody waits for stays queued before the writer writes it.
-pub const LAZY: std::time::Duration = std::time::Duration::from_millis(2);
-/// Entries nobody waits for that wake the writer (else [`LAZY`] or a waited-for one does).
-pub const LAZY_BATCH: usize = 64;
 
 /// What the writer does with one entry.
 #[derive(Debug)]
@@ -185,10 +175,6 @@ struct State {
     entries: VecDeque<Entry>,
     /// No more entries: the writer drains what is queued and ends.
     closed: bool,
-    /// Someone waits for a queued entry: the writer takes the batch at once.
-    urgent: bool,
-    /// The writer waits on `work` (a push that must wake it notifies; others need not).
-    sleeping: bool,
 }
 
 impl Queue {
@@ -209,49 +195,28 @@ impl Queue {
             drop(s);
             drop(entry); // tells its waiter it was not written
         } else {
+            let first = s.entries.is_empty();
             s.entries.push_back(entry);
-            s.urgent |= wait;
-            let wake = s.sleeping && (wait || s.entries.len() >= LAZY_BATCH);
-            if wake {
-                s.sleeping = false;
-            }
             drop(s);
-            if wake {
+            if first {
                 self.work.notify_one();
             }
         }
         ack.map(|a| Written(WrittenInner::Queued(a)))
     }
 
-    /// The next batch, oldest first (at most `max` entries): at once when someone waits for
-    /// one of them, else after [`LAZY`] or at [`LAZY_BATCH`] entries; None once the queue
-    /// is closed and empty.
+    /// The next batch, oldest first (at most `max` entries; waits for one); None once the
+    /// queue is closed and empty.
     pub fn take(&self, max: usize) -> Option<Vec<Entry>> {
         let mut s = self.lock();
-        loop {
-            if !s.entries.is_empty() && (s.urgent || s.closed || s.entries.len() >= LAZY_BATCH) {
-                break;
-            }
-            if s.entries.is_empty() && s.closed {
+        while s.entries.is_empty() {
+            if s.closed {
                 return None;
             }
-            s.sleeping = true;
-            if s.entries.is_empty() {
-                s = self.work.wait(s).unwrap_or_else(|p| p.into_inner());
-            } else {
-                let (g, waited) = self.work.wait_timeout(s, LAZY).unwrap_or_else(|p| p.into_inner());
-                s = g;
-                if waited.timed_out() && !s.entries.is_empty() {
-                    s.sleeping = false;
-                    break;
-                }
-            }
-            s.sleeping = false;
+            s = self.work.wait(s).unwrap_or_else(|p| p.into_inner());
         }
         let n = s.entries.len().min(max);
         let batch: Vec<Entry> = s.entries.drain(..n).collect();
-        // What remains may hold a waited-for entry: taken at once too (never later than asked).
-        s.urgent &= !s.entries.is_empty();
         drop(s);
         self.room.notify_all();
         Some(batch)
