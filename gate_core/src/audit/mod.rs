@@ -1,21 +1,25 @@
-//! The audit log: JSON lines appended with one `write(2)` each, at most [`MAX_RECORD`]
+//! The audit log: JSON lines appended a batch a `write(2)`, at most [`MAX_RECORD`]
 //! bytes a line, never a cut one; every control character escaped ([`escape`]); each line
 //! chained to the one before it by its hash ([`chain`]), with signed checkpoints of the
 //! chain ([`note`]) every [`CHECKPOINT_RECORDS`] records or [`CHECKPOINT_INTERVAL`], and
 //! when asked ([`AuditLog::checkpoint`], at each run's end); rotated by size into
-//! segments that continue the chain ([`rotate`]).
+//! segments that continue the chain ([`rotate`]). One writer thread a log ([`queue`])
+//! appends what callers queue, a batch at a time.
 
 mod cap;
 pub mod chain;
 pub mod escape;
 pub mod fields;
 pub mod note;
+pub mod queue;
 mod record;
 pub mod rotate;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
 mod tests_chain;
+#[cfg(test)]
+mod tests_queue;
 #[cfg(test)]
 mod tests_rotate;
 
@@ -24,7 +28,10 @@ use std::io::{self, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -34,6 +41,8 @@ use crate::root_dir::{self, UnsafeDir};
 
 pub use cap::MAX_RECORD;
 pub use note::{KeyError, NoteKey};
+pub use queue::Written;
+use queue::{Entry, Job, Queue};
 pub use record::GateRecord;
 pub use rotate::Rotation;
 
@@ -94,9 +103,22 @@ fn kind_of(t: fs::FileType) -> &'static str {
     }
 }
 
-/// An append-only JSON-lines file, shared by the gate and the Python side.
+/// An append-only JSON-lines file, shared by the gate and the Python side: callers queue
+/// records, its writer thread ([`queue`]) appends them, in queue order, a batch a `write(2)`.
+/// Dropped, it writes what is queued, then its thread ends and the file is closed.
 #[derive(Debug)]
 pub struct AuditLog {
+    log: Arc<Log>,
+    queue: Arc<Queue>,
+    /// The writer thread, started by the first record (so that the builders below still own
+    /// `log` alone).
+    writer: Mutex<Option<JoinHandle<()>>>,
+    started: AtomicBool,
+}
+
+/// The file and its chain: written by the writer thread only (and locked for `sync`).
+#[derive(Debug)]
+struct Log {
     path: PathBuf,
     file: Mutex<Writer>,
     key: Option<NoteKey>,
@@ -174,16 +196,24 @@ impl AuditLog {
         root_dir::ensure(dir, 0o750, 0o022).map_err(AuditError::Dir)?;
         let file = open_file(&path)?;
         let file = Mutex::new(Writer { file, last_checkpoint: Instant::now(), known: None });
-        Ok(AuditLog { path, file, key: None, every: CHECKPOINT_RECORDS, interval: CHECKPOINT_INTERVAL, rotation: None })
+        let log = Log { path, file, key: None, every: CHECKPOINT_RECORDS, interval: CHECKPOINT_INTERVAL, rotation: None };
+        Ok(AuditLog { log: Arc::new(log), queue: Arc::default(), writer: Mutex::new(None), started: AtomicBool::new(false) })
+    }
+
+    /// The log as the builders change it: before the first record, when no writer thread
+    /// shares it yet.
+    fn log_mut(&mut self) -> &mut Log {
+        Arc::get_mut(&mut self.log).expect("AuditLog configured before its first record")
     }
 
     /// Sign checkpoints with `key`, every `every` records (a `seq` multiple of it; 0:
     /// never) or `interval`, whichever comes first. Without a key the log is chained but
     /// has no checkpoints.
     pub fn with_checkpoints(mut self, key: NoteKey, every: u64, interval: Duration) -> Self {
-        self.key = Some(key);
-        self.every = every;
-        self.interval = interval;
+        let log = self.log_mut();
+        log.key = Some(key);
+        log.every = every;
+        log.interval = interval;
         self
     }
 
@@ -194,19 +224,41 @@ impl AuditLog {
     /// without a key nothing could vouch for where a segment starts, and the log is not
     /// rotated.
     pub fn with_rotation(mut self, rotation: Rotation) -> Self {
-        self.rotation = Some(rotation);
+        self.log_mut().rotation = Some(rotation);
         self
     }
 
     pub fn path(&self) -> &Path {
-        &self.path
+        &self.log.path
+    }
+
+    /// Queue `job` for the writer thread (started by the first one); `wait`: with its
+    /// [`Written`]. Errors (in the [`Written`]): [`AuditError::Write`] when the thread
+    /// cannot be started.
+    fn push(&self, job: Job, wait: bool) -> Option<Written> {
+        if !self.started.load(Ordering::Acquire) {
+            let mut t = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+            if t.is_none() {
+                let (log, queue) = (self.log.clone(), self.queue.clone());
+                let spawned = std::thread::Builder::new().name("gw-audit".into()).spawn(move || {
+                    while let Some(batch) = queue.take(queue::BATCH_CAP) {
+                        log.write_batch(batch);
+                    }
+                });
+                match spawned {
+                    Ok(h) => *t = Some(h),
+                    Err(source) => return wait.then(|| Written::now(Err(AuditError::Write { path: self.log.path.clone(), source }))),
+                }
+            }
+            self.started.store(true, Ordering::Release);
+        }
+        self.queue.push(job, wait)
     }
 
     /// Append one record: `v`, `time`, `seq` and `prev` first, then `record`'s keys in
     /// order, capped at [`MAX_RECORD`] bytes (see [`line`]); rotating the log first if the
     /// line would take it past its limit ([`AuditLog::with_rotation`]); then a checkpoint
-    /// if one is due (one that cannot be written is retried with the next record, and is
-    /// not this record's error).
+    /// if one is due (in the same `write(2)`: neither or both).
     ///
     /// The whole line or nothing: the file is locked (`flock(2)`, which every writer of the
     /// log takes, in this process or another; if the path names another file once the lock
@@ -218,10 +270,22 @@ impl AuditLog {
     /// [`AuditError::Write`] (nothing was added), [`AuditError::Undo`] (a cut record may
     /// remain), [`AuditError::Reserved`], [`AuditError::Open`] / [`AuditError::NotAFile`]
     /// (the path's new file cannot be opened).
+    ///
+    /// The line is made on the caller's thread and appended by the writer thread ([`queue`]);
+    /// this waits for it (a thread that must not block: [`AuditLog::send`]).
     pub fn write(&self, record: Map<String, Value>) -> Result<(), AuditError> {
+        self.send(record, true).map_or(Ok(()), Written::wait)
+    }
+
+    /// Queue `record` as [`AuditLog::write`] appends it; `wait`: with its [`Written`] (to
+    /// `.await`), else None (nobody waits: it is still written, in order, and an error is
+    /// only logged). Blocks only while the queue is full ([`queue::QUEUE_CAP`]).
+    pub fn send(&self, record: Map<String, Value>, wait: bool) -> Option<Written> {
         let time = now_rfc3339();
-        let line = line(&time, record)?;
-        self.append_line(&time, &line)
+        match line(&time, record) {
+            Ok(line) => self.push(Job::Line { line, prefix: prefix_len(&time) }, wait),
+            Err(e) => wait.then(|| Written::now(Err(e))),
+        }
     }
 
     /// Append a gate decision as [`AuditLog::write`] does with `rec.into_map()` (the same
@@ -229,39 +293,117 @@ impl AuditLog {
     /// as its [`fields::EVENT_ADMIT`] record (the decision only, see `record::Fields`).
     /// Errors as [`AuditLog::write`].
     pub fn write_gate(&self, rec: &GateRecord, admit: bool) -> Result<(), AuditError> {
-        let time = now_rfc3339();
-        let line = gate_line(&time, record::Fields { rec, admit });
-        self.append_line(&time, &line)
+        self.send_gate(rec, admit, true).map_or(Ok(()), Written::wait)
     }
 
-    /// Put `line` (from [`line`] or [`gate_line`], stamped `time`) in the chain and append it,
-    /// as [`AuditLog::write`] says.
-    fn append_line(&self, time: &str, line: &str) -> Result<(), AuditError> {
-        self.at_head(|w, end, head| {
-            let (end, head) = if self.rotation_due(end, &head, line.len()) { self.rotate(w, end, head)? } else { (end, head) };
-            let line = chain::place(line, prefix_len(time), head.seq + 1, &head.hash);
-            self.append(&w.file, end, &line)?;
-            let seq = head.seq + 1;
-            let hash = chain::hash(line.as_bytes());
-            let end = end + line.len() as u64;
-            let start = end - line.len() as u64;
-            w.known = Some((end, chain::Head { hash, seq, checkpoint: false, start }));
-            let due = (self.every != 0 && seq % self.every == 0) || w.last_checkpoint.elapsed() >= self.interval;
-            if due && self.key.is_some() {
-                match self.checkpoint_line(seq, &hash, None) {
-                    Ok(l) => match self.append(&w.file, end, &l) {
-                        Ok(()) => {
-                            w.last_checkpoint = Instant::now();
-                            let head = chain::Head { hash: chain::hash(l.as_bytes()), seq: seq + 1, checkpoint: true, start: end };
-                            w.known = Some((end + l.len() as u64, head));
+    /// Queue a gate decision as [`AuditLog::write_gate`] appends it; `wait` as in
+    /// [`AuditLog::send`].
+    pub fn send_gate(&self, rec: &GateRecord, admit: bool, wait: bool) -> Option<Written> {
+        let time = now_rfc3339();
+        let line = gate_line(&time, record::Fields { rec, admit });
+        self.push(Job::Line { line, prefix: prefix_len(&time) }, wait)
+    }
+
+    /// Append a signed checkpoint of the chain as the file holds it once everything queued
+    /// before is written, unless the file is empty or its last record already is one. Does
+    /// nothing without a key. Errors as [`AuditLog::write`].
+    pub fn checkpoint(&self) -> Result<(), AuditError> {
+        if self.log.key.is_none() {
+            return Ok(());
+        }
+        self.push(Job::Checkpoint, true).map_or(Ok(()), Written::wait)
+    }
+
+    /// fsync the log, once everything queued before is written.
+    pub fn sync(&self) -> Result<(), AuditError> {
+        self.push(Job::Flush, true).map_or(Ok(()), Written::wait)?;
+        let w = self.log.file.lock().unwrap_or_else(|p| p.into_inner());
+        w.file.sync_all().map_err(|source| AuditError::Write { path: self.log.path.clone(), source })
+    }
+}
+
+impl Drop for AuditLog {
+    /// What is queued is written, then the writer thread ends (and the file is closed).
+    fn drop(&mut self) {
+        self.queue.close();
+        if let Some(t) = self.writer.get_mut().unwrap_or_else(|p| p.into_inner()).take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Log {
+    /// Write `batch` (the writer thread's): each job in order, under one lock, one
+    /// `write(2)` for all (two around a rotation); each entry told how it went. A failure
+    /// stops the batch: the entries not yet written are told its error.
+    fn write_batch(&self, batch: Vec<Entry>) {
+        let mut rest: VecDeque<Entry> = batch.into();
+        if let Err(e) = self.at_head(|w, end, head| self.fill(w, end, head, &mut rest)) {
+            for entry in rest.drain(..) {
+                entry.done(Err(queue::again(&e)));
+            }
+        }
+    }
+
+    /// Under the lock (the file `end` bytes long, its chain at `head`): place `rest`'s jobs
+    /// in the chain and append them, telling each entry once its bytes are written. Returns
+    /// the error that stopped it; the entries still in `rest` are not written.
+    fn fill(&self, w: &mut Writer, end: u64, head: chain::Head, rest: &mut VecDeque<Entry>) -> Result<(), AuditError> {
+        let mut out = Batch { end, head, buf: String::new(), placed: Vec::new() };
+        while let Some(entry) = rest.pop_front() {
+            match &entry.job {
+                Job::Line { line, prefix } => {
+                    if self.rotation_due(out.end + out.buf.len() as u64, &out.head, line.len()) {
+                        let rotated = self.flush(w, &mut out).and_then(|()| self.rotate(w, out.end, out.head.clone()));
+                        match rotated {
+                            Ok((end, head)) => (out.end, out.head) = (end, head),
+                            Err(e) => {
+                                rest.push_front(entry);
+                                return Err(e);
+                            }
                         }
-                        Err(e) => tracing::warn!("audit checkpoint not written, retried with the next record: {e}"),
-                    },
-                    Err(e) => tracing::warn!("audit checkpoint not written, retried with the next record: {e}"),
+                    }
+                    let seq = out.head.seq + 1;
+                    out.add(chain::place(line, *prefix, seq, &out.head.hash), false);
+                    let due = (self.every != 0 && seq % self.every == 0) || w.last_checkpoint.elapsed() >= self.interval;
+                    if due && self.key.is_some() {
+                        out.add(self.checkpoint_line(seq, &out.head.hash, None)?, true);
+                        w.last_checkpoint = Instant::now();
+                    }
+                }
+                Job::Checkpoint => {
+                    if self.key.is_some() && out.head.seq != 0 && !out.head.checkpoint {
+                        out.add(self.checkpoint_line(out.head.seq, &out.head.hash, None)?, true);
+                        w.last_checkpoint = Instant::now();
+                    }
+                }
+                Job::Flush => {}
+            }
+            out.placed.push(entry);
+        }
+        self.flush(w, &mut out)
+    }
+
+    /// Append what `out` holds with one `write(2)` (or leave the file as it was), and tell
+    /// its entries: Ok, or the write's error (also returned).
+    fn flush(&self, w: &mut Writer, out: &mut Batch) -> Result<(), AuditError> {
+        let result = if out.buf.is_empty() { Ok(()) } else { self.append(&w.file, out.end, &out.buf) };
+        match &result {
+            Ok(()) => {
+                out.end += out.buf.len() as u64;
+                w.known = Some((out.end, out.head.clone()));
+                for entry in out.placed.drain(..) {
+                    entry.done(Ok(()));
                 }
             }
-            Ok(())
-        })
+            Err(e) => {
+                for entry in out.placed.drain(..) {
+                    entry.done(Err(queue::again(e)));
+                }
+            }
+        }
+        out.buf.clear();
+        result
     }
 
     /// Whether a line of `len` bytes after `end` (the head `head`) calls for a rotation first.
@@ -362,23 +504,6 @@ impl AuditLog {
         f(&mut locked, end, head)
     }
 
-    /// Append a signed checkpoint of the chain as the file holds it, unless the file is
-    /// empty or its last record already is one. Does nothing without a key. Errors as
-    /// [`AuditLog::write`].
-    pub fn checkpoint(&self) -> Result<(), AuditError> {
-        if self.key.is_none() {
-            return Ok(());
-        }
-        self.at_head(|w, end, head| {
-            if head.seq == 0 || head.checkpoint {
-                return Ok(());
-            }
-            self.append(&w.file, end, &self.checkpoint_line(head.seq, &head.hash, None)?)?;
-            w.last_checkpoint = Instant::now();
-            Ok(())
-        })
-    }
-
     /// The checkpoint record of the `size` records ending in `root`, as record `size + 1`
     /// (with `rotated_from`: a segment's opening checkpoint, the name in the record and in
     /// the signed note, see [`NoteKey::checkpoint`]). "" without a key.
@@ -406,11 +531,23 @@ impl AuditLog {
             },
         }
     }
+}
 
-    /// fsync the log.
-    pub fn sync(&self) -> Result<(), AuditError> {
-        let w = self.file.lock().unwrap_or_else(|p| p.into_inner());
-        w.file.sync_all().map_err(|source| AuditError::Write { path: self.path.clone(), source })
+/// The lines of a batch not yet written: they follow the file's `end` bytes, the last of
+/// them is `head`; `placed` are the entries they (or nothing, for a flush) stand for.
+struct Batch {
+    end: u64,
+    head: chain::Head,
+    buf: String,
+    placed: Vec<Entry>,
+}
+
+impl Batch {
+    /// `line` (placed in the chain after `head`) added; it is the head now.
+    fn add(&mut self, line: String, checkpoint: bool) {
+        let start = self.end + self.buf.len() as u64;
+        self.head = chain::Head { hash: chain::hash(line.as_bytes()), seq: self.head.seq + 1, checkpoint, start };
+        self.buf.push_str(&line);
     }
 }
 

@@ -316,11 +316,12 @@ fn a_gate_record_over_the_cap_is_cut_as_any_record() {
     assert_eq!(direct, line("T", rec.into_map()).expect("line"));
 }
 
-/// CPU time of this thread (user + system), from getrusage(2) RUSAGE_THREAD.
+/// CPU time of this process (user + system: the caller's and the audit writer thread's),
+/// from getrusage(2) RUSAGE_SELF.
 fn thread_cpu() -> std::time::Duration {
     // SAFETY: getrusage fills the struct we pass.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) };
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
     let tv = |t: libc::timeval| std::time::Duration::from_micros(t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64);
     tv(ru.ru_utime) + tv(ru.ru_stime)
 }

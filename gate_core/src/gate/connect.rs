@@ -64,9 +64,9 @@ async fn open(ctx: Arc<Ctx>, peer: SocketAddr, mut req: Request<Incoming>) -> Re
     }
     let target = adm.host.with_port(port);
     if adm.decision.inspect {
-        return inspect_tunnel(ctx, peer, req, rec, adm);
+        return inspect_tunnel(ctx, peer, req, rec, adm).await;
     }
-    if let Err(unrecorded) = ctx.admit(&rec) {
+    if let Err(unrecorded) = ctx.admit(&rec).await {
         return unrecorded;
     }
     let mut pending = Pending::new(ctx.clone(), rec);
@@ -94,7 +94,7 @@ async fn open(ctx: Arc<Ctx>, peer: SocketAddr, mut req: Request<Incoming>) -> Re
 /// written), answer 200 without dialing (the leaf is made from the CONNECT target) and
 /// serve the tunnel's requests (see [`inspect`]), each admitted on its own. Without a CA
 /// the gate cannot inspect, and says so (502).
-fn inspect_tunnel(ctx: Arc<Ctx>, peer: SocketAddr, mut req: Request<Incoming>, mut rec: GateRecord, adm: Admission) -> Response<Body> {
+async fn inspect_tunnel(ctx: Arc<Ctx>, peer: SocketAddr, mut req: Request<Incoming>, mut rec: GateRecord, adm: Admission) -> Response<Body> {
     let Some(inspector) = ctx.inspector.clone() else {
         let cause = "tls: inspection is off (the gate has no CA); gatewrap run sets one up when the policy has an inspect rule";
         let resp = respond::bad_gateway(&adm.host.with_port(adm.port), cause);
@@ -105,10 +105,10 @@ fn inspect_tunnel(ctx: Arc<Ctx>, peer: SocketAddr, mut req: Request<Incoming>, m
     };
     rec.status = Some(StatusCode::OK.as_u16());
     rec.inspected = true;
-    if let Err(unrecorded) = ctx.admit(&rec) {
+    if let Err(unrecorded) = ctx.admit(&rec).await {
         return unrecorded;
     }
-    let _ = ctx.record(rec);
+    ctx.record_queued(rec);
     let slot = req.extensions().get::<Slot>().cloned();
     let tunnel = inspect::Tunnel {
         host: adm.host,

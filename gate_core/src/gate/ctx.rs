@@ -114,6 +114,24 @@ impl Ctx {
     /// write means for the client (see [`Ctx::admit`], [`Ctx::refuse_with`]); the first
     /// failure after a success (and the first success after failures) is told on stderr.
     pub(super) fn record(&self, rec: GateRecord) -> Result<(), AuditError> {
+        if self.tally(&rec) {
+            return Ok(());
+        }
+        self.noting(self.audit.write_gate(&rec, false))
+    }
+
+    /// Count and log one decision as [`Ctx::record`] does, and queue its record without
+    /// waiting for it: for an outcome whose `admit` record is written already (an error is
+    /// logged by the writer; the next admit fails closed and says so).
+    pub(super) fn record_queued(&self, rec: GateRecord) {
+        if !self.tally(&rec) {
+            let _ = self.audit.send_gate(&rec, false, false);
+        }
+    }
+
+    /// Count, log and show `rec`; true when it is folded (see `fold`): then its key's record
+    /// stands for it and it is not written on its own.
+    fn tally(&self, rec: &GateRecord) -> bool {
         if rec.would.is_some() {
             self.counts.would_deny.fetch_add(1, Ordering::Relaxed);
         }
@@ -133,16 +151,12 @@ impl Ctx {
             decision = rec.decision,
             "gate decision"
         );
-        self.notices.show(&rec);
+        self.notices.show(rec);
         // A repeated denial is counted above and told in its key's folded record (see
         // `fold`); not while the log is failing: each denial then tries its own write.
-        if super::fold::folds(&rec)
+        super::fold::folds(rec)
             && !self.audit_failing.load(Ordering::Relaxed)
-            && self.folds.offer(&rec, std::time::Instant::now()) == super::fold::Offer::Folded
-        {
-            return Ok(());
-        }
-        self.noting(self.audit.write_gate(&rec, false))
+            && self.folds.offer(rec, std::time::Instant::now()) == super::fold::Offer::Folded
     }
 
     /// Write a folded record of denials (see `fold`): counted when each happened.
@@ -171,13 +185,18 @@ impl Ctx {
     }
 
     /// Write the [`f::EVENT_ADMIT`] record of an allowed request or tunnel (`rec` as decided,
-    /// before the dial), so that nothing leaves unrecorded. If it cannot be written, the
+    /// before the dial), so that nothing leaves unrecorded: this waits (without holding a
+    /// runtime thread) until the audit writer has written it. If it cannot be written, the
     /// decision is recorded as failed (counted; its write is tried too) and the 503 that
     /// says the audit log cannot be written is returned: the caller must not dial.
     #[allow(clippy::result_large_err)] // the Err is the answer itself, returned at once
-    pub(super) fn admit(&self, rec: &GateRecord) -> Result<(), Response<respond::Body>> {
+    pub(super) async fn admit(&self, rec: &GateRecord) -> Result<(), Response<respond::Body>> {
         // The decision only: what is known of the outcome goes in the record that follows.
-        match self.noting(self.audit.write_gate(rec, true)) {
+        let written = match self.audit.send_gate(rec, true, true) {
+            Some(w) => w.await,
+            None => Ok(()),
+        };
+        match self.noting(written) {
             Ok(()) => Ok(()),
             Err(e) => Err(self.unrecorded(rec.clone(), &e)),
         }
@@ -322,11 +341,11 @@ impl Pending {
         }
     }
 
-    /// Write the record as it stands (the outcome of an admitted request: its `admit`
-    /// record is written already, so a failure here is only noted, see [`Ctx::record`]).
+    /// Queue the record as it stands (the outcome of an admitted request: its `admit`
+    /// record is written already, so nobody waits for this one, see [`Ctx::record_queued`]).
     pub fn finish(mut self) {
         if let Some(rec) = self.rec.take() {
-            let _ = self.ctx.record(rec);
+            self.ctx.record_queued(rec);
         }
     }
 }
@@ -341,7 +360,7 @@ impl Drop for Pending {
                 rec.decision = f::FAILED;
                 rec.error = Some("downstream: client disconnected".into());
             }
-            let _ = self.ctx.record(rec);
+            self.ctx.record_queued(rec);
         }
     }
 }

@@ -222,7 +222,7 @@ pub async fn handle(ctx: Arc<Ctx>, peer: SocketAddr, req: Request<Incoming>) -> 
     } else {
         Request::from_parts(parts, body)
     };
-    if let Err(unrecorded) = ctx.admit(&rec) {
+    if let Err(unrecorded) = ctx.admit(&rec).await {
         return unrecorded;
     }
     let target = adm.host.with_port(port);

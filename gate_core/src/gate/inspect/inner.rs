@@ -155,7 +155,7 @@ pub(super) async fn handle(ctx: Arc<Ctx>, tunnel: Arc<Tunnel>, req: Request<Inco
     } else {
         Request::from_parts(parts, body)
     };
-    if let Err(unrecorded) = ctx.admit(&rec) {
+    if let Err(unrecorded) = ctx.admit(&rec).await {
         return unrecorded;
     }
     let mut pending = Pending::new(ctx.clone(), rec);

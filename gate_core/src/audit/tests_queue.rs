@@ -1,0 +1,152 @@
+//! The writer thread ([`super::queue`]): records queued from many threads land whole, in
+//! one exact chain, each caller's in its order; a batch the disk cannot take fails every
+//! record in it and leaves no part of it; what is queued is written when the log is dropped.
+
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+
+use super::chain::{genesis, hash, hex};
+use super::tests::Tmpfs;
+use super::{AuditError, AuditLog, GateRecord};
+
+fn scratch(name: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("gw-queue-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir(&d).expect("mkdir");
+    d
+}
+
+/// The lines of `path`, checked as one chain from genesis (`seq` 1, 2, ...; each `prev` the
+/// hash of the line before, its newline included).
+fn chained(path: &std::path::Path) -> Vec<Value> {
+    let bytes = std::fs::read(path).expect("read");
+    let mut prev = genesis();
+    let mut out = Vec::new();
+    for (i, line) in bytes.split_inclusive(|&b| b == b'\n').enumerate() {
+        assert!(line.ends_with(b"\n"), "line {} whole", i + 1);
+        let v: Value = serde_json::from_slice(line).expect("json");
+        assert_eq!((v["seq"].clone(), v["prev"].clone()), (json!(i as u64 + 1), json!(hex(&prev))), "line {}", i + 1);
+        prev = hash(line);
+        out.push(v);
+    }
+    out
+}
+
+fn rec(run: &str, target: String) -> GateRecord {
+    GateRecord { run: run.into(), event: "request", decision: "allowed", proto: "http", target: Some(target), ..GateRecord::default() }
+}
+
+#[test]
+fn records_queued_from_many_threads_keep_one_exact_chain_and_each_callers_order() {
+    let dir = scratch("order");
+    let path = dir.join("audit.jsonl");
+    let log = Arc::new(AuditLog::open(&path).expect("open"));
+    let threads: Vec<_> = (0..8)
+        .map(|t| {
+            let log = log.clone();
+            std::thread::spawn(move || {
+                for i in 0..500 {
+                    let r = rec(&format!("t{t}"), format!("{i}"));
+                    // Waited for (an admit) and not (an outcome), in turn: one order for both.
+                    if i % 2 == 0 {
+                        log.write_gate(&r, true).expect("write");
+                    } else {
+                        let _ = log.send_gate(&r, false, false);
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().expect("thread");
+    }
+    log.sync().expect("sync waits for what is queued");
+    let lines = chained(&path);
+    assert_eq!(lines.len(), 8 * 500);
+    for t in 0..8 {
+        let mine: Vec<String> = lines.iter().filter(|v| v["run"] == json!(format!("t{t}"))).map(|v| v["target"].as_str().unwrap().to_string()).collect();
+        assert_eq!(mine, (0..500).map(|i| i.to_string()).collect::<Vec<_>>(), "thread {t}'s records in its order");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn what_is_queued_is_written_when_the_log_is_dropped() {
+    let dir = scratch("drop");
+    let path = dir.join("audit.jsonl");
+    let log = AuditLog::open(&path).expect("open");
+    for i in 0..3000 {
+        let _ = log.send_gate(&rec("gw-1", format!("{i}")), false, false);
+    }
+    drop(log);
+    let lines = chained(&path);
+    assert_eq!(lines.len(), 3000, "nobody waited, and none was dropped");
+    assert_eq!(lines[2999]["target"], json!("2999"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_batch_the_disk_cannot_take_fails_every_waiting_record_and_leaves_none_of_it() {
+    let dir = scratch("full");
+    let fs = Tmpfs::mount(&dir, 64 * 1024);
+    let path = dir.join("audit.jsonl");
+    let log = Arc::new(AuditLog::open(&path).expect("open"));
+    log.write_gate(&rec("gw-1", "before".into()), true).expect("a first record");
+    let before = std::fs::read(&path).expect("read");
+    // Fill the file system: no record fits now.
+    let filler = dir.join("filler");
+    {
+        use std::io::Write;
+        let mut f = std::fs::File::create(&filler).expect("filler");
+        let block = vec![b'f'; 4096];
+        while f.write_all(&block).is_ok() {}
+        // The log's page has room left: take it with short records of a handle of its own
+        // (what remains is shorter than one of them, and so than any record below).
+        let other = AuditLog::open(&path).expect("open");
+        while other.write(serde_json::from_value(json!({"run": "filler"})).unwrap()).is_ok() {}
+    }
+    let filled = std::fs::read(&path).expect("read");
+    assert!(filled.starts_with(&before));
+    // Many callers at once: their records are queued together and written as batches.
+    let threads: Vec<_> = (0..8)
+        .map(|t| {
+            let log = log.clone();
+            std::thread::spawn(move || (0..50).map(|i| log.write_gate(&rec("gw-1", format!("{t}-{i}-{}", "x".repeat(300))), true)).collect::<Vec<_>>())
+        })
+        .collect();
+    let results: Vec<Result<(), AuditError>> = threads.into_iter().flat_map(|t| t.join().expect("thread")).collect();
+    for r in &results {
+        let e = r.as_ref().expect_err("no record fits: each waiting caller is told");
+        assert_eq!(e.io().and_then(|e| e.raw_os_error()), Some(libc::ENOSPC), "{e}");
+    }
+    assert_eq!(std::fs::read(&path).expect("read"), filled, "nothing of the failed batches remains");
+    std::fs::remove_file(&filler).expect("free space");
+    log.write_gate(&rec("gw-1", "after".into()), true).expect("writes pass again once there is space");
+    let lines = chained(&path);
+    assert_eq!(lines.last().unwrap()["target"], json!("after"));
+    assert_eq!(lines.iter().filter(|v| v["run"] == json!("gw-1")).count(), 2, "the first and the last record only");
+    drop(log);
+    drop(fs);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_record_nobody_waits_for_is_written_without_another_one_after_it() {
+    let dir = scratch("lazy");
+    let path = dir.join("audit.jsonl");
+    let log = AuditLog::open(&path).expect("open");
+    let _ = log.send_gate(&rec("gw-1", "alone".into()), false, false);
+    // Nothing else is queued or waited for, and the log stays open: the writer writes it on
+    // its own (the bound below is only how long this test is willing to wait).
+    let mut tries = 0;
+    while std::fs::read(&path).map(|b| b.is_empty()).unwrap_or(true) {
+        assert!(tries < 30_000, "the record was never written");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+        tries += 1;
+    }
+    let lines = chained(&path);
+    assert_eq!((lines.len(), lines[0]["target"].clone()), (1, json!("alone")));
+    drop(log);
+    let _ = std::fs::remove_dir_all(&dir);
+}
