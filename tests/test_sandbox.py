@@ -396,7 +396,7 @@ NSJAIL_DEFAULT_BOUNDS = {
     "rlimit_as_type": "INF",  # nsjail: 4096 MiB
     "rlimit_cpu_type": "INF",  # nsjail: 600 s of CPU
     "rlimit_fsize_type": "INF",  # nsjail: 1 MiB
-    "rlimit_nofile_type": "SOFT",  # nsjail: 32
+    "rlimit_nofile_type": "HARD",  # nsjail: 32; the caller's hard limit as both
 }
 
 
