@@ -5,7 +5,7 @@ so the start time of the first and the last can be compared (issue 13, target 2:
 1,000th as fast as the first). With all N idle, the overhead is every process of each
 sandbox's tree (the command started and its descendants, from /proc/PID/stat's ppid)
 except the agent itself: RSS and PSS from /proc/PID/smaps_rollup (proc(5)), PSS sharing
-pages shared between sandboxes fairly. For ``gatewrap run --shared`` (issue 13, target 2:
+pages shared between sandboxes fairly. For ``gatewrap run`` (the default, the shared daemon; issue 13, target 2:
 <= 2 MB each) the daemon's PSS growth from before the first run, divided by N, is added
 (``daemon_mib_each``); bench/density.py measures the same at 1,000.
 """
@@ -27,8 +27,8 @@ KINDS = {
     "bwrap --unshare-net": lambda tmp, i: [need("bwrap"), "--unshare-net", "--ro-bind", "/", "/", *AGENT],
     "firejail --net=none": lambda tmp, i: [need("firejail"), "--noprofile", "--net=none", "--quiet", *AGENT],
     "nsjail": lambda tmp, i: [need("nsjail"), "-Mo", "-Q", "--chroot", "/", "--", *AGENT],
-    "gatewrap run": lambda tmp, i: gatewrap_argv(os.path.join(tmp, f"audit-{i}.jsonl"), "--", *AGENT),
-    "gatewrap run --shared": lambda tmp, i: gatewrap_argv(os.path.join(tmp, f"audit-s{i}.jsonl"), "--shared", "--", *AGENT),
+    "gatewrap run --own": lambda tmp, i: gatewrap_argv(os.path.join(tmp, f"audit-{i}.jsonl"), "--", *AGENT),
+    "gatewrap run": lambda tmp, i: gatewrap_argv(os.path.join(tmp, f"audit-s{i}.jsonl"), "--shared", "--", *AGENT),
 }
 
 
@@ -93,13 +93,13 @@ def one_kind(kind: str, n: int, tmp: str) -> dict:
     """Start ``n`` sandboxes of ``kind``; ``{"n", "rss_mib_each", "pss_mib_each",
     "start_first_s", "start_last_s", "processes_each"}`` (and ``daemon_mib_each``, already in
     ``pss_mib_each``, for the shared mode)."""
-    if kind == "gatewrap run --shared":
+    if kind == "gatewrap run":
         with SharedDaemon() as daemon:
             before = _rollup(daemon.proc.pid)[1]
             out = _one_kind(kind, n, tmp, daemon.env, lambda: _rollup(daemon.proc.pid)[1] - before)
             out["daemon_mib_each"] = round(out.pop("extra_kib") / 1024 / n, 2)
             return out
-    out = _one_kind(kind, n, tmp, agent_env() if kind == "gatewrap run" else None, lambda: 0)
+    out = _one_kind(kind, n, tmp, agent_env() if kind == "gatewrap run --own" else None, lambda: 0)
     out.pop("extra_kib")
     return out
 

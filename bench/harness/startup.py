@@ -38,7 +38,7 @@ def measure(rounds: int) -> dict:
     tmp = tempfile.mkdtemp(prefix="gw-bench-start-")
     os.chmod(tmp, 0o755)
     cmds: dict[str, tuple[list[str], dict | None]] = {
-        "gatewrap run": (gatewrap_argv(os.path.join(tmp, "audit.jsonl"), "--", "/bin/true"), agent_env())}
+        "gatewrap run --own": (gatewrap_argv(os.path.join(tmp, "audit.jsonl"), "--", "/bin/true"), agent_env())}
     missing = []
     for name, argv in PEERS.items():
         try:
@@ -48,22 +48,22 @@ def measure(rounds: int) -> dict:
             cmds.pop(name, None)
             missing.append(f"{name} ({e})")
     unload_hooks()
-    cold = timed(*cmds["gatewrap run"])
+    cold = timed(*cmds["gatewrap run --own"])
     with SharedDaemon() as daemon:  # the shared mode: a daemon of the bench's own, started first
-        cmds = {"gatewrap run": cmds["gatewrap run"],
-                "gatewrap run --shared": (gatewrap_argv(os.path.join(tmp, "audit-shared.jsonl"), "--shared", "--",
+        cmds = {"gatewrap run --own": cmds["gatewrap run --own"],
+                "gatewrap run": (gatewrap_argv(os.path.join(tmp, "audit-shared.jsonl"), "--shared", "--",
                                                         "/bin/true"), daemon.env),
-                **{k: v for k, v in cmds.items() if k != "gatewrap run"}}
+                **{k: v for k, v in cmds.items() if k != "gatewrap run --own"}}
         samples: dict[str, list[float]] = {name: [] for name in cmds}
         for _ in range(rounds):
             for name, (argv, env) in cmds.items():
                 samples[name].append(timed(argv, env))
     shutil.rmtree(tmp, ignore_errors=True)
-    gw = median(samples["gatewrap run"])
+    gw = median(samples["gatewrap run"])  # the default: the shared daemon
     out = {name: {"median_s": round(median(xs), 4), "first_s": round(xs[0], 4),
                   "gatewrap_ratio": ratio(gw, median(xs))} for name, xs in samples.items()}
     fj = samples.get("firejail --net=none")
-    for name in ("gatewrap run", "gatewrap run --shared"):  # target 1's ratio, from the same rounds
+    for name in ("gatewrap run --own", "gatewrap run"):  # target 1's ratio, from the same rounds
         if fj:
             out[name]["firejail_ratio"] = ratio(median(samples[name]), median(fj))
     return {"rounds": rounds, "commands": out, "missing": missing, "gatewrap_cold_s": round(cold, 3)}
