@@ -162,14 +162,28 @@ def protect_from_oom() -> None:
 _CALLER_NOFILE: int | None = None
 
 
-def raise_fd_limit() -> None:
+def raise_fd_limit(ceiling: bool = False) -> int:
     """The gate holds two fds per tunnel (up to 1024 connections per run): raise gatewrap's
     soft RLIMIT_NOFILE to its hard limit (getrlimit(2)). The agent is started with the
     caller's soft limit (:func:`spawn`); in the jail nsjail then sets soft and hard to the
-    hard one (agent.cfg's ``rlimit_nofile_type: HARD``: one value for both)."""
+    hard one (agent.cfg's ``rlimit_nofile_type: HARD``: one value for both).
+
+    ``ceiling`` (the daemon, ~15 descriptors a sandbox): first try both up to the kernel's
+    ``fs.nr_open`` (proc(5); raising the hard limit needs CAP_SYS_RESOURCE, which a container
+    may lack: then the hard limit it has). Returns the soft limit now."""
     global _CALLER_NOFILE
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if ceiling:
+        try:
+            with open("/proc/sys/fs/nr_open") as f:
+                nr_open = int(f.read())
+            if nr_open > hard:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (nr_open, nr_open))
+                hard = nr_open
+        except (OSError, ValueError):
+            pass
     if soft < hard:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
         if _CALLER_NOFILE is None:
             _CALLER_NOFILE = soft
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]

@@ -351,3 +351,24 @@ def test_a_daemon_whose_hooks_were_loaded_again_starts_new_runs_on_the_new_ones(
                        capture_output=True, text=True, env=_env(daemon), timeout=120)
     assert p.returncode == 0 and p.stdout.strip() == "200", p.stderr + daemon.log_text()
     assert "new runs use the new ones" in daemon.log_text()
+
+
+def test_a_daemon_started_with_a_low_open_file_limit_raises_it_and_says_how_many_sandboxes_it_has_room_for():
+    """~15 descriptors an idle sandbox: a daemon started from a shell's soft limit (1,024)
+    would stop near 65 sandboxes; it raises the limit to the hard one (to fs.nr_open where it
+    may raise that: CAP_SYS_RESOURCE) and says what room that leaves."""
+    d = Daemon()
+    with open(d.log, "ab") as log:
+        d.proc = subprocess.Popen(["prlimit", "--nofile=1024:", "--", *gatewrap_cmd("daemon", "--socket", d.socket)],
+                                  stdout=log, stderr=log, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while "serving" not in d.log_text():
+            assert d.proc.poll() is None and time.monotonic() < deadline, d.log_text()
+            time.sleep(0.05)
+        with open(f"/proc/{d.proc.pid}/limits") as f:
+            soft, hard = next(line for line in f if line.startswith("Max open files")).split()[3:5]
+    finally:
+        d.stop()
+    assert soft == hard and int(soft) > 1024, (soft, hard)
+    assert f"file descriptor limit {int(soft):,}: room for about {int(soft) // 15:,} idle sandboxes" in d.log_text()

@@ -106,6 +106,11 @@ class Parked:
                 key.data()
 
 
+#: The daemon's file descriptors per idle sandbox (bench/density.py, 2026-12-05: its sockets,
+#: the run's audit log, eventfd, epoll, ring buffer, netns): what its limit is divided by.
+FDS_PER_SANDBOX = 15
+
+
 class DaemonRunning(GatewrapError):
     """Another daemon already serves this socket (it holds the lock beside it)."""
 
@@ -331,7 +336,7 @@ class Daemon:
     def serve(self) -> None:
         require_root("daemon")
         lock_fd = self._claim()
-        runner.raise_fd_limit()
+        fds = runner.raise_fd_limit(ceiling=True)
         runner.protect_from_oom()
         parent = cgroup.parent_dir()
         self.hooks = loader.load_or_reuse(parent)
@@ -362,7 +367,8 @@ class Daemon:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, stop)
         idle = f", exits after {self.idle_exit:g} s without a run" if self.idle_exit else ""
-        self.say(f"serving {self.socket_path} (pid {os.getpid()}{idle})")
+        self.say(f"serving {self.socket_path} (pid {os.getpid()}{idle}; file descriptor limit {fds:,}: "
+                 f"room for about {fds // FDS_PER_SANDBOX:,} idle sandboxes)")
         try:
             # poll(2), then a non-blocking accept: a socket timeout would have accept() spin on
             # a listener shut down by stop() (readable, yet EAGAIN) until the timeout ends.
