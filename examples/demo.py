@@ -3,6 +3,9 @@
 Run as root after installing (scripts/setup.sh demo does both). Nothing leaves the
 machine: the fake internet (tests/fakenet) uses documentation addresses routed only to
 its own veth, and its own DNS server answers for the *.test names.
+
+``--keep``: after the demo, leave the fake internet up (until Enter or Ctrl-C) and print
+the options a ``gatewrap run`` of yours needs to use it (the README's tour).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from fakenet import AddressConflict, FakeInternet, cleanup_leftovers, hold_host_lock  # noqa: E402
 
 
-def main() -> int:
+def main(keep: bool = False) -> int:
     lock = hold_host_lock("demo")  # noqa: F841 (held until the demo exits)
     cleanup_leftovers()
     work = tempfile.mkdtemp(prefix="gatewrap-demo-")
@@ -56,9 +59,23 @@ def main() -> int:
         subprocess.run(["gatewrap", "audit", "--format", "table", "--log", audit], env=env)
         print(f"\n$ gatewrap audit --denied --json --log {audit}", flush=True)
         subprocess.run(["gatewrap", "audit", "--denied", "--json", "--log", audit], env=env)
+        if keep:
+            _wait_with_the_fake_internet_up(net)
     shutil.rmtree(shown, ignore_errors=True)
     return rc
 
 
+def _wait_with_the_fake_internet_up(net: FakeInternet) -> None:
+    """Say how to use the fake internet from another terminal, then wait for Enter/Ctrl-C."""
+    print("\nThe fake internet stays up until you press Enter (or Ctrl-C). From another terminal,\n"
+          "as root, add these options to a gatewrap run (the README's tour leaves them out):\n\n"
+          f"  --resolver {net.dns_server} --public-range 198.51.100.128/25 --public-range 2001:db8:100::/48"
+          f" --ro-bind {net.tmpdir}\n\n"
+          "e.g. sudo gatewrap run --resolver ... --allow allowed.test -- curl -sS http://allowed.test/\n"
+          f"(https: its CA is {net.ca_path}; name it with --env CURL_CA_BUNDLE after setting it)", flush=True)
+    with contextlib.suppress(KeyboardInterrupt, EOFError):
+        input()
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(keep="--keep" in sys.argv[1:]))
