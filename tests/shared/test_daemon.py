@@ -372,3 +372,18 @@ def test_a_daemon_started_with_a_low_open_file_limit_raises_it_and_says_how_many
         d.stop()
     assert soft == hard and int(soft) > 1024, (soft, hard)
     assert f"file descriptor limit {int(soft):,}: room for about {int(soft) // 15:,} idle sandboxes" in d.log_text()
+
+
+def test_daemon_stop_stops_the_daemon_and_says_which_runs_lost_their_gates(tmp_path):
+    d = Daemon().start()
+    try:
+        stop = subprocess.run(gatewrap_cmd("daemon", "--socket", d.socket, "--stop"), capture_output=True, text=True,
+                              timeout=90)
+        assert stop.returncode == 0, stop.stderr
+        assert f"stopped the daemon (pid {d.proc.pid}) on {d.socket}" in stop.stdout, stop.stdout
+        assert d.proc.wait(timeout=10) is not None
+        again = subprocess.run(gatewrap_cmd("daemon", "--socket", d.socket, "--stop"), capture_output=True, text=True,
+                               timeout=30)
+        assert again.returncode == 1 and "no gatewrap daemon answers" in again.stderr, again.stderr
+    finally:
+        d.stop()

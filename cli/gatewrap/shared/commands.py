@@ -19,6 +19,10 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
               help=f"Listen on PATH, a file in {protocol.SOCKET_DIR} (root's, mode 0600; the folder is hidden from every "
                    f"agent). Default: $GATEWRAP_DAEMON_SOCKET, else {protocol.DEFAULT_SOCKET}.")
 @click.option("--status", is_flag=True, help="Ask the running daemon for its pid and runs, and exit (exit 1 when none answers).")
+@click.option("--stop", is_flag=True,
+              help="Stop the running daemon (SIGTERM to the process the socket's peer credentials name) and "
+                   "wait for it to exit; its runs lose their gates (no egress) until they end or a daemon on "
+                   "this socket takes them back within 30 s. Exit 1 when none answers.")
 @click.option("--json", "as_json", is_flag=True, help="With --status: print one JSON object.")
 @click.option("--review", "review", metavar="HOST:PORT", default=None,
               help="Also serve the approvals' review pages (as gatewrap approvals serve does) on HOST:PORT, a "
@@ -32,8 +36,8 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
                    "`gatewrap run` starts on demand exits after 10m; a run arriving as it exits starts a new one.")
 @click.option("--quiet-if-running", is_flag=True, hidden=True,
               help="Exit 0 without a word when another daemon already serves the socket (the on-demand start).")
-def daemon(socket_path: str | None, status: bool, as_json: bool, review: str | None, state_url: str | None,
-           idle_exit: float, quiet_if_running: bool) -> None:
+def daemon(socket_path: str | None, status: bool, stop: bool, as_json: bool, review: str | None,
+           state_url: str | None, idle_exit: float, quiet_if_running: bool) -> None:
     """Serve the sandboxes of every `gatewrap run` on this host, in the foreground.
 
     \b
@@ -58,11 +62,15 @@ def daemon(socket_path: str | None, status: bool, as_json: bool, review: str | N
       sudo gatewrap daemon --idle-exit 1h
       sudo gatewrap run --allow pypi.org -- python agent.py
       sudo gatewrap daemon --status --json
+      sudo gatewrap daemon --stop
       sudo gatewrap daemon --review 127.0.0.1:8377
     """
     path = protocol.socket_path(flag=socket_path)
     if status:
         _status(path, as_json)
+        return
+    if stop:
+        _stop(path)
         return
     from .daemon import Daemon, DaemonRunning
 
@@ -117,6 +125,59 @@ def _status(path: str, as_json: bool) -> None:
         runs = got.get("runs", [])
         click.echo(f"gatewrap daemon pid {got.get('pid')} on {path}: {len(runs)} run{'' if len(runs) == 1 else 's'}"
                    + (f" ({', '.join(runs)})" if runs else ""))
+
+
+def _stop(path: str, patience: float = 60.0) -> None:
+    """SIGTERM to the daemon serving ``path`` (its pid from the connection's SO_PEERCRED,
+    unix(7): not from anything it says), then wait up to ``patience`` seconds for it to exit
+    (a stopping daemon waits up to 10 s for run ends under way).
+
+    Raises:
+        NeedRoot: not root.
+        GatewrapError: it did not exit in time (125).
+    """
+    import signal
+    import socket
+    import struct
+    import time
+
+    from ..errors import NeedRoot
+    from .client import connect
+
+    if os.geteuid() != 0:
+        raise NeedRoot("gatewrap daemon --stop needs root (the daemon's socket is root's); "
+                       "run it with sudo: sudo gatewrap daemon --stop")
+    try:
+        sock = connect(path, start=False)
+    except GatewrapError as e:
+        click.echo(f"gatewrap: {e}", err=True)
+        sys.exit(1)
+    try:
+        pid, _uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+        protocol.send(sock, {"op": "status"})
+        runs = (protocol.Reader(sock).message() or {}).get("runs", [])
+    finally:
+        sock.close()
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + patience
+    while _alive(pid):
+        if time.monotonic() > deadline:
+            raise GatewrapError(f"the gatewrap daemon (pid {pid}) did not exit within {patience:g} s of SIGTERM; "
+                                f"see its log, or kill -KILL {pid}")
+        time.sleep(0.05)
+    lost = (f"; its {len(runs)} run{'' if len(runs) == 1 else 's'} ({', '.join(runs)}) lost their gates: no egress "
+            "until they end or a daemon on this socket takes them back within 30 s") if runs else ""
+    click.echo(f"gatewrap: stopped the daemon (pid {pid}) on {path}{lost}")
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, exited but not reaped by its parent, does not:
+    proc(5), /proc/PID/stat's state)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def _serve_review(listen: str, state_url: str | None) -> None:
