@@ -10,7 +10,8 @@
 //! Unlike tini it first clears the parent-death signal nsjail leaves set (SIGKILL,
 //! `PR_SET_PDEATHSIG` in nsjail's contain.cc, kept across execve(2)): the sandbox must outlive
 //! a gatewrap that dies (fail closed: it keeps its hooks and has no egress, and `gatewrap gc`
-//! removes it), as it did when a resident nsjail was its parent.
+//! removes it), as it did when a resident nsjail was its parent. And it makes itself not
+//! dumpable: its /proc/1 shows the agent nothing of the host (see `start`).
 
 use std::ffi::{CString, OsString};
 use std::io;
@@ -60,6 +61,13 @@ fn start(argv: Vec<OsString>) -> Result<i32, String> {
     ptrs.push(std::ptr::null());
     // SAFETY: plain prctl(2); clearing our own parent-death signal cannot fail.
     unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, 0 as libc::c_ulong, 0, 0, 0) };
+    // Not dumpable: this init runs as the agent's user, so the agent could otherwise read its
+    // /proc/1/exe, maps, environ and fd (ptrace access mode READ, same uid: proc(5)), which
+    // name this binary's host path (the virtualenv's, outside the jail's view). A process that
+    // is not dumpable has those owned by root (proc(5), PR_SET_DUMPABLE in prctl(2)); the agent
+    // is dumpable again, as execve(2) resets it.
+    // SAFETY: plain prctl(2) on this process.
+    unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0 as libc::c_ulong, 0, 0, 0) };
     let (signals, old_mask) = block_signals().map_err(|e| format!("cannot read signals through a signalfd: {e}"))?;
     // SAFETY: this process has one thread; the child only resets its signals and execs.
     let child = unsafe { libc::fork() };

@@ -329,3 +329,87 @@ def test_a_checkpoint_that_cannot_follow_run_end_is_named_as_such(small_fs, tmp_
                                      "the log, unsigned until the next checkpoint): cannot write audit log"), err.getvalue()
     assert "No space left on device" in err.getvalue()
     assert json.loads(audit.read_text().splitlines()[-1])["event"] == "run_end"
+
+
+#: Agent threads asking for allowed requests as fast as the gate answers, each path unique
+#: (``/status/200?flood-T-I``), until the gate is gone; "flooding" once 200 were answered.
+FLOOD_AGENT = r'''
+import socket, sys, threading
+answered = 0
+lock = threading.Lock()
+def worker(t):
+    global answered
+    for i in range(1_000_000):
+        try:
+            s = socket.create_connection(("127.0.0.1", 3128), timeout=5)
+            s.sendall(f"GET http://{HOST}/status/200?flood-{t}-{i} HTTP/1.1\r\nHost: {HOST}\r\nConnection: close\r\n\r\n".encode())
+            while s.recv(65536):
+                pass
+            s.close()
+        except OSError:
+            return
+        with lock:
+            answered += 1
+            if answered == 200:
+                print("flooding", flush=True)
+ts = [threading.Thread(target=worker, args=(t,)) for t in range(32)]
+for t in ts:
+    t.start()
+for t in ts:
+    t.join()
+print("gate gone", flush=True)
+'''
+
+
+@pytest.mark.parametrize("mode", ["own", "shared", "own, the log renamed aside first"])
+def test_every_request_upstream_saw_has_its_admit_record_when_the_gate_is_killed_mid_flood(net, tmp_path, outcome, mode):
+    """the gate killed with SIGKILL during a flood of allowed requests (the log renamed aside
+    during the flood first, as logrotate does)"""
+    from shared.conftest import Daemon
+
+    audit = tmp_path / "audit.jsonl"
+    net.clear_logs()
+    cmd = gatewrap_cmd("run", "--audit-log", str(audit), "--resolver", net.dns_server, "--workdir", "/tmp",
+                       *PUBLIC_RANGES, "--allow", f"{ALLOWED}:80", "--",
+                       AGENT_PYTHON, "-c", FLOOD_AGENT.replace("{HOST}", ALLOWED))
+    env = dict(os.environ, SUDO_UID=str(AGENT_UID), SUDO_GID=str(AGENT_UID))
+    daemon = None
+    if mode == "shared":
+        daemon = Daemon("--idle-exit", "0").start()
+        env.update(daemon.env)
+    else:
+        env["GATEWRAP_SHARED"] = "0"
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert p.stdout.readline() == "flooding\n", p.stderr.read()
+        if "renamed" in mode:
+            audit.rename(tmp_path / "audit.jsonl.1")
+            time.sleep(1)
+        victim = daemon.proc if daemon else p
+        victim.kill()
+        victim.wait(timeout=30)
+        gone = p.stdout.readline()
+        time.sleep(1)  # the fake internet logs what it got
+    finally:
+        if daemon is not None:
+            daemon.stop()
+        subprocess.run(gatewrap_cmd("gc"), capture_output=True, timeout=60)
+        if p.poll() is None:
+            p.kill()
+        p.wait(timeout=30)
+    upstream = {e["path"].split("?", 1)[1] for e in net.access_entries(event="request")
+                if "?flood-" in e.get("path", "")}
+    admitted = set()
+    logs = [audit, tmp_path / "audit.jsonl.1"]
+    for line in [x for log in logs if log.exists() for x in log.read_text().splitlines()]:
+        rec = json.loads(line)
+        if rec.get("event") == "admit" and "?flood-" in rec.get("target", ""):
+            admitted.add(rec["target"].split("?", 1)[1])
+    unrecorded = sorted(upstream - admitted)
+    outcome("admit record written (write(2) done) before the dial",
+            f"{'the daemon' if mode == 'shared' else 'gatewrap'} killed mid-flood{' (log renamed first)' if 'renamed' in mode else ''}: upstream got {len(upstream)} "
+            f"requests, {len(admitted)} admit records; {len(unrecorded)} without one",
+            "OPEN" if unrecorded else "held")
+    assert gone == "gate gone\n", gone
+    assert len(upstream) >= 200, len(upstream)
+    assert unrecorded == [], unrecorded[:10]

@@ -10,6 +10,7 @@ import os
 import secrets
 import signal
 import subprocess
+import textwrap
 import time
 
 import pytest
@@ -305,3 +306,93 @@ def test_another_gatewrap_in_its_own_mount_and_pid_namespace_leaves_the_hosts_li
     assert not {own_id, shared_id} & {r for r, _ in host_gc["left"]} and not {own_id, shared_id} & set(host_gc["runs"])
     assert second_procs, "the second install's run lived through the host's gc"
     assert not _cgroup_exists(second_id), "its own gatewrap tore it down when stopped"
+
+
+#: The agent's attempts on its jail's init (pid 1 of the run's pid namespace, ``gatewrap-wait
+#: --init``, running as the agent's user), then a setsid'd grandchild left behind and an exit
+#: code of its own.
+INIT_TAMPER = """
+    def state1():
+        with open("/proc/1/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    attempt("SIGKILL to pid 1", os.kill, 1, 9)
+    attempt("SIGSTOP to pid 1", os.kill, 1, 19)
+    time.sleep(0.2)
+    print(json.dumps({{"init_state": state1()}}), flush=True)
+    attempt("ptrace(PTRACE_ATTACH, 1)", lambda: check(libc.ptrace(16, 1, 0, 0)))
+    attempt("open /proc/1/mem for writing", lambda: os.close(os.open("/proc/1/mem", os.O_RDWR)))
+    attempt("SIGTERM to pid 1 (forwarded to the agent, which ignores it)",
+            lambda: (signal.signal(signal.SIGTERM, signal.SIG_IGN), os.kill(1, 15)))
+    r, w = os.pipe()
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            os.write(w, b"x")
+            os.execv("/bin/sh", ["sh", "-c", "sleep 300", "{token}"])
+        os._exit(0)
+    os.read(r, 1)
+    sys.exit(7)
+"""
+
+
+def test_the_agent_can_neither_kill_stop_trace_nor_write_its_jails_init(gatewrap, quiet_net, outcome):
+    """the agent against its jail's init (kill, stop, ptrace, /proc/1/mem), then a child left behind"""
+    token = f"gw-escape-init-{secrets.token_hex(4)}"
+    body = "import signal\n" + textwrap.dedent(INIT_TAMPER).format(token=token)
+    # (A root agent is refused in the jail: only with --jail none, which has no init of its own.)
+    r = gatewrap(python_argv(body), timeout=60)
+    got = {a["step"]: a["errno"] for a in attempts(r.stdout) if "step" in a}
+    state = next(json.loads(x)["init_state"] for x in r.stdout.splitlines() if "init_state" in x)
+    left = _procs_with(token) + _run_procs(r.run_id)
+    # Signals from inside a pid namespace to its init without a handler are discarded
+    # (kernel/signal.c, sig_task_ignored: SIGNAL_UNKILLABLE): kill(2) says 0 and nothing happens.
+    held = (state != "T" and r.returncode == 7 and not left and got["ptrace(PTRACE_ATTACH, 1)"] == "EPERM"
+            and got["open /proc/1/mem for writing"] is not None)
+    outcome("pid namespace init (signals from inside discarded), seccomp (ptrace), read-only /proc",
+            f"init {'stopped' if state == 'T' else 'running'} after SIGKILL/SIGSTOP; "
+            f"ptrace {got['ptrace(PTRACE_ATTACH, 1)'] or 'ATTACHED'}; /proc/1/mem rw "
+            f"{got['open /proc/1/mem for writing'] or 'OPENED'}; exit {r.returncode} (the agent's 7); "
+            f"after the run: {'nothing left' if not left else 'STILL RUNNING: ' + ' '.join(left)}",
+            "held" if held else "OPEN")
+    assert state in ("S", "R"), (state, r.stdout, r.stderr)
+    assert got["ptrace(PTRACE_ATTACH, 1)"] == "EPERM", got
+    assert got["open /proc/1/mem for writing"] in ("EROFS", "EACCES", "EPERM"), got
+    assert r.returncode == 7, (r.returncode, r.stdout, r.stderr)
+    assert left == []
+    assert_nothing_reached(quiet_net)
+
+
+def test_the_jails_init_shows_the_agent_nothing_of_the_hosts_paths(gatewrap, quiet_net, outcome):
+    """/proc/1 of the jail (cmdline, exe, maps, environ): the init's host path"""
+    from gatewrap.sandbox import jail
+
+    host_path = os.path.dirname(jail.init_path())
+    r = gatewrap(python_argv("""
+        def read(p):
+            try:
+                with open(p, "rb") as f:
+                    return f.read().decode(errors="replace")
+            except OSError as e:
+                return "ERR " + errno.errorcode[e.errno]
+        def link(p):
+            try:
+                return os.readlink(p)
+            except OSError as e:
+                return "ERR " + errno.errorcode[e.errno]
+        env1 = read("/proc/1/environ")
+        own = "".join(f"{k}={v}\\0" for k, v in os.environ.items())
+        print(json.dumps({"cmdline": read("/proc/1/cmdline"), "exe": link("/proc/1/exe"),
+                          "maps": read("/proc/1/maps"), "root": link("/proc/1/root"),
+                          "environ_extra": sorted(set(env1.split("\\0")) - set(own.split("\\0")))
+                                           if not env1.startswith("ERR") else env1}), flush=True)
+    """), timeout=30)
+    seen = json.loads(next(x for x in r.stdout.splitlines() if x.startswith("{")))
+    leaks = sorted(k for k, v in seen.items() if host_path in str(v))
+    outcome("/proc of the jail's init",
+            f"the init's host folder {host_path} in /proc/1/: {', '.join(leaks) or 'nowhere'}; "
+            f"init's environment beyond the agent's: {seen['environ_extra'] or 'nothing'}",
+            "OPEN" if leaks or seen["environ_extra"] else "held")
+    assert r.returncode == 0, r.stderr
+    assert leaks == [], {k: seen[k] for k in leaks}
+    assert seen["environ_extra"] in ([], "ERR EACCES"), seen
+    assert_nothing_reached(quiet_net)

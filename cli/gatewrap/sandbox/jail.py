@@ -82,8 +82,9 @@ def wrap(argv: list[str], target: user.Target, cwd: str, mounts: list[view.Mount
     nsjail runs in execve mode (the profile's ``mode: EXECVE``): it sets up the jail in the
     launcher's child, already the init of a pid namespace of its own, and execs the jail's
     init, ``gatewrap-wait --init`` (:func:`init_path`), through a descriptor it opened before
-    its mounts (``--execute_fd``: the virtualenv is not in the jail's view); that init runs
-    ``argv``. No nsjail stays resident.
+    its mounts (``--execute_fd``: the virtualenv is not in the jail's view), under the name
+    :data:`gatewrap.shared.waiter.NAME` (its host path is not the agent's to know); that
+    init runs ``argv``. No nsjail stays resident.
 
     Raises:
         GatewrapError: nsjail or gatewrap-wait is not installed.
@@ -104,4 +105,8 @@ def wrap(argv: list[str], target: user.Target, cwd: str, mounts: list[view.Mount
             cmd += ["-g", str(g)]
     cmd += ["--cwd", cwd, *tmpfs.nsjail_args(tmpfs_budget),
             *view.nsjail_args(mounts, tmpfs.home_options(tmpfs_budget))]
-    return [*cmd, "--execute_fd", "--", init, "--init", "--", *argv]
+    # --exec_file: the binary nsjail opens (a host path); argv[0] is only its name, which the
+    # agent sees in /proc/1/cmdline (the init makes the rest of its /proc/1 root's).
+    from ..shared import waiter
+
+    return [*cmd, "--execute_fd", "--exec_file", init, "--", waiter.NAME, "--init", "--", *argv]
