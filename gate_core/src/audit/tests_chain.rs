@@ -18,7 +18,7 @@ fn obj(v: Value) -> Map<String, Value> {
     }
 }
 
-fn scratch(name: &str) -> std::path::PathBuf {
+pub(super) fn scratch(name: &str) -> std::path::PathBuf {
     let d = std::env::temp_dir().join(format!("gw-chain-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir(&d).expect("mkdir");
@@ -27,7 +27,7 @@ fn scratch(name: &str) -> std::path::PathBuf {
 
 /// The lines of `path` with their newlines, checked as one chain from genesis: each
 /// `seq` one more than the last, each `prev` the hash of the line before.
-fn check_chain(path: &std::path::Path) -> Vec<Value> {
+pub(super) fn check_chain(path: &std::path::Path) -> Vec<Value> {
     let bytes = std::fs::read(path).expect("read");
     let mut prev = genesis();
     let mut out = Vec::new();

@@ -4,34 +4,11 @@
 
 use std::sync::Arc;
 
-use serde_json::{json, Value};
+use serde_json::json;
 
-use super::chain::{genesis, hash, hex};
 use super::tests::Tmpfs;
+use super::tests_chain::{check_chain as chained, scratch};
 use super::{AuditError, AuditLog, GateRecord};
-
-fn scratch(name: &str) -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!("gw-queue-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir(&d).expect("mkdir");
-    d
-}
-
-/// The lines of `path`, checked as one chain from genesis (`seq` 1, 2, ...; each `prev` the
-/// hash of the line before, its newline included).
-fn chained(path: &std::path::Path) -> Vec<Value> {
-    let bytes = std::fs::read(path).expect("read");
-    let mut prev = genesis();
-    let mut out = Vec::new();
-    for (i, line) in bytes.split_inclusive(|&b| b == b'\n').enumerate() {
-        assert!(line.ends_with(b"\n"), "line {} whole", i + 1);
-        let v: Value = serde_json::from_slice(line).expect("json");
-        assert_eq!((v["seq"].clone(), v["prev"].clone()), (json!(i as u64 + 1), json!(hex(&prev))), "line {}", i + 1);
-        prev = hash(line);
-        out.push(v);
-    }
-    out
-}
 
 fn rec(run: &str, target: String) -> GateRecord {
     GateRecord { run: run.into(), event: "request", decision: "allowed", proto: "http", target: Some(target), ..GateRecord::default() }
