@@ -1,8 +1,9 @@
 """The jail's init, ``gatewrap-wait --init -- PROGRAM...`` (gate_wait/src/init.rs): pid 1 of the
 run's pid namespace in tini's place, now that nsjail execs it and does not stay.
 
-Each test runs it as the init of a pid namespace of its own (``unshare --pid --fork
---mount-proc``, as root), as the launcher and nsjail do, without the rest of a sandbox.
+Each test runs it as the init of a pid namespace of its own (``unshare --pid --fork`` with a
+/proc of its own: :func:`conftest.in_new_pid_namespace`, as root), as the launcher and nsjail
+do, without the rest of a sandbox.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import sys
 
 import pytest
 
+from conftest import in_new_pid_namespace
 from gatewrap.shared import waiter
 
 PATIENCE = 30  # seconds
@@ -24,7 +26,7 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="a pid namespace needs
 def init_argv(*agent: str) -> list[str]:
     path = waiter.find()
     assert path, "gatewrap-wait is not installed (scripts/setup.sh install)"
-    return ["unshare", "--pid", "--fork", "--mount-proc", path, "--init", "--", *agent]
+    return in_new_pid_namespace(path, "--init", "--", *agent)
 
 
 @pytest.mark.parametrize("agent, code, says", [
@@ -87,7 +89,7 @@ def test_the_init_outlives_a_parent_that_dies_although_nsjail_set_a_parent_death
         "import ctypes, os, sys; ctypes.CDLL(None).prctl(1, 9, 0, 0, 0); "  # PR_SET_PDEATHSIG, SIGKILL
         f"os.execv({path!r}, [{path!r}, '--init', '--', 'sh', '-c', 'echo up; read line; echo got $line'])"
     )
-    p = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", set_and_exec],
+    p = subprocess.Popen(in_new_pid_namespace(sys.executable, "-c", set_and_exec),
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert p.stdout.readline() == "up\n"
