@@ -166,8 +166,7 @@ def test_sigterm_is_forwarded_and_the_sandbox_still_goes_away(net, tmp_path):
     assert p.stdout.readline() == "ready\n"
     p.send_signal(signal.SIGTERM)
     out, err = p.communicate(timeout=20)
-    assert out == "got TERM\n"
-    assert p.returncode == 42, err
+    assert (out, p.returncode) == ("got TERM\n", 42), err
     assert _leftovers(_run_id(audit)) == NOTHING
 
 
