@@ -225,6 +225,9 @@ class Plan:
     #: Where the policy file lay at the start (:func:`gatewrap.policy.policy_where`): a reload
     #: reads it again only from there. None: no file.
     policy_where: dict[str, Any] | None = None
+    #: A container's run (:mod:`gatewrap.oci`): ``run_start``'s ``container`` (its id, and
+    #: where its policy came from). None: a ``gatewrap run``.
+    container: dict[str, Any] | None = None
 
     @property
     def gate_url(self) -> str:
@@ -528,6 +531,7 @@ class Sandbox:
             p.audit.write({"run": run_id, "event": "run_start", "argv": opts.argv, "uid": p.target.uid,
                            "cgroup_id": cgroup_id, "gate": p.gate_url, "limits": self._bounds.record,
                            **({"env": p.env_names} if p.env_names else {}),
+                           **({"container": p.container} if p.container else {}),
                            **({"attempts_unrecorded": unrecorded} if unrecorded is not None else {})})
         except OSError as e:
             raise GatewrapError(f"{e.strerror}: a run starts only once its run_start record is written; "

@@ -281,6 +281,8 @@ class Daemon:
         self.log = log or sys.stderr
         self.started = time.time()
         self.runs: dict[str, runner.Sandbox] = {}
+        #: Container runs (gatewrap-oci), kept from their create to their delete.
+        self.containers: dict[str, Any] = {}
         self._lock = threading.Lock()
         #: Runs whose end is under way (:meth:`_serve_end`), and their last one's signal: the
         #: staged files and the ring buffer's release follow the client's release, and a daemon
@@ -633,11 +635,43 @@ class Daemon:
                     handed = self._run(conn, reader, msg, pid)
                 elif msg.get("op") == "reload":
                     protocol.send(conn, self._reload(str(msg.get("run"))))
+                elif msg.get("op") in ("container_create", "container_delete"):
+                    protocol.send(conn, self._container(msg, pid))
                 else:
                     raise protocol.ProtocolError(f"unknown op {msg.get('op')!r}")
         finally:
             if not handed:
                 _close(conn, reader)
+
+    def _container(self, msg: dict[str, Any], client_pid: int) -> dict[str, Any]:
+        """A ``gatewrap-oci`` request (:mod:`gatewrap.oci.runs`): the answer, or the refusal."""
+        from ..oci import runs
+
+        try:
+            if msg["op"] == "container_create":
+                return runs.create(self, msg, client_pid)
+            return runs.delete(self, msg)
+        except GatewrapError as e:
+            return {"error": str(e), "exit_code": e.exit_code}
+
+    def container_terminal(self) -> Terminal:
+        """Where a container's run's notices go: the daemon's log (a container has no terminal
+        of gatewrap's; its engine keeps its own output)."""
+        return Terminal(os.dup(self.log.fileno()))
+
+    def add_container(self, run_id: str, run: Any) -> None:
+        """Keep container run ``run`` (:class:`gatewrap.oci.runs.ContainerRun`) until its delete."""
+        with self._lock:
+            self.runs[run_id] = run.box
+            self.containers[run_id] = run
+
+    def take_container(self, run_id: str) -> Any:
+        """The container run ``run_id``, no longer kept; None if there is none."""
+        with self._lock:
+            run = self.containers.pop(run_id, None)
+            if run is not None:
+                self.runs.pop(run_id, None)
+            return run
 
     def _reload(self, run_id: str) -> dict[str, Any]:
         """``{"op": "reload", "run": ID}``: read the run's policy file again (:mod:`gatewrap.reload`);

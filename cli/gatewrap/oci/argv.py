@@ -1,0 +1,104 @@
+"""runc's command line (runc(8), ``runc --help``, ``runc create --help``): global flags, then a
+command, then its flags and the container id; and gatewrap's own global flags, which the
+engine's runtime configuration passes (docker's ``runtimeArgs``, podman's ``--runtime-flag``,
+containerd's runc options) and which are taken out before runc sees them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+#: A container's run id is this and the engine's container id (gc, ps and the hooks' sweep
+#: know runs by this prefix).
+RUN_PREFIX = "gw-"
+#: runc's global flags that take a value (runc 1.1: ``runc --help``); the others are switches.
+RUNC_VALUED = {"--root", "--log", "--log-format", "--criu", "--rootless"}
+#: gatewrap's global flags (each takes a value; the repeatable ones are lists).
+GATEWRAP_FLAGS = {"--gatewrap-socket": "socket", "--gatewrap-audit-log": "audit_log",
+                  "--gatewrap-resolver": "resolvers", "--gatewrap-public-range": "public_ranges",
+                  "--gatewrap-runc": "runc"}
+REPEATED = {"resolvers", "public_ranges"}
+#: Flags of ``create`` (``runc create --help``) that take a value.
+CREATE_VALUED = {"--bundle", "-b", "--console-socket", "--pid-file", "--preserve-fds"}
+
+
+class UsageError(Exception):
+    """A command line this runtime cannot read (the message says which part)."""
+
+
+@dataclass
+class CommandLine:
+    """runc's command line split: ``runc_globals`` (passed on as given), ``command`` (None:
+    none, e.g. ``--version``), ``args`` (the command's own), and gatewrap's settings."""
+
+    runc_globals: list[str]
+    command: str | None
+    args: list[str]
+    gatewrap: dict[str, object] = field(default_factory=dict)
+
+    def runc_argv(self, runc: str) -> list[str]:
+        """The argv of the runc this command line is delegated to."""
+        return [runc, *self.runc_globals, *([self.command] if self.command else []), *self.args]
+
+
+def split(argv: list[str]) -> CommandLine:
+    """``argv`` (without the program name) split as runc reads it: ``--flag value`` and
+    ``--flag=value`` alike.
+
+    Raises:
+        UsageError: a gatewrap flag without its value.
+    """
+    runc_globals: list[str] = []
+    settings: dict[str, object] = {"resolvers": [], "public_ranges": []}
+    i = 0
+    while i < len(argv) and argv[i].startswith("-"):
+        name, eq, value = argv[i].partition("=")
+        if name in GATEWRAP_FLAGS:
+            if not eq:
+                if i + 1 >= len(argv):
+                    raise UsageError(f"{name} needs a value")
+                i += 1
+                value = argv[i]
+            key = GATEWRAP_FLAGS[name]
+            if key in REPEATED:
+                settings[key].append(value)  # type: ignore[union-attr]
+            else:
+                settings[key] = value
+        else:
+            runc_globals.append(argv[i])
+            if name in RUNC_VALUED and not eq and i + 1 < len(argv):
+                i += 1
+                runc_globals.append(argv[i])
+        i += 1
+    command = argv[i] if i < len(argv) else None
+    return CommandLine(runc_globals, command, argv[i + 1:], settings)
+
+
+def create_args(args: list[str]) -> tuple[str, str]:
+    """(bundle folder, container id) of ``create``'s arguments; the bundle defaults to the
+    working directory, as runc's does.
+
+    Raises:
+        UsageError: no container id.
+    """
+    bundle, positional = ".", []
+    i = 0
+    while i < len(args):
+        name, eq, value = args[i].partition("=")
+        if name in CREATE_VALUED:
+            if not eq and i + 1 < len(args):
+                i += 1
+                value = args[i]
+            if name in ("--bundle", "-b"):
+                bundle = value
+        elif not args[i].startswith("-"):
+            positional.append(args[i])
+        i += 1
+    if not positional:
+        raise UsageError("create: no container id")
+    return bundle, positional[-1]
+
+
+def last_positional(args: list[str]) -> str | None:
+    """The container id of a command whose only positional argument it is (``delete``)."""
+    positional = [a for a in args if not a.startswith("-")]
+    return positional[-1] if positional else None

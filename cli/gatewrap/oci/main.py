@@ -1,0 +1,179 @@
+"""The ``gatewrap-oci`` console script: an OCI runtime with runc's command line (runc(8)).
+
+Every command goes to runc as given (exec(3): stdio, signals and exit code are runc's), but:
+
+- ``create``: the bundle's ``config.json`` is checked (:func:`bundle.refusals`), the daemon
+  sets the container's run up (:mod:`gatewrap.oci.runs`), the config is rewritten to join it
+  (:func:`bundle.confine`), then ``runc create`` runs; if it fails, the run is torn down.
+- ``delete``: ``runc delete``, then the daemon tears the run down (whatever runc said: a
+  container runc no longer knows has no sandbox to keep).
+- ``run`` and ``restore`` (a container created without ``create``) are refused.
+
+gatewrap's own global flags, taken out before runc sees them: ``--gatewrap-socket PATH`` (the
+daemon's; default ``$GATEWRAP_DAEMON_SOCKET``, else /run/gatewrap/daemon.sock),
+``--gatewrap-audit-log PATH``, ``--gatewrap-resolver IP`` and ``--gatewrap-public-range
+CIDR`` (repeatable; as ``gatewrap run``'s --resolver and --public-range), ``--gatewrap-runc
+PATH`` (default: runc on PATH). Failures of gatewrap's exit 125, with the message on stderr
+and in runc's ``--log`` file (the engines read the runtime's error from there).
+
+Start-up: this module imports json and gatewrap's protocol only (no click, no extension);
+``create``'s connection to the daemon is the rest of its cost.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+from ..errors import EXIT_GATEWRAP
+from . import argv as cli_args
+from . import bundle
+
+#: runc's usual places, looked at before PATH (which may hold this runtime under runc's name).
+RUNC_PATHS = ("/usr/sbin/runc", "/usr/bin/runc", "/usr/local/sbin/runc", "/usr/local/bin/runc")
+#: Commands that make a container without ``create``: refused (fail closed).
+REFUSED = {"run": "use create and start (podman, docker and containerd do)",
+           "restore": "checkpoint/restore is not supported by gatewrap-oci"}
+
+
+class Failed(Exception):
+    """gatewrap-oci cannot do what it was asked (the message says what to do)."""
+
+
+def main() -> None:
+    """The console script's entry: exits with runc's code, or 125 on gatewrap's failure."""
+    try:
+        line = cli_args.split(sys.argv[1:])
+    except cli_args.UsageError as e:
+        _fail(str(e), None)
+    runc = str(line.gatewrap.get("runc") or _find_runc())
+    if line.command in REFUSED:
+        _fail(f"{line.command}: {REFUSED[line.command]}", line)
+    try:
+        if line.command == "create":
+            sys.exit(_create(line, runc))
+        if line.command == "delete":
+            sys.exit(_delete(line, runc))
+    except Failed as e:
+        _fail(str(e), line)
+    os.execv(runc, line.runc_argv(runc))
+
+
+def _find_runc() -> str:
+    for path in RUNC_PATHS:
+        if os.access(path, os.X_OK):
+            return path
+    _fail("runc is not installed (apt-get install runc), or name it with --gatewrap-runc PATH", None)
+    raise AssertionError
+
+
+def _run(argv: list[str]) -> int:
+    """Run ``argv`` with this process's stdio and wait; its exit code (128+N: signal N)."""
+    pid = os.posix_spawn(argv[0], argv, os.environ)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
+
+
+def _ask(line: cli_args.CommandLine, message: dict, start: bool = True) -> dict:
+    """Send ``message`` to the daemon and return its answer. The daemon: the one that serves
+    the container's run (the registry says, :func:`gatewrap.sandbox.registry.saved`: an
+    engine does not always pass its runtime flags to ``delete``, podman's cleanup does not),
+    else ``--gatewrap-socket``'s, else the default one; started on demand when ``start``.
+
+    Raises:
+        Failed: no daemon, or it refused (its message).
+    """
+    from ..errors import GatewrapError
+    from ..sandbox import registry
+    from ..shared import client, protocol
+    from .argv import RUN_PREFIX
+
+    saved = registry.saved(RUN_PREFIX + str(message.get("container")))
+    flag = (saved or {}).get("socket") or line.gatewrap.get("socket")
+    try:
+        sock = client.connect(protocol.socket_path(flag=flag), start=start)  # type: ignore[arg-type]
+    except GatewrapError as e:
+        raise Failed(str(e)) from None
+    try:
+        protocol.send(sock, message)
+        got = protocol.Reader(sock).message() or {"error": "the daemon closed the connection without an answer"}
+    finally:
+        sock.close()
+    if "error" in got:
+        raise Failed(str(got["error"]))
+    return got
+
+
+def _create(line: cli_args.CommandLine, runc: str) -> int:
+    bundle_dir, container = cli_args.create_args(line.args)
+    path = os.path.join(bundle_dir, "config.json")
+    with open(path) as f:
+        config = json.load(f)
+    why = bundle.refusals(config, systemd_cgroup="--systemd-cgroup" in line.runc_globals)
+    if why:
+        raise Failed(f"container {container} refused: " + "; ".join(why))
+    policy, allow = bundle.policy_of(config)
+    got = _ask(line, {"op": "container_create", "container": container, "policy": policy, "allow": allow,
+                      "uid": bundle.container_uid(config), "argv": (config.get("process") or {}).get("args") or [],
+                      "audit_log": line.gatewrap.get("audit_log"), "resolvers": line.gatewrap["resolvers"],
+                      "public_ranges": line.gatewrap["public_ranges"]})
+    try:
+        bundle.confine(config, got["netns"], got["cgroups_path"], got["env"], [tuple(m) for m in got["mounts"]])
+        tmp = path + ".gatewrap"
+        with open(tmp, "w") as f:
+            json.dump(config, f)
+        os.replace(tmp, path)
+        code = _run(line.runc_argv(runc))
+    except BaseException:
+        _ask(line, {"op": "container_delete", "container": container}, start=False)
+        raise
+    if code != 0:
+        _ask(line, {"op": "container_delete", "container": container}, start=False)
+    return code
+
+
+def _delete(line: cli_args.CommandLine, runc: str) -> int:
+    container = cli_args.last_positional(line.args)
+    code = _run(line.runc_argv(runc))
+    if container is not None and _served(container):
+        _ask(line, {"op": "container_delete", "container": container}, start=False)
+    return code
+
+
+def _served(container: str) -> bool:
+    """Whether a daemon keeps a run for ``container`` (the registry's lock file): a
+    container of another runtime, or whose run a gc removed, has nothing to tear down."""
+    from ..sandbox import registry
+    from .argv import RUN_PREFIX
+
+    return os.path.exists(registry.lock_path(RUN_PREFIX + container))
+
+
+def _fail(message: str, line: cli_args.CommandLine | None) -> None:
+    """Say ``message`` on stderr and in runc's --log file (its --log-format), exit 125."""
+    text = f"gatewrap-oci: {message}"
+    print(text, file=sys.stderr, flush=True)
+    if line is not None:
+        _log(line.runc_globals, text)
+    sys.exit(EXIT_GATEWRAP)
+
+
+def _log(runc_globals: list[str], text: str) -> None:
+    """Append ``text`` to the ``--log`` file runc was given, as runc writes (text or json)."""
+    flags: dict[str, str] = {}
+    for i, arg in enumerate(runc_globals):
+        name, eq, value = arg.partition("=")
+        if name in ("--log", "--log-format"):
+            flags[name] = value if eq else (runc_globals[i + 1] if i + 1 < len(runc_globals) else "")
+    if not flags.get("--log"):
+        return
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    entry = (json.dumps({"level": "error", "msg": text, "time": now}) if flags.get("--log-format") == "json"
+             else f'time="{now}" level=error msg="{text}"')
+    try:
+        with open(flags["--log"], "a") as f:
+            f.write(entry + "\n")
+    except OSError:
+        pass
