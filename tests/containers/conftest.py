@@ -1,0 +1,104 @@
+"""Containers run by real engines with ``gatewrap-oci`` as their runtime, against the fake
+internet, on the image :mod:`image` builds once (no registry).
+
+Each engine gets a storage of its own under /var/cache/gatewrap-tests (the imported image
+stays between sessions; containers do not) and the module's own gatewrap daemon, named to
+the runtime with ``--gatewrap-socket`` (podman's ``--runtime-flag``), never the host's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from conftest import _AUDIT_LOGS, PUBLIC_RANGES
+from containers import image
+from shared.conftest import Daemon
+
+#: The runtime as installed in this environment (the project's venv).
+OCI = str(Path(sys.executable).parent / "gatewrap-oci")
+PODMAN_ROOT = os.path.join(image.CACHE, "podman")
+PODMAN_RUNROOT = "/run/gatewrap-tests-podman"
+#: What podman needs on this machine (issue 22): runc (crun refuses hybrid cgroups), the
+#: cgroupfs manager (no systemd), and ulimits within the host's hard limits.
+PODMAN_RUN_FLAGS = ["--ulimit", "nofile=4096:4096", "--ulimit", "nproc=4096:4096"]
+
+
+def podman_base(runtime: str = OCI) -> list[str]:
+    """podman with the tests' storage, ``runtime`` and no systemd."""
+    return ["podman", "--root", PODMAN_ROOT, "--runroot", PODMAN_RUNROOT, "--runtime", runtime,
+            "--cgroup-manager=cgroupfs", "--events-backend=file"]
+
+
+@pytest.fixture(scope="session")
+def podman_image() -> str:
+    """The test image in the tests' podman storage (imported once from :func:`image.rootfs_tarball`)."""
+    if shutil.which("podman") is None or shutil.which("runc") is None:
+        pytest.fail("podman and runc are needed (apt-get install podman runc): scripts/setup.sh installs them")
+    base = podman_base("runc")
+    if subprocess.run([*base, "image", "exists", image.NAME]).returncode != 0:
+        subprocess.run([*base, "import", image.rootfs_tarball(), image.NAME], check=True, capture_output=True)
+    return image.NAME
+
+
+@pytest.fixture(scope="module")
+def oci_daemon():
+    """A gatewrap daemon of the module's own."""
+    d = Daemon("--idle-exit", "0").start()
+    yield d
+    d.stop()
+
+
+@dataclass
+class Container:
+    """One container's outcome: the engine's exit code and output, its id, its audit log."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+    id: str
+    audit_path: Path
+
+    @property
+    def run_id(self) -> str:
+        return "gw-" + self.id
+
+    def records(self, **eq) -> list[dict]:
+        """The audit records of this container's run whose fields equal ``eq``."""
+        if not self.audit_path.exists():
+            return []
+        recs = [json.loads(line) for line in self.audit_path.read_text().splitlines() if line.strip()]
+        return [r for r in recs if r.get("run") == self.run_id and all(r.get(k) == v for k, v in eq.items())]
+
+
+@pytest.fixture
+def podman(net, oci_daemon, podman_image, tmp_path):
+    """``podman(*run_args, cmd=[...])``: ``podman run --rm`` of the test image with
+    gatewrap-oci, resolving through the fake internet's DNS, ``run_args`` before the image
+    (annotations, --network, --privileged); returns a :class:`Container`."""
+    n = [0]
+
+    def run(*run_args: str, cmd: list[str], timeout: float = 60) -> Container:
+        n[0] += 1
+        audit = tmp_path / f"audit-{n[0]}.jsonl"
+        cidfile = tmp_path / f"cid-{n[0]}"
+        _AUDIT_LOGS.setdefault(audit, 0)  # its records are checked against the schema at the test's end
+        flags = [f"gatewrap-socket={oci_daemon.socket}", f"gatewrap-audit-log={audit}",
+                 f"gatewrap-resolver={net.dns_server}",
+                 *(f"gatewrap-public-range={r}" for r in PUBLIC_RANGES[1::2])]
+        base = podman_base()
+        for f in flags:
+            base += ["--runtime-flag", f]
+        p = subprocess.run([*base, "run", "--rm", "--cidfile", str(cidfile), *PODMAN_RUN_FLAGS, *run_args,
+                            podman_image, *cmd], capture_output=True, text=True, timeout=timeout)
+        cid = cidfile.read_text().strip() if cidfile.exists() else ""
+        return Container(p.returncode, p.stdout, p.stderr, cid, audit)
+
+    return run

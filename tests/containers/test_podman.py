@@ -1,0 +1,100 @@
+"""podman with ``--runtime gatewrap-oci``: the container's egress passes the gate, on the real
+kernel, against the fake internet (issue 22)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+
+from containers.conftest import PODMAN_ROOT, PODMAN_RUNROOT, podman_base
+
+pytestmark = pytest.mark.kernel
+
+#: What the container runs: an allowed fetch, a denied one, a direct connect; one line each.
+PROBE = r"""
+import socket, subprocess
+def fetch(url):
+    return subprocess.run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", url],
+                          capture_output=True, text=True).stdout
+print("allowed", fetch("http://allowed.test/"))
+print("denied", fetch("http://denied.test/"))
+s = socket.socket()
+s.settimeout(5)
+try:
+    s.connect(("198.51.100.148", 80))
+    print("direct connected")
+except OSError as e:
+    print("direct errno", e.errno)
+"""
+EPERM = 1
+
+
+def assert_nothing_left(c) -> None:
+    """No cgroup, registry entry, staged shims or container of ``c`` remain."""
+    assert not os.path.exists(f"/sys/fs/cgroup/unified/gatewrap/{c.run_id}")
+    assert not os.path.exists(f"/run/gatewrap/runs/{c.run_id}.lock")
+    assert not [d for d in os.listdir("/run/gatewrap-staged") if d.startswith(c.run_id)]
+    ps = subprocess.run([*podman_base(), "ps", "-a", "-q", "--no-trunc"], capture_output=True, text=True)
+    assert c.id not in ps.stdout
+
+
+@pytest.mark.parametrize("network", ["none", "host"], ids=["network none", "network host gets the gate's netns"])
+def test_a_container_reaches_allowed_hosts_through_the_gate_only(podman, network):
+    c = podman("--network", network, "--annotation", "gatewrap.allow=allowed.test",
+               cmd=["python3", "-c", PROBE])
+    assert c.returncode == 0, c.stderr
+    assert c.stdout.split("\n")[:3] == ["allowed 200", "denied 403", f"direct errno {EPERM}"]
+    start, = c.records(event="run_start")
+    assert start["container"] == {"id": c.id, "policy": "annotations gatewrap.allow=allowed.test"}
+    allowed, = c.records(event="request", dst_host="allowed.test")
+    assert (allowed["decision"], allowed["rule"]) == ("allowed", "--allow allowed.test")
+    denied, = c.records(event="request", dst_host="denied.test")
+    assert (denied["decision"], denied["reason"]) == ("denied", "policy: default deny")
+    direct, = c.records(event="direct_egress")
+    assert (direct["decision"], direct["reason"], direct["dst_port"]) == ("denied", "kernel: not the gate", 80)
+    end, = c.records(event="run_end")
+    assert end["reason"] == "the container was deleted (gatewrap-oci delete)"
+    assert_nothing_left(c)
+
+
+def test_a_container_without_annotations_gets_the_default_deny_said_in_its_first_record(podman):
+    c = podman("--network", "none", cmd=["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "http://allowed.test/"])
+    assert c.stdout == "403"
+    first = next(r for r in c.records())
+    assert first["event"] == "run_start"
+    assert first["container"]["policy"].startswith("default (deny everything)")
+
+
+def test_a_policy_file_named_by_annotation_is_the_runs_policy(podman, tmp_path):
+    policy = tmp_path / "policy.toml"
+    policy.write_text('version = 1\ndefault = "deny"\n[[rule]]\nhost = "allowed.test"\naction = "allow"\n')
+    c = podman("--network", "none", "--annotation", f"gatewrap.policy={policy}",
+               cmd=["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "http://allowed.test/"])
+    assert c.stdout == "200", c.stderr
+    allowed, = c.records(event="request", dst_host="allowed.test")
+    assert allowed["decision"] == "allowed"
+
+
+def test_a_policy_file_others_may_write_is_refused(podman, tmp_path):
+    policy = tmp_path / "policy.toml"
+    policy.write_text('version = 1\ndefault = "allow"\n')
+    policy.chmod(0o666)
+    c = podman("--network", "none", "--annotation", f"gatewrap.policy={policy}", cmd=["true"])
+    assert c.returncode != 0
+    assert "writable by root alone" in c.stderr
+
+
+@pytest.mark.parametrize("flags, why", [
+    (["--privileged"], "capabilities beyond the default set"),
+    (["--cap-add", "SYS_ADMIN"], "CAP_SYS_ADMIN"),
+    (["--security-opt", "seccomp=unconfined"], "no seccomp profile"),
+    (["-v", "/sys/fs/bpf:/mnt"], "bind mount of the host's /sys/fs/bpf"),
+    (["-v", "/run:/mnt"], "bind mount of the host's /run"),
+], ids=["privileged", "cap-add SYS_ADMIN", "seccomp unconfined", "bpffs bound in", "host /run bound in"])
+def test_a_container_that_could_undo_its_sandbox_is_refused_before_it_starts(podman, flags, why):
+    c = podman("--network", "none", *flags, cmd=["true"])
+    assert c.returncode != 0
+    assert why in c.stderr
+    assert c.records() == []
