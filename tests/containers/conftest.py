@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -102,3 +103,51 @@ def podman(net, oci_daemon, podman_image, tmp_path):
         return Container(p.returncode, p.stdout, p.stderr, cid, audit)
 
     return run
+
+
+DOCKER_ROOT = os.path.join(image.CACHE, "docker")
+DOCKER_RUN = "/run/gatewrap-tests-docker"
+#: Debian's docker CLI (a newer one may be first on PATH).
+DOCKER_CLI = "/usr/bin/docker"
+#: The runtimes the tests' dockerd knows: docker 20.10 has no --annotation, so a policy is
+#: the runtime entry's (gatewrap-oci's --gatewrap-allow).
+DOCKER_RUNTIMES = {"gatewrap": [], "gatewrap-allowed": ["--gatewrap-allow=allowed.test"]}
+
+
+@pytest.fixture(scope="module")
+def dockerd(net, oci_daemon, tmp_path_factory):
+    """A dockerd of the module's own (socket, exec root and a data root under the cache),
+    with gatewrap-oci as runtimes :data:`DOCKER_RUNTIMES` (cgroupfs, no bridge, no
+    iptables); yields (docker command, the runtimes' audit log)."""
+    if shutil.which("dockerd") is None or not os.path.exists(DOCKER_CLI):
+        pytest.fail("docker.io is needed (apt-get install docker.io): scripts/setup.sh installs it")
+    audit = tmp_path_factory.mktemp("docker-audit") / "audit.jsonl"
+    common = [f"--gatewrap-socket={oci_daemon.socket}", f"--gatewrap-audit-log={audit}",
+              f"--gatewrap-resolver={net.dns_server}", *(f"--gatewrap-public-range={r}" for r in PUBLIC_RANGES[1::2])]
+    config = {"runtimes": {name: {"path": OCI, "runtimeArgs": [*common, *extra]} for name, extra in DOCKER_RUNTIMES.items()},
+              "exec-opts": ["native.cgroupdriver=cgroupfs"], "bridge": "none", "iptables": False,
+              "ip6tables": False, "ip-masq": False}
+    os.makedirs(DOCKER_RUN, exist_ok=True)
+    with open(os.path.join(DOCKER_RUN, "daemon.json"), "w") as f:
+        json.dump(config, f)
+    sock = os.path.join(DOCKER_RUN, "docker.sock")
+    log = open(os.path.join(DOCKER_RUN, "dockerd.log"), "ab")
+    proc = subprocess.Popen(["dockerd", "--config-file", os.path.join(DOCKER_RUN, "daemon.json"), "--data-root",
+                             DOCKER_ROOT, "--exec-root", os.path.join(DOCKER_RUN, "exec"), "--pidfile",
+                             os.path.join(DOCKER_RUN, "dockerd.pid"), "-H", f"unix://{sock}"],
+                            stdout=log, stderr=log, start_new_session=True)
+    docker = [DOCKER_CLI, "-H", f"unix://{sock}"]
+    try:
+        for _ in range(600):
+            assert proc.poll() is None, open(log.name).read()[-2000:]
+            if subprocess.run([*docker, "version"], capture_output=True).returncode == 0:
+                break
+            time.sleep(0.1)
+        if subprocess.run([*docker, "image", "inspect", image.NAME], capture_output=True).returncode != 0:
+            subprocess.run([*docker, "import", image.rootfs_tarball(), image.NAME], check=True, capture_output=True)
+        _AUDIT_LOGS.setdefault(audit, 0)
+        yield docker, audit
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        log.close()

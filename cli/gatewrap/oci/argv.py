@@ -15,8 +15,8 @@ RUNC_VALUED = {"--root", "--log", "--log-format", "--criu", "--rootless"}
 #: gatewrap's global flags (each takes a value; the repeatable ones are lists).
 GATEWRAP_FLAGS = {"--gatewrap-socket": "socket", "--gatewrap-audit-log": "audit_log",
                   "--gatewrap-resolver": "resolvers", "--gatewrap-public-range": "public_ranges",
-                  "--gatewrap-runc": "runc"}
-REPEATED = {"resolvers", "public_ranges"}
+                  "--gatewrap-runc": "runc", "--gatewrap-policy": "policy", "--gatewrap-allow": "allow"}
+REPEATED = {"resolvers", "public_ranges", "allow"}
 #: Flags of ``create`` (``runc create --help``) that take a value.
 CREATE_VALUED = {"--bundle", "-b", "--console-socket", "--pid-file", "--preserve-fds"}
 
@@ -48,7 +48,7 @@ def split(argv: list[str]) -> CommandLine:
         UsageError: a gatewrap flag without its value.
     """
     runc_globals: list[str] = []
-    settings: dict[str, object] = {"resolvers": [], "public_ranges": []}
+    settings: dict[str, object] = {key: [] for key in REPEATED}
     i = 0
     while i < len(argv) and argv[i].startswith("-"):
         name, eq, value = argv[i].partition("=")

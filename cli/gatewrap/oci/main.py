@@ -13,7 +13,9 @@ gatewrap's own global flags, taken out before runc sees them: ``--gatewrap-socke
 daemon's; default ``$GATEWRAP_DAEMON_SOCKET``, else /run/gatewrap/daemon.sock),
 ``--gatewrap-audit-log PATH``, ``--gatewrap-resolver IP`` and ``--gatewrap-public-range
 CIDR`` (repeatable; as ``gatewrap run``'s --resolver and --public-range), ``--gatewrap-runc
-PATH`` (default: runc on PATH). Failures of gatewrap's exit 125, with the message on stderr
+PATH`` (default: runc on PATH), and ``--gatewrap-policy PATH`` and ``--gatewrap-allow
+HOST[,HOST]`` (repeatable), the policy of a container without gatewrap annotations (a
+runtime entry per policy: docker 20.10 has no ``--annotation``). Failures of gatewrap's exit 125, with the message on stderr
 and in runc's ``--log`` file (the engines read the runtime's error from there).
 
 Start-up: this module imports json and gatewrap's protocol only (no click, no extension);
@@ -115,7 +117,12 @@ def _create(line: cli_args.CommandLine, runc: str) -> int:
     if why:
         raise Failed(f"container {container} refused: " + "; ".join(why))
     policy, allow = bundle.policy_of(config)
-    got = _ask(line, {"op": "container_create", "container": container, "policy": policy, "allow": allow,
+    source = "annotations"
+    if policy is None and not allow:  # the runtime's own (docker 20.10 has no --annotation)
+        policy = line.gatewrap.get("policy")
+        allow = [h.strip() for a in line.gatewrap["allow"] for h in a.split(",") if h.strip()]  # type: ignore[union-attr]
+        source = "runtime flags"
+    got = _ask(line, {"op": "container_create", "container": container, "policy": policy, "allow": allow, "policy_source": source,
                       "uid": bundle.container_uid(config), "argv": (config.get("process") or {}).get("args") or [],
                       "audit_log": line.gatewrap.get("audit_log"), "resolvers": line.gatewrap["resolvers"],
                       "public_ranges": line.gatewrap["public_ranges"]})

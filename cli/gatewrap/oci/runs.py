@@ -13,7 +13,7 @@ gc``) removes the run: its cgroup is killed, which ends the container.
 Ops (one JSON line each way, :mod:`gatewrap.shared.protocol`):
 
 - ``{"op": "container_create", "container": ID, "policy": PATH | null, "allow": [HOST],
-  "uid": N, "audit_log": PATH | null, "resolvers": [IP], "public_ranges": [CIDR]}`` ->
+  "policy_source": "annotations" | "runtime flags", "argv": [the container's command], "uid": N, "audit_log": PATH | null, "resolvers": [IP], "public_ranges": [CIDR]}`` ->
   ``{"run": RUN_ID, "netns": PATH, "cgroups_path": PATH, "env": {NAME: VALUE},
   "mounts": [[HOST PATH, CONTAINER PATH]]}`` or ``{"error", "exit_code"}``.
 - ``{"op": "container_delete", "container": ID}`` -> ``{"run": RUN_ID, "ended": bool}``.
@@ -70,13 +70,18 @@ def checked_policy_file(path: str) -> str:
     return path
 
 
-def _policy_said(policy_file: str | None, allow: list[str]) -> str:
-    """Where the run's policy comes from, for ``run_start``'s ``container.policy``."""
+def _policy_said(policy_file: str | None, allow: list[str], source: str) -> str:
+    """Where the run's policy comes from, for ``run_start``'s ``container.policy``;
+    ``source``: ``annotations`` or ``runtime flags`` (gatewrap-oci's --gatewrap-policy/-allow)."""
     if policy_file is None and not allow:
-        return "default (deny everything): the container has no gatewrap.policy nor gatewrap.allow annotation"
-    parts = ([f"{bundle.POLICY_ANNOTATION}={policy_file}"] if policy_file else []) + (
-        [f"{bundle.ALLOW_ANNOTATION}={','.join(allow)}"] if allow else [])
-    return "annotations " + " ".join(parts)
+        return ("default (deny everything): the container has no gatewrap.policy nor gatewrap.allow annotation, "
+                "and its runtime no --gatewrap-policy nor --gatewrap-allow")
+    if source == "annotations":
+        names = (bundle.POLICY_ANNOTATION, bundle.ALLOW_ANNOTATION)
+    else:
+        source, names = "runtime flags", ("--gatewrap-policy", "--gatewrap-allow")
+    parts = ([f"{names[0]}={policy_file}"] if policy_file else []) + ([f"{names[1]}={','.join(allow)}"] if allow else [])
+    return f"{source} " + " ".join(parts)
 
 
 def _target(uid: int) -> user.Target:
@@ -113,7 +118,7 @@ def create(daemon: Any, msg: dict[str, Any], client_pid: int) -> dict[str, Any]:
     try:
         audit_logs = logs.enter_context(daemon.audit_logs())
         planned = _plan(opts, run_id, int(msg.get("uid") or 0), err, audit_logs)
-        planned.container = {"id": msg["container"], "policy": _policy_said(policy_file, allow)}
+        planned.container = {"id": msg["container"], "policy": _policy_said(policy_file, allow, str(msg.get("policy_source")))}
         box = runner.Sandbox(planned, err, hooks=daemon._current_hooks(), owner_pid=client_pid, shared_runtime=True,
                              notice_fd=err.fileno(), reader=daemon.reader, socket=daemon.socket_path)
         box.__enter__()
