@@ -27,6 +27,11 @@ try:
     print("direct connected")
 except OSError as e:
     print("direct errno", e.errno)
+try:
+    socket.socket(socket.AF_VSOCK, socket.SOCK_STREAM)
+    print("vsock made")
+except OSError as e:
+    print("vsock refused")
 """
 EPERM = 1
 
@@ -45,7 +50,7 @@ def test_a_container_reaches_allowed_hosts_through_the_gate_only(podman, network
     c = podman("--network", network, "--annotation", "gatewrap.allow=allowed.test",
                cmd=["python3", "-c", PROBE])
     assert c.returncode == 0, c.stderr
-    assert c.stdout.split("\n")[:3] == ["allowed 200", "denied 403", f"direct errno {EPERM}"]
+    assert c.stdout.split("\n")[:4] == ["allowed 200", "denied 403", f"direct errno {EPERM}", "vsock refused"]
     start, = c.records(event="run_start")
     assert start["container"] == {"id": c.id, "policy": "annotations gatewrap.allow=allowed.test"}
     allowed, = c.records(event="request", dst_host="allowed.test")
@@ -89,12 +94,26 @@ def test_a_policy_file_others_may_write_is_refused(podman, tmp_path):
 @pytest.mark.parametrize("flags, why", [
     (["--privileged"], "capabilities beyond the default set"),
     (["--cap-add", "SYS_ADMIN"], "CAP_SYS_ADMIN"),
-    (["--security-opt", "seccomp=unconfined"], "no seccomp profile"),
     (["-v", "/sys/fs/bpf:/mnt"], "bind mount of the host's /sys/fs/bpf"),
     (["-v", "/run:/mnt"], "bind mount of the host's /run"),
-], ids=["privileged", "cap-add SYS_ADMIN", "seccomp unconfined", "bpffs bound in", "host /run bound in"])
+], ids=["privileged", "cap-add SYS_ADMIN", "bpffs bound in", "host /run bound in"])
 def test_a_container_that_could_undo_its_sandbox_is_refused_before_it_starts(podman, flags, why):
     c = podman("--network", "none", *flags, cmd=["true"])
     assert c.returncode != 0
     assert why in c.stderr
     assert c.records() == []
+
+
+VSOCK = ("import socket\ntry:\n    socket.socket(socket.AF_VSOCK, socket.SOCK_STREAM)\n    print('made')\n"
+         "except OSError as e:\n    print(e.errno)")
+
+
+@pytest.mark.parametrize("flags, errno", [
+    ([], 38),  # podman's profile: its default action, ENOSYS
+    (["--security-opt", "seccomp=unconfined"], 97),  # gatewrap's profile: EAFNOSUPPORT
+    (["--cap-add", "AUDIT_WRITE"], 38),  # podman's profile with its unconditional socket rule
+], ids=["podman's profile", "no profile", "podman's profile with CAP_AUDIT_WRITE"])
+def test_af_vsock_which_no_hook_sees_is_refused_by_the_seccomp_profile(podman, flags, errno):
+    c = podman("--network", "none", *flags, cmd=["python3", "-c", VSOCK])
+    assert c.returncode == 0, c.stderr
+    assert c.stdout.strip() == str(errno)

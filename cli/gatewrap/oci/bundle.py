@@ -4,18 +4,21 @@ runtime-spec 1.0.2, config.md and config-linux.md).
 Checked first (:func:`refusals`), so that a container that could undo its sandbox is refused
 before anything is set up: capabilities beyond Docker's default set (``--privileged``,
 ``--cap-add SYS_ADMIN``: with CAP_SYS_ADMIN or CAP_BPF the container's root could detach the
-hooks or leave its cgroup), no seccomp profile (``--security-opt seccomp=unconfined``: the
-profile is what refuses AF_VSOCK, which no cgroup hook sees), bind mounts of the host's
-cgroup or BPF file systems or gatewrap's state, and a systemd-managed cgroup.
+hooks or leave its cgroup), bind mounts of the host's cgroup or BPF file systems or
+gatewrap's state, and a systemd-managed cgroup.
 
 Changed (:func:`confine`): the network namespace (the run's, with only ``lo`` and the gate;
 ``--network host`` gets it too), ``linux.cgroupsPath`` (the run's leaf under ``gatewrap/``,
 where the hooks are attached), the environment (the proxy and CA variables, the shims) and
-read-only bind mounts of the run's staged shims, resolv.conf and hosts.
+read-only bind mounts of the run's staged shims, resolv.conf and hosts; and the seccomp
+profile (:func:`seal_vsock`), so that socket(AF_VSOCK) fails: no cgroup hook sees AF_VSOCK,
+which reaches the hypervisor's host from any netns (KERNEL-NOTES), and the engines' default
+profiles allow it (podman 4.3's, measured).
 """
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
@@ -46,9 +49,6 @@ def refusals(config: dict[str, Any], systemd_cgroup: bool = False) -> list[str]:
     if extra:
         out.append(f"capabilities beyond the default set ({', '.join(extra)}; --privileged or --cap-add): "
                    "with them the container's root could detach gatewrap's hooks or leave its cgroup")
-    if not (config.get("linux") or {}).get("seccomp"):
-        out.append("no seccomp profile (--privileged or seccomp=unconfined): the profile is what refuses "
-                   "AF_VSOCK sockets, which no cgroup hook sees")
     for m in config.get("mounts") or []:
         if m.get("type") in REFUSED_TYPES:
             out.append(f"a {m['type']} mount at {m.get('destination')}")
@@ -98,3 +98,111 @@ def confine(config: dict[str, Any], netns: str, cgroups_path: str, env: dict[str
     config["mounts"] = kept + [{"destination": dst, "type": "bind", "source": src,
                                 "options": ["rbind", "ro", "nosuid", "nodev"]} for src, dst in mounts]
     return config
+
+
+#: socket(2)'s AF_VSOCK (linux/socket.h) and the error a refused one gets (EAFNOSUPPORT), as
+#: the launcher's seccomp filter answers it for a gatewrap run.
+AF_VSOCK = 40
+EAFNOSUPPORT = 97
+#: The rule added to a profile without one, and to a profile that allows everything by default.
+_REFUSE_VSOCK = {"names": ["socket"], "action": "SCMP_ACT_ERRNO", "errnoRet": EAFNOSUPPORT,
+                 "args": [{"index": 0, "value": AF_VSOCK, "op": "SCMP_CMP_EQ"}]}
+#: The address families there are (linux/socket.h AF_MAX on Linux 6.x): socket(2) refuses the others.
+AF_MAX = 46
+#: socketcall(2) passes socket's arguments through a pointer, which seccomp cannot read: never allowed.
+_OPAQUE = "socketcall"
+
+
+def seal_vsock(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` whose seccomp profile refuses socket(AF_VSOCK) and socketcall(2): with no
+    profile, one that allows everything else; with one, every rule that allows socket(2)
+    is rewritten to allow the same but AF_VSOCK (:func:`_without_vsock`), so the call
+    falls to the profile's default action (a refusal in the engines' profiles), or, where
+    that default allows, to the added refusing rule.
+
+    Raises:
+        ValueError: a socket rule with a comparison operator the runtime-spec does not have.
+    """
+    linux = config.setdefault("linux", {})
+    profile = linux.get("seccomp")
+    if not profile:
+        linux["seccomp"] = {"defaultAction": "SCMP_ACT_ALLOW", "syscalls": [
+            _REFUSE_VSOCK, {"names": [_OPAQUE], "action": "SCMP_ACT_ERRNO", "errnoRet": EAFNOSUPPORT}]}
+        return config
+    syscalls = profile.get("syscalls") or []
+    # The engines' refusing socket rules (podman's ERRNO for NETLINK_AUDIT without
+    # CAP_AUDIT_WRITE) carve exceptions out of its allowing ones. libseccomp 2.5.4 refuses
+    # (EEXIST) such a rule beside one EQ rule per family (measured with runc 1.1.5), so they
+    # are dropped and what they refused is left out of the allowing rules instead: the call
+    # then gets the profile's default action (a refusal, another errno).
+    refusing = [r for r in syscalls if "socket" in (r.get("names") or []) and r.get("action") != "SCMP_ACT_ALLOW"]
+    rules: list[dict[str, Any]] = []
+    seen = set()  # libseccomp refuses a rule added twice (EEXIST): rewritten rules can become equal
+    for rule in syscalls:
+        names = rule.get("names") or []
+        if rule in refusing and profile.get("defaultAction") != "SCMP_ACT_ALLOW":
+            if len(names) > 1:
+                rules.append({**rule, "names": [n for n in names if n != "socket"]})
+            continue
+        if rule.get("action") != "SCMP_ACT_ALLOW" or not ({"socket", _OPAQUE} & set(names)):
+            rules.append(rule)
+            continue
+        rest = [n for n in names if n not in ("socket", _OPAQUE)]
+        if rest:
+            rules.append({**rule, "names": rest})
+        if "socket" in names:
+            for args in _without_vsock(rule.get("args") or []):
+                if any(_overlaps(args, r.get("args") or []) for r in refusing):
+                    continue
+                key = json.dumps(args, sort_keys=True)
+                if key not in seen:
+                    seen.add(key)
+                    rules.append({**rule, "names": ["socket"], "args": args})
+    if profile.get("defaultAction") == "SCMP_ACT_ALLOW":
+        rules += [_REFUSE_VSOCK, {"names": [_OPAQUE], "action": "SCMP_ACT_ERRNO", "errnoRet": EAFNOSUPPORT}]
+    profile["syscalls"] = rules
+    return config
+
+
+def _without_vsock(args: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """The conditions of rules that allow what an allowing socket(2) rule with ``args``
+    allows, but AF_VSOCK: one rule per address family the rule's domain conditions admit
+    (EQ), with its other conditions. libseccomp 2.5.4 keeps one comparison per argument in
+    a rule (a second on the domain is dropped), and refuses (EEXIST) a domain NE beside
+    another rule's domain EQ (both measured with runc 1.1.5 on podman's profile): one EQ
+    per family is the form it takes."""
+    on_domain = [a for a in args if a.get("index") == 0]
+    rest = [a for a in args if a.get("index") != 0]
+    # The domain's comparison first: runc hands them to libseccomp in order, and the same
+    # rules with it last were refused (EEXIST) beside the engines' ERRNO rule on the domain.
+    return [[{"index": 0, "value": f, "op": "SCMP_CMP_EQ"}, *rest] for f in range(AF_MAX)
+            if f != AF_VSOCK and all(_holds(c, f) for c in on_domain)]
+
+
+def _holds(cond: dict[str, Any], value: int) -> bool:
+    """Whether a seccomp comparison (config-linux.md: op, value, valueTwo) holds for ``value``.
+
+    Raises:
+        ValueError: an operator the runtime-spec does not have.
+    """
+    op, v, v2 = cond.get("op"), int(cond.get("value", 0)), int(cond.get("valueTwo", 0))
+    tests = {"SCMP_CMP_EQ": value == v, "SCMP_CMP_NE": value != v, "SCMP_CMP_LT": value < v, "SCMP_CMP_LE": value <= v,
+             "SCMP_CMP_GT": value > v, "SCMP_CMP_GE": value >= v, "SCMP_CMP_MASKED_EQ": (value & v) == v2}
+    if op not in tests:
+        raise ValueError(f"seccomp operator {op!r}")
+    return tests[op]
+
+
+def _overlaps(allowed: list[dict[str, Any]], refused: list[dict[str, Any]]) -> bool:
+    """Whether a call could meet both conditions (``allowed``: one family's EQ first, as
+    :func:`_without_vsock` makes them): false only when the family is not the refused rule's
+    or a comparison of one is the exact opposite of the other's on the same argument."""
+    family = allowed[0]["value"]
+    if not all(_holds(c, family) for c in refused if c.get("index") == 0):
+        return False
+    for a in allowed[1:]:
+        for r in refused:
+            if a.get("index") == r.get("index") and a.get("value") == r.get("value") and {a.get("op"), r.get("op")} == {
+                    "SCMP_CMP_EQ", "SCMP_CMP_NE"}:
+                return False
+    return True

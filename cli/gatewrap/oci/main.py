@@ -128,6 +128,7 @@ def _create(line: cli_args.CommandLine, runc: str) -> int:
                       "public_ranges": line.gatewrap["public_ranges"]})
     try:
         bundle.confine(config, got["netns"], got["cgroups_path"], got["env"], [tuple(m) for m in got["mounts"]])
+        bundle.seal_vsock(config)
         tmp = path + ".gatewrap"
         with open(tmp, "w") as f:
             json.dump(config, f)

@@ -1,0 +1,99 @@
+"""What gatewrap-oci checks and changes in a bundle's config.json (no kernel, no engine)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gatewrap.oci import argv, bundle
+
+DEFAULT_CAPS = sorted(bundle.DEFAULT_CAPS)
+
+
+def config(caps=DEFAULT_CAPS, mounts=(), seccomp=None):
+    return {"process": {"capabilities": {"bounding": list(caps), "effective": list(caps)}},
+            "mounts": list(mounts), "linux": {"seccomp": seccomp} if seccomp else {}}
+
+
+@pytest.mark.parametrize("cfg, systemd, expected", [
+    (config(), False, None),
+    (config(caps=[*DEFAULT_CAPS, "CAP_SYS_ADMIN"]), False, "CAP_SYS_ADMIN"),
+    (config(caps=[*DEFAULT_CAPS, "CAP_BPF"]), False, "CAP_BPF"),
+    (config(mounts=[{"destination": "/x", "type": "bind", "source": "/", "options": ["rbind"]}]), False, "host's /"),
+    (config(mounts=[{"destination": "/x", "type": "bind", "source": "/run/gatewrap/runs", "options": ["rbind"]}]), False,
+     "/run/gatewrap/runs"),
+    (config(mounts=[{"destination": "/x", "type": "bind", "source": "/srv/data", "options": ["rbind"]}]), False, None),
+    (config(mounts=[{"destination": "/b", "type": "bpf", "source": "bpf"}]), False, "a bpf mount"),
+    (config(), True, "--systemd-cgroup"),
+], ids=["default caps pass", "SYS_ADMIN refused", "BPF refused", "host root bound refused",
+        "gatewrap runs folder bound refused", "another folder bound passes", "bpffs mount refused",
+        "systemd cgroups refused"])
+def test_a_container_that_could_undo_its_sandbox_is_refused(cfg, systemd, expected):
+    got = bundle.refusals(cfg, systemd_cgroup=systemd)
+    if expected is None:
+        assert got == []
+    else:
+        assert len(got) == 1 and expected in got[0]
+
+
+def test_confine_replaces_the_network_namespace_and_the_engines_resolv_conf():
+    cfg = {"linux": {"namespaces": [{"type": "pid"}, {"type": "network", "path": "/run/netns/engine"}]},
+           "process": {"env": ["PATH=/bin", "PYTHONPATH=/app"]},
+           "mounts": [{"destination": "/etc/resolv.conf", "type": "bind", "source": "/engine/resolv.conf"}]}
+    bundle.confine(cfg, "/proc/1/fd/7", "/gatewrap/gw-x", {"PYTHONPATH": "/shim", "HTTP_PROXY": "http://127.0.0.1:3128"},
+                   [("/staged/resolv.conf", "/etc/resolv.conf")])
+    assert cfg["linux"]["namespaces"] == [{"type": "pid"}, {"type": "network", "path": "/proc/1/fd/7"}]
+    assert cfg["linux"]["cgroupsPath"] == "/gatewrap/gw-x"
+    assert cfg["process"]["env"] == ["PATH=/bin", "PYTHONPATH=/shim:/app", "HTTP_PROXY=http://127.0.0.1:3128"]
+    assert cfg["mounts"] == [{"destination": "/etc/resolv.conf", "type": "bind", "source": "/staged/resolv.conf",
+                              "options": ["rbind", "ro", "nosuid", "nodev"]}]
+
+
+def allowed(cfg, family, protocol=0):
+    """What the rewritten profile answers socket(family, _, protocol), evaluated as seccomp
+    would for rules of one comparison per argument: ALLOW if an allowing rule matches."""
+    prof = cfg["linux"]["seccomp"]
+    values = {0: family, 2: protocol}
+    for r in prof["syscalls"]:
+        if "socket" in r["names"] and all(bundle._holds(a, values.get(a["index"], 0)) for a in r.get("args") or []):
+            return r["action"] == "SCMP_ACT_ALLOW"
+    return prof["defaultAction"] == "SCMP_ACT_ALLOW"
+
+
+PODMAN = {"defaultAction": "SCMP_ACT_ERRNO", "syscalls": [
+    {"names": ["socket"], "action": "SCMP_ACT_ERRNO", "errnoRet": 22,
+     "args": [{"index": 0, "value": 16, "op": "SCMP_CMP_EQ"}, {"index": 2, "value": 9, "op": "SCMP_CMP_EQ"}]},
+    {"names": ["socket"], "action": "SCMP_ACT_ALLOW", "args": [{"index": 2, "value": 9, "op": "SCMP_CMP_NE"}]},
+    {"names": ["socket"], "action": "SCMP_ACT_ALLOW", "args": [{"index": 0, "value": 16, "op": "SCMP_CMP_NE"}]},
+    {"names": ["read", "socket", "socketcall"], "action": "SCMP_ACT_ALLOW"}]}
+
+
+@pytest.mark.parametrize("family, protocol, expected", [
+    (40, 0, False), (2, 0, True), (10, 0, True), (1, 0, True), (16, 0, True), (16, 9, False), (2, 9, True)],
+    ids=["vsock refused", "inet kept", "inet6 kept", "unix kept", "netlink kept", "netlink audit still refused",
+         "inet protocol 9 kept"])
+def test_the_engines_profile_is_narrowed_to_refuse_af_vsock_only(family, protocol, expected):
+    cfg = bundle.seal_vsock({"linux": {"seccomp": {**PODMAN, "syscalls": [dict(r) for r in PODMAN["syscalls"]]}}})
+    assert allowed(cfg, family, protocol) is expected
+    assert not any("socketcall" in r["names"] and r["action"] == "SCMP_ACT_ALLOW" for r in cfg["linux"]["seccomp"]["syscalls"])
+
+
+def test_a_container_without_a_profile_gets_one_refusing_af_vsock_and_socketcall():
+    cfg = bundle.seal_vsock({"linux": {}})
+    assert not allowed(cfg, 40) and allowed(cfg, 2)
+    assert {"names": ["socketcall"], "action": "SCMP_ACT_ERRNO", "errnoRet": 97} in cfg["linux"]["seccomp"]["syscalls"]
+
+
+@pytest.mark.parametrize("line, runc_globals, command, settings", [
+    (["--root", "/r", "--log=/l", "--gatewrap-socket", "/run/gatewrap/x.sock", "create", "--bundle", "/b", "id1"],
+     ["--root", "/r", "--log=/l"], "create", {"socket": "/run/gatewrap/x.sock"}),
+    (["--gatewrap-allow=a.test,b.test", "--gatewrap-allow=c.test", "--systemd-cgroup", "delete", "id1"],
+     ["--systemd-cgroup"], "delete", {"allow": ["a.test,b.test", "c.test"]}),
+], ids=["valued flags both ways", "repeated flags and a switch"])
+def test_gatewraps_flags_are_taken_out_of_runcs_command_line(line, runc_globals, command, settings):
+    got = argv.split(line)
+    assert (got.runc_globals, got.command) == (runc_globals, command)
+    assert {k: v for k, v in got.gatewrap.items() if v} == settings
+
+
+def test_create_finds_the_bundle_and_the_container_id():
+    assert argv.create_args(["--bundle", "/b", "--pid-file", "/p", "--console-socket=/c", "id1"]) == ("/b", "id1")
