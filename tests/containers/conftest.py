@@ -151,3 +151,55 @@ def dockerd(net, oci_daemon, tmp_path_factory):
         proc.terminate()
         proc.wait(timeout=30)
         log.close()
+
+
+CONTAINERD_ROOT = os.path.join(image.CACHE, "containerd")
+CONTAINERD_RUN = "/run/gatewrap-tests-containerd"
+#: The image as a docker archive, which ``ctr images import`` reads (exported from podman's storage).
+ARCHIVE = os.path.join(image.CACHE, "image-docker-archive.tar")
+
+
+@pytest.fixture(scope="module")
+def containerd(net, oci_daemon, podman_image, tmp_path_factory):
+    """A containerd of the module's own (no CRI plugin) and the runc binary ctr is to use:
+    a wrapper that runs gatewrap-oci with the module's settings (ctr passes no runtime
+    flags; moby writes such a wrapper for daemon.json's runtimeArgs). Yields (ctr command,
+    the wrapper, the runtime's audit log)."""
+    if shutil.which("containerd") is None or shutil.which("ctr") is None:
+        pytest.fail("containerd is needed (apt-get install containerd): scripts/setup.sh installs it")
+    here = tmp_path_factory.mktemp("containerd")
+    audit = here / "audit.jsonl"
+    wrapper = here / "gatewrap-oci"
+    flags = [f"--gatewrap-socket={oci_daemon.socket}", f"--gatewrap-audit-log={audit}",
+             f"--gatewrap-resolver={net.dns_server}", *(f"--gatewrap-public-range={r}" for r in PUBLIC_RANGES[1::2])]
+    wrapper.write_text(f'#!/bin/sh\nexec {OCI} {" ".join(flags)} "$@"\n')
+    wrapper.chmod(0o755)
+    os.makedirs(CONTAINERD_RUN, exist_ok=True)
+    sock = os.path.join(CONTAINERD_RUN, "containerd.sock")
+    config = os.path.join(CONTAINERD_RUN, "config.toml")
+    with open(config, "w") as f:
+        f.write(f'version = 2\nroot = "{CONTAINERD_ROOT}"\nstate = "{CONTAINERD_RUN}/state"\n'
+                f'disabled_plugins = ["io.containerd.grpc.v1.cri"]\n[grpc]\n  address = "{sock}"\n'
+                f'[ttrpc]\n  address = "{sock}.ttrpc"\n')
+    log = open(os.path.join(CONTAINERD_RUN, "containerd.log"), "ab")
+    proc = subprocess.Popen(["containerd", "--config", config], stdout=log, stderr=log, start_new_session=True)
+    ctr = ["ctr", "-a", sock, "-n", "gatewrap-tests"]
+    try:
+        for _ in range(300):
+            assert proc.poll() is None, open(log.name).read()[-2000:]
+            if subprocess.run([*ctr, "version"], capture_output=True).returncode == 0:
+                break
+            time.sleep(0.1)
+        if subprocess.run([*ctr, "images", "check", f"name=={image.NAME}"], capture_output=True,
+                          text=True).stdout.count(image.NAME) == 0:
+            if not os.path.exists(ARCHIVE):
+                subprocess.run([*podman_base("runc"), "save", "--format", "docker-archive", "-o", ARCHIVE + ".tmp",
+                                image.NAME], check=True, capture_output=True)
+                os.rename(ARCHIVE + ".tmp", ARCHIVE)
+            subprocess.run([*ctr, "images", "import", ARCHIVE], check=True, capture_output=True)
+        _AUDIT_LOGS.setdefault(audit, 0)
+        yield ctr, str(wrapper), audit
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        log.close()

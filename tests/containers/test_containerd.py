@@ -1,0 +1,46 @@
+"""containerd (Debian's 1.6) through ctr, with gatewrap-oci as the runc binary of the
+io.containerd.runc.v2 shim: the container's egress passes the gate (issue 22)."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+
+import pytest
+
+from containers.conftest import Container, image
+from containers.test_podman import EPERM, PROBE
+
+pytestmark = pytest.mark.kernel
+
+
+def ctr_run(containerd, *args: str, cmd: list[str]) -> Container:
+    ctr, wrapper, audit = containerd
+    cid = "gwt-" + secrets.token_hex(6)
+    p = subprocess.run([*ctr, "run", "--rm", "--runc-binary", wrapper, *args, image.NAME, cid, *cmd],
+                       capture_output=True, text=True, timeout=60)
+    return Container(p.returncode, p.stdout, p.stderr, cid, audit)
+
+
+def test_a_containerd_container_reaches_allowed_hosts_through_the_gate_only(containerd):
+    c = ctr_run(containerd, "--annotation", "gatewrap.allow=allowed.test", cmd=["python3", "-c", PROBE])
+    assert c.returncode == 0, c.stderr
+    assert c.stdout.split("\n")[:4] == ["allowed 200", "denied 403", f"direct errno {EPERM}", "vsock refused"]
+    start, = c.records(event="run_start")
+    assert start["container"] == {"id": c.id, "policy": "annotations gatewrap.allow=allowed.test"}
+    assert [r["decision"] for r in c.records(event="request")] == ["allowed", "denied"]
+    direct, = c.records(event="direct_egress")
+    assert direct["reason"] == "kernel: not the gate"
+    end, = c.records(event="run_end")
+    assert end["reason"] == "the container was deleted (gatewrap-oci delete)"
+    assert not os.path.exists(f"/sys/fs/cgroup/unified/gatewrap/{c.run_id}")
+    assert not os.path.exists(f"/run/gatewrap/runs/{c.run_id}.lock")
+    assert c.id not in subprocess.run([*containerd[0], "containers", "ls", "-q"], capture_output=True, text=True).stdout
+
+
+def test_a_containerd_container_with_host_networking_still_has_only_the_gate(containerd):
+    c = ctr_run(containerd, "--net-host", cmd=["python3", "-c", PROBE])
+    assert c.stdout.split("\n")[:3] == ["allowed 403", "denied 403", f"direct errno {EPERM}"], c.stderr
+    start, = c.records(event="run_start")
+    assert start["container"]["policy"].startswith("default (deny everything)")
