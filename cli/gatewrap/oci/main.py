@@ -18,20 +18,18 @@ HOST[,HOST]`` (repeatable), the policy of a container without gatewrap annotatio
 runtime entry per policy: docker 20.10 has no ``--annotation``). Failures of gatewrap's exit 125, with the message on stderr
 and in runc's ``--log`` file (the engines read the runtime's error from there).
 
-Start-up: this module imports json and gatewrap's protocol only (no click, no extension);
-``create``'s connection to the daemon is the rest of its cost.
+Start-up: a command passed on imports nothing but this module and :mod:`.argv` (measured
+~9 ms over runc's own, of a Python start-up); ``create`` and ``delete`` import json, the
+bundle rules and the daemon's protocol (no click, no extension).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
-import time
 
 from ..errors import EXIT_GATEWRAP
 from . import argv as cli_args
-from . import bundle
 
 #: runc's usual places, looked at before PATH (which may hold this runtime under runc's name).
 RUNC_PATHS = ("/usr/sbin/runc", "/usr/bin/runc", "/usr/local/sbin/runc", "/usr/local/bin/runc")
@@ -109,6 +107,10 @@ def _ask(line: cli_args.CommandLine, message: dict, start: bool = True) -> dict:
 
 
 def _create(line: cli_args.CommandLine, runc: str) -> int:
+    import json
+
+    from . import bundle
+
     bundle_dir, container = cli_args.create_args(line.args)
     path = os.path.join(bundle_dir, "config.json")
     with open(path) as f:
@@ -177,6 +179,9 @@ def _log(runc_globals: list[str], text: str) -> None:
             flags[name] = value if eq else (runc_globals[i + 1] if i + 1 < len(runc_globals) else "")
     if not flags.get("--log"):
         return
+    import json
+    import time
+
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     entry = (json.dumps({"level": "error", "msg": text, "time": now}) if flags.get("--log-format") == "json"
              else f'time="{now}" level=error msg="{text}"')
