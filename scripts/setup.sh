@@ -141,6 +141,7 @@ python_env() {
 	"$VENV/bin/pip" install -q "$ROOT[test]"
 	waiter_bin
 	ln -sfn "$VENV/bin/gatewrap" /usr/local/bin/gatewrap
+	ln -sfn "$VENV/bin/gatewrap-oci" /usr/local/bin/gatewrap-oci
 	mountpoint -q /sys/fs/bpf || mount -t bpf bpf /sys/fs/bpf
 }
 
@@ -185,6 +186,9 @@ test_clients() {
 	# review page in headless Chromium through its WebDriver
 	dpkg -s postgresql >/dev/null 2>&1 || pkgs+=(postgresql)
 	dpkg -s chromium chromium-driver >/dev/null 2>&1 || pkgs+=(chromium chromium-driver)
+	# tests/containers: gatewrap-oci under Debian's container engines (runc: crun refuses
+	# hybrid cgroups); ~40 s here for the four and their dependencies
+	dpkg -s podman runc docker.io containerd debootstrap >/dev/null 2>&1 || pkgs+=(podman runc docker.io containerd debootstrap)
 	if [ ${#pkgs[@]} -gt 0 ]; then
 		say "clients of the matrix: ${pkgs[*]}"
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null
