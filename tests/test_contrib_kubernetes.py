@@ -154,6 +154,25 @@ def test_the_daemonset_mounts_only_volumes_it_declares_and_keys_its_configmaps_h
     assert host == {"/host/opt/gatewrap", "/host/usr/local/bin", "/host/etc/containerd"}
 
 
+def test_the_daemon_sees_the_nodes_paths_it_shares_with_runc_at_the_same_paths() -> None:
+    from gatewrap import run_types, shims
+    from gatewrap.bpf import loader
+    from gatewrap.sandbox import registry
+    from gatewrap.shared import protocol
+
+    spec = _object("DaemonSet", "gatewrap")["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    daemon = next(c for c in spec["containers"] if c["name"] == "daemon")
+    same = {m["mountPath"] for m in daemon["volumeMounts"]
+            if volumes[m["name"]].get("hostPath", {}).get("path") == m["mountPath"] and not m.get("readOnly")}
+    # What gatewrap-oci (on the node) and runc read from the daemon's answer, what a next
+    # daemon finds again, and the state that outlives the pod.
+    shared = [protocol.DEFAULT_SOCKET, registry.RUNS_DIR, shims.STAGED_ROOT + "/gw-x", loader.PIN_ROOT,
+              run_types.DEFAULT_AUDIT_LOG, run_types.DEFAULT_CA_DIR, "/sys/fs/cgroup/gatewrap"]
+    for path in shared:
+        assert any(path == m or path.startswith(m + "/") for m in same), f"{path}: not the node's in the daemon's view"
+
+
 def test_the_example_pods_name_the_runtime_class_and_a_policy_the_daemon_has() -> None:
     runtime_class = _object("RuntimeClass", "gatewrap")
     policies = _object("ConfigMap", "gatewrap-policies")["data"]
