@@ -199,6 +199,21 @@ test_clients() {
 	[ -x "$AGENT_VENV/bin/python" ] || /usr/bin/python3 -m venv --system-site-packages "$AGENT_VENV"
 	"$AGENT_VENV/bin/pip" install -q httpx aiohttp openai
 	chmod -R a+rX "$(dirname "$AGENT_VENV")"
+	crictl_bin
+}
+
+CRICTL_VERSION=v1.34.0
+
+crictl_bin() {
+	# tests/containers/test_kubernetes_cri.py: crictl (cri-tools) makes kubelet's CRI calls to a
+	# containerd of the tests' own. Built from the Go module proxy at a pinned version (go
+	# checks each module against the checksum database), once (2 min 44 s here, under load).
+	crictl --version 2>/dev/null | grep -qx "crictl version $CRICTL_VERSION" && return 0
+	local go=/usr/local/go/bin/go  # this machine's Go: newer than the distribution's
+	[ -x "$go" ] || go=$(command -v go) || die "crictl needs Go (1.24 or newer) to build"
+	say "crictl $CRICTL_VERSION (go install sigs.k8s.io/cri-tools/cmd/crictl) -> /usr/local/bin/crictl"
+	GOBIN=/usr/local/bin GOFLAGS=-buildvcs=false "$go" install \
+		-ldflags "-X sigs.k8s.io/cri-tools/pkg/version.Version=$CRICTL_VERSION" "sigs.k8s.io/cri-tools/cmd/crictl@$CRICTL_VERSION"
 }
 
 docs_deps() {
