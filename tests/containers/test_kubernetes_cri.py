@@ -96,6 +96,8 @@ def cri(net, oci_daemon, podman_image, tmp_path_factory):
                       f'[ttrpc]\n  address = "{sock}.ttrpc"\n'
                       f'[plugins."io.containerd.grpc.v1.cri"]\n  sandbox_image = "{K8S_IMAGE}"\n'
                       f'  stream_server_address = "127.0.0.1"\n'
+                      # this machine withholds CAP_SYS_RESOURCE: no oom_score_adj below containerd's
+                      f'  restrict_oom_score_adj = true\n'
                       f'  [plugins."io.containerd.grpc.v1.cri".cni]\n    bin_dir = "{cni}"\n    conf_dir = "{cni}"\n')
     _install(config, wrapper, here)
     log = open(os.path.join(CRI_RUN, "containerd.log"), "ab")
