@@ -203,17 +203,61 @@ test_clients() {
 }
 
 CRICTL_VERSION=v1.34.0
+#: The Go that builds crictl where the distribution's is older than crictl's go.mod (1.24.1;
+#: Debian 12 has 1.19): the toolchain module the go command itself fetches for GOTOOLCHAIN, from
+#: the same module proxy, pinned by the SHA-256 of its zip.
+GO_TOOLCHAIN=go1.27.3
+declare -A GO_TOOLCHAIN_SHA256=(
+	[amd64]=af4c06478303fdd1bfb335fab86c7ccb9b12e529044a946a16a1c4bcc779f8d7
+	[arm64]=0ec0774cad42ecf4df82691146ee0b10c303ea594f163acb1737baedd5cc2835
+)
 
 crictl_bin() {
 	# tests/containers/test_kubernetes_cri.py: crictl (cri-tools) makes kubelet's CRI calls to a
 	# containerd of the tests' own. Built from the Go module proxy at a pinned version (go
 	# checks each module against the checksum database), once (2 min 44 s here, under load).
 	crictl --version 2>/dev/null | grep -qx "crictl version $CRICTL_VERSION" && return 0
-	local go=/usr/local/go/bin/go  # this machine's Go: newer than the distribution's
-	[ -x "$go" ] || go=$(command -v go) || die "crictl needs Go (1.24 or newer) to build"
-	say "crictl $CRICTL_VERSION (go install sigs.k8s.io/cri-tools/cmd/crictl) -> /usr/local/bin/crictl"
-	GOBIN=/usr/local/bin GOFLAGS=-buildvcs=false "$go" install \
-		-ldflags "-X sigs.k8s.io/cri-tools/pkg/version.Version=$CRICTL_VERSION" "sigs.k8s.io/cri-tools/cmd/crictl@$CRICTL_VERSION"
+	local go
+	go=$(go_for_crictl) || exit 1
+	say "crictl $CRICTL_VERSION (go install sigs.k8s.io/cri-tools/cmd/crictl, $("$go" env GOVERSION)) -> /usr/local/bin/crictl"
+	local work
+	work=$(mktemp -d)
+	GOBIN=/usr/local/bin GOFLAGS=-buildvcs=false GOTOOLCHAIN=local GOPATH="$work/gopath" GOCACHE="$work/cache" \
+		"$go" install -ldflags "-X sigs.k8s.io/cri-tools/pkg/version.Version=$CRICTL_VERSION" \
+		"sigs.k8s.io/cri-tools/cmd/crictl@$CRICTL_VERSION"
+	chmod -R u+w "$work" && rm -rf "$work"  # the module cache is read-only
+}
+
+go_for_crictl() {
+	# A go command of 1.24.1 or newer: the one on PATH (or /usr/local/go's) if it is, else
+	# $GO_TOOLCHAIN from the module proxy into the tests' cache (~76 MB, once).
+	local go
+	for go in "$(command -v go)" /usr/local/go/bin/go; do
+		[ -x "$go" ] || continue
+		printf '%s\n' "$("$go" env GOVERSION 2>/dev/null | sed 's/^go//')" 1.24.1 | sort -V -C 2>/dev/null || continue
+		echo "$go"
+		return 0
+	done
+	local arch dir zip
+	arch=$(dpkg --print-architecture)
+	[ -n "${GO_TOOLCHAIN_SHA256[$arch]:-}" ] || die "crictl needs Go 1.24.1 or newer: none here and no pinned $GO_TOOLCHAIN for $arch (install one and put it on PATH)"
+	dir=/var/cache/gatewrap-tests/$GO_TOOLCHAIN.linux-$arch
+	if [ ! -x "$dir/bin/go" ]; then
+		say "Go $GO_TOOLCHAIN for crictl (the distribution's is older than 1.24.1) from proxy.golang.org"
+		mkdir -p /var/cache/gatewrap-tests
+		zip=$(mktemp /var/cache/gatewrap-tests/go-XXXXXX.zip)
+		curl -fsSL -o "$zip" "https://proxy.golang.org/golang.org/toolchain/@v/v0.0.1-$GO_TOOLCHAIN.linux-$arch.zip" \
+			|| { rm -f "$zip"; die "could not download Go $GO_TOOLCHAIN from proxy.golang.org"; }
+		echo "${GO_TOOLCHAIN_SHA256[$arch]}  $zip" | sha256sum -c --quiet - \
+			|| { rm -f "$zip"; die "Go $GO_TOOLCHAIN's zip does not have its pinned SHA-256"; }
+		rm -rf "$dir.tmp" && mkdir -p "$dir.tmp"
+		python3 -m zipfile -e "$zip" "$dir.tmp"
+		rm -f "$zip"
+		# A module zip keeps no file modes: what the go command marks executable itself.
+		chmod -R a+rX "$dir.tmp" && chmod a+x "$dir.tmp"/golang.org/toolchain@*/bin/* "$dir.tmp"/golang.org/toolchain@*/pkg/tool/*/*
+		rm -rf "$dir" && mv "$dir.tmp"/golang.org/toolchain@* "$dir" && rm -rf "$dir.tmp"
+	fi
+	echo "$dir/bin/go"
 }
 
 docs_deps() {
