@@ -8,6 +8,7 @@ the runtime with ``--gatewrap-socket`` (podman's ``--runtime-flag``), never the 
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import shutil
@@ -33,9 +34,65 @@ PODMAN_RUN_FLAGS = ["--ulimit", "nofile=4096:4096", "--ulimit", "nproc=4096:4096
 
 
 def podman_base(runtime: str = OCI) -> list[str]:
-    """podman with the tests' storage, ``runtime`` and no systemd."""
-    return ["podman", "--root", PODMAN_ROOT, "--runroot", PODMAN_RUNROOT, "--runtime", runtime,
-            "--cgroup-manager=cgroupfs", "--events-backend=file"]
+    """podman with the tests' storage, ``runtime`` and no systemd (in :func:`engine`'s root)."""
+    return engine("podman", "--root", PODMAN_ROOT, "--runroot", PODMAN_RUNROOT, "--runtime", runtime,
+                  "--cgroup-manager=cgroupfs", "--events-backend=file")
+
+
+#: The folder the engines' root is bound to where / is no mount point (:func:`engine`).
+ENGINE_ROOT = "/run/gatewrap-tests-root"
+_holder: subprocess.Popen | None = None
+
+
+def _root_is_a_mount_point() -> bool:
+    """Whether this process's / is the root of a mount: mountinfo(5) lists a mount point
+    ``/`` then; a chroot into a plain folder (fresh-debian's) lists none."""
+    with open("/proc/self/mountinfo") as f:
+        return any(line.split()[4] == "/" for line in f)
+
+
+def _unbind(holder: subprocess.Popen) -> None:
+    """End :func:`engine`'s holder, and unmount its bind of / where it propagated here."""
+    holder.kill()
+    holder.wait()
+    with open("/proc/self/mountinfo") as f:
+        if any(line.split()[4] == ENGINE_ROOT for line in f):
+            subprocess.run(["umount", "--lazy", "--recursive", ENGINE_ROOT], check=False)
+
+
+def engine(*argv: str) -> list[str]:
+    """``argv`` (a container engine, or a command that mounts as one) as run here: as it is
+    where / is a mount point, else in a mount namespace whose / is one.
+
+    The engines make their root's mounts private or slave first (runc's prepareRoot,
+    containers/storage's chrootarchive: ``mount("", "/", MS_REC|MS_PRIVATE)``), which fails
+    with EINVAL where / is no mount point, as in a chroot of a plain folder. There, one holder
+    process (for the session) makes a mount namespace of its own, binds / to
+    :data:`ENGINE_ROOT` and chroots into it, whose / is then a mount's root; the engines run
+    in its namespace and root (nsenter(1) ``--mount --root``), and so see each other's
+    mounts (podman's across its commands). Files, sockets, /proc and /sys are the same."""
+    global _holder
+    if _root_is_a_mount_point():
+        return list(argv)
+    if _holder is None or _holder.poll() is not None:
+        import ctypes
+        import signal
+
+        def die_with_pytest() -> None:  # PR_SET_PDEATHSIG (prctl(2)): no holder outlives the session
+            ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)
+
+        os.makedirs(ENGINE_ROOT, exist_ok=True)
+        # unshare's own --propagation would remount / (EINVAL here): the new / is made private
+        # once it is a mount point; where the host's mounts are shared, the bind itself shows
+        # outside too, and is taken away at the session's end (_unbind).
+        _holder = subprocess.Popen(
+            ["unshare", "--mount", "--propagation", "unchanged", "sh", "-c",
+             f"mount --rbind / {ENGINE_ROOT} && exec chroot {ENGINE_ROOT} sh -c "
+             '"mount --make-rprivate / && echo ready && exec sleep infinity"'],
+            stdout=subprocess.PIPE, text=True, preexec_fn=die_with_pytest)
+        assert _holder.stdout.readline() == "ready\n", "could not make a mount namespace whose / is a mount point"
+        atexit.register(_unbind, _holder)
+    return ["nsenter", f"--target={_holder.pid}", "--mount", "--root", f"--wd={os.getcwd()}", *argv]
 
 
 @pytest.fixture(scope="session")
@@ -132,9 +189,9 @@ def dockerd(net, oci_daemon, tmp_path_factory):
         json.dump(config, f)
     sock = os.path.join(DOCKER_RUN, "docker.sock")
     log = open(os.path.join(DOCKER_RUN, "dockerd.log"), "ab")
-    proc = subprocess.Popen(["dockerd", "--config-file", os.path.join(DOCKER_RUN, "daemon.json"), "--data-root",
+    proc = subprocess.Popen(engine("dockerd", "--config-file", os.path.join(DOCKER_RUN, "daemon.json"), "--data-root",
                              DOCKER_ROOT, "--exec-root", os.path.join(DOCKER_RUN, "exec"), "--pidfile",
-                             os.path.join(DOCKER_RUN, "dockerd.pid"), "-H", f"unix://{sock}"],
+                             os.path.join(DOCKER_RUN, "dockerd.pid"), "-H", f"unix://{sock}"),
                             stdout=log, stderr=log, start_new_session=True)
     docker = [DOCKER_CLI, "-H", f"unix://{sock}"]
     try:
@@ -182,7 +239,7 @@ def containerd(net, oci_daemon, podman_image, tmp_path_factory):
                 f'disabled_plugins = ["io.containerd.grpc.v1.cri"]\n[grpc]\n  address = "{sock}"\n'
                 f'[ttrpc]\n  address = "{sock}.ttrpc"\n')
     log = open(os.path.join(CONTAINERD_RUN, "containerd.log"), "ab")
-    proc = subprocess.Popen(["containerd", "--config", config], stdout=log, stderr=log, start_new_session=True)
+    proc = subprocess.Popen(engine("containerd", "--config", config), stdout=log, stderr=log, start_new_session=True)
     ctr = ["ctr", "-a", sock, "-n", "gatewrap-tests"]
     try:
         for _ in range(300):

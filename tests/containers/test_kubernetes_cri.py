@@ -21,7 +21,7 @@ import yaml
 
 from conftest import _AUDIT_LOGS, PUBLIC_RANGES
 from containers import image
-from containers.conftest import OCI, Container, podman_base
+from containers.conftest import OCI, Container, engine, podman_base
 from containers.test_podman import EPERM, PROBE
 
 pytestmark = pytest.mark.kernel
@@ -101,7 +101,7 @@ def cri(net, oci_daemon, podman_image, tmp_path_factory):
                       f'  [plugins."io.containerd.grpc.v1.cri".cni]\n    bin_dir = "{cni}"\n    conf_dir = "{cni}"\n')
     _install(config, wrapper, here)
     log = open(os.path.join(CRI_RUN, "containerd.log"), "ab")
-    proc = subprocess.Popen(["containerd", "--config", str(config)], stdout=log, stderr=log, start_new_session=True)
+    proc = subprocess.Popen(engine("containerd", "--config", str(config)), stdout=log, stderr=log, start_new_session=True)
     crictl = [CRICTL, "--runtime-endpoint", f"unix://{sock}", "--image-endpoint", f"unix://{sock}", "--timeout", "60s"]
     try:
         for _ in range(300):
