@@ -156,7 +156,8 @@ def gc(as_json: bool) -> int:
     A sandbox is stale when no gatewrap process holds its lock in /run/gatewrap/runs/.
     `gatewrap run` does the same at start-up. A shared-mode run whose daemon died while its
     `gatewrap run` still waits is left alone (no egress meanwhile): a restarted daemon takes it
-    back; kill that waiter to end it. Only what this gatewrap can prove dead is removed: a
+    back; kill that waiter to end it. So is a container's run (gatewrap-oci) whose container
+    still runs. Only what this gatewrap can prove dead is removed: a
     sandbox whose lock file is not in this registry or whose gatewrap is in another pid
     namespace (another install on this kernel: a chroot, a container) is left alone, and said.
     Exit 1 if something could not be removed.
@@ -173,10 +174,13 @@ def gc(as_json: bool) -> int:
         for run_id, pid in out.waiting:
             click.echo(f"left {run_id}: its gatewrap run (pid {pid}) waits for the gatewrap daemon to take it back "
                        f"(no egress meanwhile); `kill {pid}` ends it")
+        for run_id, sock in out.containers:
+            click.echo(f"left {run_id}: its container lives on and waits for the gatewrap daemon of {sock} to take "
+                       "it back (no egress meanwhile); start that daemon, or stop the container with its engine")
         for run_id, why in out.left:
             click.echo(gc_module.left_line(run_id, why))
         for e in out.errors:
             click.echo(f"gatewrap: could not remove {e}", err=True)
-        if not out.runs and not out.errors and not out.waiting and not out.left:
+        if not out.runs and not out.errors and not out.waiting and not out.left and not out.containers:
             click.echo("no stale sandboxes")
     return 1 if out.errors else 0

@@ -26,7 +26,8 @@ TERM_EXITS = ["python3", "-c", "import signal, sys, time\n"
 #: One that ignores SIGTERM (pid 1 without a handler), as `docker stop` then kills it.
 TERM_IGNORED = ["sleep", "300"]
 #: Fetches the allowed host every 0.3 s, for ever.
-FETCHES = ["sh", "-c", "while true; do curl -s -o /dev/null --max-time 2 http://allowed.test/; sleep 0.3; done"]
+FETCHES = ["sh", "-c", "while true; do curl -s -o /dev/null -w '%{http_code}\\n' --max-time 2 http://allowed.test/; "
+           "sleep 0.3; done"]
 
 
 def _gw(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -61,6 +62,12 @@ def _inspect(cid: str, field: str) -> str:
 
 def _rm(cid: str) -> None:
     subprocess.run([*podman_base(), "rm", "-f", "-t", "0", cid], capture_output=True, timeout=60)
+
+
+def _last_fetch(cid: str) -> str:
+    """The HTTP status of the container's last fetch (:data:`FETCHES`), 000: none."""
+    out = subprocess.run([*podman_base(), "logs", cid], capture_output=True, text=True).stdout.split()
+    return out[-1] if out else ""
 
 
 def _sandbox_gone(run_id: str) -> None:
@@ -141,6 +148,10 @@ def test_a_restarted_daemon_takes_a_live_containers_run_back_and_its_egress_pass
         assert c.returncode == 0, c.stderr
         _until("an allowed fetch", lambda: c.records(event="request", decision="allowed"))
         daemon.kill()  # SIGKILL: its runs' gates go with it; the hooks stay
+        _until("a fetch refused: no gate, no egress", lambda: _last_fetch(c.id) == "000")
+        gc = _gw("gc", "--json")  # as a run of its own does at its start
+        assert gc.returncode == 0, gc.stderr
+        assert [c.run_id, daemon.socket] in json.loads(gc.stdout)["containers"]
         restarted = Daemon.restart_of(daemon)
         _until("run_resumed", lambda: c.records(event="run_resumed"))
         assert _live(c.run_id)
@@ -148,6 +159,7 @@ def test_a_restarted_daemon_takes_a_live_containers_run_back_and_its_egress_pass
                               text=True).stdout.count(c.id) == 1
         records = c.records()
         resumed_at = next(i for i, r in enumerate(records) if r["event"] == "run_resumed")
+        _until("a fetch through the new gate", lambda: _last_fetch(c.id) == "200")
         _until("an allowed fetch through the new gate",
                lambda: [r for r in c.records()[resumed_at:] if r.get("event") == "request" and r["decision"] == "allowed"])
         assert "took container run" in restarted.log_text() or f"took run {c.run_id} back" in restarted.log_text()
@@ -190,3 +202,44 @@ def test_a_container_gets_a_runs_default_bounds_where_its_engine_set_none(podman
     else:
         assert bounds["memory"] == memory
     assert c.stdout.split() == [str(pids), str(bounds["memory"])]
+
+
+def test_a_container_removed_while_its_daemon_is_down_has_its_run_collected_by_a_daemon_its_delete_starts(podman):
+    daemon = Daemon("--idle-exit", "0").start()
+    c = podman("-d", "--network", "none", cmd=TERM_IGNORED, daemon=daemon)
+    try:
+        assert c.returncode == 0, c.stderr
+        _until("the run in gatewrap ps", lambda: _ps(c.run_id))
+        daemon.kill()
+        rm = subprocess.run([*podman_base(), "rm", "-f", "-t", "0", c.id], capture_output=True, text=True, timeout=120)
+        assert rm.returncode == 0, rm.stderr
+        end, = c.records(event="run_end")
+        assert end["reason"] == "gatewrap died; collected by the gatewrap daemon"
+        _sandbox_gone(c.run_id)
+    finally:
+        _rm(c.id)
+        _stop_daemon_of(daemon.socket)
+        daemon.stop()
+
+
+def _stop_daemon_of(socket_path: str) -> None:
+    """Stop the daemon that serves ``socket_path`` (one started on demand: its pid is in the lock beside it)."""
+    try:
+        with open(socket_path + ".lock") as f:
+            pid = int(f.read().strip() or 0)
+    except (OSError, ValueError):
+        return
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            if socket_path.encode() not in f.read():
+                return
+        os.kill(pid, signal.SIGTERM)
+        import select
+
+        select.select([fd], [], [], 30)
+    finally:
+        os.close(fd)

@@ -8,7 +8,10 @@ for it, makes the netns with the gate listening in it, stages the shims and writ
 ``config.json`` (:func:`gatewrap.oci.bundle.confine`). No client connection stays open: the
 run lives in the daemon (``Daemon.runs``) until ``container_delete``, or until its container
 is dead and its engine has not deleted it (:class:`Exits`: an engine killed, ``runc kill``
-without a delete). If the daemon dies, the container keeps its hooks and has no egress.
+without a delete). If the daemon dies, the container keeps its hooks and has no egress
+(no listener in its netns) until a daemon of the same socket starts again and takes the run
+back (:func:`take_back_all`: its gate anew in the netns, ``run_resumed``); a container that
+died meanwhile, or whose run cannot be taken back, is removed as a dead run (fail closed).
 
 Ops (one JSON line each way, :mod:`gatewrap.shared.protocol`):
 
@@ -157,6 +160,41 @@ def create(daemon: Any, msg: dict[str, Any], client_pid: int) -> dict[str, Any]:
     daemon.add_container(run_id, ContainerRun(box, logs), client_pid)
     daemon.say(f"container {msg['container']}: run {run_id} set up")
     return answer
+
+
+def take_back_all(daemon: Any, parent: str) -> list[str]:
+    """A starting daemon's: take back the runs of the live containers a dead daemon of its
+    socket served (:meth:`runner.Sandbox.take_back`, as a ``gatewrap run``'s waiter gets:
+    the gate's listeners made anew in the run's netns, the ring buffer read again, a
+    ``run_resumed`` record) and watch them (:class:`Exits`). A run that cannot be taken back
+    is left to the daemon's collection of stale runs, which kills and removes it. Returns
+    what to say in the daemon's log, one line each."""
+    from ..shared.daemon import options
+    from ..sandbox import gc
+
+    said = []
+    for run_id in gc.stale_runs(parent):
+        saved = registry.saved(run_id)
+        if (saved is None or not saved.get("container") or saved.get("socket") != daemon.socket_path
+                or not cgroup.populated(os.path.join(parent, run_id))):
+            continue
+        err = daemon.container_terminal()
+        logs = contextlib.ExitStack()
+        logs.callback(err.close)
+        try:
+            audit_logs = logs.enter_context(daemon.audit_logs())
+            planned = runner.plan_taken_back(run_id, options(saved.get("opts")), err, policy_text=saved.get("policy_text"),
+                                             audit_logs=audit_logs, policy_where=saved.get("policy_where"))
+            box = runner.Sandbox(planned, err, hooks=daemon.hooks, owner_pid=saved.get("owner_pid"), shared_runtime=True,
+                                 notice_fd=err.fileno(), reader=daemon.reader,
+                                 socket=daemon.socket_path).take_back(saved)
+        except Exception as e:  # a protocol error in what was saved too: that run is collected, the others go on
+            logs.close()
+            said.append(f"could not take container run {run_id} back ({e}): removing it")
+            continue
+        daemon.add_container(run_id, ContainerRun(box, logs), None)
+        said.append(f"took container run {run_id} back (its container lives on)")
+    return said
 
 
 def _plan(opts: RunOptions, run_id: str, uid: int, err: Any, audit_logs: Any) -> runner.Plan:

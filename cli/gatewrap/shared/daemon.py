@@ -345,6 +345,10 @@ class Daemon:
         parent = cgroup.parent_dir()
         self.hooks = loader.load_or_reuse(parent)
         self.reader = SharedReader()
+        from ..oci.runs import take_back_all
+
+        for line in take_back_all(self, parent):
+            self.say(line)
         self.awaiting = self._takeable(parent)
         for run_id in self.awaiting:
             self.say(f"run {run_id} of the last daemon still runs: waiting {TAKE_BACK_WINDOW:g} s for its "
