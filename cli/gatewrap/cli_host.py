@@ -15,8 +15,9 @@ from .cli import CONTEXT
 @click.option("--json", "as_json", is_flag=True, help="Print the runs as a JSON array.")
 def ps(as_json: bool) -> int:
     """List the live runs, oldest first: id, gatewrap's pid (a shared run: its
-    gatewrap-wait's), the agent's user, uptime, CPU %, RSS, processes, pending approvals,
-    counts so far, command.
+    gatewrap-wait's; a container's run, gw-<container id>, has none: -), the agent's user,
+    uptime, CPU %, RSS, processes, pending approvals, counts so far, command (a container's:
+    [container <id>] first; --json: container).
 
     \b
     CPU%, RSS and PROCS are the processes in the run's cgroup (its cgroup.procs: the jail's
@@ -62,6 +63,12 @@ def stop(run_id: str, timeout: float, as_json: bool) -> int:
     gatewrap forwards the signal to the agent, tears the sandbox down and writes the
     run_end record. Exit 0 when the run has ended, 1 when RUN is not a live run
     (gatewrap ps lists them), 125 when it is still running after --timeout.
+
+    \b
+    A container's run (gw-<container id>, gatewrap-oci) is stopped as `docker stop` does:
+    SIGTERM to the container's first process, SIGKILL to all of its processes after
+    --timeout; its engine sees it exit (Exited, or removed with --rm) and its run ends
+    (the engine's delete, or the daemon 5 s after its last process).
 
     \b
     Example:
