@@ -83,6 +83,7 @@ def stop(run_id: str, timeout: float, as_json: bool) -> int:
         click.echo(json.dumps(res.as_record()))
     else:
         end = (f"the agent exited {res.exit_code}" if res.exit_code is not None else
+               f"{res.signal}; the run ended: {res.run_end.get('reason')}" if res.run_end is not None else
                "no run_end record in its log yet (a shared run whose daemon is down: gatewrap gc or the "
                "restarted daemon removes its sandbox and writes it)")
         click.echo(f"gatewrap: stopped {run_id}: {end}")

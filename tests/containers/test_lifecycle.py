@@ -111,6 +111,7 @@ def test_gatewrap_stop_ends_a_container_as_docker_stop_does_and_its_run_with_it(
         assert got["run_end"]["event"] == "run_end"
         assert got["run_end"]["reason"] == "the container was deleted (gatewrap-oci delete)"  # podman's --rm
         assert took < 2 + EXIT_GRACE + 5
+        assert _gw("stop", c.run_id).returncode == 1  # no live run any more
         assert not _live(c.run_id)
         _sandbox_gone(c.run_id)
         _until("podman's --rm", lambda: c.id not in subprocess.run([*podman_base(), "ps", "-a", "-q", "--no-trunc"],

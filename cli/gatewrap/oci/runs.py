@@ -332,7 +332,8 @@ class Exits:
                 if pidfd >= 0 and select.select([pidfd], [], [], 0)[0]:
                     os.close(pidfd)
                     entry[1] = pidfd = -1
-                if pidfd >= 0 or _populated(events):
+                populated = _populated(events)  # read at every wake-up: a poll for POLLPRI stays ready until it is
+                if pidfd >= 0 or populated:
                     entry[2] = None
                 elif since is None:
                     entry[2] = now
