@@ -100,7 +100,8 @@ def podman(net, oci_daemon, podman_image, tmp_path):
         base = podman_base()
         for f in flags:
             base += ["--runtime-flag", f]
-        p = subprocess.run([*base, "run", *(["--rm"] if rm else []), "--cidfile", str(cidfile), *PODMAN_RUN_FLAGS, *run_args,
+        p = subprocess.run([*base, "run", *(["--rm"] if rm else []), "--cidfile", str(cidfile), *PODMAN_RUN_FLAGS,
+                            *run_args,
                             podman_image, *cmd], capture_output=True, text=True, timeout=timeout)
         cid = cidfile.read_text().strip() if cidfile.exists() else ""
         return Container(p.returncode, p.stdout, p.stderr, cid, audit)

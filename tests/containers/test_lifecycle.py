@@ -162,7 +162,8 @@ def test_a_restarted_daemon_takes_a_live_containers_run_back_and_its_egress_pass
         resumed_at = next(i for i, r in enumerate(records) if r["event"] == "run_resumed")
         _until("a fetch through the new gate", lambda: _last_fetch(c.id) == "200")
         _until("an allowed fetch through the new gate",
-               lambda: [r for r in c.records()[resumed_at:] if r.get("event") == "request" and r["decision"] == "allowed"])
+               lambda: [r for r in c.records()[resumed_at:]
+                        if r.get("event") == "request" and r["decision"] == "allowed"])
         assert "took container run" in restarted.log_text() or f"took run {c.run_id} back" in restarted.log_text()
         _rm(c.id)
         _until("the run's end", lambda: c.records(event="run_end"))

@@ -125,7 +125,8 @@ def _create(line: cli_args.CommandLine, runc: str) -> int:
         allow = [h.strip() for a in line.gatewrap["allow"] for h in a.split(",") if h.strip()]  # type: ignore[union-attr]
         source = "runtime flags"
     got = _ask(line, {"op": "container_create", "container": container, "policy": policy, "allow": allow, "policy_source": source,
-                      "uid": bundle.container_uid(config), "bounds": bundle.engine_bounds(config), "argv": (config.get("process") or {}).get("args") or [],
+                      "uid": bundle.container_uid(config), "bounds": bundle.engine_bounds(config),
+                      "argv": (config.get("process") or {}).get("args") or [],
                       "audit_log": line.gatewrap.get("audit_log"), "resolvers": line.gatewrap["resolvers"],
                       "public_ranges": line.gatewrap["public_ranges"]})
     try:

@@ -106,7 +106,8 @@ def bounds_of(engine: Any) -> limits.Limits:
         value = got.get(key)
         return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
-    return limits.Limits(pids=given("pids") or parse_count(DEFAULT_PIDS), memory=given("memory") or parse_memory(DEFAULT_MEMORY))
+    return limits.Limits(pids=given("pids") or parse_count(DEFAULT_PIDS),
+                         memory=given("memory") or parse_memory(DEFAULT_MEMORY))
 
 
 def _target(uid: int) -> user.Target:
@@ -183,8 +184,9 @@ def take_back_all(daemon: Any, parent: str) -> list[str]:
         logs.callback(err.close)
         try:
             audit_logs = logs.enter_context(daemon.audit_logs())
-            planned = runner.plan_taken_back(run_id, options(saved.get("opts")), err, policy_text=saved.get("policy_text"),
-                                             audit_logs=audit_logs, policy_where=saved.get("policy_where"))
+            planned = runner.plan_taken_back(run_id, options(saved.get("opts")), err,
+                                             policy_text=saved.get("policy_text"), audit_logs=audit_logs,
+                                             policy_where=saved.get("policy_where"))
             box = runner.Sandbox(planned, err, hooks=daemon.hooks, owner_pid=saved.get("owner_pid"), shared_runtime=True,
                                  notice_fd=err.fileno(), reader=daemon.reader,
                                  socket=daemon.socket_path).take_back(saved)
