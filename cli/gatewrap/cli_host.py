@@ -15,8 +15,9 @@ from .cli import CONTEXT
 @click.option("--json", "as_json", is_flag=True, help="Print the runs as a JSON array.")
 def ps(as_json: bool) -> int:
     """List the live runs, oldest first: id, gatewrap's pid (a shared run: its
-    gatewrap-wait's), the agent's user, uptime, CPU %, RSS, processes, pending approvals,
-    counts so far, command.
+    gatewrap-wait's; a container's run, gw-<container id>, has none: -), the agent's user,
+    uptime, CPU %, RSS, processes, pending approvals, counts so far, command (a container's:
+    [container <id>] first; --json: container).
 
     \b
     CPU%, RSS and PROCS are the processes in the run's cgroup (its cgroup.procs: the jail's
@@ -64,6 +65,12 @@ def stop(run_id: str, timeout: float, as_json: bool) -> int:
     (gatewrap ps lists them), 125 when it is still running after --timeout.
 
     \b
+    A container's run (gw-<container id>, gatewrap-oci) is stopped as `docker stop` does:
+    SIGTERM to the container's first process, SIGKILL to all of its processes after
+    --timeout; its engine sees it exit (Exited, or removed with --rm) and its run ends
+    (the engine's delete, or the daemon 5 s after its last process).
+
+    \b
     Example:
       sudo gatewrap stop gw-0123456789
     """
@@ -76,6 +83,7 @@ def stop(run_id: str, timeout: float, as_json: bool) -> int:
         click.echo(json.dumps(res.as_record()))
     else:
         end = (f"the agent exited {res.exit_code}" if res.exit_code is not None else
+               f"{res.signal}; the run ended: {res.run_end.get('reason')}" if res.run_end is not None else
                "no run_end record in its log yet (a shared run whose daemon is down: gatewrap gc or the "
                "restarted daemon removes its sandbox and writes it)")
         click.echo(f"gatewrap: stopped {run_id}: {end}")
@@ -156,7 +164,8 @@ def gc(as_json: bool) -> int:
     A sandbox is stale when no gatewrap process holds its lock in /run/gatewrap/runs/.
     `gatewrap run` does the same at start-up. A shared-mode run whose daemon died while its
     `gatewrap run` still waits is left alone (no egress meanwhile): a restarted daemon takes it
-    back; kill that waiter to end it. Only what this gatewrap can prove dead is removed: a
+    back; kill that waiter to end it. So is a container's run (gatewrap-oci) whose container
+    still runs. Only what this gatewrap can prove dead is removed: a
     sandbox whose lock file is not in this registry or whose gatewrap is in another pid
     namespace (another install on this kernel: a chroot, a container) is left alone, and said.
     Exit 1 if something could not be removed.
@@ -173,10 +182,13 @@ def gc(as_json: bool) -> int:
         for run_id, pid in out.waiting:
             click.echo(f"left {run_id}: its gatewrap run (pid {pid}) waits for the gatewrap daemon to take it back "
                        f"(no egress meanwhile); `kill {pid}` ends it")
+        for run_id, sock in out.containers:
+            click.echo(f"left {run_id}: its container lives on and waits for the gatewrap daemon of {sock} to take "
+                       "it back (no egress meanwhile); start that daemon, or stop the container with its engine")
         for run_id, why in out.left:
             click.echo(gc_module.left_line(run_id, why))
         for e in out.errors:
             click.echo(f"gatewrap: could not remove {e}", err=True)
-        if not out.runs and not out.errors and not out.waiting and not out.left:
+        if not out.runs and not out.errors and not out.waiting and not out.left and not out.containers:
             click.echo("no stale sandboxes")
     return 1 if out.errors else 0

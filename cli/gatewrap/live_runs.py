@@ -9,6 +9,10 @@ the same records: an ``approval_asked`` whose approval has no ``approval_approve
 ``_rejected``, ``_expired`` or ``_cancelled`` record yet (``gatewrap approvals list --run
 ID`` reads the store itself). What its processes use now (CPU %, RSS, count) is sampled
 from its cgroup (run_usage.py).
+
+A container's run (``gw-`` and the container's id: :mod:`gatewrap.oci`) has no gatewrap
+process of its own (the daemon holds its lock): ``ps`` names the container instead of a
+pid, and ``stop`` ends the container as ``docker stop`` does (:func:`stop_container`).
 """
 
 from __future__ import annotations
@@ -33,9 +37,11 @@ from .text import printable
 
 @dataclass
 class LiveRun:
-    """One live run: its gatewrap's pid, the agent's argv and user (None until its
-    ``run_start`` record is written), its age in seconds, its counts so far and what its
-    processes use now (:class:`gatewrap.run_usage.Usage`, zero until sampled)."""
+    """One live run: its gatewrap's pid (0 for a container's run, which has none), the
+    agent's argv and user (None until its ``run_start`` record is written), its age in
+    seconds, its counts so far, what its processes use now
+    (:class:`gatewrap.run_usage.Usage`, zero until sampled) and, for a container's run, the
+    container's id."""
 
     run: str
     pid: int
@@ -49,11 +55,13 @@ class LiveRun:
     #: Approvals asked and not answered yet, as the run's audit records say so far.
     pending_approvals: int = 0
     usage: Usage = field(default_factory=Usage)
+    container: str | None = None
 
     def as_record(self) -> dict[str, Any]:
         """``{run, pid, argv, user, uid, started, uptime_s, audit_log, pending_approvals,
-        allowed, denied, direct_egress, failed, cpu_percent, rss, procs}`` (``started``: Unix
-        seconds; ``cpu_percent`` a float, of one CPU; ``rss`` bytes; ``procs`` an int)."""
+        container, allowed, denied, direct_egress, failed, cpu_percent, rss, procs}``
+        (``started``: Unix seconds; ``container``: its id, None for another run;
+        ``cpu_percent`` a float, of one CPU; ``rss`` bytes; ``procs`` an int)."""
         c = self.counts
         rec = {k: v for k, v in asdict(self).items() if k not in ("counts", "usage")}
         rec.update(allowed=c.allowed, denied=c.denied, direct_egress=c.direct_egress, failed=c.failed)
@@ -150,11 +158,20 @@ def live_run(run_id: str, now: float | None = None) -> LiveRun | None:
             started = None
     now = time.time() if now is None else now
     uid = start.get("uid") if start else None
-    pid = info.get("pid")
+    container = container_of(run_id)
+    pid = info.get("pid") if container is None else 0  # the pid of the gatewrap-oci that made it, long gone
     return LiveRun(run=run_id, pid=pid if isinstance(pid, int) else 0, argv=start.get("argv") if start else None,
                    user=_user(uid), uid=uid if isinstance(uid, int) else None, started=started,
                    uptime_s=None if started is None else max(0.0, now - started),
-                   audit_log=info.get("audit_log"), counts=counts, pending_approvals=len(asked - answered))
+                   audit_log=info.get("audit_log"), counts=counts, pending_approvals=len(asked - answered),
+                   container=container)
+
+
+def container_of(run_id: str) -> str | None:
+    """The id of the container whose run ``run_id`` is (what the daemon keeps of it:
+    :func:`registry.saved`), None for another run."""
+    got = (registry.saved(run_id) or {}).get("container")
+    return got if isinstance(got, str) else None
 
 
 def live_runs(usage: bool = True) -> list[LiveRun]:
@@ -191,7 +208,9 @@ def ps_lines(runs: list[LiveRun]) -> list[str]:
     for r in runs:
         c, u = r.counts, r.usage
         cmd = " ".join(r.argv) if r.argv else "(starting)"
-        out.append(f"{r.run:<14} {r.pid:>7} {printable(r.user or '-'):<10} {uptime(r.uptime_s):>7} "
+        if r.container is not None:
+            cmd = f"[container {r.container[:12]}] {cmd}"
+        out.append(f"{r.run:<14} {r.pid or '-':>7} {printable(r.user or '-'):<10} {uptime(r.uptime_s):>7} "
                    f"{u.cpu_percent:>6.1f} {size(u.rss):>6} {u.procs:>5} "
                    f"{r.pending_approvals:>7} {c.allowed:>7} {c.denied:>7} {c.direct_egress:>7} {c.failed:>7}  "
                    f"{printable(cmd)}")
@@ -216,10 +235,12 @@ class Stopped:
     run: str
     exit_code: int | None
     run_end: dict[str, Any] | None
+    #: What ended it: ``SIGTERM``, or for a container that outlived --timeout ``SIGKILL``.
+    signal: str = "SIGTERM"
 
     def as_record(self) -> dict[str, Any]:
-        """``{run, stopped: true, signal: "SIGTERM", exit_code, run_end}``."""
-        return {"run": self.run, "stopped": True, "signal": "SIGTERM", "exit_code": self.exit_code,
+        """``{run, stopped: true, signal: "SIGTERM" | "SIGKILL", exit_code, run_end}``."""
+        return {"run": self.run, "stopped": True, "signal": self.signal, "exit_code": self.exit_code,
                 "run_end": self.run_end}
 
 
@@ -244,6 +265,8 @@ def stop(run_id: str, timeout: float) -> Stopped:
     info = registry.info(run_id)
     if info is None or not registry.owned(run_id) or not isinstance(info.get("pid"), int):
         raise NoSuchRun(f"no live run {run_id} (gatewrap ps lists them)")
+    if container_of(run_id) is not None:
+        return stop_container(run_id, info, timeout)
     foreign = registry.unproven(run_id, info)
     if foreign is not None:  # its pid numbers another process here
         raise GatewrapError(f"run {run_id} is not this gatewrap's to stop: {foreign}")
@@ -269,6 +292,95 @@ def stop(run_id: str, timeout: float) -> Stopped:
         run_end = rec
     code = run_end.get("exit_code") if run_end else None
     return Stopped(run_id, code if isinstance(code, int) else None, run_end)
+
+
+def stop_container(run_id: str, info: dict[str, Any], timeout: float) -> Stopped:
+    """End container run ``run_id`` as ``docker stop`` does: SIGTERM to the container's first
+    process (:func:`container_init`), and after ``timeout`` seconds SIGKILL to every process
+    of its cgroup (``cgroup.kill``); then wait for the run's end, which follows the
+    container's: its engine's ``delete``, or the daemon's, once the container's cgroup is
+    empty and its engine has not deleted it (:data:`gatewrap.oci.runs.EXIT_GRACE`). The
+    engine sees its container exit as after its own stop (``podman ps -a``: Exited).
+    ``info``: the run's lock file (:func:`registry.info`).
+
+    Raises:
+        GatewrapError: the run has not ended once its container is dead (its daemon is down:
+            ``gatewrap gc`` collects it then).
+    """
+    from .oci.runs import EXIT_GRACE
+    from .sandbox import cgroup
+
+    leaf = _leaf(run_id)
+    sent = "SIGTERM"
+    for pidfd in container_init(leaf):
+        try:
+            signal.pidfd_send_signal(pidfd, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        finally:
+            os.close(pidfd)
+    if not cgroup.wait_empty(leaf, timeout):
+        sent = "SIGKILL"
+        cgroup.kill(leaf)
+    wait = EXIT_GRACE + 10
+    deadline = time.monotonic() + wait
+    while registry.alive(run_id):
+        if time.monotonic() > deadline:
+            raise GatewrapError(f"container run {run_id}: the container has exited, but its run has not ended "
+                                f"{wait:g} s later (is its gatewrap daemon down? `gatewrap gc` then ends it)")
+        time.sleep(0.05)
+    run_end = None
+    for rec in _own_records(run_id, info, events=("run_end",)):
+        run_end = rec
+    return Stopped(run_id, None, run_end, sent)
+
+
+def container_init(leaf: str) -> list[int]:
+    """pidfds (pidfd_open(2)) of the first process of the container in cgroup ``leaf``: the
+    one that is pid 1 of its own pid namespace (``NSpid``'s last field, proc(5)); in the
+    host's pid namespace (``--pid host``), those whose parent is outside the cgroup (the
+    engine's monitor's children: conmon's, a containerd shim's). Each is checked in the
+    cgroup after its pidfd is open, so a pid reused meanwhile is never signalled. Empty: no
+    process left."""
+    try:
+        with open(os.path.join(leaf, "cgroup.procs")) as f:
+            pids = {int(p) for p in f.read().split()}
+    except (OSError, ValueError):
+        return []
+    firsts, tops = [], []
+    for pid in sorted(pids):
+        status = _status(pid)
+        nspid = status.get("NSpid", "").split()
+        if len(nspid) > 1 and nspid[-1] == "1":
+            firsts.append(pid)
+        elif status.get("PPid", "").isdigit() and int(status["PPid"]) not in pids:
+            tops.append(pid)
+    inside = "0::/" + os.path.relpath(leaf, os.path.dirname(os.path.dirname(leaf)))  # /proc/PID/cgroup's v2 line
+    out = []
+    for pid in firsts or tops:
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            continue
+        try:
+            with open(f"/proc/{pid}/cgroup") as f:
+                there = inside in f.read().splitlines()
+        except OSError:
+            there = False
+        if there:
+            out.append(fd)
+        else:
+            os.close(fd)
+    return out
+
+
+def _status(pid: int) -> dict[str, str]:
+    """/proc/PID/status as ``{field: value}`` (proc(5)); empty if the process is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return {k: v.strip() for k, _, v in (line.partition(":") for line in f)}
+    except OSError:
+        return {}
 
 
 def _leaf(run_id: str) -> str:

@@ -548,6 +548,7 @@ class Sandbox:
                                    "cgroup_id": cgroup_id, "netns_ino": ns.ino, "staged": staged,
                                    "owner_pid": self._owner_pid, "owner_starttime": registry.process_started(self._owner_pid),
                                    "socket": self.socket, "summary": self.summary,
+                                   **({"container": p.container["id"]} if p.container else {}),
                                    "protect": {"roots": p.protect_roots, "unprotect": p.unprotect,
                                                "watched": [[path, *ident] for path, ident in p.protected.watched.items()
                                                            if ident is not None]}})

@@ -143,18 +143,22 @@ def podman(net, oci_daemon, podman_image, tmp_path):
     (annotations, --network, --privileged); returns a :class:`Container`."""
     n = [0]
 
-    def run(*run_args: str, cmd: list[str], timeout: float = 60) -> Container:
+    def run(*run_args: str, cmd: list[str], timeout: float = 60, daemon: Daemon | None = None,
+            rm: bool = True) -> Container:
+        """``daemon``: another gatewrap daemon than the module's; ``run_args`` with ``-d``: returns
+        once the container started (its id), podman's ``--rm`` unless ``rm`` is False."""
         n[0] += 1
         audit = tmp_path / f"audit-{n[0]}.jsonl"
         cidfile = tmp_path / f"cid-{n[0]}"
         _AUDIT_LOGS.setdefault(audit, 0)  # its records are checked against the schema at the test's end
-        flags = [f"gatewrap-socket={oci_daemon.socket}", f"gatewrap-audit-log={audit}",
+        flags = [f"gatewrap-socket={(daemon or oci_daemon).socket}", f"gatewrap-audit-log={audit}",
                  f"gatewrap-resolver={net.dns_server}",
                  *(f"gatewrap-public-range={r}" for r in PUBLIC_RANGES[1::2])]
         base = podman_base()
         for f in flags:
             base += ["--runtime-flag", f]
-        p = subprocess.run([*base, "run", "--rm", "--cidfile", str(cidfile), *PODMAN_RUN_FLAGS, *run_args,
+        p = subprocess.run([*base, "run", *(["--rm"] if rm else []), "--cidfile", str(cidfile), *PODMAN_RUN_FLAGS,
+                            *run_args,
                             podman_image, *cmd], capture_output=True, text=True, timeout=timeout)
         cid = cidfile.read_text().strip() if cidfile.exists() else ""
         return Container(p.returncode, p.stdout, p.stderr, cid, audit)

@@ -97,3 +97,26 @@ def test_gatewraps_flags_are_taken_out_of_runcs_command_line(line, runc_globals,
 
 def test_create_finds_the_bundle_and_the_container_id():
     assert argv.create_args(["--bundle", "/b", "--pid-file", "/p", "--console-socket=/c", "id1"]) == ("/b", "id1")
+
+
+@pytest.mark.parametrize("resources, expected", [
+    (None, {"pids": None, "memory": None}),
+    ({"pids": {"limit": 2048}}, {"pids": 2048, "memory": None}),
+    ({"pids": {"limit": -1}, "memory": {"limit": 0}}, {"pids": None, "memory": None}),
+    ({"pids": {"limit": 100}, "memory": {"limit": 268435456, "swap": 536870912}}, {"pids": 100, "memory": 268435456}),
+    ({"pids": {"limit": True}, "memory": {"limit": "1g"}}, {"pids": None, "memory": None}),
+], ids=["none set", "podman's default pids", "unlimited is none", "both set", "not numbers: none"])
+def test_the_bounds_an_engine_set_are_read_from_linux_resources(resources, expected):
+    cfg = {"linux": {"resources": resources}} if resources is not None else {}
+    assert bundle.engine_bounds(cfg) == expected
+
+
+def test_a_containers_run_gets_the_engines_bounds_and_a_runs_defaults_for_the_rest():
+    from gatewrap.entry import DEFAULT_MEMORY, DEFAULT_PIDS
+    from gatewrap.oci.runs import bounds_of
+    from gatewrap.sizes import parse_count, parse_memory
+
+    got = bounds_of({"pids": 2048, "memory": None})
+    assert (got.pids, got.memory) == (2048, parse_memory(DEFAULT_MEMORY))
+    got = bounds_of(None)
+    assert (got.pids, got.memory) == (parse_count(DEFAULT_PIDS), parse_memory(DEFAULT_MEMORY))

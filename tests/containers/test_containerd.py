@@ -44,3 +44,29 @@ def test_a_containerd_container_with_host_networking_still_has_only_the_gate(con
     assert c.stdout.split("\n")[:3] == ["allowed 403", "denied 403", f"direct errno {EPERM}"], c.stderr
     start, = c.records(event="run_start")
     assert start["container"]["policy"].startswith("default (deny everything)")
+
+
+def test_a_containerd_task_killed_and_never_deleted_loses_its_run_once_its_processes_are_gone(containerd):
+    import time
+
+    ctr, wrapper, audit = containerd
+    c = Container(0, "", "", "gwt-" + secrets.token_hex(6), audit)
+    p = subprocess.run([*ctr, "run", "-d", "--runc-binary", wrapper, image.NAME, c.id, "sleep", "300"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    try:
+        assert c.records(event="run_start")
+        subprocess.run([*ctr, "task", "kill", "-s", "SIGKILL", c.id], check=True, capture_output=True, timeout=30)
+        deadline = time.monotonic() + 20  # the daemon's grace for a delete (5 s), and the load's
+        while os.path.exists(f"/run/gatewrap/runs/{c.run_id}.lock"):
+            assert time.monotonic() < deadline, "the run of a dead task outlived it"
+            time.sleep(0.2)
+        end, = c.records(event="run_end")
+        assert end["reason"].startswith("the container's processes have all exited and its engine did not delete it")
+        assert not os.path.exists(f"/sys/fs/cgroup/unified/gatewrap/{c.run_id}")
+        status = subprocess.run([*ctr, "task", "ls"], capture_output=True, text=True).stdout
+        assert any(line.split()[:1] == [c.id] and "STOPPED" in line for line in status.splitlines())  # never deleted
+    finally:
+        subprocess.run([*ctr, "task", "rm", "-f", c.id], capture_output=True, timeout=60)
+        subprocess.run([*ctr, "containers", "rm", c.id], capture_output=True, timeout=60)
+    assert len(c.records(event="run_end")) == 1

@@ -66,6 +66,17 @@ def policy_of(config: dict[str, Any]) -> tuple[str | None, list[str]]:
     return notes.get(POLICY_ANNOTATION) or None, allow
 
 
+def engine_bounds(config: dict[str, Any]) -> dict[str, int | None]:
+    """The bounds the engine set (``linux.resources``, config-linux.md): ``{"pids": tasks,
+    "memory": bytes}``, None where it set none (absent, or 0 or below: unlimited, as runc
+    reads -1 and docker's ``--pids-limit 0``)."""
+    res = (config.get("linux") or {}).get("resources") or {}
+    out: dict[str, int | None] = {}
+    for key, got in (("pids", (res.get("pids") or {}).get("limit")), ("memory", (res.get("memory") or {}).get("limit"))):
+        out[key] = got if isinstance(got, int) and not isinstance(got, bool) and got > 0 else None
+    return out
+
+
 def container_uid(config: dict[str, Any]) -> int:
     """The uid the container's process runs as (``process.user.uid``; 0 if unset)."""
     return int(((config.get("process") or {}).get("user") or {}).get("uid", 0))

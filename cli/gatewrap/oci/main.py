@@ -6,7 +6,7 @@ Every command goes to runc as given (exec(3): stdio, signals and exit code are r
   sets the container's run up (:mod:`gatewrap.oci.runs`), the config is rewritten to join it
   (:func:`bundle.confine`), then ``runc create`` runs; if it fails, the run is torn down.
 - ``delete``: ``runc delete``, then the daemon tears the run down (whatever runc said: a
-  container runc no longer knows has no sandbox to keep).
+  container runc no longer knows has no sandbox to keep); started if it is down.
 - ``run`` and ``restore`` (a container created without ``create``) are refused.
 
 gatewrap's own global flags, taken out before runc sees them: ``--gatewrap-socket PATH`` (the
@@ -125,7 +125,8 @@ def _create(line: cli_args.CommandLine, runc: str) -> int:
         allow = [h.strip() for a in line.gatewrap["allow"] for h in a.split(",") if h.strip()]  # type: ignore[union-attr]
         source = "runtime flags"
     got = _ask(line, {"op": "container_create", "container": container, "policy": policy, "allow": allow, "policy_source": source,
-                      "uid": bundle.container_uid(config), "argv": (config.get("process") or {}).get("args") or [],
+                      "uid": bundle.container_uid(config), "bounds": bundle.engine_bounds(config),
+                      "argv": (config.get("process") or {}).get("args") or [],
                       "audit_log": line.gatewrap.get("audit_log"), "resolvers": line.gatewrap["resolvers"],
                       "public_ranges": line.gatewrap["public_ranges"]})
     try:
@@ -148,7 +149,9 @@ def _delete(line: cli_args.CommandLine, runc: str) -> int:
     container = cli_args.last_positional(line.args)
     code = _run(line.runc_argv(runc))
     if container is not None and _served(container):
-        _ask(line, {"op": "container_delete", "container": container}, start=False)
+        # Its daemon down: one is started (on the run's socket), whose start collects the run,
+        # dead now, as a stale one; the engine's delete must not fail for it (podman rm would).
+        _ask(line, {"op": "container_delete", "container": container})
     return code
 
 

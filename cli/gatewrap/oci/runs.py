@@ -6,14 +6,19 @@ gets) whose agent runc starts: the daemon makes the run's cgroup leaf, configure
 for it, makes the netns with the gate listening in it, stages the shims and writes
 ``run_start``; the answer tells ``gatewrap-oci`` what to write in the bundle's
 ``config.json`` (:func:`gatewrap.oci.bundle.confine`). No client connection stays open: the
-run lives in the daemon (``Daemon.runs``) until ``container_delete``. If the daemon dies,
-the container keeps its hooks and has no egress, and the next daemon's start (or ``gatewrap
-gc``) removes the run: its cgroup is killed, which ends the container.
+run lives in the daemon (``Daemon.runs``) until ``container_delete``, or until its container
+is dead and its engine has not deleted it (:class:`Exits`: an engine killed, ``runc kill``
+without a delete). If the daemon dies, the container keeps its hooks and has no egress
+(no listener in its netns) until a daemon of the same socket starts again and takes the run
+back (:func:`take_back_all`: its gate anew in the netns, ``run_resumed``); a container that
+died meanwhile, or whose run cannot be taken back, is removed as a dead run (fail closed).
 
 Ops (one JSON line each way, :mod:`gatewrap.shared.protocol`):
 
 - ``{"op": "container_create", "container": ID, "policy": PATH | null, "allow": [HOST],
-  "policy_source": "annotations" | "runtime flags", "argv": [the container's command], "uid": N, "audit_log": PATH | null, "resolvers": [IP], "public_ranges": [CIDR]}`` ->
+  "policy_source": "annotations" | "runtime flags", "argv": [the container's command], "uid": N,
+  "bounds": {"pids": N | null, "memory": BYTES | null}, "audit_log": PATH | null, "resolvers": [IP],
+  "public_ranges": [CIDR]}`` ->
   ``{"run": RUN_ID, "netns": PATH, "cgroups_path": PATH, "env": {NAME: VALUE},
   "mounts": [[HOST PATH, CONTAINER PATH]]}`` or ``{"error", "exit_code"}``.
 - ``{"op": "container_delete", "container": ID}`` -> ``{"run": RUN_ID, "ended": bool}``.
@@ -24,14 +29,19 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import select
 import stat
+import threading
+import time
 from typing import Any
 
 from .. import runner, shims
+from ..entry import DEFAULT_MEMORY, DEFAULT_PIDS
 from ..errors import GatewrapError
 from ..policy import build_policy, policy_where, read_policy_text
 from ..run_types import RunOptions
-from ..sandbox import cgroup, registry, user
+from ..sandbox import cgroup, limits, registry, user
+from ..sizes import parse_count, parse_memory
 from . import bundle
 from .argv import RUN_PREFIX
 
@@ -84,6 +94,22 @@ def _policy_said(policy_file: str | None, allow: list[str], source: str) -> str:
     return f"{source} " + " ".join(parts)
 
 
+def bounds_of(engine: Any) -> limits.Limits:
+    """The container run's bounds: what the engine set (``bounds``: :func:`bundle.engine_bounds`),
+    else ``gatewrap run``'s defaults (:mod:`gatewrap.entry`: tasks, memory). The daemon
+    writes them on the run's cgroups before runc joins them; runc then writes only what the
+    engine set (runc's fs manager skips an unset bound), the same values: nothing the engine
+    set is loosened, and a container without bounds gets a run's."""
+    got = engine if isinstance(engine, dict) else {}
+
+    def given(key: str) -> int | None:
+        value = got.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+    return limits.Limits(pids=given("pids") or parse_count(DEFAULT_PIDS),
+                         memory=given("memory") or parse_memory(DEFAULT_MEMORY))
+
+
 def _target(uid: int) -> user.Target:
     """The container process's user as the run records it (a uid the host may not know)."""
     with contextlib.suppress(GatewrapError):
@@ -111,7 +137,8 @@ def create(daemon: Any, msg: dict[str, Any], client_pid: int) -> dict[str, Any]:
                       policy_file=policy_file, jail="none", cwd="/", environ={},
                       audit_log=msg.get("audit_log") or runner.DEFAULT_AUDIT_LOG,
                       nameservers=[str(r) for r in msg.get("resolvers") or []] or None,
-                      public_ranges=[str(r) for r in msg.get("public_ranges") or []])
+                      public_ranges=[str(r) for r in msg.get("public_ranges") or []],
+                      limits=bounds_of(msg.get("bounds")))
     err = daemon.container_terminal()
     logs = contextlib.ExitStack()
     logs.callback(err.close)
@@ -131,9 +158,45 @@ def create(daemon: Any, msg: dict[str, Any], client_pid: int) -> dict[str, Any]:
         box.__exit__(None, None, None)
         logs.close()
         raise
-    daemon.add_container(run_id, ContainerRun(box, logs))
+    daemon.add_container(run_id, ContainerRun(box, logs), client_pid)
     daemon.say(f"container {msg['container']}: run {run_id} set up")
     return answer
+
+
+def take_back_all(daemon: Any, parent: str) -> list[str]:
+    """A starting daemon's: take back the runs of the live containers a dead daemon of its
+    socket served (:meth:`runner.Sandbox.take_back`, as a ``gatewrap run``'s waiter gets:
+    the gate's listeners made anew in the run's netns, the ring buffer read again, a
+    ``run_resumed`` record) and watch them (:class:`Exits`). A run that cannot be taken back
+    is left to the daemon's collection of stale runs, which kills and removes it. Returns
+    what to say in the daemon's log, one line each."""
+    from ..shared.daemon import options
+    from ..sandbox import gc
+
+    said = []
+    for run_id in gc.stale_runs(parent):
+        saved = registry.saved(run_id)
+        if (saved is None or not saved.get("container") or saved.get("socket") != daemon.socket_path
+                or not cgroup.populated(os.path.join(parent, run_id))):
+            continue
+        err = daemon.container_terminal()
+        logs = contextlib.ExitStack()
+        logs.callback(err.close)
+        try:
+            audit_logs = logs.enter_context(daemon.audit_logs())
+            planned = runner.plan_taken_back(run_id, options(saved.get("opts")), err,
+                                             policy_text=saved.get("policy_text"), audit_logs=audit_logs,
+                                             policy_where=saved.get("policy_where"))
+            box = runner.Sandbox(planned, err, hooks=daemon.hooks, owner_pid=saved.get("owner_pid"), shared_runtime=True,
+                                 notice_fd=err.fileno(), reader=daemon.reader,
+                                 socket=daemon.socket_path).take_back(saved)
+        except Exception as e:  # a protocol error in what was saved too: that run is collected, the others go on
+            logs.close()
+            said.append(f"could not take container run {run_id} back ({e}): removing it")
+            continue
+        daemon.add_container(run_id, ContainerRun(box, logs), None)
+        said.append(f"took container run {run_id} back (its container lives on)")
+    return said
 
 
 def _plan(opts: RunOptions, run_id: str, uid: int, err: Any, audit_logs: Any) -> runner.Plan:
@@ -168,15 +231,134 @@ def delete(daemon: Any, msg: dict[str, Any]) -> dict[str, Any]:
     """``container_delete``: end the container's run (``run_end``, its reason the delete)
     and tear its sandbox down; a container the daemon has no run of is answered ended False."""
     run_id = run_id_of(msg.get("container"))  # type: ignore[arg-type]
+    return {"run": run_id, "ended": end(daemon, run_id, "the container was deleted (gatewrap-oci delete)")}
+
+
+def end(daemon: Any, run_id: str, reason: str) -> bool:
+    """End container run ``run_id`` in ``daemon`` (``run_end`` with ``reason``) and tear its
+    sandbox down; False if the daemon has no such run (ended already)."""
     run = daemon.take_container(run_id)
     if run is None:
-        return {"run": run_id, "ended": False}
+        return False
     try:
         with daemon._ending:
-            run.box.finish(None, reason="the container was deleted (gatewrap-oci delete)")
+            run.box.finish(None, reason=reason)
             run.box.__exit__(None, None, None)
         run.box.wait_released()
     finally:
         run.logs.close()
-    daemon.say(f"container {msg['container']}: run {run_id} ended")
-    return {"run": run_id, "ended": True}
+    daemon.say(f"run {run_id} ended: {reason}")
+    return True
+
+
+#: How long a container's run outlives its container's last process (its cgroup empty) for
+#: its engine's ``delete`` to end it, in seconds; then the daemon ends it (:class:`Exits`).
+#: podman 4.3's cleanup deleted 70-160 ms after its container's last output here (3 runs, with and
+#: without --rm, 2026-12-05); ``ctr run`` without --rm deletes only at ``ctr task rm``.
+EXIT_GRACE = 5.0
+#: The reason of the run_end the daemon writes then.
+EXITED = (f"the container's processes have all exited and its engine did not delete it within {EXIT_GRACE:g} s "
+          "(an engine killed, or runc kill without delete): ended by the gatewrap daemon")
+
+
+class Exits:
+    """Ends the runs of dead containers their engine never deletes: once a run's cgroup is
+    empty (``cgroup.events`` ``populated 0``, which wakes poll(2) with POLLPRI:
+    cgroup-v2.rst) and the ``gatewrap-oci create`` that made it has exited (before, runc has
+    not put the container in yet: its pidfd, readable once it has, pidfd_open(2)), the run
+    waits :data:`EXIT_GRACE` seconds for its engine's ``delete`` and is then ended with
+    :data:`EXITED`. A container with a process left is never ended here. One thread for
+    every container run, started with the first."""
+
+    def __init__(self, daemon: Any) -> None:
+        self._daemon = daemon
+        self._lock = threading.Lock()
+        #: run id -> [cgroup.events fd, creator's pidfd or -1 (gone), when it was first seen empty or None]
+        self._watched: dict[str, list[Any]] = {}
+        self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        self._started = False
+
+    def watch(self, run_id: str, leaf: str, creator: int | None) -> None:
+        """Watch run ``run_id`` whose cgroup is ``leaf``; ``creator``: the pid of the
+        ``gatewrap-oci`` that made it, None when it is gone (a run taken back).
+
+        Raises:
+            OSError: the cgroup is gone.
+        """
+        events = os.open(os.path.join(leaf, "cgroup.events"), os.O_RDONLY | os.O_CLOEXEC)
+        pidfd = -1
+        if creator is not None:
+            with contextlib.suppress(ProcessLookupError):
+                pidfd = os.pidfd_open(creator)
+        with self._lock:
+            self._watched[run_id] = [events, pidfd, None]
+            if not self._started:
+                threading.Thread(target=self._loop, daemon=True, name="gatewrap-container-exits").start()
+                self._started = True
+        self._wake()
+
+    def _wake(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            os.write(self._wake_w, b"x")
+
+    def _loop(self) -> None:
+        while True:
+            try:
+                self._round()
+            except Exception as e:  # a fault here must not end the watch of the other runs
+                self._daemon.say(f"watching the container runs: {e!r}")
+                time.sleep(1)
+
+    def _round(self) -> None:
+        poller = select.poll()
+        poller.register(self._wake_r, select.POLLIN)
+        now = time.monotonic()
+        wait = None
+        with self._lock:
+            for run_id in [r for r in self._watched if r not in self._daemon.containers]:  # deleted
+                self._forget(run_id)
+            for events, pidfd, since in self._watched.values():
+                poller.register(events, select.POLLPRI)
+                if pidfd >= 0:
+                    poller.register(pidfd, select.POLLIN)
+                if since is not None:
+                    left = max(0.0, since + EXIT_GRACE - now)
+                    wait = left if wait is None else min(wait, left)
+        poller.poll(None if wait is None else wait * 1000 + 10)
+        with contextlib.suppress(BlockingIOError):
+            os.read(self._wake_r, 4096)
+        due = []
+        with self._lock:
+            now = time.monotonic()
+            for run_id, entry in self._watched.items():
+                events, pidfd, since = entry
+                if pidfd >= 0 and select.select([pidfd], [], [], 0)[0]:
+                    os.close(pidfd)
+                    entry[1] = pidfd = -1
+                populated = _populated(events)  # read at every wake-up: a poll for POLLPRI stays ready until it is
+                if pidfd >= 0 or populated:
+                    entry[2] = None
+                elif since is None:
+                    entry[2] = now
+                elif now - since >= EXIT_GRACE:
+                    due.append(run_id)
+            for run_id in due:
+                self._forget(run_id)
+        for run_id in due:
+            end(self._daemon, run_id, EXITED)
+
+    def _forget(self, run_id: str) -> None:
+        """Stop watching ``run_id`` (the lock is held)."""
+        events, pidfd, _ = self._watched.pop(run_id)
+        os.close(events)
+        if pidfd >= 0:
+            os.close(pidfd)
+
+
+
+def _populated(events: int) -> bool:
+    """``populated`` of an open ``cgroup.events``; False once its cgroup is removed (ENODEV)."""
+    try:
+        return cgroup.populated_fd(events)
+    except OSError:
+        return False

@@ -71,7 +71,7 @@ def populated(path: str) -> bool:
     except FileNotFoundError:
         return False
     try:
-        return _populated_fd(fd)
+        return populated_fd(fd)
     finally:
         os.close(fd)
 
@@ -113,7 +113,7 @@ def kill(path: str, timeout: float = 5.0) -> None:
                     f.write("1")
             except FileNotFoundError:
                 return
-            if not _populated_fd(events):
+            if not populated_fd(events):
                 return
             if time.monotonic() > deadline:
                 raise SandboxError(f"processes in {path} survived cgroup.kill for {timeout:.0f} s")
@@ -122,7 +122,29 @@ def kill(path: str, timeout: float = 5.0) -> None:
         os.close(events)
 
 
-def _populated_fd(fd: int) -> bool:
+def wait_empty(path: str, timeout: float) -> bool:
+    """Wait up to ``timeout`` seconds for cgroup ``path`` to hold no process (``cgroup.events``
+    ``populated 0``, woken by its POLLPRI as :func:`kill` is); whether it does (a cgroup
+    that is gone does)."""
+    deadline = time.monotonic() + timeout
+    try:
+        events = os.open(os.path.join(path, "cgroup.events"), os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return True
+    try:
+        poller = select.poll()
+        poller.register(events, select.POLLPRI)
+        while populated_fd(events):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            poller.poll(min(left, 1.0) * 1000)
+        return True
+    finally:
+        os.close(events)
+
+
+def populated_fd(fd: int) -> bool:
     """``populated`` of an open ``cgroup.events`` (read again from its start)."""
     for line in os.pread(fd, 4096, 0).decode().splitlines():
         k, _, v = line.partition(" ")

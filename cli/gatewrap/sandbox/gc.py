@@ -30,6 +30,9 @@ class Collected:
     waiting: list[tuple[str, int]] = field(default_factory=list)
     #: Runs whose gatewrap this one cannot prove dead, left alone: (run id, why).
     left: list[tuple[str, str]] = field(default_factory=list)
+    #: Runs of live containers whose daemon died, left for a daemon of its socket to take
+    #: back (gatewrap.oci.runs.take_back_all): (run id, that socket).
+    containers: list[tuple[str, str]] = field(default_factory=list)
 
 
 #: Where a run's approvals wake socket lives, ``<this>/<run id>/control.sock``
@@ -91,8 +94,9 @@ def collect(parent: str, salvage: Callable[[str, int], None] | None = None,
             keep: Container[str] = (), waiting_for: str | None = None) -> Collected:
     """Kill and remove every stale sandbox under ``parent`` (proven dead: :func:`sort_runs`;
     those it cannot judge are in the result's ``left``), but those in ``keep`` and the
-    shared-mode runs whose daemon died and whose waiter still lives (:func:`registry.waiter_alive`),
-    unless they wait for the daemon of socket ``waiting_for``: they wait, without egress, for a
+    shared-mode runs whose daemon died and whose waiter still lives (:func:`registry.waiter_alive`)
+    or whose container (gatewrap-oci) still has a process in its cgroup, unless they wait for
+    the daemon of socket ``waiting_for``: they wait, without egress, for a
     daemon of their socket to take them back, and only that daemon knows how long to wait (its
     take-back window); a gc, a run of its own or a daemon of another socket started meanwhile
     must not kill their agents.
@@ -120,6 +124,10 @@ def collect(parent: str, salvage: Callable[[str, int], None] | None = None,
             out.waiting.append((run_id, waiter))
             continue
         leaf = os.path.join(parent, run_id)
+        if (state is not None and state.get("container") and cgroup.populated(leaf)
+                and (waiting_for is None or state.get("socket") != waiting_for)):
+            out.containers.append((run_id, str(state.get("socket"))))
+            continue
         try:
             cgroup_id = None
             if os.path.isdir(leaf):

@@ -283,6 +283,8 @@ class Daemon:
         self.runs: dict[str, runner.Sandbox] = {}
         #: Container runs (gatewrap-oci), kept from their create to their delete.
         self.containers: dict[str, Any] = {}
+        #: The watch that ends the runs of dead containers never deleted (:class:`gatewrap.oci.runs.Exits`).
+        self.exits: Any = None
         self._lock = threading.Lock()
         #: Runs whose end is under way (:meth:`_serve_end`), and their last one's signal: the
         #: staged files and the ring buffer's release follow the client's release, and a daemon
@@ -343,6 +345,10 @@ class Daemon:
         parent = cgroup.parent_dir()
         self.hooks = loader.load_or_reuse(parent)
         self.reader = SharedReader()
+        from ..oci.runs import take_back_all
+
+        for line in take_back_all(self, parent):
+            self.say(line)
         self.awaiting = self._takeable(parent)
         for run_id in self.awaiting:
             self.say(f"run {run_id} of the last daemon still runs: waiting {TAKE_BACK_WINDOW:g} s for its "
@@ -659,11 +665,18 @@ class Daemon:
         of gatewrap's; its engine keeps its own output)."""
         return Terminal(os.dup(self.log.fileno()))
 
-    def add_container(self, run_id: str, run: Any) -> None:
-        """Keep container run ``run`` (:class:`gatewrap.oci.runs.ContainerRun`) until its delete."""
+    def add_container(self, run_id: str, run: Any, creator: int | None) -> None:
+        """Keep container run ``run`` (:class:`gatewrap.oci.runs.ContainerRun`) until its
+        delete, or until its container is dead and never deleted (:attr:`exits`);
+        ``creator``: the pid of the gatewrap-oci that made it (None: gone)."""
+        from ..oci.runs import Exits
+
         with self._lock:
             self.runs[run_id] = run.box
             self.containers[run_id] = run
+            if self.exits is None:
+                self.exits = Exits(self)
+        self.exits.watch(run_id, run.box.leaf, creator)
 
     def take_container(self, run_id: str) -> Any:
         """The container run ``run_id``, no longer kept; None if there is none."""
