@@ -159,8 +159,11 @@ def test_sigterm_is_forwarded_and_the_sandbox_still_goes_away(net, tmp_path):
     env = dict(os.environ, SUDO_UID="65534", SUDO_GID="65534")
     p = subprocess.Popen(
         gatewrap_cmd("run", "--audit-log", str(audit), "--workdir", "/tmp", "--", AGENT_PYTHON, "-c",
-                     "import signal, sys, time\n"
-                     "signal.signal(signal.SIGTERM, lambda *a: (print('got TERM', flush=True), sys.exit(42)))\n"
+                     # os.write, not print: the signal can come while print('ready') still holds
+                     # stdout's buffer (the line is out, the flush not returned), and a print in
+                     # the handler then raises "reentrant call" (seen under load).
+                     "import os, signal, time\n"
+                     "signal.signal(signal.SIGTERM, lambda *a: (os.write(1, b'got TERM\\n'), os._exit(42)))\n"
                      "print('ready', flush=True)\ntime.sleep(60)"),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     assert p.stdout.readline() == "ready\n"

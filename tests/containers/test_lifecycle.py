@@ -21,8 +21,8 @@ pytestmark = pytest.mark.kernel
 #: The grace the daemon gives an engine's delete once a container is dead (gatewrap.oci.runs.EXIT_GRACE).
 EXIT_GRACE = 5.0
 #: A container's first process that exits on SIGTERM (a handler: pid 1 ignores the signals it does not handle).
-TERM_EXITS = ["python3", "-c", "import signal, sys, time\n"
-              "signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\nprint('up', flush=True)\ntime.sleep(300)"]
+TERM_EXITS = ["python3", "-c", "import os, signal, time\n"
+              "signal.signal(signal.SIGTERM, lambda *_: os._exit(0))\nprint('up', flush=True)\ntime.sleep(300)"]
 #: One that ignores SIGTERM (pid 1 without a handler), as `docker stop` then kills it.
 TERM_IGNORED = ["sleep", "300"]
 #: Fetches the allowed host every 0.3 s, for ever.
