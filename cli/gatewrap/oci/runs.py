@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import stat
 from typing import Any
 
@@ -33,10 +32,8 @@ from ..policy import build_policy, policy_where, read_policy_text
 from ..run_types import RunOptions
 from ..sandbox import cgroup, registry, user
 from . import bundle
-from .argv import RUN_PREFIX
+from .argv import CONTAINER_ID, RUN_PREFIX
 
-#: Container ids runc accepts (libcontainer's idRegex), bounded: the id is a path component.
-CONTAINER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
 
 def run_id_of(container: str) -> str:
