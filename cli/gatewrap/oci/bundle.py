@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from typing import Any
 
 #: Docker's and Podman's default capabilities (moby oci/caps/defaults.go; containers.conf
@@ -30,33 +31,134 @@ DEFAULT_CAPS = frozenset(f"CAP_{c}" for c in (
 #: Host paths no container may have bound in (nor a folder holding one): the pins, the
 #: daemon's socket and runs, gatewrap's state (approvals, CA key, audit signing key).
 HIDDEN = ("/sys/fs/bpf", "/sys/fs/cgroup", "/run/gatewrap", "/var/lib/gatewrap", "/proc")
-#: Mount types that would give the container the cgroup tree or bpffs anew.
-REFUSED_TYPES = {"bpf", "cgroup2"}
+#: File systems no bind may come from, wherever they are mounted (a volume or a bind of a
+#: bind names them by another path): the pins, the cgroup tree, the host's processes and
+#: kernel knobs (proc(5), sysfs(5)) and the kernel's debugging file systems.
+HIDDEN_FS = {"bpf", "cgroup", "cgroup2", "proc", "sysfs", "debugfs", "tracefs", "securityfs"}
+#: The mount types a container may have (default-deny: what the engines' own configs hold,
+#: docker 20.10, podman 4.3, containerd 1.6); any other (``ext4`` of the host's disk, a new
+#: ``bpf`` or ``cgroup2``, ``overlay`` of host folders) is refused. ``proc`` only at /proc
+#: (where the masked and read-only paths are, :data:`MASKED`), ``sysfs`` and ``cgroup`` only
+#: read-only (as the engines mount them for a container that is not privileged).
+MOUNT_TYPES = {"bind", "none", "proc", "sysfs", "tmpfs", "devpts", "mqueue", "cgroup"}
+READ_ONLY_TYPES = {"sysfs", "cgroup"}
+#: Namespaces a container must have of its own (or another container's, by path), never the
+#: host's: with the host's pid namespace its root (CAP_KILL, uid 0) could signal gatewrap's
+#: daemon and gate; with the host's mount namespace it has the host's files. (The network
+#: namespace is always replaced by the run's; sharing the host's ipc, uts, user or cgroup
+#: namespace reaches nothing of gatewrap's.) linux.namespaces type -> /proc/<pid>/ns/ name.
+OWN_NAMESPACES = {"pid": "pid", "mount": "mnt"}
 #: Annotations (config.md "Annotations") a container names its policy with.
 POLICY_ANNOTATION = "gatewrap.policy"
 ALLOW_ANNOTATION = "gatewrap.allow"
 
 
-def refusals(config: dict[str, Any], systemd_cgroup: bool = False) -> list[str]:
-    """Why the container must not run in a gatewrap sandbox (empty: it may), one sentence each."""
+def refusals(config: dict[str, Any], systemd_cgroup: bool = False, bundle_dir: str = ".") -> list[str]:
+    """Why the container must not run in a gatewrap sandbox (empty: it may), one sentence
+    each. ``bundle_dir``: where runc resolves a relative mount source (it runs there).
+
+    Raises:
+        TypeError, AttributeError, ValueError: ``config`` is not shaped as the runtime-spec says.
+    """
     out = []
     if systemd_cgroup:
         out.append("--systemd-cgroup: gatewrap places the container's cgroup under its own gatewrap/ parent; "
                    "use the cgroupfs manager (podman --cgroup-manager=cgroupfs; dockerd's "
                    "native.cgroupdriver=cgroupfs)")
-    caps = (config.get("process") or {}).get("capabilities") or {}
-    extra = sorted({c for kind in caps.values() for c in (kind or [])} - DEFAULT_CAPS)
+    extra = beyond_default_caps((config.get("process") or {}).get("capabilities") or {})
     if extra:
         out.append(f"capabilities beyond the default set ({', '.join(extra)}; --privileged or --cap-add): "
                    "with them the container's root could detach gatewrap's hooks or leave its cgroup")
+    out += _namespace_refusals((config.get("linux") or {}).get("namespaces") or [])
+    out += _device_refusals(config.get("linux") or {})
     for m in config.get("mounts") or []:
-        if m.get("type") in REFUSED_TYPES:
-            out.append(f"a {m['type']} mount at {m.get('destination')}")
-        elif "bind" in (m.get("options") or []) or m.get("type") == "bind":
-            src = os.path.normpath(m.get("source") or "/")
-            if any(src == h or h.startswith(src.rstrip("/") + "/") or src.startswith(h + "/") for h in HIDDEN):
-                out.append(f"a bind mount of the host's {src} (it holds or is in one of {', '.join(HIDDEN)})")
+        out += _mount_refusals(m, bundle_dir)
     return out
+
+
+def beyond_default_caps(caps: dict[str, Any]) -> list[str]:
+    """The capabilities of ``caps`` (runtime-spec ``process.capabilities``: set name -> names)
+    that are not in :data:`DEFAULT_CAPS`, sorted."""
+    return sorted({c for kind in caps.values() for c in (kind or [])} - DEFAULT_CAPS)
+
+
+def _same_file(a: str, b: str) -> bool:
+    sa, sb = os.stat(a), os.stat(b)
+    return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
+
+
+def _namespace_refusals(namespaces: list[dict[str, Any]]) -> list[str]:
+    out = []
+    for kind, proc_name in OWN_NAMESPACES.items():
+        mine = [n for n in namespaces if n.get("type") == kind]
+        if not mine:
+            out.append(f"no {kind} namespace: the container would share the host's ({'--pid host' if kind == 'pid' else kind}); "
+                       "its root could reach gatewrap's daemon, gate or files")
+            continue
+        path = mine[-1].get("path")
+        if not path:
+            continue
+        try:
+            host = _same_file(path, f"/proc/self/ns/{proc_name}")  # gatewrap-oci runs in the engine's: the host's
+        except OSError as e:
+            out.append(f"the {kind} namespace {path} cannot be checked ({e.strerror})")
+            continue
+        if host:
+            out.append(f"the host's {kind} namespace ({path}): its root could reach gatewrap's daemon, gate or files")
+    return out
+
+
+def _device_refusals(linux: dict[str, Any]) -> list[str]:
+    """Block devices: with one (or with a device cgroup rule that lets it open block devices,
+    and CAP_MKNOD, a default capability) the container's root reads the host's disks, and on
+    them gatewrap's state. Character devices stay (those that matter need capabilities)."""
+    out = []
+    for d in linux.get("devices") or []:
+        if d.get("type") == "b":
+            out.append(f"the block device {d.get('path')} ({d.get('major')}:{d.get('minor')}; --device): "
+                       "its root could read the host's disk")
+    for rule in (linux.get("resources") or {}).get("devices") or []:
+        if rule.get("allow") and rule.get("type", "a") in ("a", "b") and set(rule.get("access") or "rwm") & {"r", "w"}:
+            out.append(f"a device cgroup rule allowing block devices ({rule.get('type', 'a')} "
+                       f"{rule.get('major', '*')}:{rule.get('minor', '*')} {rule.get('access') or 'rwm'}; "
+                       "--device or --device-cgroup-rule): its root could read the host's disks")
+    return out
+
+
+def _mount_refusals(m: dict[str, Any], bundle_dir: str) -> list[str]:
+    kind, options, dst = m.get("type") or "none", m.get("options") or [], m.get("destination")
+    if kind not in MOUNT_TYPES:
+        return [f"a {kind} mount at {dst} (gatewrap-oci allows {', '.join(sorted(MOUNT_TYPES))} mounts)"]
+    if kind == "proc" and os.path.normpath(dst or "/") != "/proc":
+        return [f"a proc mount at {dst}: only /proc has the masked and read-only paths"]
+    if kind in READ_ONLY_TYPES and "ro" not in options:
+        return [f"a read-write {kind} mount at {dst}"]
+    if kind != "bind" and not {"bind", "rbind"} & set(options):
+        return []
+    # runc runs in the bundle (a relative source is the bundle's) and mount(2) follows symlinks.
+    src = os.path.realpath(os.path.join(bundle_dir, m.get("source") or "/"))
+    if any(src == h or h.startswith(src.rstrip("/") + "/") or src.startswith(h + "/") for h in HIDDEN):
+        return [f"a bind mount of the host's {src} (it holds or is in one of {', '.join(HIDDEN)})"]
+    fs = _fs_type(src)
+    if fs in HIDDEN_FS:
+        return [f"a bind mount of the host's {src}, on a {fs} file system"]
+    return []
+
+
+def _fs_type(path: str) -> str | None:
+    """The type of the file system ``path`` (a real path) is on, as /proc/self/mountinfo says
+    (proc(5): the mount point is field 5, the type follows ``-``); None if unreadable."""
+    best, fs = "", None
+    try:
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                fields, _, rest = line.partition(" - ")
+                point = re.sub(r"\\([0-7]{3})", lambda o: chr(int(o[1], 8)), fields.split(" ")[4])
+                if (path == point or path.startswith(point.rstrip("/") + "/")) and len(point) >= len(best):
+                    best, fs = point, rest.split(" ")[0]
+    except OSError:
+        return None
+    return fs
 
 
 def policy_of(config: dict[str, Any]) -> tuple[str | None, list[str]]:
@@ -80,8 +182,9 @@ def confine(config: dict[str, Any], netns: str, cgroups_path: str, env: dict[str
     """``config`` changed to run in the sandbox: the network namespace ``netns`` (a path
     runc opens and joins, setns(2)), ``cgroups_path`` (runc's ``linux.cgroupsPath``, relative
     to each hierarchy's root), ``env`` over the container's own (:data:`JOINED` ones
-    prepended), and ``mounts`` as (host path, container path) read-only binds replacing any
-    mount at the same destination."""
+    prepended), ``mounts`` as (host path, container path) read-only binds replacing any
+    mount at the same destination, and the engines' masked and read-only paths
+    (:data:`MASKED`, :data:`READ_ONLY`) added to the container's own."""
     linux = config.setdefault("linux", {})
     spaces = [n for n in linux.get("namespaces") or [] if n.get("type") != "network"]
     linux["namespaces"] = [*spaces, {"type": "network", "path": netns}]
@@ -97,7 +200,19 @@ def confine(config: dict[str, Any], netns: str, cgroups_path: str, env: dict[str
     kept = [m for m in config.get("mounts") or [] if m.get("destination") not in ours]
     config["mounts"] = kept + [{"destination": dst, "type": "bind", "source": src,
                                 "options": ["rbind", "ro", "nosuid", "nodev"]} for src, dst in mounts]
+    linux["maskedPaths"] = [*(linux.get("maskedPaths") or []), *(p for p in MASKED if p not in (linux.get("maskedPaths") or []))]
+    linux["readonlyPaths"] = [*(linux.get("readonlyPaths") or []),
+                              *(p for p in READ_ONLY if p not in (linux.get("readonlyPaths") or []))]
     return config
+
+
+#: The engines' default masked and read-only paths (moby oci/defaults.go, containers/common
+#: pkg/config): kept whatever the container asks (``--security-opt unmask=ALL``, docker's
+#: ``systempaths=unconfined``), since the container's root is the host's uid 0: with
+#: /proc/sys writable it sets kernel.core_pattern, which the host's kernel runs as root.
+MASKED = ("/proc/acpi", "/proc/kcore", "/proc/keys", "/proc/latency_stats", "/proc/timer_list", "/proc/timer_stats",
+          "/proc/sched_debug", "/proc/scsi", "/sys/firmware", "/sys/fs/selinux", "/sys/dev/block")
+READ_ONLY = ("/proc/asound", "/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger")
 
 
 #: socket(2)'s AF_VSOCK (linux/socket.h) and the error a refused one gets (EAFNOSUPPORT), as
