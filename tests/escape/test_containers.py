@@ -1,0 +1,303 @@
+"""Escape suite, containers (issue 22): a hostile container, and a careless or hostile
+container creator, against ``gatewrap-oci`` on the real kernel with Debian's podman and runc.
+
+Two kinds of vector:
+
+- what the creator asks in ``config.json`` (flags of ``podman run``/``exec``, or a
+  config.json written by hand, as ``ctr`` or a direct runc caller may): held when
+  ``gatewrap-oci`` refuses it before anything is set up (exit 125, the reason on stderr), or
+  when the container it runs cannot use it to get out;
+- what the container's root then tries from inside (the same prelude as the other escape
+  modules: one JSON line per attempt, with its errno).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from containers.conftest import (Container, oci_daemon, podman, podman_gatewrap, podman_image,  # noqa: F401
+                                 PODMAN_RUN_FLAGS)
+from gatewrap.oci import bundle
+
+from .helpers import agent_code, attempts
+
+pytestmark = pytest.mark.kernel
+
+REFUSED = "gatewrap-oci: config.json refused before the run is set up"
+#: A block device of this machine's (the root file system's disk), for --device.
+DISK = next((f"/dev/{d}" for d in ("vda", "sda", "nvme0n1", "xvda") if os.path.exists(f"/dev/{d}")), "/dev/vda")
+
+
+def _symlink_to(target: str) -> str:
+    d = tempfile.mkdtemp(prefix="gwt-link-")
+    os.chmod(d, 0o755)
+    link = os.path.join(d, "link")
+    os.symlink(target, link)
+    return link
+
+
+# --- what the creator asks: refused before the container starts ---------------------------
+
+@pytest.mark.parametrize("flags, why", [
+    (["-v", "/var/run:/mnt"], "bind mount of the host's /run"),
+    (["--mount", f"type=bind,src={_symlink_to('/sys/fs/bpf')},dst=/mnt"], "bind mount of the host's /sys/fs/bpf"),
+    (["--pid", "host"], "no pid namespace"),
+    (["--device", DISK], "block device"),
+    (["--device-cgroup-rule", "b *:* rwm"], "block devices"),
+    (["--cap-add", "DAC_READ_SEARCH"], "CAP_DAC_READ_SEARCH"),
+    (["--cap-add", "NET_ADMIN"], "CAP_NET_ADMIN"),
+], ids=["the host's /run bound through the /var/run symlink (the daemon's socket)",
+        "a symlink to the host's /sys/fs/bpf bound in",
+        "--pid host (the container's root could signal the daemon and the gate)",
+        "--device of the host's disk (its root could read gatewrap's state off it)",
+        "--device-cgroup-rule of every block device (then mknod, in the default capabilities)",
+        "--cap-add DAC_READ_SEARCH (open_by_handle_at: the host's files through any bind)",
+        "--cap-add NET_ADMIN"])
+def test_a_container_creators_request_that_reaches_the_host_is_refused(podman, outcome, flags, why):
+    c = podman("--network", "none", *flags, cmd=["true"])
+    refused = c.returncode != 0 and why in c.stderr
+    outcome("gatewrap-oci: config.json refused before the run is set up",
+            f"refused, exit {c.returncode}" if refused else f"the container ran (exit {c.returncode})",
+            "held" if refused else "OPEN")
+    assert refused, c.stderr[-2000:]
+    assert c.records() == []
+
+
+# --- config.json written by hand (ctr --mount, a direct runc caller): the same check --------
+
+def _mount(**m):
+    return {"process": {"capabilities": {"bounding": sorted(bundle.DEFAULT_CAPS)}},
+            "linux": {"namespaces": [{"type": t} for t in ("pid", "mount", "ipc", "uts", "network")]},
+            "mounts": [m]}
+
+
+@pytest.mark.parametrize("cfg, why", [
+    (_mount(destination="/mnt", type="none", source="/sys/fs/bpf", options=["rbind", "rw"]),
+     "bind mount of the host's /sys/fs/bpf"),
+    (_mount(destination="/mnt", source="/run/gatewrap", options=["rbind"]), "bind mount of the host's /run/gatewrap"),
+    (_mount(destination="/mnt", type="bind", source="../../../../../../../../sys/fs/bpf", options=["bind"]),
+     "bind mount of the host's /sys/fs/bpf"),
+    (_mount(destination="/host", type="ext4", source=DISK, options=["rw"]), "a ext4 mount"),
+    (_mount(destination="/mnt/proc", type="proc", source="proc"), "a proc mount at /mnt/proc"),
+    (_mount(destination="/sys", type="sysfs", source="sysfs", options=["nosuid"]), "read-write sysfs"),
+    (_mount(destination="/sys/fs/cgroup", type="cgroup", source="cgroup", options=["rw"]), "read-write cgroup"),
+    ({"linux": {"namespaces": [{"type": t} for t in ("pid", "ipc", "uts", "network")]}}, "no mount namespace"),
+    ({"linux": {"namespaces": [{"type": "mount", "path": "/proc/self/ns/mnt"}, {"type": "pid"}]}},
+     "the host's mount namespace"),
+    ({"linux": {"namespaces": [{"type": "mount"}, {"type": "pid", "path": "/proc/self/ns/pid"}]}},
+     "the host's pid namespace"),
+    ({"linux": {"namespaces": [{"type": "mount"}, {"type": "pid"}], "devices": [
+        {"path": "/dev/xda", "type": "b", "major": 254, "minor": 0}]}}, "block device"),
+], ids=["a bind with type none and option rbind (ctr --mount type=none,options=rbind)",
+        "a bind with no type, option rbind",
+        "a bind whose source is relative to the bundle (runc resolves it there)",
+        "the host's disk mounted by type (runc mounts what config.json says)",
+        "a second procfs outside /proc (no masked or read-only paths there: /proc/sys/kernel/core_pattern)",
+        "a read-write sysfs (/sys/kernel/uevent_helper)",
+        "a read-write cgroup mount",
+        "no mount namespace (the host's file system)",
+        "the host's mount namespace joined by path",
+        "the host's pid namespace joined by path",
+        "a block device node in linux.devices"])
+def test_a_hand_written_config_that_reaches_the_host_is_refused(outcome, cfg, why):
+    got = bundle.refusals(cfg, bundle_dir="/run/containerd/io.containerd.runtime.v2.task/ns/id")
+    held = any(why in r for r in got)
+    outcome("gatewrap-oci: config.json refused", "refused: " + "; ".join(got) if held else f"passed ({got})",
+            "held" if held else "OPEN")
+    assert held, got
+
+
+# --- what the container's root tries from inside -----------------------------------------
+
+#: The container's root tries the host's kernel knobs that run code as the host's root.
+SYSCTL_WRITE = """
+attempt('open /proc/sys/kernel/core_pattern for writing', lambda: os.close(os.open('/proc/sys/kernel/core_pattern', os.O_WRONLY)))
+attempt('open /proc/sysrq-trigger for writing', lambda: os.close(os.open('/proc/sysrq-trigger', os.O_WRONLY)))
+"""
+
+#: The container's root, without seccomp, in a user, cgroup and mount namespace of its own:
+#: cgroupfs mounted anew, a child cgroup of its leaf, then a direct connect and bpf().
+OWN_USERNS = """
+CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUSER = 0x20000, 0x02000000, 0x10000000
+def enter():
+    check(libc.unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWCGROUP))
+    open('/proc/self/setgroups', 'w').write('deny')
+    open('/proc/self/uid_map', 'w').write('0 0 1')
+    open('/proc/self/gid_map', 'w').write('0 0 1')
+attempt('unshare(user, cgroup, mount)', enter)
+os.makedirs('/tmp/cg', exist_ok=True)
+attempt('mount cgroup2', lambda: check(libc.mount(b'none', b'/tmp/cg', b'cgroup2', 0, None)))
+def move():
+    os.makedirs('/tmp/cg/esc', exist_ok=True)
+    open('/tmp/cg/esc/cgroup.procs', 'w').write(str(os.getpid()))
+attempt('move into a child cgroup', move)
+attempt('connect 198.51.100.148:80', lambda: sock(V4, TCP).connect(('198.51.100.148', 80)))
+attempt('bpf(BPF_PROG_GET_NEXT_ID)', bpf, 11, struct.pack('=II', 0, 0))
+"""
+
+#: The container's root with the host's cgroup namespace: the cgroup tree it sees.
+CGROUPNS_HOST = """
+for path in ('/sys/fs/cgroup/unified/cgroup.procs', '/sys/fs/cgroup/pids/cgroup.procs', '/sys/fs/cgroup/memory/cgroup.procs'):
+    attempt(f'write {path}', lambda: open(path, 'w').write(str(os.getpid())))
+attempt('its cgroup', lambda: [l for l in open('/proc/self/cgroup').read().split() if l.startswith('0::')])
+attempt('connect 198.51.100.148:80', lambda: sock(V4, TCP).connect(('198.51.100.148', 80)))
+"""
+
+#: Raw and packet sockets with the default capabilities (CAP_NET_RAW is one).
+RAW = """
+def ping():
+    s = sock(V4, socket.SOCK_RAW, socket.IPPROTO_ICMP)
+    s.sendto(b'\\x08\\x00\\xf7\\xff\\x00\\x00\\x00\\x00', ('198.51.100.148', 0))
+attempt('raw ICMP to 198.51.100.148', ping)
+def packet():
+    s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(3))
+    return sorted(n for _, n in socket.if_nameindex())
+attempt('AF_PACKET socket: the interfaces it could send on', packet)
+attempt('connect 198.51.100.148:80', lambda: sock(V4, TCP).connect(('198.51.100.148', 80)))
+"""
+
+
+#: The image has python3-minimal (no ctypes): the host's standard library (the same Debian
+#: Python 3.11) and libffi, bound read-only, give the prelude its ctypes.
+CTYPES = ["-v", "/usr/lib/python3.11:/usr/lib/python3.11:ro",
+          "-v", "/usr/lib/x86_64-linux-gnu/libffi.so.8:/usr/lib/x86_64-linux-gnu/libffi.so.8:ro"]
+
+
+def _by_step(out: str) -> dict[str, dict]:
+    return {a["step"]: a for a in attempts(out)}
+
+
+@pytest.mark.parametrize("flags, body, expected", [
+    (["--security-opt", "unmask=ALL"], SYSCTL_WRITE,
+     {"open /proc/sys/kernel/core_pattern for writing": "EROFS", "open /proc/sysrq-trigger for writing": ("EROFS", "ENOENT")}),
+    (["--security-opt", "seccomp=unconfined"], OWN_USERNS,
+     {"connect 198.51.100.148:80": "EPERM", "bpf(BPF_PROG_GET_NEXT_ID)": "EPERM"}),
+    (["--cgroupns", "host"], CGROUPNS_HOST,
+     {"write /sys/fs/cgroup/unified/cgroup.procs": ("ENOENT", "EROFS"), "write /sys/fs/cgroup/pids/cgroup.procs": "EROFS",
+      "write /sys/fs/cgroup/memory/cgroup.procs": "EROFS", "connect 198.51.100.148:80": "EPERM"}),
+    (["--cap-add", "NET_RAW", "--sysctl", "net.ipv4.ping_group_range=0 0", "--sysctl", "net.ipv4.ip_forward=1"], RAW,
+     {"raw ICMP to 198.51.100.148": "EPERM", "connect 198.51.100.148:80": "EPERM",
+      "AF_PACKET socket: the interfaces it could send on": (None, "EPERM")}),
+], ids=["unmask=ALL: the container's root writes the host's core_pattern (runs code as the host's root)",
+        "seccomp=unconfined: its own user namespace, cgroupfs mounted anew, a child cgroup, then connect and bpf",
+        "--cgroupns host: the container's root writes cgroup.procs of the tree it sees",
+        "NET_RAW and net sysctls: raw ICMP, AF_PACKET, a direct connect"])
+def test_what_the_containers_root_tries_from_inside_fails(podman, outcome, flags, body, expected):
+    c = podman("--network", "none", *CTYPES, *flags, cmd=["python3", "-c", agent_code(body)])
+    got = _by_step(c.stdout)
+    print(c.stdout)
+    seen = {step: (got.get(step) or {}).get("errno", "no attempt") for step in expected}
+    held = c.returncode == 0 and all(seen[s] in (e if isinstance(e, tuple) else (e,)) for s, e in expected.items())
+    outcome("container: " + ", ".join(flags), "; ".join(f"{s}: {seen[s]}" for s in expected), "held" if held else "OPEN")
+    assert held, (c.returncode, c.stdout, c.stderr[-2000:])
+    assert not os.path.exists(f"/sys/fs/cgroup/unified/gatewrap/{c.run_id}"), "the run's leaf (and a child) stayed"
+    if "its cgroup" in got:
+        assert got["its cgroup"]["result"] == [f"0::/gatewrap/{c.run_id}"]
+    if "AF_PACKET socket: the interfaces it could send on" in got:  # only the run's netns: lo
+        assert got["AF_PACKET socket: the interfaces it could send on"]["result"] in (None, ["lo"])
+
+
+# --- exec into a running container --------------------------------------------------------
+
+@pytest.fixture
+def running(net, oci_daemon, podman_image, tmp_path):  # noqa: F811
+    """A detached container (sleeping) with gatewrap-oci and no seccomp profile (which alone
+    is held, above); yields (podman command, container)."""
+    audit = tmp_path / "audit.jsonl"
+    base = podman_gatewrap(oci_daemon, net, audit)
+    p = subprocess.run([*base, "run", "-d", "--network", "none", "--security-opt", "seccomp=unconfined",
+                        *PODMAN_RUN_FLAGS, *CTYPES, podman_image, "sleep", "120"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    cid = p.stdout.strip()
+    yield base, Container(0, "", "", cid, audit)
+    subprocess.run([*base, "rm", "-f", "-t", "0", cid], capture_output=True, timeout=60)
+
+
+EXEC_PROBE = """
+attempt('its cgroup', lambda: open('/proc/self/cgroup').read().strip().splitlines())
+attempt('its netns interfaces', lambda: sorted(n for _, n in socket.if_nameindex()))
+attempt('CapEff', lambda: [l.split()[1] for l in open('/proc/self/status') if l.startswith('CapEff')][0])
+attempt('connect 198.51.100.148:80', lambda: sock(V4, TCP).connect(('198.51.100.148', 80)))
+attempt('bpf(BPF_PROG_GET_NEXT_ID)', bpf, 11, struct.pack('=II', 0, 0))
+"""
+
+
+def test_podman_exec_lands_in_the_runs_cgroup_and_netns(running, outcome):
+    base, c = running
+    p = subprocess.run([*base, "exec", c.id, "python3", "-c", agent_code(EXEC_PROBE)], capture_output=True, text=True,
+                       timeout=60)
+    got = _by_step(p.stdout)
+    print(p.stdout)
+    cgroup = got.get("its cgroup", {}).get("result") or []
+    held = (p.returncode == 0 and any(line.endswith(f"/gatewrap/{c.run_id}") for line in cgroup)
+            and got["its netns interfaces"]["result"] == ["lo"] and got["connect 198.51.100.148:80"]["errno"] == "EPERM")
+    outcome("runc exec: the container's cgroup (the run's leaf) and netns",
+            f"connect: {got.get('connect 198.51.100.148:80', {}).get('errno')}; interfaces "
+            f"{got.get('its netns interfaces', {}).get('result')}", "held" if held else "OPEN")
+    assert held, (p.stdout, p.stderr[-2000:])
+    assert c.records(event="direct_egress"), "the exec'd process's direct connect has no record"
+
+
+def test_podman_exec_privileged_is_refused(running, outcome):
+    """podman exec --privileged into a container without seccomp (CAP_SYS_ADMIN and CAP_BPF in the run's cgroup)"""
+    base, c = running
+    p = subprocess.run([*base, "exec", "--privileged", c.id, "python3", "-c", agent_code(EXEC_PROBE)],
+                       capture_output=True, text=True, timeout=60)
+    got = _by_step(p.stdout)
+    print(p.stdout)
+    held = p.returncode != 0 and "capabilities beyond the default set" in p.stderr
+    outcome("gatewrap-oci exec: process.json's capabilities checked",
+            "refused" if held else f"ran with CapEff {got.get('CapEff', {}).get('result')}, "
+            f"bpf(BPF_PROG_GET_NEXT_ID): {got.get('bpf(BPF_PROG_GET_NEXT_ID)', {}).get('errno', '?')}",
+            "held" if held else "OPEN")
+    assert held, (p.returncode, p.stdout, p.stderr[-2000:])
+
+
+def test_runc_update_cannot_loosen_what_bounds_the_container(running, outcome):
+    """podman update --pids-limit -1 (runc update of the container's cgroup)"""
+    base, c = running
+    parent = "/sys/fs/cgroup/pids/gatewrap/pids.max"
+    before = open(parent).read().strip()
+    p = subprocess.run([*base, "update", "--pids-limit", "-1", c.id], capture_output=True, text=True, timeout=60)
+    after = open(parent).read().strip()
+    leaf = open(f"/sys/fs/cgroup/pids/gatewrap/{c.run_id}/pids.max").read().strip()
+    held = after == before != "max"
+    outcome("cgroup v1 pids: the gatewrap/ parent's bound (runc update writes the container's leaf only)",
+            f"update exit {p.returncode}; leaf pids.max {leaf}; gatewrap/ pids.max {after}", "held" if held else "OPEN")
+    assert held, (p.stderr[-1000:], before, after)
+
+
+# --- gatewrap-oci's own input: the container id, config.json ------------------------------
+
+OCI = str(Path(os.sys.executable).parent / "gatewrap-oci")
+
+
+@pytest.mark.parametrize("container, config, why", [
+    ("../../../../tmp/gwt-evil", "{}", "is not one runc accepts"),
+    ("x" * 300, "{}", "is not one runc accepts"),
+    ("gwt-malformed", "{not json", "is not a runtime-spec config.json"),
+    ("gwt-list", "[1, 2]", "is not a runtime-spec config.json"),
+    ("gwt-wrong-types", '{"mounts": [1], "linux": {"namespaces": [{"type": "pid"}, {"type": "mount"}]}}',
+     "is not a runtime-spec config.json"),
+    ("gwt-huge", '{"annotations": {"x": "' + "a" * (64 << 20) + '"}, "linux": {"namespaces": "pid"}}',
+     "is not a runtime-spec config.json"),
+], ids=["a container id with path traversal (names the registry's files)", "a container id of 300 characters",
+        "a malformed config.json", "a config.json that is a list", "a mount that is not an object",
+        "a 64 MiB config.json with a namespaces string"])
+def test_a_hostile_container_id_or_config_is_refused_before_the_daemon_is_asked(tmp_path, outcome, container,
+                                                                                   config, why):
+    (tmp_path / "config.json").write_text(config)
+    p = subprocess.run([OCI, "--gatewrap-socket", str(tmp_path / "no-daemon.sock"), "--gatewrap-runc", "/bin/false",
+                        "create", "--bundle", str(tmp_path), container], capture_output=True, text=True, timeout=60)
+    held = p.returncode == 125 and why in p.stderr and "Traceback" not in p.stderr
+    outcome("gatewrap-oci create: checked before the daemon is asked", f"exit {p.returncode}: {p.stderr.strip()[:120]}",
+            "held" if held else "OPEN")
+    assert held, p.stderr[-2000:]
