@@ -168,6 +168,24 @@ def policy_of(config: dict[str, Any]) -> tuple[str | None, list[str]]:
     return notes.get(POLICY_ANNOTATION) or None, allow
 
 
+def policy_refusal(config: dict[str, Any], policy: str, bundle_dir: str = ".") -> str | None:
+    """Why ``policy`` (a policy file's host path) must not be this container's (None: it may
+    be): it lies in a folder bound into the container read-write, where the container's root,
+    the host's uid 0, could rewrite it (root's still, so :func:`gatewrap.oci.runs.checked_policy_file`
+    passes it) for the run's ``gatewrap reload``."""
+    real = os.path.realpath(policy)
+    for m in config.get("mounts") or []:
+        if m.get("type") != "bind" and not {"bind", "rbind"} & set(m.get("options") or []):
+            continue
+        if "ro" in (m.get("options") or []):
+            continue
+        src = os.path.realpath(os.path.join(bundle_dir, m.get("source") or "/"))
+        if real == src or real.startswith(src.rstrip("/") + "/"):
+            return (f"the policy {policy} is in {src}, bound into the container read-write at {m.get('destination')}: "
+                    "its root could rewrite it; keep policies out of what containers have bound, or bind it read-only")
+    return None
+
+
 def container_uid(config: dict[str, Any]) -> int:
     """The uid the container's process runs as (``process.user.uid``; 0 if unset)."""
     return int(((config.get("process") or {}).get("user") or {}).get("uid", 0))

@@ -134,6 +134,10 @@ def _create(line: cli_args.CommandLine, runc: str) -> int:
         policy = line.gatewrap.get("policy")
         allow = [h.strip() for a in line.gatewrap["allow"] for h in a.split(",") if h.strip()]  # type: ignore[union-attr]
         source = "runtime flags"
+    if policy is not None:
+        mine = bundle.policy_refusal(config, str(policy), bundle_dir)
+        if mine:
+            raise Failed(f"container {container} refused: {mine}")
     got = _ask(line, {"op": "container_create", "container": container, "policy": policy, "allow": allow, "policy_source": source,
                       "uid": bundle.container_uid(config), "argv": (config.get("process") or {}).get("args") or [],
                       "audit_log": line.gatewrap.get("audit_log"), "resolvers": line.gatewrap["resolvers"],
