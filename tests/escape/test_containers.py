@@ -213,6 +213,42 @@ CTYPES = ["-v", "/usr/lib/python3.11:/usr/lib/python3.11:ro",
           "-v", "/usr/lib/x86_64-linux-gnu/libffi.so.8:/usr/lib/x86_64-linux-gnu/libffi.so.8:ro"]
 
 
+#: Abstract unix sockets are per network namespace: those in the run's (the gate's?) that
+#: accept a connection.
+ABSTRACT = """
+def abstract():
+    names = [l.split()[-1] for l in open('/proc/net/unix').read().splitlines()[1:] if l.split()[-1].startswith('@')]
+    for n in names:
+        s = socket.socket(socket.AF_UNIX)
+        s.settimeout(1)
+        try:
+            s.connect('\\0' + n[1:])
+        except OSError:
+            continue
+        raise OSError(errno.EEXIST, 'connected to ' + n)
+    return names
+attempt('connect to the abstract unix sockets of its netns', abstract)
+attempt('connect 198.51.100.148:80', lambda: sock(V4, TCP).connect(('198.51.100.148', 80)))
+"""
+
+#: The engine's /etc (and the staged shims' folder) under a tmpfs of the container's.
+TMPFS = """
+attempt('its resolv.conf', lambda: open('/etc/resolv.conf').read().split())
+attempt('connect 198.51.100.148:80', lambda: sock(V4, TCP).connect(('198.51.100.148', 80)))
+"""
+
+
+#: The pins and the daemon's files, as the container's root sees the paths.
+PINS = """
+attempt('list /sys/fs/bpf', lambda: os.listdir('/sys/fs/bpf'))
+attempt('list /run/gatewrap', lambda: os.listdir('/run/gatewrap'))
+p = ctypes.create_string_buffer(b'/sys/fs/bpf/gatewrap')
+attempt('bpf(BPF_OBJ_GET) /sys/fs/bpf/gatewrap', bpf, 7, struct.pack('=QII', ctypes.addressof(p), 0, 0))
+attempt('its netns interfaces', lambda: sorted(n for _, n in socket.if_nameindex()))
+attempt('connect 198.51.100.148:80', lambda: sock(V4, TCP).connect(('198.51.100.148', 80)))
+"""
+
+
 def _by_step(out: str) -> dict[str, dict]:
     return {a["step"]: a for a in attempts(out)}
 
@@ -228,14 +264,22 @@ def _by_step(out: str) -> dict[str, dict]:
     (["--cap-add", "NET_RAW", "--sysctl", "net.ipv4.ping_group_range=0 0", "--sysctl", "net.ipv4.ip_forward=1"], RAW,
      {"raw ICMP to 198.51.100.148": "EPERM", "connect 198.51.100.148:80": "EPERM",
       "AF_PACKET socket: the interfaces it could send on": (None, "EPERM")}),
+    ([], ABSTRACT, {"connect to the abstract unix sockets of its netns": None, "connect 198.51.100.148:80": "EPERM"}),
+    (["--tmpfs", "/etc", "--tmpfs", "/run"], TMPFS, {"its resolv.conf": None, "connect 198.51.100.148:80": "EPERM"}),
+    (["--network", "host", "--ipc", "host", "--uts", "host", "--userns", "host"], PINS,
+     {"list /sys/fs/bpf": (None, "ENOENT"), "list /run/gatewrap": "ENOENT", "bpf(BPF_OBJ_GET) /sys/fs/bpf/gatewrap": "EPERM",
+      "its netns interfaces": None, "connect 198.51.100.148:80": "EPERM"}),
 ], ids=["unmask=ALL: the container's root writes the host's core_pattern (runs code as the host's root)",
         "seccomp=unconfined: its own user namespace, cgroupfs mounted anew, a child cgroup, then connect and bpf",
         "--cgroupns host: the container's root writes cgroup.procs of the tree it sees",
-        "NET_RAW and net sysctls: raw ICMP, AF_PACKET, a direct connect"])
+        "NET_RAW and net sysctls: raw ICMP, AF_PACKET, a direct connect",
+        "abstract unix sockets of the run's netns (the gate's, the daemon's)",
+        "tmpfs over /etc and /run (the staged resolv.conf and shims)",
+        "--network, --ipc, --uts and --userns host: the pins, the daemon's folder, bpf(BPF_OBJ_GET)"])
 def test_what_the_containers_root_tries_from_inside_fails(podman, outcome, flags, body, expected):
-    c = podman("--network", "none", *CTYPES, *flags, cmd=["python3", "-c", agent_code(body)])
+    network = [] if "--network" in flags else ["--network", "none"]
+    c = podman(*network, *CTYPES, *flags, cmd=["python3", "-c", agent_code(body)])
     got = _by_step(c.stdout)
-    print(c.stdout)
     seen = {step: (got.get(step) or {}).get("errno", "no attempt") for step in expected}
     held = c.returncode == 0 and all(seen[s] in (e if isinstance(e, tuple) else (e,)) for s, e in expected.items())
     outcome("container: " + ", ".join(flags), "; ".join(f"{s}: {seen[s]}" for s in expected), "held" if held else "OPEN")
@@ -243,8 +287,24 @@ def test_what_the_containers_root_tries_from_inside_fails(podman, outcome, flags
     assert not os.path.exists(f"/sys/fs/cgroup/unified/gatewrap/{c.run_id}"), "the run's leaf (and a child) stayed"
     if "its cgroup" in got:
         assert got["its cgroup"]["result"] == [f"0::/gatewrap/{c.run_id}"]
+    if "list /sys/fs/bpf" in got:
+        assert not got["list /sys/fs/bpf"]["result"] and got["its netns interfaces"]["result"] == ["lo"], got
+    if "its resolv.conf" in got:  # the staged one, bound over the container's tmpfs
+        words = got["its resolv.conf"]["result"]
+        assert "gatewrap" in " ".join(words) and words[words.index("nameserver") + 1] == "127.0.0.1", words
     if "AF_PACKET socket: the interfaces it could send on" in got:  # only the run's netns: lo
         assert got["AF_PACKET socket: the interfaces it could send on"]["result"] in (None, ["lo"])
+
+
+def test_io_uring_connect_from_a_container_without_seccomp_is_refused_by_the_hooks(podman, outcome, probe):
+    """io_uring connect (IORING_OP_CONNECT) from a container without seccomp"""
+    c = podman("--network", "none", "--security-opt", "seccomp=unconfined", "-v", f"{probe}:/probe:ro",
+               cmd=["/probe", "uring-connect", "198.51.100.148", "80"])
+    got = attempts(c.stdout)
+    errno_ = got[0]["errno"] if got else f"no attempt ({c.stderr.strip()[-200:]})"
+    outcome("cgroup/connect4 (io_uring's connect runs the same hook)", errno_, "held" if errno_ == "EPERM" else "OPEN")
+    assert errno_ == "EPERM", (c.stdout, c.stderr[-1000:])
+    assert c.records(event="direct_egress")
 
 
 # --- exec into a running container --------------------------------------------------------
@@ -278,7 +338,6 @@ def test_podman_exec_lands_in_the_runs_cgroup_and_netns(running, outcome):
     p = subprocess.run([*base, "exec", c.id, "python3", "-c", agent_code(EXEC_PROBE)], capture_output=True, text=True,
                        timeout=60)
     got = _by_step(p.stdout)
-    print(p.stdout)
     cgroup = got.get("its cgroup", {}).get("result") or []
     held = (p.returncode == 0 and any(line.endswith(f"/gatewrap/{c.run_id}") for line in cgroup)
             and got["its netns interfaces"]["result"] == ["lo"] and got["connect 198.51.100.148:80"]["errno"] == "EPERM")
@@ -295,7 +354,6 @@ def test_podman_exec_privileged_is_refused(running, outcome):
     p = subprocess.run([*base, "exec", "--privileged", c.id, "python3", "-c", agent_code(EXEC_PROBE)],
                        capture_output=True, text=True, timeout=60)
     got = _by_step(p.stdout)
-    print(p.stdout)
     held = p.returncode != 0 and "capabilities beyond the default set" in p.stderr
     outcome("gatewrap-oci exec: process.json's capabilities checked",
             "refused" if held else f"ran with CapEff {got.get('CapEff', {}).get('result')}, "

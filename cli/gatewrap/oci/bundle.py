@@ -92,7 +92,8 @@ def _namespace_refusals(namespaces: list[dict[str, Any]]) -> list[str]:
     for kind, proc_name in OWN_NAMESPACES.items():
         mine = [n for n in namespaces if n.get("type") == kind]
         if not mine:
-            out.append(f"no {kind} namespace: the container would share the host's ({'--pid host' if kind == 'pid' else kind}); "
+            flag = "--pid host" if kind == "pid" else kind
+            out.append(f"no {kind} namespace: the container would share the host's ({flag}); "
                        "its root could reach gatewrap's daemon, gate or files")
             continue
         path = mine[-1].get("path")
@@ -218,9 +219,9 @@ def confine(config: dict[str, Any], netns: str, cgroups_path: str, env: dict[str
     kept = [m for m in config.get("mounts") or [] if m.get("destination") not in ours]
     config["mounts"] = kept + [{"destination": dst, "type": "bind", "source": src,
                                 "options": ["rbind", "ro", "nosuid", "nodev"]} for src, dst in mounts]
-    linux["maskedPaths"] = [*(linux.get("maskedPaths") or []), *(p for p in MASKED if p not in (linux.get("maskedPaths") or []))]
-    linux["readonlyPaths"] = [*(linux.get("readonlyPaths") or []),
-                              *(p for p in READ_ONLY if p not in (linux.get("readonlyPaths") or []))]
+    for key, ours in (("maskedPaths", MASKED), ("readonlyPaths", READ_ONLY)):
+        theirs = linux.get(key) or []
+        linux[key] = [*theirs, *(p for p in ours if p not in theirs)]
     return config
 
 
