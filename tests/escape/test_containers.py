@@ -31,6 +31,8 @@ from .helpers import agent_code, attempts
 pytestmark = pytest.mark.kernel
 
 REFUSED = "gatewrap-oci: config.json refused before the run is set up"
+#: The runtime as installed in this environment (as tests/containers/conftest.py names it).
+OCI = str(Path(os.sys.executable).parent / "gatewrap-oci")
 #: A block device of this machine's (the root file system's disk), for --device.
 DISK = next((f"/dev/{d}" for d in ("vda", "sda", "nvme0n1", "xvda") if os.path.exists(f"/dev/{d}")), "/dev/vda")
 
@@ -63,8 +65,7 @@ def _symlink_to(target: str) -> str:
 def test_a_container_creators_request_that_reaches_the_host_is_refused(podman, outcome, flags, why):
     c = podman("--network", "none", *flags, cmd=["true"])
     refused = c.returncode != 0 and why in c.stderr
-    outcome("gatewrap-oci: config.json refused before the run is set up",
-            f"refused, exit {c.returncode}" if refused else f"the container ran (exit {c.returncode})",
+    outcome(REFUSED, f"refused, exit {c.returncode}" if refused else f"the container ran (exit {c.returncode})",
             "held" if refused else "OPEN")
     assert refused, c.stderr[-2000:]
     assert c.records() == []
@@ -109,7 +110,7 @@ def _mount(**m):
 def test_a_hand_written_config_that_reaches_the_host_is_refused(outcome, cfg, why):
     got = bundle.refusals(cfg, bundle_dir="/run/containerd/io.containerd.runtime.v2.task/ns/id")
     held = any(why in r for r in got)
-    outcome("gatewrap-oci: config.json refused", "refused: " + "; ".join(got) if held else f"passed ({got})",
+    outcome(REFUSED, "refused: " + "; ".join(got) if held else f"passed ({got})",
             "held" if held else "OPEN")
     assert held, got
 
@@ -326,7 +327,9 @@ def test_what_the_containers_root_tries_from_inside_fails(podman, outcome, flags
     got = _by_step(c.stdout)
     seen = {step: (got.get(step) or {}).get("errno", "no attempt") for step in expected}
     held = c.returncode == 0 and all(seen[s] in (e if isinstance(e, tuple) else (e,)) for s, e in expected.items())
-    outcome("container: " + ", ".join(flags), "; ".join(f"{s}: {seen[s]}" for s in expected), "held" if held else "OPEN")
+    said = {s: seen[s] or repr((got.get(s) or {}).get("result")) for s in expected}
+    outcome("container: " + (" ".join(flags) or "podman's defaults"), "; ".join(f"{s}: {said[s]}" for s in expected),
+            "held" if held else "OPEN")
     assert held, (c.returncode, c.stdout, c.stderr[-2000:])
     assert not os.path.exists(f"/sys/fs/cgroup/unified/gatewrap/{c.run_id}"), "the run's leaf (and a child) stayed"
     if "its cgroup" in got:
@@ -378,6 +381,7 @@ attempt('bpf(BPF_PROG_GET_NEXT_ID)', bpf, 11, struct.pack('=II', 0, 0))
 
 
 def test_podman_exec_lands_in_the_runs_cgroup_and_netns(running, outcome):
+    """podman exec into a running container (runc exec: does it join the run's cgroup and netns?)"""
     base, c = running
     p = subprocess.run([*base, "exec", c.id, "python3", "-c", agent_code(EXEC_PROBE)], capture_output=True, text=True,
                        timeout=60)
@@ -407,11 +411,11 @@ def test_podman_exec_privileged_is_refused(running, outcome):
 
 
 def test_runc_update_cannot_loosen_what_bounds_the_container(running, outcome):
-    """podman update --pids-limit -1 (runc update of the container's cgroup)"""
+    """runc update --pids-limit -1 of a container (as an engine's update calls it; podman 4.3's needs cgroup v2)"""
     base, c = running
     parent = "/sys/fs/cgroup/pids/gatewrap/pids.max"
     before = open(parent).read().strip()
-    p = subprocess.run([*base, "update", "--pids-limit", "-1", c.id], capture_output=True, text=True, timeout=60)
+    p = subprocess.run([OCI, "update", "--pids-limit", "-1", c.id], capture_output=True, text=True, timeout=60)
     after = open(parent).read().strip()
     leaf = open(f"/sys/fs/cgroup/pids/gatewrap/{c.run_id}/pids.max").read().strip()
     held = after == before != "max"
@@ -421,8 +425,6 @@ def test_runc_update_cannot_loosen_what_bounds_the_container(running, outcome):
 
 
 # --- gatewrap-oci's own input: the container id, config.json ------------------------------
-
-OCI = str(Path(os.sys.executable).parent / "gatewrap-oci")
 
 
 @pytest.mark.parametrize("container, config, why", [
@@ -443,6 +445,7 @@ def test_a_hostile_container_id_or_config_is_refused_before_the_daemon_is_asked(
     p = subprocess.run([OCI, "--gatewrap-socket", str(tmp_path / "no-daemon.sock"), "--gatewrap-runc", "/bin/false",
                         "create", "--bundle", str(tmp_path), container], capture_output=True, text=True, timeout=60)
     held = p.returncode == 125 and why in p.stderr and "Traceback" not in p.stderr
-    outcome("gatewrap-oci create: checked before the daemon is asked", f"exit {p.returncode}: {p.stderr.strip()[:120]}",
+    said = p.stderr.strip().replace(str(tmp_path), "BUNDLE")[:160]
+    outcome("gatewrap-oci create: checked before the daemon is asked", f"exit {p.returncode}: {said}",
             "held" if held else "OPEN")
     assert held, p.stderr[-2000:]
