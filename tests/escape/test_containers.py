@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from containers.conftest import (Container, oci_daemon, podman, podman_gatewrap, podman_image,  # noqa: F401
-                                 PODMAN_RUN_FLAGS)
+from containers.conftest import (DOCKER_CLI, Container, dockerd, image, oci_daemon, podman,  # noqa: F401
+                                 podman_gatewrap, podman_image, PODMAN_RUN_FLAGS)
 from gatewrap.oci import bundle
 
 from .helpers import agent_code, attempts
@@ -408,6 +408,32 @@ def test_podman_exec_privileged_is_refused(running, outcome):
             f"bpf(BPF_PROG_GET_NEXT_ID): {got.get('bpf(BPF_PROG_GET_NEXT_ID)', {}).get('errno', '?')}",
             "held" if held else "OPEN")
     assert held, (p.returncode, p.stdout, p.stderr[-2000:])
+
+
+@pytest.mark.parametrize("flags, held_when", [
+    ([], "ran"), (["--privileged"], "refused"), (["--cap-add", "SYS_ADMIN"], "refused")],
+    ids=["docker exec (containerd's shim: runc exec --process FILE --detach)", "docker exec --privileged",
+         "docker exec with a capability added by its process.json"])
+def test_docker_exec_is_checked_as_docker_passes_it(dockerd, outcome, flags, held_when):  # noqa: F811
+    docker, _ = dockerd
+    p = subprocess.run([*docker, "run", "-d", "--runtime", "gatewrap", "--network", "none", image.NAME, "sleep", "60"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    cid = p.stdout.strip()
+    try:
+        if flags[:1] == ["--cap-add"]:  # docker exec has no --cap-add: the same process.json, by runc's own flag
+            e = subprocess.run([OCI, "--root", "/run/gatewrap-tests-docker/exec/runtime-runc/moby", "exec", "--cap",
+                                flags[1], cid, "true"], capture_output=True, text=True, timeout=60)
+        else:
+            e = subprocess.run([*docker, "exec", *flags, cid, "grep", "CapEff", "/proc/self/status"],
+                               capture_output=True, text=True, timeout=60)
+    finally:
+        subprocess.run([*docker, "rm", "-f", cid], capture_output=True, timeout=60)
+    said = e.stdout + e.stderr  # docker exec says the runtime's error on stdout
+    got = "ran" if e.returncode == 0 else "refused" if "capabilities beyond the default set" in said else "failed"
+    outcome("gatewrap-oci exec: process.json's and --cap's capabilities checked",
+            f"{got}: {(e.stdout.strip() or e.stderr.strip())[-160:]}", "held" if got == held_when else "OPEN")
+    assert got == held_when, (e.returncode, e.stdout, e.stderr[-1000:])
 
 
 def test_runc_update_cannot_loosen_what_bounds_the_container(running, outcome):
