@@ -1,16 +1,20 @@
 """What ``gatewrap-oci create`` checks and changes in a bundle's ``config.json`` (OCI
 runtime-spec 1.0.2, config.md and config-linux.md).
 
-Checked first (:func:`refusals`), so that a container that could undo its sandbox is refused
-before anything is set up: capabilities beyond Docker's default set (``--privileged``,
-``--cap-add SYS_ADMIN``: with CAP_SYS_ADMIN or CAP_BPF the container's root could detach the
-hooks or leave its cgroup), bind mounts of the host's cgroup or BPF file systems or
-gatewrap's state, and a systemd-managed cgroup.
+Checked first (:func:`refusals`), so that a container that could undo its sandbox or reach
+the host is refused before anything is set up: capabilities beyond Docker's default set
+(``--privileged``, ``--cap-add SYS_ADMIN``: with CAP_SYS_ADMIN or CAP_BPF the container's
+root could detach the hooks or leave its cgroup), the host's pid or mount namespace, block
+devices, mount types beyond the engines' own, binds (resolved as runc resolves them) of the
+host's cgroup, BPF, proc or sys file systems or of gatewrap's state, and a systemd-managed
+cgroup. The container's root is the host's uid 0 (no user namespace): what it may write,
+it may write as root.
 
 Changed (:func:`confine`): the network namespace (the run's, with only ``lo`` and the gate;
 ``--network host`` gets it too), ``linux.cgroupsPath`` (the run's leaf under ``gatewrap/``,
 where the hooks are attached), the environment (the proxy and CA variables, the shims) and
-read-only bind mounts of the run's staged shims, resolv.conf and hosts; and the seccomp
+read-only bind mounts of the run's staged shims, resolv.conf and hosts, the engines' masked
+and read-only paths (kept whatever the container asks); and the seccomp
 profile (:func:`seal_vsock`), so that socket(AF_VSOCK) fails: no cgroup hook sees AF_VSOCK,
 which reaches the hypervisor's host from any netns (KERNEL-NOTES), and the engines' default
 profiles allow it (podman 4.3's, measured).
