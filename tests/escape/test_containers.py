@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from containers.conftest import (DOCKER_CLI, Container, dockerd, image, oci_daemon, podman,  # noqa: F401
-                                 podman_gatewrap, podman_image, PODMAN_RUN_FLAGS)
+from containers.conftest import (PODMAN_ROOT, PODMAN_RUN_FLAGS, PODMAN_RUNROOT, Container, dockerd,  # noqa: F401
+                                 image, oci_daemon, podman, podman_gatewrap, podman_image)
 from gatewrap.oci import bundle
 
 from .helpers import agent_code, attempts
@@ -69,6 +69,23 @@ def test_a_container_creators_request_that_reaches_the_host_is_refused(podman, o
             "held" if refused else "OPEN")
     assert refused, c.stderr[-2000:]
     assert c.records() == []
+
+
+@pytest.mark.parametrize("device", ["/run/gatewrap", "/var/lib/gatewrap"])
+def test_a_volume_that_is_a_bind_of_gatewraps_state_is_refused(podman, outcome, device):
+    """a podman volume made with -o type=none,o=bind,device=DEVICE (the bind's source is the volume's folder)"""
+    os.makedirs(device, exist_ok=True)
+    name = f"gwt-atk-{os.getpid()}-{device.rsplit('/', 1)[-1]}"
+    base = ["podman", "--root", PODMAN_ROOT, "--runroot", PODMAN_RUNROOT]
+    subprocess.run([*base, "volume", "create", "--opt", "type=none", "--opt", "o=bind", "--opt", f"device={device}", name],
+                   check=True, capture_output=True)
+    try:
+        c = podman("--network", "none", "-v", f"{name}:/mnt", cmd=["ls", "/mnt"])
+    finally:
+        subprocess.run([*base, "volume", "rm", "-f", name], capture_output=True)
+    held = c.returncode != 0 and "bind mount of the host's" in c.stderr
+    outcome(REFUSED, "refused" if held else f"ran; /mnt lists {c.stdout.split()[:6]}", "held" if held else "OPEN")
+    assert held, (c.stdout, c.stderr[-1000:])
 
 
 # --- config.json written by hand (ctr --mount, a direct runc caller): the same check --------

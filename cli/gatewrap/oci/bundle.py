@@ -75,8 +75,9 @@ def refusals(config: dict[str, Any], systemd_cgroup: bool = False, bundle_dir: s
                    "with them the container's root could detach gatewrap's hooks or leave its cgroup")
     out += _namespace_refusals((config.get("linux") or {}).get("namespaces") or [])
     out += _device_refusals(config.get("linux") or {})
+    table = _mount_table()
     for m in config.get("mounts") or []:
-        out += _mount_refusals(m, bundle_dir)
+        out += _mount_refusals(m, bundle_dir, table)
     return out
 
 
@@ -130,7 +131,12 @@ def _device_refusals(linux: dict[str, Any]) -> list[str]:
     return out
 
 
-def _mount_refusals(m: dict[str, Any], bundle_dir: str) -> list[str]:
+def _path_holds(a: str, b: str) -> bool:
+    """Whether path ``a`` is ``b`` or a folder holding it (both normalised, absolute)."""
+    return a == b or b.startswith(a.rstrip("/") + "/")
+
+
+def _mount_refusals(m: dict[str, Any], bundle_dir: str, table: list[tuple[str, str, str, str]]) -> list[str]:
     kind, options, dst = m.get("type") or "none", m.get("options") or [], m.get("destination")
     if kind not in MOUNT_TYPES:
         return [f"a {kind} mount at {dst} (gatewrap-oci allows {', '.join(sorted(MOUNT_TYPES))} mounts)"]
@@ -142,28 +148,51 @@ def _mount_refusals(m: dict[str, Any], bundle_dir: str) -> list[str]:
         return []
     # runc runs in the bundle (a relative source is the bundle's) and mount(2) follows symlinks.
     src = os.path.realpath(os.path.join(bundle_dir, m.get("source") or "/"))
-    if any(src == h or h.startswith(src.rstrip("/") + "/") or src.startswith(h + "/") for h in HIDDEN):
+    if any(_path_holds(src, h) or _path_holds(h, src) for h in HIDDEN):
         return [f"a bind mount of the host's {src} (it holds or is in one of {', '.join(HIDDEN)})"]
-    fs = _fs_type(src)
-    if fs in HIDDEN_FS:
-        return [f"a bind mount of the host's {src}, on a {fs} file system"]
+    place = _place(src, table)
+    if place is None:
+        return []
+    if place[2] in HIDDEN_FS:
+        return [f"a bind mount of the host's {src}, on a {place[2]} file system"]
+    # A bind of a bind (a volume made with o=bind, device=/run/gatewrap) is the same folder of
+    # the same file system under another path: compared by (device, path in the file system).
+    for h in HIDDEN:
+        there = _place(os.path.realpath(h), table)
+        if there and there[0] == place[0] and (_path_holds(place[1], there[1]) or _path_holds(there[1], place[1])):
+            return [f"a bind mount of the host's {src}, which is (or holds, or is in) the host's {h} under another path"]
     return []
 
 
-def _fs_type(path: str) -> str | None:
-    """The type of the file system ``path`` (a real path) is on, as /proc/self/mountinfo says
-    (proc(5): the mount point is field 5, the type follows ``-``); None if unreadable."""
-    best, fs = "", None
+def _mount_table() -> list[tuple[str, str, str, str]]:
+    """(mount point, device major:minor, root of the mount in its file system, type) of each
+    mount of /proc/self/mountinfo (proc(5): fields 5, 3 and 4; the type follows ``-``), in its
+    order (a later mount at the same point covers an earlier one); empty if unreadable."""
+    def unescape(field: str) -> str:
+        return re.sub(r"\\([0-7]{3})", lambda o: chr(int(o[1], 8)), field)
+    out = []
     try:
         with open("/proc/self/mountinfo") as f:
             for line in f:
                 fields, _, rest = line.partition(" - ")
-                point = re.sub(r"\\([0-7]{3})", lambda o: chr(int(o[1], 8)), fields.split(" ")[4])
-                if (path == point or path.startswith(point.rstrip("/") + "/")) and len(point) >= len(best):
-                    best, fs = point, rest.split(" ")[0]
-    except OSError:
+                parts = fields.split(" ")
+                out.append((unescape(parts[4]), parts[2], unescape(parts[3]), rest.split(" ")[0]))
+    except (OSError, IndexError):
+        return []
+    return out
+
+
+def _place(path: str, table: list[tuple[str, str, str, str]]) -> tuple[str, str, str] | None:
+    """(device, path in its file system, file system type) of ``path`` (a real path): the
+    deepest mount holding it in ``table`` (:func:`_mount_table`); None if none does."""
+    best = None
+    for point, dev, root, fs in table:
+        if _path_holds(point, path) and (best is None or len(point) >= len(best[0])):
+            best = (point, dev, root, fs)
+    if best is None:
         return None
-    return fs
+    rest = os.path.relpath(path, best[0])
+    return best[1], os.path.normpath(os.path.join(best[2], "" if rest == "." else rest)), best[3]
 
 
 def policy_of(config: dict[str, Any]) -> tuple[str | None, list[str]]:
