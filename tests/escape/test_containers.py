@@ -492,3 +492,14 @@ def test_a_hostile_container_id_or_config_is_refused_before_the_daemon_is_asked(
     outcome("gatewrap-oci create: checked before the daemon is asked", f"exit {p.returncode}: {said}",
             "held" if held else "OPEN")
     assert held, p.stderr[-2000:]
+
+
+@pytest.mark.parametrize("command", ["restore", "run"],
+                         ids=["runc restore (podman container restore: a container made without create)",
+                              "runc run (create and start at once, without gatewrap-oci's create)"])
+def test_a_container_made_without_create_is_refused(tmp_path, outcome, command):
+    p = subprocess.run([OCI, "--gatewrap-runc", "/bin/false", command, "--bundle", str(tmp_path), "gwt-restored"],
+                       capture_output=True, text=True, timeout=60)
+    held = p.returncode == 125 and f"gatewrap-oci: {command}:" in p.stderr
+    outcome("gatewrap-oci: the command refused", f"exit {p.returncode}: {p.stderr.strip()[:120]}", "held" if held else "OPEN")
+    assert held, p.stderr
