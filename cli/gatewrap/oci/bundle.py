@@ -76,8 +76,9 @@ def refusals(config: dict[str, Any], systemd_cgroup: bool = False, bundle_dir: s
     out += _namespace_refusals((config.get("linux") or {}).get("namespaces") or [])
     out += _device_refusals(config.get("linux") or {})
     table = _mount_table()
+    hidden = [(h, _place(os.path.realpath(h), table)) for h in HIDDEN]
     for m in config.get("mounts") or []:
-        out += _mount_refusals(m, bundle_dir, table)
+        out += _mount_refusals(m, bundle_dir, table, hidden)
     return out
 
 
@@ -136,7 +137,10 @@ def _path_holds(a: str, b: str) -> bool:
     return a == b or b.startswith(a.rstrip("/") + "/")
 
 
-def _mount_refusals(m: dict[str, Any], bundle_dir: str, table: list[tuple[str, str, str, str]]) -> list[str]:
+def _mount_refusals(m: dict[str, Any], bundle_dir: str, table: list[tuple[str, str, str, str]],
+                    hidden: list[tuple[str, tuple[str, str, str] | None]]) -> list[str]:
+    """Why mount ``m`` must not be (empty: it may); ``table``: :func:`_mount_table`,
+    ``hidden``: each of :data:`HIDDEN` with its :func:`_place`."""
     kind, options, dst = m.get("type") or "none", m.get("options") or [], m.get("destination")
     if kind not in MOUNT_TYPES:
         return [f"a {kind} mount at {dst} (gatewrap-oci allows {', '.join(sorted(MOUNT_TYPES))} mounts)"]
@@ -157,8 +161,7 @@ def _mount_refusals(m: dict[str, Any], bundle_dir: str, table: list[tuple[str, s
         return [f"a bind mount of the host's {src}, on a {place[2]} file system"]
     # A bind of a bind (a volume made with o=bind, device=/run/gatewrap) is the same folder of
     # the same file system under another path: compared by (device, path in the file system).
-    for h in HIDDEN:
-        there = _place(os.path.realpath(h), table)
+    for h, there in hidden:
         if there and there[0] == place[0] and (_path_holds(place[1], there[1]) or _path_holds(there[1], place[1])):
             return [f"a bind mount of the host's {src}, which is (or holds, or is in) the host's {h} under another path"]
     return []
