@@ -113,6 +113,9 @@ def _mount(**m):
      "the host's pid namespace"),
     ({"linux": {"namespaces": [{"type": "mount"}, {"type": "pid"}], "devices": [
         {"path": "/dev/xda", "type": "b", "major": 254, "minor": 0}]}}, "block device"),
+    ({"linux": {"namespaces": [{"type": "mount"}, {"type": "pid"}], "netDevices": {"eth0": {"name": "eth0"}}}},
+     "linux.netDevices"),
+    ({"linux": {"namespaces": [{"type": "mount"}, {"type": "pid"}]}, "vm": {"hypervisor": {"path": "/bin/sh"}}}, "vm"),
 ], ids=["a bind with type none and option rbind (ctr --mount type=none,options=rbind)",
         "a bind with no type, option rbind",
         "a bind whose source is relative to the bundle (runc resolves it there)",
@@ -123,7 +126,9 @@ def _mount(**m):
         "no mount namespace (the host's file system)",
         "the host's mount namespace joined by path",
         "the host's pid namespace joined by path",
-        "a block device node in linux.devices"])
+        "a block device node in linux.devices",
+        "linux.netDevices (runtime-spec 1.2: a host interface moved into the run's netns by a runc that knows it)",
+        "a field of another platform (vm: a hypervisor to run)"])
 def test_a_hand_written_config_that_reaches_the_host_is_refused(outcome, cfg, why):
     got = bundle.refusals(cfg, bundle_dir="/run/containerd/io.containerd.runtime.v2.task/ns/id")
     held = any(why in r for r in got)

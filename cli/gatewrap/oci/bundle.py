@@ -52,6 +52,13 @@ READ_ONLY_TYPES = {"sysfs", "cgroup"}
 #: namespace is always replaced by the run's; sharing the host's ipc, uts, user or cgroup
 #: namespace reaches nothing of gatewrap's.) linux.namespaces type -> /proc/<pid>/ns/ name.
 OWN_NAMESPACES = {"pid": "pid", "mount": "mnt"}
+#: The fields config.json may have, at its top and in ``linux`` (runtime-spec 1.0.2 config.md,
+#: config-linux.md; default-deny): a field this list lacks, such as runtime-spec 1.2's
+#: ``linux.netDevices`` (a host interface moved into the container's network namespace, the
+#: run's, by a runc that knows it), is refused rather than passed on unchecked.
+CONFIG_FIELDS = {"ociVersion", "process", "root", "hostname", "domainname", "mounts", "hooks", "annotations", "linux"}
+LINUX_FIELDS = {"namespaces", "uidMappings", "gidMappings", "devices", "cgroupsPath", "resources", "rootfsPropagation",
+                "seccomp", "sysctl", "maskedPaths", "readonlyPaths", "mountLabel", "intelRdt", "personality"}
 #: Annotations (config.md "Annotations") a container names its policy with.
 POLICY_ANNOTATION = "gatewrap.policy"
 ALLOW_ANNOTATION = "gatewrap.allow"
@@ -69,6 +76,10 @@ def refusals(config: dict[str, Any], systemd_cgroup: bool = False, bundle_dir: s
         out.append("--systemd-cgroup: gatewrap places the container's cgroup under its own gatewrap/ parent; "
                    "use the cgroupfs manager (podman --cgroup-manager=cgroupfs; dockerd's "
                    "native.cgroupdriver=cgroupfs)")
+    unknown = sorted(set(config) - CONFIG_FIELDS) + [f"linux.{k}" for k in sorted(set(config.get("linux") or {}) - LINUX_FIELDS)]
+    if unknown:
+        out.append(f"config.json fields gatewrap-oci does not know ({', '.join(unknown)}; it knows runtime-spec 1.0.2's "
+                   "for Linux): what they would do is not checked")
     extra = beyond_default_caps((config.get("process") or {}).get("capabilities") or {})
     if extra:
         out.append(f"capabilities beyond the default set ({', '.join(extra)}; --privileged or --cap-add): "
