@@ -37,19 +37,15 @@ OCI = str(Path(os.sys.executable).parent / "gatewrap-oci")
 DISK = next((f"/dev/{d}" for d in ("vda", "sda", "nvme0n1", "xvda") if os.path.exists(f"/dev/{d}")), "/dev/vda")
 
 
-def _symlink_to(target: str) -> str:
-    d = tempfile.mkdtemp(prefix="gwt-link-")
-    os.chmod(d, 0o755)
-    link = os.path.join(d, "link")
-    os.symlink(target, link)
-    return link
+#: In a flag, the path of a symbolic link to the host's /sys/fs/bpf the test makes.
+LINK_TO_BPF = "LINK_TO_BPF"
 
 
 # --- what the creator asks: refused before the container starts ---------------------------
 
 @pytest.mark.parametrize("flags, why", [
     (["-v", "/var/run:/mnt"], "bind mount of the host's /run"),
-    (["--mount", f"type=bind,src={_symlink_to('/sys/fs/bpf')},dst=/mnt"], "bind mount of the host's /sys/fs/bpf"),
+    (["--mount", f"type=bind,src={LINK_TO_BPF},dst=/mnt"], "bind mount of the host's /sys/fs/bpf"),
     (["--pid", "host"], "no pid namespace"),
     (["--device", DISK], "block device"),
     (["--device-cgroup-rule", "b *:* rwm"], "block devices"),
@@ -62,7 +58,9 @@ def _symlink_to(target: str) -> str:
         "--device-cgroup-rule of every block device (then mknod, in the default capabilities)",
         "--cap-add DAC_READ_SEARCH (open_by_handle_at: the host's files through any bind)",
         "--cap-add NET_ADMIN"])
-def test_a_container_creators_request_that_reaches_the_host_is_refused(podman, outcome, flags, why):
+def test_a_container_creators_request_that_reaches_the_host_is_refused(podman, outcome, tmp_path, flags, why):
+    (tmp_path / "link").symlink_to("/sys/fs/bpf")
+    flags = [f.replace(LINK_TO_BPF, str(tmp_path / "link")) for f in flags]
     c = podman("--network", "none", *flags, cmd=["true"])
     refused = c.returncode != 0 and why in c.stderr
     outcome(REFUSED, f"refused, exit {c.returncode}" if refused else f"the container ran (exit {c.returncode})",
