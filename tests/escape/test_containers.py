@@ -69,7 +69,9 @@ def test_a_container_creators_request_that_reaches_the_host_is_refused(podman, o
     assert c.records() == []
 
 
-@pytest.mark.parametrize("device", ["/run/gatewrap", "/var/lib/gatewrap"])
+@pytest.mark.parametrize("device", ["/run/gatewrap", "/var/lib/gatewrap"],
+                         ids=["a podman volume made as a bind of /run/gatewrap (the daemons' sockets)",
+                              "a podman volume made as a bind of /var/lib/gatewrap (the CA, state.db)"])
 def test_a_volume_that_is_a_bind_of_gatewraps_state_is_refused(podman, outcome, device):
     """a podman volume made with -o type=none,o=bind,device=DEVICE (the bind's source is the volume's folder)"""
     os.makedirs(device, exist_ok=True)
