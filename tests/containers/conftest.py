@@ -95,6 +95,16 @@ def engine(*argv: str) -> list[str]:
     return ["nsenter", f"--target={_holder.pid}", "--mount", "--root", f"--wd={os.getcwd()}", *argv]
 
 
+def podman_gatewrap(oci_daemon, net, audit: Path) -> list[str]:
+    """:func:`podman_base` with gatewrap-oci's flags (``--runtime-flag``): the module's
+    daemon, the audit log ``audit``, the fake internet's resolver and public ranges."""
+    base = podman_base()
+    for f in [f"gatewrap-socket={oci_daemon.socket}", f"gatewrap-audit-log={audit}",
+              f"gatewrap-resolver={net.dns_server}", *(f"gatewrap-public-range={r}" for r in PUBLIC_RANGES[1::2])]:
+        base += ["--runtime-flag", f]
+    return base
+
+
 @pytest.fixture(scope="session")
 def podman_image() -> str:
     """The test image in the tests' podman storage (imported once from :func:`image.rootfs_tarball`)."""
@@ -151,12 +161,7 @@ def podman(net, oci_daemon, podman_image, tmp_path):
         audit = tmp_path / f"audit-{n[0]}.jsonl"
         cidfile = tmp_path / f"cid-{n[0]}"
         _AUDIT_LOGS.setdefault(audit, 0)  # its records are checked against the schema at the test's end
-        flags = [f"gatewrap-socket={(daemon or oci_daemon).socket}", f"gatewrap-audit-log={audit}",
-                 f"gatewrap-resolver={net.dns_server}",
-                 *(f"gatewrap-public-range={r}" for r in PUBLIC_RANGES[1::2])]
-        base = podman_base()
-        for f in flags:
-            base += ["--runtime-flag", f]
+        base = podman_gatewrap(daemon or oci_daemon, net, audit)
         p = subprocess.run([*base, "run", *(["--rm"] if rm else []), "--cidfile", str(cidfile), *PODMAN_RUN_FLAGS,
                             *run_args,
                             podman_image, *cmd], capture_output=True, text=True, timeout=timeout)

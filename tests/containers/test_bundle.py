@@ -11,7 +11,8 @@ DEFAULT_CAPS = sorted(bundle.DEFAULT_CAPS)
 
 def config(caps=DEFAULT_CAPS, mounts=(), seccomp=None):
     return {"process": {"capabilities": {"bounding": list(caps), "effective": list(caps)}},
-            "mounts": list(mounts), "linux": {"seccomp": seccomp} if seccomp else {}}
+            "mounts": list(mounts), "linux": {"namespaces": [{"type": "pid"}, {"type": "mount"}],
+                                              **({"seccomp": seccomp} if seccomp else {})}}
 
 
 @pytest.mark.parametrize("cfg, systemd, expected", [

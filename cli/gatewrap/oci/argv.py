@@ -5,6 +5,8 @@ containerd's runc options) and which are taken out before runc sees them."""
 
 from __future__ import annotations
 
+import re
+
 #: A container's run id is this and the engine's container id (gc, ps and the hooks' sweep
 #: know runs by this prefix).
 RUN_PREFIX = "gw-"
@@ -17,6 +19,17 @@ GATEWRAP_FLAGS = {"--gatewrap-socket": "socket", "--gatewrap-audit-log": "audit_
 REPEATED = {"resolvers", "public_ranges", "allow"}
 #: Flags of ``create`` (``runc create --help``) that take a value.
 CREATE_VALUED = {"--bundle", "-b", "--console-socket", "--pid-file", "--preserve-fds"}
+
+
+#: Container ids runc accepts (libcontainer's idRegex), bounded: the id is a path component
+#: (of the run id, the registry's files, the cgroup leaf).
+CONTAINER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+#: Flags of ``exec`` (``runc exec --help``, runc 1.1) that take a value.
+EXEC_VALUED = {"--console-socket", "--cwd", "--env", "-e", "--user", "-u", "--additional-gids", "-g", "--process", "-p",
+               "--apparmor", "--process-label", "--cap", "-c", "--pid-file", "--preserve-fds", "--cgroup"}
+#: ``exec``'s switches; any other flag is refused (it could be a valued flag this list lacks,
+#: or short flags run together, whose value would go unchecked).
+EXEC_SWITCHES = {"--tty", "-t", "--detach", "-d", "--no-new-privs", "--ignore-paused", "--help", "-h"}
 
 
 class UsageError(Exception):
@@ -96,6 +109,34 @@ def create_args(args: list[str]) -> tuple[str, str]:
     if not positional:
         raise UsageError("create: no container id")
     return bundle, positional[-1]
+
+
+def check_id(container: str) -> None:
+    """Raises UsageError if ``container`` is not an id runc accepts (:data:`CONTAINER_ID`):
+    checked before the id names any file (``gw-../..`` would name the registry's parent)."""
+    if not CONTAINER_ID.match(container):
+        raise UsageError(f"container id {container!r} is not one runc accepts")
+
+
+def exec_options(args: list[str]) -> list[tuple[str, str]]:
+    """(flag, value) of ``exec``'s valued flags (:data:`EXEC_VALUED`), ``--flag value`` and
+    ``--flag=value`` alike, up to the container id (the command's own arguments follow it).
+
+    Raises:
+        UsageError: a flag that is neither (:data:`EXEC_SWITCHES`).
+    """
+    out, i = [], 0
+    while i < len(args) and args[i].startswith("-"):
+        name, eq, value = args[i].partition("=")
+        if name not in EXEC_VALUED and name not in EXEC_SWITCHES:
+            raise UsageError(f"exec: flag {name} is not one gatewrap-oci knows (runc 1.1's exec flags); refused")
+        if name in EXEC_VALUED:
+            if not eq and i + 1 < len(args):
+                i += 1
+                value = args[i]
+            out.append((name, value))
+        i += 1
+    return out
 
 
 def last_positional(args: list[str]) -> str | None:

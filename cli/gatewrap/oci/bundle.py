@@ -1,16 +1,20 @@
 """What ``gatewrap-oci create`` checks and changes in a bundle's ``config.json`` (OCI
 runtime-spec 1.0.2, config.md and config-linux.md).
 
-Checked first (:func:`refusals`), so that a container that could undo its sandbox is refused
-before anything is set up: capabilities beyond Docker's default set (``--privileged``,
-``--cap-add SYS_ADMIN``: with CAP_SYS_ADMIN or CAP_BPF the container's root could detach the
-hooks or leave its cgroup), bind mounts of the host's cgroup or BPF file systems or
-gatewrap's state, and a systemd-managed cgroup.
+Checked first (:func:`refusals`), so that a container that could undo its sandbox or reach
+the host is refused before anything is set up: capabilities beyond Docker's default set
+(``--privileged``, ``--cap-add SYS_ADMIN``: with CAP_SYS_ADMIN or CAP_BPF the container's
+root could detach the hooks or leave its cgroup), the host's pid or mount namespace, block
+devices, mount types beyond the engines' own, binds (resolved as runc resolves them) of the
+host's cgroup, BPF, proc or sys file systems or of gatewrap's state, and a systemd-managed
+cgroup. The container's root is the host's uid 0 (no user namespace): what it may write,
+it may write as root.
 
 Changed (:func:`confine`): the network namespace (the run's, with only ``lo`` and the gate;
 ``--network host`` gets it too), ``linux.cgroupsPath`` (the run's leaf under ``gatewrap/``,
 where the hooks are attached), the environment (the proxy and CA variables, the shims) and
-read-only bind mounts of the run's staged shims, resolv.conf and hosts; and the seccomp
+read-only bind mounts of the run's staged shims, resolv.conf and hosts, the engines' masked
+and read-only paths (kept whatever the container asks); and the seccomp
 profile (:func:`seal_vsock`), so that socket(AF_VSOCK) fails: no cgroup hook sees AF_VSOCK,
 which reaches the hypervisor's host from any netns (KERNEL-NOTES), and the engines' default
 profiles allow it (podman 4.3's, measured).
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from typing import Any
 
 #: Docker's and Podman's default capabilities (moby oci/caps/defaults.go; containers.conf
@@ -30,33 +35,178 @@ DEFAULT_CAPS = frozenset(f"CAP_{c}" for c in (
 #: Host paths no container may have bound in (nor a folder holding one): the pins, the
 #: daemon's socket and runs, gatewrap's state (approvals, CA key, audit signing key).
 HIDDEN = ("/sys/fs/bpf", "/sys/fs/cgroup", "/run/gatewrap", "/var/lib/gatewrap", "/proc")
-#: Mount types that would give the container the cgroup tree or bpffs anew.
-REFUSED_TYPES = {"bpf", "cgroup2"}
+#: File systems no bind may come from, wherever they are mounted (a volume or a bind of a
+#: bind names them by another path): the pins, the cgroup tree, the host's processes and
+#: kernel knobs (proc(5), sysfs(5)) and the kernel's debugging file systems.
+HIDDEN_FS = {"bpf", "cgroup", "cgroup2", "proc", "sysfs", "debugfs", "tracefs", "securityfs"}
+#: The mount types a container may have (default-deny: what the engines' own configs hold,
+#: docker 20.10, podman 4.3, containerd 1.6); any other (``ext4`` of the host's disk, a new
+#: ``bpf`` or ``cgroup2``, ``overlay`` of host folders) is refused. ``proc`` only at /proc
+#: (where the masked and read-only paths are, :data:`MASKED`), ``sysfs`` and ``cgroup`` only
+#: read-only (as the engines mount them for a container that is not privileged).
+MOUNT_TYPES = {"bind", "none", "proc", "sysfs", "tmpfs", "devpts", "mqueue", "cgroup"}
+READ_ONLY_TYPES = {"sysfs", "cgroup"}
+#: Namespaces a container must have of its own (or another container's, by path), never the
+#: host's: with the host's pid namespace its root (CAP_KILL, uid 0) could signal gatewrap's
+#: daemon and gate; with the host's mount namespace it has the host's files. (The network
+#: namespace is always replaced by the run's; sharing the host's ipc, uts, user or cgroup
+#: namespace reaches nothing of gatewrap's.) linux.namespaces type -> /proc/<pid>/ns/ name.
+OWN_NAMESPACES = {"pid": "pid", "mount": "mnt"}
+#: The fields config.json may have, at its top and in ``linux`` (runtime-spec 1.0.2 config.md,
+#: config-linux.md; default-deny): a field this list lacks, such as runtime-spec 1.2's
+#: ``linux.netDevices`` (a host interface moved into the container's network namespace, the
+#: run's, by a runc that knows it), is refused rather than passed on unchecked.
+CONFIG_FIELDS = {"ociVersion", "process", "root", "hostname", "domainname", "mounts", "hooks", "annotations", "linux"}
+LINUX_FIELDS = {"namespaces", "uidMappings", "gidMappings", "devices", "cgroupsPath", "resources", "rootfsPropagation",
+                "seccomp", "sysctl", "maskedPaths", "readonlyPaths", "mountLabel", "intelRdt", "personality"}
 #: Annotations (config.md "Annotations") a container names its policy with.
 POLICY_ANNOTATION = "gatewrap.policy"
 ALLOW_ANNOTATION = "gatewrap.allow"
 
 
-def refusals(config: dict[str, Any], systemd_cgroup: bool = False) -> list[str]:
-    """Why the container must not run in a gatewrap sandbox (empty: it may), one sentence each."""
+def refusals(config: dict[str, Any], systemd_cgroup: bool = False, bundle_dir: str = ".") -> list[str]:
+    """Why the container must not run in a gatewrap sandbox (empty: it may), one sentence
+    each. ``bundle_dir``: where runc resolves a relative mount source (it runs there).
+
+    Raises:
+        TypeError, AttributeError, ValueError: ``config`` is not shaped as the runtime-spec says.
+    """
     out = []
     if systemd_cgroup:
         out.append("--systemd-cgroup: gatewrap places the container's cgroup under its own gatewrap/ parent; "
                    "use the cgroupfs manager (podman --cgroup-manager=cgroupfs; dockerd's "
                    "native.cgroupdriver=cgroupfs)")
-    caps = (config.get("process") or {}).get("capabilities") or {}
-    extra = sorted({c for kind in caps.values() for c in (kind or [])} - DEFAULT_CAPS)
+    unknown = sorted(set(config) - CONFIG_FIELDS) + [f"linux.{k}" for k in sorted(set(config.get("linux") or {}) - LINUX_FIELDS)]
+    if unknown:
+        out.append(f"config.json fields gatewrap-oci does not know ({', '.join(unknown)}; it knows runtime-spec 1.0.2's "
+                   "for Linux): what they would do is not checked")
+    extra = beyond_default_caps((config.get("process") or {}).get("capabilities") or {})
     if extra:
         out.append(f"capabilities beyond the default set ({', '.join(extra)}; --privileged or --cap-add): "
                    "with them the container's root could detach gatewrap's hooks or leave its cgroup")
+    out += _namespace_refusals((config.get("linux") or {}).get("namespaces") or [])
+    out += _device_refusals(config.get("linux") or {})
+    table = _mount_table()
+    hidden = [(h, _place(os.path.realpath(h), table)) for h in HIDDEN]
     for m in config.get("mounts") or []:
-        if m.get("type") in REFUSED_TYPES:
-            out.append(f"a {m['type']} mount at {m.get('destination')}")
-        elif "bind" in (m.get("options") or []) or m.get("type") == "bind":
-            src = os.path.normpath(m.get("source") or "/")
-            if any(src == h or h.startswith(src.rstrip("/") + "/") or src.startswith(h + "/") for h in HIDDEN):
-                out.append(f"a bind mount of the host's {src} (it holds or is in one of {', '.join(HIDDEN)})")
+        out += _mount_refusals(m, bundle_dir, table, hidden)
     return out
+
+
+def beyond_default_caps(caps: dict[str, Any]) -> list[str]:
+    """The capabilities of ``caps`` (runtime-spec ``process.capabilities``: set name -> names)
+    that are not in :data:`DEFAULT_CAPS`, sorted."""
+    return sorted({c for kind in caps.values() for c in (kind or [])} - DEFAULT_CAPS)
+
+
+def _same_file(a: str, b: str) -> bool:
+    sa, sb = os.stat(a), os.stat(b)
+    return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
+
+
+def _namespace_refusals(namespaces: list[dict[str, Any]]) -> list[str]:
+    out = []
+    for kind, proc_name in OWN_NAMESPACES.items():
+        mine = [n for n in namespaces if n.get("type") == kind]
+        if not mine:
+            flag = "--pid host" if kind == "pid" else kind
+            out.append(f"no {kind} namespace: the container would share the host's ({flag}); "
+                       "its root could reach gatewrap's daemon, gate or files")
+            continue
+        path = mine[-1].get("path")
+        if not path:
+            continue
+        try:
+            host = _same_file(path, f"/proc/self/ns/{proc_name}")  # gatewrap-oci runs in the engine's: the host's
+        except OSError as e:
+            out.append(f"the {kind} namespace {path} cannot be checked ({e.strerror})")
+            continue
+        if host:
+            out.append(f"the host's {kind} namespace ({path}): its root could reach gatewrap's daemon, gate or files")
+    return out
+
+
+def _device_refusals(linux: dict[str, Any]) -> list[str]:
+    """Block devices: with one (or with a device cgroup rule that lets it open block devices,
+    and CAP_MKNOD, a default capability) the container's root reads the host's disks, and on
+    them gatewrap's state. Character devices stay (those that matter need capabilities)."""
+    out = []
+    for d in linux.get("devices") or []:
+        if d.get("type") == "b":
+            out.append(f"the block device {d.get('path')} ({d.get('major')}:{d.get('minor')}; --device): "
+                       "its root could read the host's disk")
+    for rule in (linux.get("resources") or {}).get("devices") or []:
+        if rule.get("allow") and rule.get("type", "a") in ("a", "b") and set(rule.get("access") or "rwm") & {"r", "w"}:
+            out.append(f"a device cgroup rule allowing block devices ({rule.get('type', 'a')} "
+                       f"{rule.get('major', '*')}:{rule.get('minor', '*')} {rule.get('access') or 'rwm'}; "
+                       "--device or --device-cgroup-rule): its root could read the host's disks")
+    return out
+
+
+def _path_holds(a: str, b: str) -> bool:
+    """Whether path ``a`` is ``b`` or a folder holding it (both normalised, absolute)."""
+    return a == b or b.startswith(a.rstrip("/") + "/")
+
+
+def _mount_refusals(m: dict[str, Any], bundle_dir: str, table: list[tuple[str, str, str, str]],
+                    hidden: list[tuple[str, tuple[str, str, str] | None]]) -> list[str]:
+    """Why mount ``m`` must not be (empty: it may); ``table``: :func:`_mount_table`,
+    ``hidden``: each of :data:`HIDDEN` with its :func:`_place`."""
+    kind, options, dst = m.get("type") or "none", m.get("options") or [], m.get("destination")
+    if kind not in MOUNT_TYPES:
+        return [f"a {kind} mount at {dst} (gatewrap-oci allows {', '.join(sorted(MOUNT_TYPES))} mounts)"]
+    if kind == "proc" and os.path.normpath(dst or "/") != "/proc":
+        return [f"a proc mount at {dst}: only /proc has the masked and read-only paths"]
+    if kind in READ_ONLY_TYPES and "ro" not in options:
+        return [f"a read-write {kind} mount at {dst}"]
+    if kind != "bind" and not {"bind", "rbind"} & set(options):
+        return []
+    # runc runs in the bundle (a relative source is the bundle's) and mount(2) follows symlinks.
+    src = os.path.realpath(os.path.join(bundle_dir, m.get("source") or "/"))
+    if any(_path_holds(src, h) or _path_holds(h, src) for h in HIDDEN):
+        return [f"a bind mount of the host's {src} (it holds or is in one of {', '.join(HIDDEN)})"]
+    place = _place(src, table)
+    if place is None:
+        return []
+    if place[2] in HIDDEN_FS:
+        return [f"a bind mount of the host's {src}, on a {place[2]} file system"]
+    # A bind of a bind (a volume made with o=bind, device=/run/gatewrap) is the same folder of
+    # the same file system under another path: compared by (device, path in the file system).
+    for h, there in hidden:
+        if there and there[0] == place[0] and (_path_holds(place[1], there[1]) or _path_holds(there[1], place[1])):
+            return [f"a bind mount of the host's {src}, which is (or holds, or is in) the host's {h} under another path"]
+    return []
+
+
+def _mount_table() -> list[tuple[str, str, str, str]]:
+    """(mount point, device major:minor, root of the mount in its file system, type) of each
+    mount of /proc/self/mountinfo (proc(5): fields 5, 3 and 4; the type follows ``-``), in its
+    order (a later mount at the same point covers an earlier one); empty if unreadable."""
+    def unescape(field: str) -> str:
+        return re.sub(r"\\([0-7]{3})", lambda o: chr(int(o[1], 8)), field)
+    out = []
+    try:
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                fields, _, rest = line.partition(" - ")
+                parts = fields.split(" ")
+                out.append((unescape(parts[4]), parts[2], unescape(parts[3]), rest.split(" ")[0]))
+    except (OSError, IndexError):
+        return []
+    return out
+
+
+def _place(path: str, table: list[tuple[str, str, str, str]]) -> tuple[str, str, str] | None:
+    """(device, path in its file system, file system type) of ``path`` (a real path): the
+    deepest mount holding it in ``table`` (:func:`_mount_table`); None if none does."""
+    best = None
+    for point, dev, root, fs in table:
+        if _path_holds(point, path) and (best is None or len(point) >= len(best[0])):
+            best = (point, dev, root, fs)
+    if best is None:
+        return None
+    rest = os.path.relpath(path, best[0])
+    return best[1], os.path.normpath(os.path.join(best[2], "" if rest == "." else rest)), best[3]
 
 
 def policy_of(config: dict[str, Any]) -> tuple[str | None, list[str]]:
@@ -77,6 +227,24 @@ def engine_bounds(config: dict[str, Any]) -> dict[str, int | None]:
     return out
 
 
+def policy_refusal(config: dict[str, Any], policy: str, bundle_dir: str = ".") -> str | None:
+    """Why ``policy`` (a policy file's host path) must not be this container's (None: it may
+    be): it lies in a folder bound into the container read-write, where the container's root,
+    the host's uid 0, could rewrite it (root's still, so :func:`gatewrap.oci.runs.checked_policy_file`
+    passes it) for the run's ``gatewrap reload``."""
+    real = os.path.realpath(policy)
+    for m in config.get("mounts") or []:
+        if m.get("type") != "bind" and not {"bind", "rbind"} & set(m.get("options") or []):
+            continue
+        if "ro" in (m.get("options") or []):
+            continue
+        src = os.path.realpath(os.path.join(bundle_dir, m.get("source") or "/"))
+        if real == src or real.startswith(src.rstrip("/") + "/"):
+            return (f"the policy {policy} is in {src}, bound into the container read-write at {m.get('destination')}: "
+                    "its root could rewrite it; keep policies out of what containers have bound, or bind it read-only")
+    return None
+
+
 def container_uid(config: dict[str, Any]) -> int:
     """The uid the container's process runs as (``process.user.uid``; 0 if unset)."""
     return int(((config.get("process") or {}).get("user") or {}).get("uid", 0))
@@ -91,8 +259,9 @@ def confine(config: dict[str, Any], netns: str, cgroups_path: str, env: dict[str
     """``config`` changed to run in the sandbox: the network namespace ``netns`` (a path
     runc opens and joins, setns(2)), ``cgroups_path`` (runc's ``linux.cgroupsPath``, relative
     to each hierarchy's root), ``env`` over the container's own (:data:`JOINED` ones
-    prepended), and ``mounts`` as (host path, container path) read-only binds replacing any
-    mount at the same destination."""
+    prepended), ``mounts`` as (host path, container path) read-only binds replacing any
+    mount at the same destination, and the engines' masked and read-only paths
+    (:data:`MASKED`, :data:`READ_ONLY`) added to the container's own."""
     linux = config.setdefault("linux", {})
     spaces = [n for n in linux.get("namespaces") or [] if n.get("type") != "network"]
     linux["namespaces"] = [*spaces, {"type": "network", "path": netns}]
@@ -108,7 +277,19 @@ def confine(config: dict[str, Any], netns: str, cgroups_path: str, env: dict[str
     kept = [m for m in config.get("mounts") or [] if m.get("destination") not in ours]
     config["mounts"] = kept + [{"destination": dst, "type": "bind", "source": src,
                                 "options": ["rbind", "ro", "nosuid", "nodev"]} for src, dst in mounts]
+    for key, ours in (("maskedPaths", MASKED), ("readonlyPaths", READ_ONLY)):
+        theirs = linux.get(key) or []
+        linux[key] = [*theirs, *(p for p in ours if p not in theirs)]
     return config
+
+
+#: The engines' default masked and read-only paths (moby oci/defaults.go, containers/common
+#: pkg/config): kept whatever the container asks (``--security-opt unmask=ALL``, docker's
+#: ``systempaths=unconfined``), since the container's root is the host's uid 0: with
+#: /proc/sys writable it sets kernel.core_pattern, which the host's kernel runs as root.
+MASKED = ("/proc/acpi", "/proc/kcore", "/proc/keys", "/proc/latency_stats", "/proc/timer_list", "/proc/timer_stats",
+          "/proc/sched_debug", "/proc/scsi", "/sys/firmware", "/sys/fs/selinux", "/sys/dev/block")
+READ_ONLY = ("/proc/asound", "/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger")
 
 
 #: socket(2)'s AF_VSOCK (linux/socket.h) and the error a refused one gets (EAFNOSUPPORT), as

@@ -7,6 +7,8 @@ Every command goes to runc as given (exec(3): stdio, signals and exit code are r
   (:func:`bundle.confine`), then ``runc create`` runs; if it fails, the run is torn down.
 - ``delete``: ``runc delete``, then the daemon tears the run down (whatever runc said: a
   container runc no longer knows has no sandbox to keep); started if it is down.
+- ``exec``: refused if the process it adds has capabilities beyond the default set
+  (:func:`_check_exec`), else runc's.
 - ``run`` and ``restore`` (a container created without ``create``) are refused.
 
 gatewrap's own global flags, taken out before runc sees them: ``--gatewrap-socket PATH`` (the
@@ -56,7 +58,9 @@ def main() -> None:
             sys.exit(_create(line, runc))
         if line.command == "delete":
             sys.exit(_delete(line, runc))
-    except Failed as e:
+        if line.command == "exec":
+            _check_exec(line.args)
+    except (Failed, cli_args.UsageError) as e:
         _fail(str(e), line)
     os.execv(runc, line.runc_argv(runc))
 
@@ -112,10 +116,16 @@ def _create(line: cli_args.CommandLine, runc: str) -> int:
     from . import bundle
 
     bundle_dir, container = cli_args.create_args(line.args)
+    cli_args.check_id(container)
     path = os.path.join(bundle_dir, "config.json")
-    with open(path) as f:
-        config = json.load(f)
-    why = bundle.refusals(config, systemd_cgroup="--systemd-cgroup" in line.runc_globals)
+    try:
+        with open(path) as f:
+            config = json.load(f)
+        if not isinstance(config, dict):
+            raise ValueError("not a JSON object")
+        why = bundle.refusals(config, systemd_cgroup="--systemd-cgroup" in line.runc_globals, bundle_dir=bundle_dir)
+    except (OSError, ValueError, TypeError, AttributeError) as e:
+        raise Failed(f"container {container} refused: {path} is not a runtime-spec config.json ({e})") from None
     if why:
         raise Failed(f"container {container} refused: " + "; ".join(why))
     policy, allow = bundle.policy_of(config)
@@ -124,6 +134,10 @@ def _create(line: cli_args.CommandLine, runc: str) -> int:
         policy = line.gatewrap.get("policy")
         allow = [h.strip() for a in line.gatewrap["allow"] for h in a.split(",") if h.strip()]  # type: ignore[union-attr]
         source = "runtime flags"
+    if policy is not None:
+        mine = bundle.policy_refusal(config, str(policy), bundle_dir)
+        if mine:
+            raise Failed(f"container {container} refused: {mine}")
     got = _ask(line, {"op": "container_create", "container": container, "policy": policy, "allow": allow, "policy_source": source,
                       "uid": bundle.container_uid(config), "bounds": bundle.engine_bounds(config),
                       "argv": (config.get("process") or {}).get("args") or [],
@@ -147,12 +161,47 @@ def _create(line: cli_args.CommandLine, runc: str) -> int:
 
 def _delete(line: cli_args.CommandLine, runc: str) -> int:
     container = cli_args.last_positional(line.args)
+    if container is not None:
+        cli_args.check_id(container)
     code = _run(line.runc_argv(runc))
     if container is not None and _served(container):
         # Its daemon down: one is started (on the run's socket), whose start collects the run,
         # dead now, as a stale one; the engine's delete must not fail for it (podman rm would).
         _ask(line, {"op": "container_delete", "container": container})
     return code
+
+
+def _check_exec(args: list[str]) -> None:
+    """``exec``: the process it adds to the container (``--process`` FILE, runtime-spec
+    ``process``, as docker and podman pass it; ``--cap``) gets no capability beyond the
+    default set: ``podman exec --privileged`` would give a process in the run's cgroup
+    CAP_SYS_ADMIN and CAP_BPF, with which it could detach the hooks.
+
+    Raises:
+        Failed: it would, or the process file cannot be read.
+    """
+    import json
+
+    from . import bundle
+
+    caps: dict[str, list[str]] = {"--cap": []}
+    for name, value in cli_args.exec_options(args):
+        if name in ("--cap", "-c"):
+            caps["--cap"].append(value if value.upper().startswith("CAP_") else "CAP_" + value.upper())
+        elif name in ("--process", "-p"):
+            try:
+                with open(value) as f:
+                    process = json.load(f)
+                caps.update((process.get("capabilities") or {}) if isinstance(process, dict) else {})
+            except (OSError, ValueError, AttributeError) as e:
+                raise Failed(f"exec: the process file {value} cannot be read ({e})") from None
+    try:
+        extra = bundle.beyond_default_caps(caps)
+    except TypeError as e:
+        raise Failed(f"exec: the process's capabilities are not lists of names ({e})") from None
+    if extra:
+        raise Failed(f"exec refused: capabilities beyond the default set ({', '.join(extra)}; exec --privileged or "
+                     "--cap): with them the process could detach gatewrap's hooks or leave its cgroup")
 
 
 def _served(container: str) -> bool:

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import select
 import stat
 import threading
@@ -43,10 +42,8 @@ from ..run_types import RunOptions
 from ..sandbox import cgroup, limits, registry, user
 from ..sizes import parse_count, parse_memory
 from . import bundle
-from .argv import RUN_PREFIX
+from .argv import CONTAINER_ID, RUN_PREFIX
 
-#: Container ids runc accepts (libcontainer's idRegex), bounded: the id is a path component.
-CONTAINER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
 
 def run_id_of(container: str) -> str:
