@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from containers.conftest import (PODMAN_ROOT, PODMAN_RUN_FLAGS, PODMAN_RUNROOT, Container, dockerd,  # noqa: F401
+from containers.conftest import (PODMAN_ROOT, PODMAN_RUN_FLAGS, PODMAN_RUNROOT, Container, dockerd, engine,  # noqa: F401
                                  image, oci_daemon, podman, podman_gatewrap, podman_image)
 from gatewrap.oci import bundle
 
@@ -76,7 +76,7 @@ def test_a_volume_that_is_a_bind_of_gatewraps_state_is_refused(podman, outcome, 
     """a podman volume made with -o type=none,o=bind,device=DEVICE (the bind's source is the volume's folder)"""
     os.makedirs(device, exist_ok=True)
     name = f"gwt-atk-{os.getpid()}-{device.rsplit('/', 1)[-1]}"
-    base = ["podman", "--root", PODMAN_ROOT, "--runroot", PODMAN_RUNROOT]
+    base = engine("podman", "--root", PODMAN_ROOT, "--runroot", PODMAN_RUNROOT)
     subprocess.run([*base, "volume", "create", "--opt", "type=none", "--opt", "o=bind", "--opt", f"device={device}", name],
                    check=True, capture_output=True)
     try:
