@@ -231,10 +231,12 @@ crictl_bin() {
 go_for_crictl() {
 	# A go command of 1.24.1 or newer: the one on PATH (or /usr/local/go's) if it is, else
 	# $GO_TOOLCHAIN from the module proxy into the tests' cache (~76 MB, once).
-	local go
+	local go version
 	for go in "$(command -v go)" /usr/local/go/bin/go; do
 		[ -x "$go" ] || continue
-		printf '%s\n' "$("$go" env GOVERSION 2>/dev/null | sed 's/^go//')" 1.24.1 | sort -V -C 2>/dev/null || continue
+		version=$("$go" env GOVERSION 2>/dev/null | sed 's/^go//')
+		# sort -C: already in order, so 1.24.1 <= version
+		[ -n "$version" ] && printf '%s\n' 1.24.1 "$version" | sort -V -C || continue
 		echo "$go"
 		return 0
 	done

@@ -61,8 +61,9 @@ def stop(run_id: str, timeout: float, as_json: bool) -> int:
 
     \b
     gatewrap forwards the signal to the agent, tears the sandbox down and writes the
-    run_end record. Exit 0 when the run has ended, 1 when RUN is not a live run
-    (gatewrap ps lists them), 125 when it is still running after --timeout.
+    run_end record. RUN: a run id, or the start of one live run's (of its part after
+    gw-: a container's short id). Exit 0 when the run has ended, 1 when RUN is not a live
+    run (gatewrap ps lists them), 125 when it is still running after --timeout.
 
     \b
     A container's run (gw-<container id>, gatewrap-oci) is stopped as `docker stop` does:
@@ -73,6 +74,7 @@ def stop(run_id: str, timeout: float, as_json: bool) -> int:
     \b
     Example:
       sudo gatewrap stop gw-0123456789
+      sudo gatewrap stop 9a109c573f51    # a container, by the id docker ps shows
     """
     from .live_runs import stop as do_stop
     from .errors import require_root

@@ -30,6 +30,7 @@ from typing import Any
 from . import audit_reader as ar
 from .audit_stats import RunCounts
 from .errors import GatewrapError
+from .oci.argv import RUN_PREFIX
 from .run_usage import Usage, sample
 from .sandbox import registry
 from .text import printable
@@ -250,6 +251,27 @@ class NoSuchRun(GatewrapError):
     exit_code = 1
 
 
+#: The shortest run id prefix :func:`resolve` matches (docker's short ids are 12 hex digits).
+MIN_PREFIX = 4
+
+
+def resolve(name: str) -> str:
+    """The live run ``name`` names: itself if it is one; else the one live run whose id
+    starts with it, or with ``gw-`` and it (a container's short id, as ``docker ps`` and
+    ``podman ps`` show it, names its run ``gw-<full id>``); else ``name`` unchanged.
+
+    Raises:
+        NoSuchRun: more than one live run starts with it (they are listed).
+    """
+    if registry.info(name) is not None or len(name) < MIN_PREFIX:
+        return name
+    found = sorted({r for r in registry.live() if r.startswith(name) or r.startswith(RUN_PREFIX + name)})
+    if len(found) > 1:
+        raise NoSuchRun(f"{name} names more than one live run ({', '.join(found[:5])}"
+                        f"{', ...' if len(found) > 5 else ''}): give more of its id")
+    return found[0] if found else name
+
+
 def stop(run_id: str, timeout: float) -> Stopped:
     """End run ``run_id`` as SIGTERM would: signal its gatewrap process, which forwards the
     signal to the agent and, once the agent has exited, tears the sandbox down and writes
@@ -262,6 +284,7 @@ def stop(run_id: str, timeout: float) -> Stopped:
         NoSuchRun: no live run ``run_id``.
         GatewrapError: the run is still alive after ``timeout`` (the agent may ignore SIGTERM).
     """
+    run_id = resolve(run_id)
     info = registry.info(run_id)
     if info is None or not registry.owned(run_id) or not isinstance(info.get("pid"), int):
         raise NoSuchRun(f"no live run {run_id} (gatewrap ps lists them)")

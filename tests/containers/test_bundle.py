@@ -121,3 +121,53 @@ def test_a_containers_run_gets_the_engines_bounds_and_a_runs_defaults_for_the_re
     assert (got.pids, got.memory) == (2048, parse_memory(DEFAULT_MEMORY))
     got = bounds_of(None)
     assert (got.pids, got.memory) == (parse_count(DEFAULT_PIDS), parse_memory(DEFAULT_MEMORY))
+
+
+@pytest.mark.parametrize("notes, refused", [
+    ({"gatewrap.allow": "a.test", "gatewrap.policy": "/etc/p.toml", "io.podman.x": "1"}, None),
+    ({"gatewrap.alow": "a.test"}, "gatewrap.alow"),
+    ({"gatewrap.allow": "a.test", "gatewrap.Policy": "/etc/p.toml"}, "gatewrap.Policy"),
+], ids=["gatewrap's two and an engine's own pass", "a misspelt allow refused", "a wrongly cased policy refused"])
+def test_an_annotation_gatewrap_does_not_know_is_refused_not_ignored(notes, refused):
+    """A misspelt ``gatewrap.*`` annotation would leave the container the default policy
+    without a word (a new user's report): refused, naming it."""
+    got = bundle.refusals({**config(), "annotations": notes})
+    assert (got == []) if refused is None else (len(got) == 1 and refused in got[0])
+
+
+def test_privileged_block_devices_are_named_up_to_three_then_counted():
+    devices = [{"type": "b", "path": f"/dev/loop{i}", "major": 7, "minor": i} for i in range(40)]
+    got = bundle.refusals({**config(), "linux": {**config()["linux"], "devices": devices}})
+    assert len(got) == 1 and "/dev/loop0, /dev/loop1, /dev/loop2 and 37 more" in got[0] and len(got[0]) < 200
+
+
+def test_a_misspelt_gatewrap_flag_is_refused_with_the_one_meant():
+    with pytest.raises(argv.UsageError, match=r"unknown flag --gatewrap-alow \(did you mean --gatewrap-allow\?\)"):
+        argv.split(["--gatewrap-alow=a.test", "create", "x"])
+
+
+def test_the_runtimes_own_refusals_reach_runcs_log_and_exit_125(tmp_path):
+    """The engines show a runtime's error from runc's --log (docker: log.json), not stderr."""
+    import json
+    import subprocess
+
+    from containers.conftest import OCI
+
+    log = tmp_path / "log.json"
+    for args, said in [(["--gatewrap-alow=a.test"], "did you mean --gatewrap-allow"),
+                       (["--gatewrap-runc", str(tmp_path / "crun")], "no such program")]:
+        p = subprocess.run([OCI, "--log", str(log), "--log-format", "json", *args, "state", "x"],
+                           capture_output=True, text=True)
+        assert p.returncode == 125 and said in p.stderr and "Traceback" not in p.stderr
+        assert said in json.loads(log.read_text().splitlines()[-1])["msg"]
+
+
+def test_a_policy_file_that_does_not_exist_is_said_so_not_with_strerror():
+    """podman reads "No such file or directory" in a runtime's error as its command missing
+    (exit 127, "OCI runtime attempted to invoke a command that was not found")."""
+    from gatewrap.errors import GatewrapError
+    from gatewrap.oci import runs
+
+    with pytest.raises(GatewrapError, match="the policy file /nonexistent/p.toml does not exist") as e:
+        runs.checked_policy_file("/nonexistent/p.toml")
+    assert "No such file" not in str(e.value)

@@ -103,7 +103,8 @@ def test_gatewrap_stop_ends_a_container_as_docker_stop_does_and_its_run_with_it(
             _until("the handler set", lambda: "up" in subprocess.run([*podman_base(), "logs", c.id],
                                                                       capture_output=True, text=True).stdout)
         started = time.monotonic()
-        p = _gw("stop", "--timeout", "2", "--json", c.run_id)
+        # by the 12-digit id podman ps and docker ps show (a unique prefix names the run)
+        p = _gw("stop", "--timeout", "2", "--json", c.id[:12])
         took = time.monotonic() - started
         assert p.returncode == 0, p.stderr
         got = json.loads(p.stdout)

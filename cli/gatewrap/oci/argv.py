@@ -58,7 +58,8 @@ def split(argv: list[str]) -> CommandLine:
     ``--flag=value`` alike.
 
     Raises:
-        UsageError: a gatewrap flag without its value.
+        UsageError: a gatewrap flag without its value, or a ``--gatewrap-`` flag it does not
+            know (a misspelt one would otherwise reach runc, whose usage text hides it).
     """
     runc_globals: list[str] = []
     settings: dict[str, object] = {key: [] for key in REPEATED}
@@ -76,6 +77,9 @@ def split(argv: list[str]) -> CommandLine:
                 settings[key].append(value)  # type: ignore[union-attr]
             else:
                 settings[key] = value
+        elif name.startswith("--gatewrap-"):
+            raise UsageError(f"unknown flag {name}{_did_you_mean(name)}; gatewrap-oci's flags: "
+                             f"{', '.join(sorted(GATEWRAP_FLAGS))} (gatewrap-oci --help)")
         else:
             runc_globals.append(argv[i])
             if name in RUNC_VALUED and not eq and i + 1 < len(argv):
@@ -84,6 +88,13 @@ def split(argv: list[str]) -> CommandLine:
         i += 1
     command = argv[i] if i < len(argv) else None
     return CommandLine(runc_globals, command, argv[i + 1:], settings)
+
+
+def _did_you_mean(name: str) -> str:
+    import difflib  # only on this error's path
+
+    close = difflib.get_close_matches(name, GATEWRAP_FLAGS, n=1)
+    return f" (did you mean {close[0]}?)" if close else ""
 
 
 def create_args(args: list[str]) -> tuple[str, str]:

@@ -80,6 +80,11 @@ def refusals(config: dict[str, Any], systemd_cgroup: bool = False, bundle_dir: s
     if unknown:
         out.append(f"config.json fields gatewrap-oci does not know ({', '.join(unknown)}; it knows runtime-spec 1.0.2's "
                    "for Linux): what they would do is not checked")
+    theirs = sorted(k for k in (config.get("annotations") or {}) if k.startswith("gatewrap.")
+                    and k not in (POLICY_ANNOTATION, ALLOW_ANNOTATION))
+    if theirs:
+        out.append(f"annotations gatewrap does not know ({', '.join(theirs)}): it reads {POLICY_ANNOTATION} and "
+                   f"{ALLOW_ANNOTATION} (a misspelt one would leave the container the default policy)")
     extra = beyond_default_caps((config.get("process") or {}).get("capabilities") or {})
     if extra:
         out.append(f"capabilities beyond the default set ({', '.join(extra)}; --privileged or --cap-add): "
@@ -131,10 +136,10 @@ def _device_refusals(linux: dict[str, Any]) -> list[str]:
     and CAP_MKNOD, a default capability) the container's root reads the host's disks, and on
     them gatewrap's state. Character devices stay (those that matter need capabilities)."""
     out = []
-    for d in linux.get("devices") or []:
-        if d.get("type") == "b":
-            out.append(f"the block device {d.get('path')} ({d.get('major')}:{d.get('minor')}; --device): "
-                       "its root could read the host's disk")
+    block = [str(d.get("path")) for d in linux.get("devices") or [] if d.get("type") == "b"]
+    if block:  # --privileged lists every one of the host's: named up to 3, then counted
+        named = ", ".join(block[:3]) + (f" and {len(block) - 3} more" if len(block) > 3 else "")
+        out.append(f"block devices ({named}; --device, --privileged): its root could read the host's disks")
     for rule in (linux.get("resources") or {}).get("devices") or []:
         if rule.get("allow") and rule.get("type", "a") in ("a", "b") and set(rule.get("access") or "rwm") & {"r", "w"}:
             out.append(f"a device cgroup rule allowing block devices ({rule.get('type', 'a')} "

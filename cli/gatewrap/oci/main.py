@@ -27,6 +27,7 @@ bundle rules and the daemon's protocol (no click, no extension).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
@@ -40,6 +41,26 @@ REFUSED = {"run": "use create and start (podman, docker and containerd do)",
            "restore": "checkpoint/restore is not supported by gatewrap-oci"}
 
 
+#: What ``gatewrap-oci --help`` says before runc's own help.
+HELP = """gatewrap-oci: an OCI runtime with runc's command line; each container runs in a gatewrap sandbox
+(its egress through the gate only, audited). Docs: docs/guide/containers.md.
+
+gatewrap's flags (global, before the command; an engine passes them as runtime arguments:
+podman --runtime-flag NAME=VALUE, docker's runtimeArgs, a wrapper script for ctr):
+  --gatewrap-allow HOST[,HOST]  hosts the container may reach, if it has no gatewrap.* annotation (repeatable)
+  --gatewrap-policy PATH        a policy file (root's), if the container has no gatewrap.* annotation
+  --gatewrap-socket PATH        the gatewrap daemon's socket (default /run/gatewrap/daemon.sock)
+  --gatewrap-audit-log PATH     the containers' audit log (default /var/log/gatewrap/audit.jsonl)
+  --gatewrap-resolver IP        the gate's DNS server (repeatable; as gatewrap run --resolver)
+  --gatewrap-public-range CIDR  a range counted as public (repeatable; as gatewrap run --public-range)
+  --gatewrap-runc PATH          the runc to delegate to (default: runc in /usr/sbin, /usr/bin, /usr/local/...)
+Annotations: gatewrap.allow=HOST[,HOST], gatewrap.policy=PATH (they win over the flags).
+Exit 125: gatewrap refused or failed (the reason on stderr and in runc's --log).
+
+runc's help follows.
+"""
+
+
 class Failed(Exception):
     """gatewrap-oci cannot do what it was asked (the message says what to do)."""
 
@@ -49,8 +70,14 @@ def main() -> None:
     try:
         line = cli_args.split(sys.argv[1:])
     except cli_args.UsageError as e:
-        _fail(str(e), None)
+        _fail(str(e), None, runc_globals=_leading_flags(sys.argv[1:]))
+    if line.command is None and {"--help", "-h"} & set(line.runc_globals):
+        with contextlib.suppress(BrokenPipeError):
+            print(HELP, flush=True)
     runc = str(line.gatewrap.get("runc") or _find_runc())
+    if not os.access(runc, os.X_OK):
+        _fail(f"--gatewrap-runc {runc}: no such program (install runc: apt-get install runc; crun is not "
+              "supported on hybrid cgroup hosts)", line)
     if line.command in REFUSED:
         _fail(f"{line.command}: {REFUSED[line.command]}", line)
     try:
@@ -213,13 +240,26 @@ def _served(container: str) -> bool:
     return os.path.exists(registry.lock_path(RUN_PREFIX + container))
 
 
-def _fail(message: str, line: cli_args.CommandLine | None) -> None:
-    """Say ``message`` on stderr and in runc's --log file (its --log-format), exit 125."""
+def _fail(message: str, line: cli_args.CommandLine | None, runc_globals: list[str] | None = None) -> None:
+    """Say ``message`` on stderr and in runc's --log file (its --log-format), exit 125.
+    ``runc_globals``: runc's global flags where there is no ``line`` (it could not be read)."""
     text = f"gatewrap-oci: {message}"
     print(text, file=sys.stderr, flush=True)
-    if line is not None:
-        _log(line.runc_globals, text)
+    flags = line.runc_globals if line is not None else runc_globals
+    if flags:
+        _log(flags, text)
     sys.exit(EXIT_GATEWRAP)
+
+
+def _leading_flags(argv: list[str]) -> list[str]:
+    """The flags before the command (where runc's ``--log`` is), from a command line
+    :func:`cli_args.split` refused: for the log of that refusal."""
+    out: list[str] = []
+    for i, arg in enumerate(argv):
+        if not arg.startswith("-") and not (out and out[-1] in cli_args.RUNC_VALUED):
+            break
+        out.append(arg)
+    return out
 
 
 def _log(runc_globals: list[str], text: str) -> None:

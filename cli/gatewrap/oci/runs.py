@@ -27,6 +27,7 @@ Ops (one JSON line each way, :mod:`gatewrap.shared.protocol`):
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import select
 import stat
@@ -70,7 +71,10 @@ def checked_policy_file(path: str) -> str:
     try:
         st = os.stat(path)
     except OSError as e:
-        raise GatewrapError(f"annotation {bundle.POLICY_ANNOTATION}: {path}: {e.strerror}") from None
+        # Not strerror's "No such file or directory": podman reads that in a runtime's error as
+        # its command missing (exit 127, "OCI runtime attempted to invoke a command that was not found").
+        why = "does not exist" if e.errno == errno.ENOENT else f"cannot be read ({e.strerror.lower()})"
+        raise GatewrapError(f"annotation {bundle.POLICY_ANNOTATION}: the policy file {path} {why}") from None
     if not stat.S_ISREG(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:
         raise GatewrapError(f"annotation {bundle.POLICY_ANNOTATION}: {path} must be a regular file owned by root "
                             "and writable by root alone (chown root: and chmod go-w it)")
