@@ -117,3 +117,22 @@ def test_af_vsock_which_no_hook_sees_is_refused_by_the_seccomp_profile(podman, f
     c = podman("--network", "none", *flags, cmd=["python3", "-c", VSOCK])
     assert c.returncode == 0, c.stderr
     assert c.stdout.strip() == str(errno)
+
+
+def test_a_process_podman_exec_starts_gets_the_containers_proxy_and_reaches_allowed_hosts(podman):
+    """podman exec passes runc a process file built from podman's own record of the container,
+    without gatewrap's variables: gatewrap-oci adds those it lacks (a new user's exec'd curl
+    could not resolve an allowed host); what the exec sets itself stays."""
+    c = podman("-d", "--network", "none", "--annotation", "gatewrap.allow=allowed.test", cmd=["sleep", "60"])
+    assert c.returncode == 0, c.stderr
+    try:
+        p = subprocess.run([*podman_base(), "exec", "-e", "NO_PROXY=mine.test", c.id, "sh", "-c",
+                            'echo "$http_proxy $NO_PROXY"; curl -s -o /dev/null -w "%{http_code}\\n" http://allowed.test/'],
+                           capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0, p.stderr
+        proxy, code = p.stdout.split("\n")[:2]
+        assert proxy.startswith("http://127.0.0.1:") and proxy.endswith(" mine.test"), proxy
+        assert code == "200"
+        assert c.records(event="request", dst_host="allowed.test")
+    finally:
+        subprocess.run([*podman_base(), "rm", "-f", "-t", "0", c.id], capture_output=True, timeout=60)

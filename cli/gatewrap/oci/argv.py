@@ -129,6 +129,17 @@ def check_id(container: str) -> None:
         raise UsageError(f"container id {container!r} is not one runc accepts")
 
 
+def exec_container(args: list[str]) -> str | None:
+    """The container id of ``exec``'s arguments (the first one after its flags; the
+    command's own arguments follow it), None if there is none.
+
+    Raises:
+        UsageError: as :func:`exec_options`.
+    """
+    at = _exec_flags(args)[1]
+    return args[at] if at < len(args) else None
+
+
 def exec_options(args: list[str]) -> list[tuple[str, str]]:
     """(flag, value) of ``exec``'s valued flags (:data:`EXEC_VALUED`), ``--flag value`` and
     ``--flag=value`` alike, up to the container id (the command's own arguments follow it).
@@ -136,6 +147,11 @@ def exec_options(args: list[str]) -> list[tuple[str, str]]:
     Raises:
         UsageError: a flag that is neither (:data:`EXEC_SWITCHES`).
     """
+    return _exec_flags(args)[0]
+
+
+def _exec_flags(args: list[str]) -> tuple[list[tuple[str, str]], int]:
+    """:func:`exec_options` and the index of the container id (``len(args)``: none)."""
     out, i = [], 0
     while i < len(args) and args[i].startswith("-"):
         name, eq, value = args[i].partition("=")
@@ -147,7 +163,7 @@ def exec_options(args: list[str]) -> list[tuple[str, str]]:
                 value = args[i]
             out.append((name, value))
         i += 1
-    return out
+    return out, i
 
 
 def last_positional(args: list[str]) -> str | None:

@@ -87,6 +87,7 @@ def main() -> None:
             sys.exit(_delete(line, runc))
         if line.command == "exec":
             _check_exec(line.args)
+            _give_exec_the_containers_env(line, runc)
     except (Failed, cli_args.UsageError) as e:
         _fail(str(e), line)
     os.execv(runc, line.runc_argv(runc))
@@ -196,6 +197,46 @@ def _delete(line: cli_args.CommandLine, runc: str) -> int:
         # dead now, as a stale one; the engine's delete must not fail for it (podman rm would).
         _ask(line, {"op": "container_delete", "container": container})
     return code
+
+
+def _give_exec_the_containers_env(line: cli_args.CommandLine, runc: str) -> None:
+    """``exec --process FILE`` (podman's and docker's exec): the variables of the container's
+    own process (its ``config.json``, as gatewrap-oci rewrote it: the proxy and CA variables
+    and the shims') that FILE lacks are added to it; those FILE sets stay. The engines build
+    FILE from their own record of the container, which has none of gatewrap's, so an exec'd
+    agent would otherwise find no proxy (its direct connects fail: it would only not work).
+    ``runc exec`` without ``--process`` starts from config.json's process already (runc(8)).
+    Nothing is changed where runc does not know the container (its exec then says so).
+
+    Raises:
+        Failed: FILE cannot be rewritten.
+    """
+    import json
+    import subprocess
+
+    process_file = next((v for k, v in cli_args.exec_options(line.args) if k in ("--process", "-p")), None)
+    container = cli_args.exec_container(line.args)
+    if process_file is None or container is None:
+        return
+    state = subprocess.run([runc, *line.runc_globals, "state", container], capture_output=True, text=True)
+    try:
+        with open(os.path.join(json.loads(state.stdout)["bundle"], "config.json")) as f:
+            theirs = ((json.load(f).get("process") or {}).get("env")) or []
+        with open(process_file) as f:
+            process = json.load(f)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return  # no such container, or no readable config: runc's exec says what is wrong
+    env = process.get("env") or []
+    have = {e.partition("=")[0] for e in env if isinstance(e, str)}
+    added = [e for e in theirs if isinstance(e, str) and e.partition("=")[0] not in have]
+    if not added:
+        return
+    process["env"] = [*env, *added]
+    try:
+        with open(process_file, "w") as f:
+            json.dump(process, f)
+    except OSError as e:
+        raise Failed(f"exec: the process file {process_file} cannot be rewritten ({e.strerror})") from None
 
 
 def _check_exec(args: list[str]) -> None:
