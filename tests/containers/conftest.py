@@ -225,6 +225,18 @@ CONTAINERD_RUN = "/run/gatewrap-tests-containerd"
 ARCHIVE = os.path.join(image.CACHE, "image-docker-archive.tar")
 
 
+def oci_wrapper(path: Path, oci_daemon, net, audit: Path) -> Path:
+    """A script at ``path`` that runs gatewrap-oci with the module's settings (the daemon,
+    the audit log ``audit``, the fake internet's resolver and public ranges): containerd's
+    runc binary (ctr and the CRI plugin pass no runtime flags; moby writes such a wrapper
+    for daemon.json's runtimeArgs)."""
+    flags = [f"--gatewrap-socket={oci_daemon.socket}", f"--gatewrap-audit-log={audit}",
+             f"--gatewrap-resolver={net.dns_server}", *(f"--gatewrap-public-range={r}" for r in PUBLIC_RANGES[1::2])]
+    path.write_text(f'#!/bin/sh\nexec {OCI} {" ".join(flags)} "$@"\n')
+    path.chmod(0o755)
+    return path
+
+
 @pytest.fixture(scope="module")
 def containerd(net, oci_daemon, podman_image, tmp_path_factory):
     """A containerd of the module's own (no CRI plugin) and the runc binary ctr is to use:
@@ -235,11 +247,7 @@ def containerd(net, oci_daemon, podman_image, tmp_path_factory):
         pytest.fail("containerd is needed (apt-get install containerd): scripts/setup.sh installs it")
     here = tmp_path_factory.mktemp("containerd")
     audit = here / "audit.jsonl"
-    wrapper = here / "gatewrap-oci"
-    flags = [f"--gatewrap-socket={oci_daemon.socket}", f"--gatewrap-audit-log={audit}",
-             f"--gatewrap-resolver={net.dns_server}", *(f"--gatewrap-public-range={r}" for r in PUBLIC_RANGES[1::2])]
-    wrapper.write_text(f'#!/bin/sh\nexec {OCI} {" ".join(flags)} "$@"\n')
-    wrapper.chmod(0o755)
+    wrapper = oci_wrapper(here / "gatewrap-oci", oci_daemon, net, audit)
     os.makedirs(CONTAINERD_RUN, exist_ok=True)
     sock = os.path.join(CONTAINERD_RUN, "containerd.sock")
     config = os.path.join(CONTAINERD_RUN, "config.toml")

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import _AUDIT_LOGS, PUBLIC_RANGES
+from conftest import _AUDIT_LOGS
 from containers import image
-from containers.conftest import OCI, Container, engine, podman_base
+from containers.conftest import Container, engine, oci_wrapper, podman_base
 from containers.test_podman import EPERM, PROBE
 
 pytestmark = pytest.mark.kernel
@@ -80,11 +80,7 @@ def cri(net, oci_daemon, podman_image, tmp_path_factory):
             pytest.fail(f"{tool} is needed: scripts/setup.sh test-deps installs it")
     here = tmp_path_factory.mktemp("cri")
     audit = here / "audit.jsonl"
-    wrapper = here / "gatewrap-oci"
-    flags = [f"--gatewrap-socket={oci_daemon.socket}", f"--gatewrap-audit-log={audit}",
-             f"--gatewrap-resolver={net.dns_server}", *(f"--gatewrap-public-range={r}" for r in PUBLIC_RANGES[1::2])]
-    wrapper.write_text(f'#!/bin/sh\nexec {OCI} {" ".join(flags)} "$@"\n')
-    wrapper.chmod(0o755)
+    wrapper = oci_wrapper(here / "gatewrap-oci", oci_daemon, net, audit)
     os.makedirs(CRI_RUN, exist_ok=True)
     cni = here / "cni"
     cni.mkdir()
