@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from containers.conftest import PODMAN_ROOT, PODMAN_RUNROOT, podman_base
+from containers.conftest import podman_base
 
 pytestmark = pytest.mark.kernel
 

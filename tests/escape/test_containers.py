@@ -13,11 +13,9 @@ Two kinds of vector:
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
