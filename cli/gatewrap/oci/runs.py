@@ -67,6 +67,11 @@ def checked_policy_file(path: str) -> str:
     """
     if not os.path.isabs(path):
         raise GatewrapError(f"annotation {bundle.POLICY_ANNOTATION}={path!r}: give an absolute path on the host")
+    kernel = _kernel_fs_on_the_way(path)
+    if kernel is not None:
+        raise GatewrapError(f"annotation {bundle.POLICY_ANNOTATION}: {path} goes through {kernel}, a kernel file system "
+                            "(/proc's links reach any process's files, a container's own among them): name the "
+                            "policy file where it lies on disk")
     try:
         st = os.stat(path)
     except OSError as e:
@@ -75,6 +80,72 @@ def checked_policy_file(path: str) -> str:
         raise GatewrapError(f"annotation {bundle.POLICY_ANNOTATION}: {path} must be a regular file owned by root "
                             "and writable by root alone (chown root: and chmod go-w it)")
     return path
+
+
+#: statfs(2)'s f_type of the kernel's own file systems (linux/magic.h): proc (whose
+#: /proc/PID/root, cwd and fd/N links lead into any process's mount namespace), sysfs,
+#: debugfs, tracefs, securityfs, configfs, cgroup2 and bpffs; a read there may block
+#: (/proc/kmsg), consume (the kernel log) or be endless (/proc/kcore).
+KERNEL_FS = {0x9FA0: "procfs", 0x62656572: "sysfs", 0x64626720: "debugfs", 0x74726163: "tracefs",
+             0x73636673: "securityfs", 0x62656570: "configfs", 0x63677270: "cgroup2", 0xCAFE4A11: "bpffs"}
+
+
+def _fs_type(path: str) -> int:
+    """statfs(2)'s ``f_type`` of the file system ``path`` (links followed) lies on.
+
+    Raises:
+        OSError: statfs failed.
+    """
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    buf = ctypes.create_string_buffer(256)  # struct statfs: f_type is its first field, a long
+    if libc.statfs(os.fsencode(path), buf) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e), path)
+    return ctypes.c_long.from_buffer(buf).value & 0xFFFFFFFF
+
+
+def _kernel_fs_on_the_way(path: str) -> str | None:
+    """The first folder on the way to absolute ``path`` (its symbolic links followed one by
+    one, as the kernel's lookup does) that lies on a kernel file system (:data:`KERNEL_FS`),
+    as ``PATH (TYPE)``; None when there is none. A folder that cannot be looked at ends the
+    walk (the open then fails on its own)."""
+    parts = path.split("/")
+    here, hops = "/", 0
+    while parts:
+        part = parts.pop(0)
+        if part in ("", "."):
+            continue
+        try:
+            kind = KERNEL_FS.get(_fs_type(here))
+        except OSError:
+            return None
+        if kind is not None:
+            return f"{here} ({kind})"
+        if part == "..":
+            here = os.path.dirname(here)
+            continue
+        step = os.path.join(here, part)
+        try:
+            st = os.lstat(step)
+        except OSError:
+            return None
+        if stat.S_ISLNK(st.st_mode):
+            hops += 1
+            if hops > 40:  # ELOOP, path_resolution(7)
+                return None
+            target = os.readlink(step)
+            parts = target.split("/") + parts
+            if target.startswith("/"):
+                here = "/"
+            continue
+        here = step
+    try:
+        kind = KERNEL_FS.get(_fs_type(here))
+    except OSError:
+        return None
+    return None if kind is None else f"{here} ({kind})"
 
 
 def _policy_said(policy_file: str | None, allow: list[str], source: str) -> str:
