@@ -10,16 +10,22 @@ annotation (gatewrap-oci passes the path on unchanged, :func:`gatewrap.oci.bundl
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
 
-from containers.conftest import oci_daemon  # noqa: F401
+from conftest import ROOT, gatewrap_cmd
+from containers.conftest import image, oci_daemon, podman, podman_base, podman_image  # noqa: F401
 from gatewrap.shared import protocol
+
+from .helpers import agent_code
+from .test_containers import CTYPES
 
 pytestmark = pytest.mark.kernel
 
@@ -70,3 +76,59 @@ def test_a_policy_annotation_through_proc_is_refused(oci_daemon, outcome, own_ro
     held = "run" not in got and "/proc" in said and "invalid policy" not in said
     outcome("the daemon's check of gatewrap.policy (checked_policy_file)", said[:160], "held" if held else "OPEN")
     assert held, got
+
+
+# --- a container that hides its processes in a child cgroup of its run's -----------------
+
+#: The container's first process (pid 1 of its pid namespace: SIGTERM ignored), without
+#: seccomp, in a user, cgroup and mount namespace of its own: cgroupfs mounted anew, and
+#: itself moved into a child cgroup, so its run's own cgroup.procs is empty.
+HIDES = """
+CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUSER = 0x20000, 0x02000000, 0x10000000
+check(libc.unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWCGROUP))
+open('/proc/self/setgroups', 'w').write('deny')
+open('/proc/self/uid_map', 'w').write('0 0 1')
+open('/proc/self/gid_map', 'w').write('0 0 1')
+os.makedirs('/tmp/cg', exist_ok=True)
+check(libc.mount(b'none', b'/tmp/cg', b'cgroup2', 0, None))
+os.makedirs('/tmp/cg/hidden', exist_ok=True)
+open('/tmp/cg/hidden/cgroup.procs', 'w').write(str(os.getpid()))
+print('moved', flush=True)
+time.sleep(300)
+"""
+
+EXIT_GRACE = 5.0  # gatewrap.oci.runs.EXIT_GRACE
+
+
+def _gw(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(gatewrap_cmd(*args), capture_output=True, text=True, timeout=120, cwd=ROOT)
+
+
+def test_a_container_hidden_in_a_child_cgroup_keeps_its_run_and_gatewrap_stop_still_ends_it(podman, outcome):  # noqa: F811
+    """its processes moved into a child cgroup of the run's (the run's cgroup.procs empty): does the daemon
+    take it for dead and remove its sandbox while it runs, or gatewrap stop miss it?"""
+    c = podman("-d", "--network", "none", "--security-opt", "seccomp=unconfined", *CTYPES,
+               cmd=["python3", "-c", agent_code(HIDES)])
+    assert c.returncode == 0, c.stderr
+    leaf = f"/sys/fs/cgroup/unified/gatewrap/{c.run_id}"
+    try:
+        deadline = time.monotonic() + 30
+        while "moved" not in subprocess.run([*podman_base(), "logs", c.id], capture_output=True, text=True).stdout:
+            assert time.monotonic() < deadline, subprocess.run([*podman_base(), "logs", c.id], capture_output=True,
+                                                               text=True)
+            time.sleep(0.2)
+        assert open(f"{leaf}/cgroup.procs").read().strip() == ""
+        assert open(f"{leaf}/hidden/cgroup.procs").read().strip()
+        time.sleep(EXIT_GRACE + 1.5)
+        kept = os.path.exists(f"/run/gatewrap/runs/{c.run_id}.lock") and os.path.isdir(leaf)
+        p = _gw("stop", "--timeout", "2", "--json", c.run_id)
+        stopped = json.loads(p.stdout) if p.returncode == 0 else {}
+        running = c.id in subprocess.run([*podman_base(), "ps", "-q", "--no-trunc"], capture_output=True,
+                                         text=True).stdout
+        held = kept and stopped.get("signal") == "SIGKILL" and not running and not os.path.exists(leaf)
+        outcome("cgroup.events populated (the subtree's) for the daemon's watch; cgroup.kill for stop",
+                f"run kept {EXIT_GRACE + 1.5:g} s: {kept}; stop: {stopped.get('signal') or p.stderr.strip()[-120:]}; "
+                f"container running after: {running}", "held" if held else "OPEN")
+        assert held, (kept, p.stdout, p.stderr[-1000:], running)
+    finally:
+        subprocess.run([*podman_base(), "rm", "-f", "-t", "0", c.id], capture_output=True, timeout=60)
