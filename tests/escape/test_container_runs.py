@@ -132,3 +132,18 @@ def test_a_container_hidden_in_a_child_cgroup_keeps_its_run_and_gatewrap_stop_st
         assert held, (kept, p.stdout, p.stderr[-1000:], running)
     finally:
         subprocess.run([*podman_base(), "rm", "-f", "-t", "0", c.id], capture_output=True, timeout=60)
+
+
+def test_a_policy_annotation_naming_a_huge_root_file_is_refused_unread(oci_daemon, outcome, tmp_path):  # noqa: F811
+    """gatewrap.policy naming a huge root-owned file (the node's audit log: GBs, read whole into the daemon's memory)"""
+    big = tmp_path / "audit.jsonl"
+    with open(big, "wb") as f:
+        f.truncate(64 << 20)  # sparse: 64 MiB of NULs, no disk
+    big.chmod(0o640)
+    tmp_path.chmod(0o755)
+    got = _create(oci_daemon, f"gwt-big-{os.getpid()}", str(big))
+    said = got.get("error") or f"run {got.get('run')} set up"
+    held = "run" not in got and "invalid policy" not in said and "bytes" in said
+    outcome("the daemon's check of gatewrap.policy (its size, before the read)", said.replace(str(tmp_path), "TMP")[:160],
+            "held" if held else "OPEN")
+    assert held, got
