@@ -59,8 +59,9 @@ def run_id_of(container: str) -> str:
 
 def checked_policy_file(path: str) -> str:
     """``path`` (the ``gatewrap.policy`` annotation) if it is an absolute path to a regular
-    file that root owns and only root may write; the container's creator names it, the
-    daemon (root) reads it.
+    file that root owns and only root may write, of at most :data:`MAX_POLICY_BYTES`, reached
+    through no kernel file system (:func:`_kernel_fs_on_the_way`); the container's creator
+    names it, the daemon (root) reads it.
 
     Raises:
         GatewrapError: it is not.
@@ -79,7 +80,15 @@ def checked_policy_file(path: str) -> str:
     if not stat.S_ISREG(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:
         raise GatewrapError(f"annotation {bundle.POLICY_ANNOTATION}: {path} must be a regular file owned by root "
                             "and writable by root alone (chown root: and chmod go-w it)")
+    if st.st_size > MAX_POLICY_BYTES:
+        raise GatewrapError(f"annotation {bundle.POLICY_ANNOTATION}: {path} has {st.st_size} bytes, more than a policy's "
+                            f"{MAX_POLICY_BYTES}: name a policy file")
     return path
+
+
+#: The largest policy file a container's annotation may name, in bytes: the daemon reads it
+#: whole, and any root-owned file passes the owner check (a node's audit log has gigabytes).
+MAX_POLICY_BYTES = 1 << 20
 
 
 #: statfs(2)'s f_type of the kernel's own file systems (linux/magic.h): proc (whose
