@@ -24,7 +24,7 @@ from conftest import ROOT, gatewrap_cmd
 from containers.conftest import image, oci_daemon, podman, podman_base, podman_image  # noqa: F401
 from gatewrap.shared import protocol
 
-from .helpers import agent_code
+from .helpers import agent_code, attempts
 from .test_containers import CTYPES
 
 pytestmark = pytest.mark.kernel
@@ -147,3 +147,41 @@ def test_a_policy_annotation_naming_a_huge_root_file_is_refused_unread(oci_daemo
     outcome("the daemon's check of gatewrap.policy (its size, before the read)", said.replace(str(tmp_path), "TMP")[:160],
             "held" if held else "OPEN")
     assert held, got
+
+
+# --- another engine's delete of the same container id --------------------------------------
+
+#: The container's first process: a direct connect every 0.5 s, its errno on stdout.
+CONNECTS = """
+while True:
+    attempt('connect 198.51.100.148:80', lambda: sock(V4, TCP).connect(('198.51.100.148', 80)))
+    time.sleep(0.5)
+"""
+
+
+def test_a_delete_that_runc_refuses_does_not_end_a_live_containers_run(podman, outcome, tmp_path):  # noqa: F811
+    """gatewrap-oci delete ID that runc refuses (another engine's root, where ID is another container or none; or a
+    live container's delete without --force): is the live container's run ended, its sandbox removed under it?"""
+    from .test_containers import OCI
+
+    c = podman("-d", "--network", "none", *CTYPES, cmd=["python3", "-c", agent_code(CONNECTS)])
+    assert c.returncode == 0, c.stderr
+    leaf = f"/sys/fs/cgroup/unified/gatewrap/{c.run_id}"
+    try:
+        time.sleep(1)
+        d = subprocess.run([OCI, "--root", str(tmp_path / "other-engine"), "delete", c.id], capture_output=True,
+                           text=True, timeout=60)
+        time.sleep(1.5)
+        kept = os.path.exists(f"/run/gatewrap/runs/{c.run_id}.lock")
+        running = c.id in subprocess.run([*podman_base(), "ps", "-q", "--no-trunc"], capture_output=True,
+                                         text=True).stdout
+        procs = open(f"{leaf}/cgroup.procs").read().split() if os.path.isdir(leaf) else []
+        logs = subprocess.run([*podman_base(), "logs", c.id], capture_output=True, text=True).stdout
+        last = [a.get("errno") for a in attempts(logs)][-2:]
+        held = kept and running
+        outcome("gatewrap-oci delete: the run ended only when runc deleted its container",
+                f"runc delete exit {d.returncode}; run kept: {kept}; container running: {running}, its leaf's "
+                f"processes {len(procs)}; its last connects: {last}", "held" if held else "OPEN")
+        assert held, (d.returncode, d.stderr[-500:], kept, running, procs, last)
+    finally:
+        subprocess.run([*podman_base(), "rm", "-f", "-t", "0", c.id], capture_output=True, timeout=60)
