@@ -21,7 +21,8 @@ Ops (one JSON line each way, :mod:`gatewrap.shared.protocol`):
   "public_ranges": [CIDR]}`` ->
   ``{"run": RUN_ID, "netns": PATH, "cgroups_path": PATH, "env": {NAME: VALUE},
   "mounts": [[HOST PATH, CONTAINER PATH]]}`` or ``{"error", "exit_code"}``.
-- ``{"op": "container_delete", "container": ID}`` -> ``{"run": RUN_ID, "ended": bool}``.
+- ``{"op": "container_delete", "container": ID, "deleted": bool (whether runc's delete succeeded;
+  absent: true)}`` -> ``{"run": RUN_ID, "ended": bool}``.
 """
 
 from __future__ import annotations
@@ -306,8 +307,16 @@ def _answer(box: runner.Sandbox, run_id: str) -> dict[str, Any]:
 
 def delete(daemon: Any, msg: dict[str, Any]) -> dict[str, Any]:
     """``container_delete``: end the container's run (``run_end``, its reason the delete)
-    and tear its sandbox down; a container the daemon has no run of is answered ended False."""
+    and tear its sandbox down; a container the daemon has no run of is answered ended False.
+    A delete that runc refused (``deleted`` false) ends only a dead container's run (its
+    cgroup empty): the id may be another engine's container (runc's --root), or the delete
+    of a live one lacked --force; the run of a container whose processes live on is kept
+    (its teardown would kill them)."""
     run_id = run_id_of(msg.get("container"))  # type: ignore[arg-type]
+    if msg.get("deleted") is False:
+        run = daemon.containers.get(run_id)
+        if run is not None and cgroup.populated(run.box.leaf):
+            return {"run": run_id, "ended": False}
     return {"run": run_id, "ended": end(daemon, run_id, "the container was deleted (gatewrap-oci delete)")}
 
 
