@@ -105,8 +105,9 @@ def _gw(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_a_container_hidden_in_a_child_cgroup_keeps_its_run_and_gatewrap_stop_still_ends_it(podman, outcome):  # noqa: F811
-    """its processes moved into a child cgroup of the run's (the run's cgroup.procs empty): does the daemon
-    take it for dead and remove its sandbox while it runs, or gatewrap stop miss it?"""
+    """a container that moves its processes into a child cgroup of its run's (the run's cgroup.procs empty)
+
+    Does the daemon's watch take it for dead and remove its sandbox while it runs, or gatewrap stop miss it?"""
     c = podman("-d", "--network", "none", "--security-opt", "seccomp=unconfined", *CTYPES,
                cmd=["python3", "-c", agent_code(HIDES)])
     assert c.returncode == 0, c.stderr
@@ -160,8 +161,9 @@ while True:
 
 
 def test_a_delete_that_runc_refuses_does_not_end_a_live_containers_run(podman, outcome, tmp_path):  # noqa: F811
-    """gatewrap-oci delete ID that runc refuses (another engine's root, where ID is another container or none; or a
-    live container's delete without --force): is the live container's run ended, its sandbox removed under it?"""
+    """gatewrap-oci delete of a live container's id that runc refuses (another engine's runc --root)
+
+    The same for a live container's delete without --force: is its run ended, its sandbox removed under it?"""
     from .test_containers import OCI
 
     c = podman("-d", "--network", "none", *CTYPES, cmd=["python3", "-c", agent_code(CONNECTS)])
@@ -239,7 +241,9 @@ attempt('fork 200 from a child cgroup', forks)
                    "every run). Fix: the bounds on a per-run cgroup above the container's, or seccomp refusing "
                    "CLONE_NEWUSER/NEWCGROUP (and clone3 ENOSYS) as docker's profile does without CAP_SYS_ADMIN")
 @pytest.mark.parametrize("flags", [[], ["--security-opt", "seccomp=unconfined"]],
-                         ids=["podman's seccomp profile", "no seccomp profile (Kubernetes' default: Unconfined)"])
+                         ids=["the container's root writes its own cgroup v1 pids.max and memory limit "
+                              "(own user and cgroup namespace; podman's seccomp profile)",
+                              "the same without a seccomp profile (Kubernetes' default: Unconfined)"])
 def test_a_containers_root_cannot_loosen_its_own_bounds(podman, outcome, flags):  # noqa: F811
     """its own user and cgroup namespace, cgroup v1's pids and memory mounted anew: it writes its own pids.max and
     memory.limit_in_bytes (its cgroupns root's: v1 has no nsdelegate) and forks past the bound (the engine's 64
