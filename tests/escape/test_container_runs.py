@@ -258,3 +258,23 @@ def test_a_containers_root_cannot_loosen_its_own_bounds(podman, outcome, flags):
     outcome("the run's cgroup v1 bounds (written on the container's own leaf, its cgroupns root)",
             "; ".join(f"{s}: {e}" for s, e in said.items()) + f"; forked {forked} of 200", "held" if held else "OPEN")
     assert held, (c.returncode, c.stdout[-2000:], c.stderr[-1000:])
+
+
+# --- contrib/kubernetes's installer: what the node's containerd config holds ---------------
+
+def test_the_installer_runs_nothing_the_nodes_containerd_config_holds(tmp_path, outcome):
+    """the node's containerd config with shell in its comment and default runtime's name ($(...), backquotes)"""
+    from test_contrib_kubernetes import _installer
+
+    marks = [tmp_path / "ran-comment", tmp_path / "ran-name"]
+    conf = tmp_path / "config.toml"
+    conf.write_text(f'version = 2\n# $(touch {marks[0]})\n[plugins."io.containerd.grpc.v1.cri".containerd]\n'
+                    f'  default_runtime_name = "x`touch {marks[1]}`$(touch {marks[1]})"\n')
+    before = conf.read_text()
+    done = _installer(tmp_path, "containerd_config", GATEWRAP_HOST="", GATEWRAP_CONTAINERD_CONFIG=str(conf))
+    ran = [m.name for m in marks if m.exists()]
+    held = not ran and conf.read_text() == before and "left unchanged" in done.stderr
+    outcome("install.sh: the config's text as data (printf '%s', grep -F, no eval)",
+            f"ran: {ran or 'nothing'}; config {'unchanged' if conf.read_text() == before else 'changed'}",
+            "held" if held else "OPEN")
+    assert held, done.stderr
