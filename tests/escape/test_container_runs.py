@@ -278,3 +278,34 @@ def test_the_installer_runs_nothing_the_nodes_containerd_config_holds(tmp_path, 
             f"ran: {ran or 'nothing'}; config {'unchanged' if conf.read_text() == before else 'changed'}",
             "held" if held else "OPEN")
     assert held, done.stderr
+
+
+# --- gatewrap stop: whom it signals -------------------------------------------------------
+
+def test_gatewrap_stop_signals_only_the_runs_processes_whatever_their_pid_namespaces(podman, outcome):  # noqa: F811
+    """gatewrap stop of a container with a pid namespace of its own inside (a second "first process"), beside a host
+    process that is pid 1 of another pid namespace"""
+    victim = subprocess.Popen(["unshare", "--pid", "--fork", "--kill-child", "sleep", "120"])
+    c = podman("-d", "--network", "none", "--security-opt", "seccomp=unconfined",
+               cmd=["sh", "-c", "unshare --user --map-root-user --pid --fork sleep 300 & exec sleep 300"])
+    assert c.returncode == 0, c.stderr
+    try:
+        leaf = f"/sys/fs/cgroup/unified/gatewrap/{c.run_id}"
+        deadline = time.monotonic() + 30
+        while len(open(f"{leaf}/cgroup.procs").read().split()) < 3:
+            assert time.monotonic() < deadline, open(f"{leaf}/cgroup.procs").read()
+            time.sleep(0.2)
+        p = _gw("stop", "--timeout", "2", "--json", c.run_id)
+        stopped = json.loads(p.stdout) if p.returncode == 0 else {}
+        alive = victim.poll() is None
+        gone = not os.path.exists(leaf)
+        held = alive and gone and stopped.get("stopped") is True
+        outcome("gatewrap stop: pidfds of the run's cgroup.procs, each checked in the cgroup once open; cgroup.kill",
+                f"stop: {stopped.get('signal') or p.stderr.strip()[-120:]}; the host's pid-1-of-its-namespace process "
+                f"{'alive' if alive else 'KILLED'}; the run's cgroup {'gone' if gone else 'left'}",
+                "held" if held else "OPEN")
+        assert held, (p.stdout, p.stderr[-1000:], alive, gone)
+    finally:
+        subprocess.run([*podman_base(), "rm", "-f", "-t", "0", c.id], capture_output=True, timeout=60)
+        victim.kill()
+        victim.wait()
