@@ -32,7 +32,7 @@ RESULTS = HERE / "results.json"
 MODULE_ORDER = ["test_network.py", "test_ssrf_named.py", "test_tamper.py", "test_environment.py", "test_secrets.py",
                 "test_protected.py", "test_review_page.py", "test_lifecycle.py",
                 "test_bounds.py", "test_audit_flood.py",
-                "test_audit_failclosed.py", "test_containers.py"]
+                "test_audit_failclosed.py", "test_containers.py", "test_container_runs.py"]
 
 _entries: dict[str, dict] = {}
 

@@ -195,7 +195,7 @@ def _delete(line: cli_args.CommandLine, runc: str) -> int:
     if container is not None and _served(container):
         # Its daemon down: one is started (on the run's socket), whose start collects the run,
         # dead now, as a stale one; the engine's delete must not fail for it (podman rm would).
-        _ask(line, {"op": "container_delete", "container": container})
+        _ask(line, {"op": "container_delete", "container": container, "deleted": code == 0})
     return code
 
 

@@ -21,7 +21,8 @@ Ops (one JSON line each way, :mod:`gatewrap.shared.protocol`):
   "public_ranges": [CIDR]}`` ->
   ``{"run": RUN_ID, "netns": PATH, "cgroups_path": PATH, "env": {NAME: VALUE},
   "mounts": [[HOST PATH, CONTAINER PATH]]}`` or ``{"error", "exit_code"}``.
-- ``{"op": "container_delete", "container": ID}`` -> ``{"run": RUN_ID, "ended": bool}``.
+- ``{"op": "container_delete", "container": ID, "deleted": bool (whether runc's delete succeeded;
+  absent: true)}`` -> ``{"run": RUN_ID, "ended": bool}``.
 """
 
 from __future__ import annotations
@@ -60,14 +61,20 @@ def run_id_of(container: str) -> str:
 
 def checked_policy_file(path: str) -> str:
     """``path`` (the ``gatewrap.policy`` annotation) if it is an absolute path to a regular
-    file that root owns and only root may write; the container's creator names it, the
-    daemon (root) reads it.
+    file that root owns and only root may write, of at most :data:`MAX_POLICY_BYTES`, reached
+    through no kernel file system (:func:`_kernel_fs_on_the_way`); the container's creator
+    names it, the daemon (root) reads it.
 
     Raises:
         GatewrapError: it is not.
     """
     if not os.path.isabs(path):
         raise GatewrapError(f"annotation {bundle.POLICY_ANNOTATION}={path!r}: give an absolute path on the host")
+    kernel = _kernel_fs_on_the_way(path)
+    if kernel is not None:
+        raise GatewrapError(f"annotation {bundle.POLICY_ANNOTATION}: {path} goes through {kernel}, a kernel file system "
+                            "(/proc's links reach any process's files, a container's own among them): name the "
+                            "policy file where it lies on disk")
     try:
         st = os.stat(path)
     except OSError as e:
@@ -78,7 +85,81 @@ def checked_policy_file(path: str) -> str:
     if not stat.S_ISREG(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:
         raise GatewrapError(f"annotation {bundle.POLICY_ANNOTATION}: {path} must be a regular file owned by root "
                             "and writable by root alone (chown root: and chmod go-w it)")
+    if st.st_size > MAX_POLICY_BYTES:
+        raise GatewrapError(f"annotation {bundle.POLICY_ANNOTATION}: {path} has {st.st_size} bytes, more than a policy's "
+                            f"{MAX_POLICY_BYTES}: name a policy file")
     return path
+
+
+#: The largest policy file a container's annotation may name, in bytes: the daemon reads it
+#: whole, and any root-owned file passes the owner check (a node's audit log has gigabytes).
+MAX_POLICY_BYTES = 1 << 20
+
+
+#: statfs(2)'s f_type of the kernel's own file systems (linux/magic.h): proc (whose
+#: /proc/PID/root, cwd and fd/N links lead into any process's mount namespace), sysfs,
+#: debugfs, tracefs, securityfs, configfs, cgroup2 and bpffs; a read there may block
+#: (/proc/kmsg), consume (the kernel log) or be endless (/proc/kcore).
+KERNEL_FS = {0x9FA0: "procfs", 0x62656572: "sysfs", 0x64626720: "debugfs", 0x74726163: "tracefs",
+             0x73636673: "securityfs", 0x62656570: "configfs", 0x63677270: "cgroup2", 0xCAFE4A11: "bpffs"}
+
+
+def _fs_type(path: str) -> int:
+    """statfs(2)'s ``f_type`` of the file system ``path`` (links followed) lies on.
+
+    Raises:
+        OSError: statfs failed.
+    """
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    buf = ctypes.create_string_buffer(256)  # struct statfs: f_type is its first field, a long
+    if libc.statfs(os.fsencode(path), buf) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e), path)
+    return ctypes.c_long.from_buffer(buf).value & 0xFFFFFFFF
+
+
+def _kernel_fs_on_the_way(path: str) -> str | None:
+    """The first folder on the way to absolute ``path`` (its symbolic links followed one by
+    one, as the kernel's lookup does) that lies on a kernel file system (:data:`KERNEL_FS`),
+    as ``PATH (TYPE)``; None when there is none. A folder that cannot be looked at ends the
+    walk (the open then fails on its own)."""
+    parts = path.split("/")
+    here, hops = "/", 0
+    while parts:
+        part = parts.pop(0)
+        if part in ("", "."):
+            continue
+        try:
+            kind = KERNEL_FS.get(_fs_type(here))
+        except OSError:
+            return None
+        if kind is not None:
+            return f"{here} ({kind})"
+        if part == "..":
+            here = os.path.dirname(here)
+            continue
+        step = os.path.join(here, part)
+        try:
+            st = os.lstat(step)
+        except OSError:
+            return None
+        if stat.S_ISLNK(st.st_mode):
+            hops += 1
+            if hops > 40:  # ELOOP, path_resolution(7)
+                return None
+            target = os.readlink(step)
+            parts = target.split("/") + parts
+            if target.startswith("/"):
+                here = "/"
+            continue
+        here = step
+    try:
+        kind = KERNEL_FS.get(_fs_type(here))
+    except OSError:
+        return None
+    return None if kind is None else f"{here} ({kind})"
 
 
 def _policy_said(policy_file: str | None, allow: list[str], source: str) -> str:
@@ -230,8 +311,16 @@ def _answer(box: runner.Sandbox, run_id: str) -> dict[str, Any]:
 
 def delete(daemon: Any, msg: dict[str, Any]) -> dict[str, Any]:
     """``container_delete``: end the container's run (``run_end``, its reason the delete)
-    and tear its sandbox down; a container the daemon has no run of is answered ended False."""
+    and tear its sandbox down; a container the daemon has no run of is answered ended False.
+    A delete that runc refused (``deleted`` false) ends only a dead container's run (its
+    cgroup empty): the id may be another engine's container (runc's --root), or the delete
+    of a live one lacked --force; the run of a container whose processes live on is kept
+    (its teardown would kill them)."""
     run_id = run_id_of(msg.get("container"))  # type: ignore[arg-type]
+    if msg.get("deleted") is False:
+        run = daemon.containers.get(run_id)
+        if run is not None and cgroup.populated(run.box.leaf):
+            return {"run": run_id, "ended": False}
     return {"run": run_id, "ended": end(daemon, run_id, "the container was deleted (gatewrap-oci delete)")}
 
 
