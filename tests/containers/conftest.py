@@ -204,11 +204,7 @@ def dockerd(net, oci_daemon, tmp_path_factory):
                             stdout=log, stderr=log, start_new_session=True)
     docker = [DOCKER_CLI, "-H", f"unix://{sock}"]
     try:
-        for _ in range(600):
-            assert proc.poll() is None, open(log.name).read()[-2000:]
-            if subprocess.run([*docker, "version"], capture_output=True).returncode == 0:
-                break
-            time.sleep(0.1)
+        wait_until_up(proc, log.name, [*docker, "version"], 60)
         if subprocess.run([*docker, "image", "inspect", image.NAME], capture_output=True).returncode != 0:
             subprocess.run([*docker, "import", image.rootfs_tarball(), image.NAME], check=True, capture_output=True)
         _AUDIT_LOGS.setdefault(audit, 0)
@@ -223,6 +219,17 @@ CONTAINERD_ROOT = os.path.join(image.CACHE, "containerd")
 CONTAINERD_RUN = "/run/gatewrap-tests-containerd"
 #: The image as a docker archive, which ``ctr images import`` reads (exported from podman's storage).
 ARCHIVE = os.path.join(image.CACHE, "image-docker-archive.tar")
+
+
+def wait_until_up(proc: subprocess.Popen, log: str, probe: list[str], seconds: float) -> None:
+    """Wait until ``probe`` (an engine's client asking its version) succeeds, up to
+    ``seconds``; the engine ``proc`` exiting first, or the time running out, fails the
+    fixture with the tail of its ``log``."""
+    deadline = time.monotonic() + seconds
+    while subprocess.run(probe, capture_output=True).returncode != 0:
+        assert proc.poll() is None and time.monotonic() < deadline, (
+            f"{probe[0]} got no answer from its engine: " + open(log).read()[-3000:])
+        time.sleep(0.1)
 
 
 def oci_wrapper(path: Path, oci_daemon, net, audit: Path) -> Path:
@@ -259,11 +266,7 @@ def containerd(net, oci_daemon, podman_image, tmp_path_factory):
     proc = subprocess.Popen(engine("containerd", "--config", config), stdout=log, stderr=log, start_new_session=True)
     ctr = ["ctr", "-a", sock, "-n", "gatewrap-tests"]
     try:
-        for _ in range(300):
-            assert proc.poll() is None, open(log.name).read()[-2000:]
-            if subprocess.run([*ctr, "version"], capture_output=True).returncode == 0:
-                break
-            time.sleep(0.1)
+        wait_until_up(proc, log.name, [*ctr, "version"], 30)
         if subprocess.run([*ctr, "images", "check", f"name=={image.NAME}"], capture_output=True,
                           text=True).stdout.count(image.NAME) == 0:
             if not os.path.exists(ARCHIVE):

@@ -21,7 +21,7 @@ import yaml
 
 from conftest import _AUDIT_LOGS
 from containers import image
-from containers.conftest import Container, engine, oci_wrapper, podman_base
+from containers.conftest import Container, engine, oci_wrapper, podman_base, wait_until_up
 from containers.test_podman import EPERM, PROBE
 
 pytestmark = pytest.mark.kernel
@@ -100,13 +100,7 @@ def cri(net, oci_daemon, podman_image, tmp_path_factory):
     proc = subprocess.Popen(engine("containerd", "--config", str(config)), stdout=log, stderr=log, start_new_session=True)
     crictl = [CRICTL, "--runtime-endpoint", f"unix://{sock}", "--image-endpoint", f"unix://{sock}", "--timeout", "60s"]
     try:
-        for _ in range(300):
-            assert proc.poll() is None, open(log.name).read()[-2000:]
-            if subprocess.run([*crictl, "version"], capture_output=True).returncode == 0:
-                break
-            time.sleep(0.1)
-        else:
-            raise AssertionError("containerd's CRI plugin did not answer: " + open(log.name).read()[-3000:])
+        wait_until_up(proc, log.name, [*crictl, "version"], 30)
         ctr = ["ctr", "-a", sock, "-n", "k8s.io"]
         if K8S_IMAGE not in subprocess.run([*ctr, "images", "ls", "-q"], capture_output=True, text=True).stdout:
             subprocess.run([*ctr, "images", "import", _k8s_archive()], check=True, capture_output=True)

@@ -78,17 +78,23 @@ def test_a_policy_annotation_through_proc_is_refused(oci_daemon, outcome, own_ro
     assert held, got
 
 
-# --- a container that hides its processes in a child cgroup of its run's -----------------
-
-#: The container's first process (pid 1 of its pid namespace: SIGTERM ignored), without
-#: seccomp, in a user, cgroup and mount namespace of its own: cgroupfs mounted anew, and
-#: itself moved into a child cgroup, so its run's own cgroup.procs is empty.
-HIDES = """
+#: The start of the two agents below: a user, cgroup and mount namespace of its own, its
+#: root the host's uid 0 (the container's root).
+OWN_NAMESPACES = """
 CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUSER = 0x20000, 0x02000000, 0x10000000
 check(libc.unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWCGROUP))
 open('/proc/self/setgroups', 'w').write('deny')
 open('/proc/self/uid_map', 'w').write('0 0 1')
 open('/proc/self/gid_map', 'w').write('0 0 1')
+"""
+
+
+# --- a container that hides its processes in a child cgroup of its run's -----------------
+
+#: The container's first process (pid 1 of its pid namespace: SIGTERM ignored), without
+#: seccomp, in a user, cgroup and mount namespace of its own: cgroupfs mounted anew, and
+#: itself moved into a child cgroup, so its run's own cgroup.procs is empty.
+HIDES = OWN_NAMESPACES + """
 os.makedirs('/tmp/cg', exist_ok=True)
 check(libc.mount(b'none', b'/tmp/cg', b'cgroup2', 0, None))
 os.makedirs('/tmp/cg/hidden', exist_ok=True)
@@ -194,12 +200,7 @@ def test_a_delete_that_runc_refuses_does_not_end_a_live_containers_run(podman, o
 #: Without seccomp, in a user, cgroup and mount namespace of its own: cgroup v1's pids
 #: hierarchy mounted anew (to make a child without the bound), a child cgroup in cgroup2,
 #: then forks until one fails.
-FORKS = """
-CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUSER = 0x20000, 0x02000000, 0x10000000
-check(libc.unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWCGROUP))
-open('/proc/self/setgroups', 'w').write('deny')
-open('/proc/self/uid_map', 'w').write('0 0 1')
-open('/proc/self/gid_map', 'w').write('0 0 1')
+FORKS = OWN_NAMESPACES + """
 os.makedirs('/tmp/v1', exist_ok=True)
 attempt('mount cgroup v1 pids', lambda: check(libc.mount(b'none', b'/tmp/v1', b'cgroup', 0, b'pids')))
 def write(path, value):
