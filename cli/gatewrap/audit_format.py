@@ -118,7 +118,9 @@ def who_why(rec: dict[str, Any]) -> str:
             parts.append(str(value))
     if rec.get("event") == "run_end":
         parts.append(
-            f"exit {rec.get('exit_code')}: {rec.get('allowed', 0)} allowed, {rec.get('denied', 0)} denied, "
+            # a container's run has no exit code of its own: only its engine knows it
+            (f"exit {rec['exit_code']}: " if rec.get("exit_code") is not None else "")
+            + f"{rec.get('allowed', 0)} allowed, {rec.get('denied', 0)} denied, "
             f"{rec.get('failed', 0)} failed, {rec.get('direct_egress', 0)} direct egress blocked"
             + (f", {rec['held']} held (409, waiting for approval)" if rec.get("held") else "")
             + (f", {rec['inspected']} tunnels TLS-inspected" if rec.get("inspected") else "")

@@ -171,3 +171,14 @@ def test_a_policy_file_that_does_not_exist_is_said_so_not_with_strerror():
     with pytest.raises(GatewrapError, match="the policy file /nonexistent/p.toml does not exist") as e:
         runs.checked_policy_file("/nonexistent/p.toml")
     assert "No such file" not in str(e.value)
+
+
+def test_a_container_runs_end_reads_without_an_exit_code_it_does_not_have():
+    """A container's run_end has no exit_code (only its engine knows it): the text line says
+    none, not "exit None" (a new user's report)."""
+    from gatewrap.audit_format import who_why
+
+    end = {"event": "run_end", "run": "gw-c", "reason": "the container was deleted (gatewrap-oci delete)",
+           "allowed": 1, "denied": 2}
+    assert "exit" not in who_why(end) and "1 allowed, 2 denied" in who_why(end)
+    assert "exit 3: 1 allowed" in who_why({**end, "exit_code": 3})
