@@ -182,3 +182,11 @@ def test_a_container_runs_end_reads_without_an_exit_code_it_does_not_have():
            "allowed": 1, "denied": 2}
     assert "exit" not in who_why(end) and "1 allowed, 2 denied" in who_why(end)
     assert "exit 3: 1 allowed" in who_why({**end, "exit_code": 3})
+
+
+def test_a_policy_file_named_by_the_runtimes_flag_is_said_so_in_its_errors():
+    from gatewrap.errors import GatewrapError
+    from gatewrap.oci import runs
+
+    with pytest.raises(GatewrapError, match="^--gatewrap-policy: the policy file /nonexistent/p.toml does not exist"):
+        runs.checked_policy_file("/nonexistent/p.toml", "--gatewrap-policy")

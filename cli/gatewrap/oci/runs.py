@@ -59,20 +59,21 @@ def run_id_of(container: str) -> str:
     return RUN_PREFIX + container
 
 
-def checked_policy_file(path: str) -> str:
+def checked_policy_file(path: str, named_by: str = f"annotation {bundle.POLICY_ANNOTATION}") -> str:
     """``path`` (the ``gatewrap.policy`` annotation) if it is an absolute path to a regular
     file that root owns and only root may write, of at most :data:`MAX_POLICY_BYTES`, reached
     through no kernel file system (:func:`_kernel_fs_on_the_way`); the container's creator
-    names it, the daemon (root) reads it.
+    names it, the daemon (root) reads it. ``named_by``: what named it, for the errors (the
+    annotation, or gatewrap-oci's ``--gatewrap-policy``).
 
     Raises:
         GatewrapError: it is not.
     """
     if not os.path.isabs(path):
-        raise GatewrapError(f"annotation {bundle.POLICY_ANNOTATION}={path!r}: give an absolute path on the host")
+        raise GatewrapError(f"{named_by}={path!r}: give an absolute path on the host")
     kernel = _kernel_fs_on_the_way(path)
     if kernel is not None:
-        raise GatewrapError(f"annotation {bundle.POLICY_ANNOTATION}: {path} goes through {kernel}, a kernel file system "
+        raise GatewrapError(f"{named_by}: {path} goes through {kernel}, a kernel file system "
                             "(/proc's links reach any process's files, a container's own among them): name the "
                             "policy file where it lies on disk")
     try:
@@ -81,12 +82,12 @@ def checked_policy_file(path: str) -> str:
         # Not strerror's "No such file or directory": podman reads that in a runtime's error as
         # its command missing (exit 127, "OCI runtime attempted to invoke a command that was not found").
         why = "does not exist" if e.errno == errno.ENOENT else f"cannot be read ({e.strerror.lower()})"
-        raise GatewrapError(f"annotation {bundle.POLICY_ANNOTATION}: the policy file {path} {why}") from None
+        raise GatewrapError(f"{named_by}: the policy file {path} {why}") from None
     if not stat.S_ISREG(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:
-        raise GatewrapError(f"annotation {bundle.POLICY_ANNOTATION}: {path} must be a regular file owned by root "
+        raise GatewrapError(f"{named_by}: {path} must be a regular file owned by root "
                             "and writable by root alone (chown root: and chmod go-w it)")
     if st.st_size > MAX_POLICY_BYTES:
-        raise GatewrapError(f"annotation {bundle.POLICY_ANNOTATION}: {path} has {st.st_size} bytes, more than a policy's "
+        raise GatewrapError(f"{named_by}: {path} has {st.st_size} bytes, more than a policy's "
                             f"{MAX_POLICY_BYTES}: name a policy file")
     return path
 
@@ -213,7 +214,9 @@ def create(daemon: Any, msg: dict[str, Any], client_pid: int) -> dict[str, Any]:
     run_id = run_id_of(msg.get("container"))  # type: ignore[arg-type]
     policy_file = msg.get("policy")
     if policy_file is not None:
-        policy_file = checked_policy_file(str(policy_file))
+        flag = msg.get("policy_source") == "runtime flags"
+        policy_file = checked_policy_file(str(policy_file), "--gatewrap-policy" if flag else
+                                          f"annotation {bundle.POLICY_ANNOTATION}")
     allow = [str(h) for h in msg.get("allow") or []]
     opts = RunOptions(argv=[str(a) for a in msg.get("argv") or []] or ["(container)"], allow=allow,
                       policy_file=policy_file, jail="none", cwd="/", environ={},
