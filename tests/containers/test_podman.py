@@ -136,3 +136,33 @@ def test_a_process_podman_exec_starts_gets_the_containers_proxy_and_reaches_allo
         assert c.records(event="request", dst_host="allowed.test")
     finally:
         subprocess.run([*podman_base(), "rm", "-f", "-t", "0", c.id], capture_output=True, timeout=60)
+
+
+def test_a_breakpoint_holds_a_containers_request_until_it_is_approved(podman, tmp_path):
+    """An ``ask`` rule of the container's policy holds its request in the approvals store
+    (the host's default, as the daemon's runs use) until a decision, as for gatewrap run."""
+    import time
+
+    from gatewrap._gate_core import ApprovalStore
+    from gatewrap.approvals.state import DEFAULT_STATE
+
+    policy = tmp_path / "ask.toml"
+    policy.write_text('[[rule]]\nhost = "allowed.test"\naction = "ask"\ntimeout = "60s"\nhold = "wait"\n')
+    c = podman("-d", "--network", "none", "--annotation", f"gatewrap.policy={policy}",
+               cmd=["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}\\n", "--max-time", "90", "http://allowed.test/"], rm=False)
+    assert c.returncode == 0, c.stderr
+    try:
+        store = ApprovalStore(DEFAULT_STATE)
+        deadline = time.monotonic() + 30
+        while not (mine := [a for a in store.list(status="pending") if a.get("run_id") == c.run_id]):
+            assert time.monotonic() < deadline, "no pending approval of the container's run"
+            time.sleep(0.1)
+        a, = mine
+        store.decide(a["id"], version=a["version"], digest=a["digest"], verdict="approve", by="tester")
+        waited = subprocess.run([*podman_base(), "wait", c.id], capture_output=True, text=True, timeout=90)
+        logs = subprocess.run([*podman_base(), "logs", c.id], capture_output=True, text=True, timeout=30)
+        assert (waited.stdout.strip(), logs.stdout.strip()) == ("0", "200")
+        events = [r["event"] for r in c.records() if r["event"].startswith("approval")]
+        assert events[:1] == ["approval_asked"] and len(events) >= 2, events
+    finally:
+        subprocess.run([*podman_base(), "rm", "-f", "-t", "0", c.id], capture_output=True, timeout=60)
