@@ -86,8 +86,9 @@ def main() -> None:
         if line.command == "delete":
             sys.exit(_delete(line, runc))
         if line.command == "exec":
-            _check_exec(line.args)
-            _give_exec_the_containers_env(line, runc)
+            given = _check_exec(line.args)
+            if given is not None:
+                _give_exec_the_containers_env(line, runc, *given)
     except (Failed, cli_args.UsageError) as e:
         _fail(str(e), line)
     os.execv(runc, line.runc_argv(runc))
@@ -199,8 +200,10 @@ def _delete(line: cli_args.CommandLine, runc: str) -> int:
     return code
 
 
-def _give_exec_the_containers_env(line: cli_args.CommandLine, runc: str) -> None:
-    """``exec --process FILE`` (podman's and docker's exec): the variables of the container's
+def _give_exec_the_containers_env(line: cli_args.CommandLine, runc: str, process_file: str,
+                                  process: dict) -> None:
+    """``exec --process FILE`` (podman's and docker's exec; ``process``: FILE as
+    :func:`_check_exec` read it): the variables of the container's
     own process (its ``config.json``, as gatewrap-oci rewrote it: the proxy and CA variables
     and the shims') that FILE lacks are added to it; those FILE sets stay. The engines build
     FILE from their own record of the container, which has none of gatewrap's, so an exec'd
@@ -214,16 +217,13 @@ def _give_exec_the_containers_env(line: cli_args.CommandLine, runc: str) -> None
     import json
     import subprocess
 
-    process_file = next((v for k, v in cli_args.exec_options(line.args) if k in ("--process", "-p")), None)
     container = cli_args.exec_container(line.args)
-    if process_file is None or container is None:
+    if container is None:
         return
     state = subprocess.run([runc, *line.runc_globals, "state", container], capture_output=True, text=True)
     try:
         with open(os.path.join(json.loads(state.stdout)["bundle"], "config.json")) as f:
             theirs = ((json.load(f).get("process") or {}).get("env")) or []
-        with open(process_file) as f:
-            process = json.load(f)
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return  # no such container, or no readable config: runc's exec says what is wrong
     env = process.get("env") or []
@@ -239,11 +239,12 @@ def _give_exec_the_containers_env(line: cli_args.CommandLine, runc: str) -> None
         raise Failed(f"exec: the process file {process_file} cannot be rewritten ({e.strerror})") from None
 
 
-def _check_exec(args: list[str]) -> None:
+def _check_exec(args: list[str]) -> tuple[str, dict] | None:
     """``exec``: the process it adds to the container (``--process`` FILE, runtime-spec
     ``process``, as docker and podman pass it; ``--cap``) gets no capability beyond the
     default set: ``podman exec --privileged`` would give a process in the run's cgroup
-    CAP_SYS_ADMIN and CAP_BPF, with which it could detach the hooks.
+    CAP_SYS_ADMIN and CAP_BPF, with which it could detach the hooks. Returns (FILE, its
+    process object) for :func:`_give_exec_the_containers_env`, None without one.
 
     Raises:
         Failed: it would, or the process file cannot be read.
@@ -253,6 +254,7 @@ def _check_exec(args: list[str]) -> None:
     from . import bundle
 
     caps: dict[str, list[str]] = {"--cap": []}
+    given = None
     for name, value in cli_args.exec_options(args):
         if name in ("--cap", "-c"):
             caps["--cap"].append(value if value.upper().startswith("CAP_") else "CAP_" + value.upper())
@@ -260,7 +262,9 @@ def _check_exec(args: list[str]) -> None:
             try:
                 with open(value) as f:
                     process = json.load(f)
-                caps.update((process.get("capabilities") or {}) if isinstance(process, dict) else {})
+                if isinstance(process, dict):
+                    caps.update(process.get("capabilities") or {})
+                    given = (value, process)
             except (OSError, ValueError, AttributeError) as e:
                 raise Failed(f"exec: the process file {value} cannot be read ({e})") from None
     try:
@@ -270,6 +274,7 @@ def _check_exec(args: list[str]) -> None:
     if extra:
         raise Failed(f"exec refused: capabilities beyond the default set ({', '.join(extra)}; exec --privileged or "
                      "--cap): with them the process could detach gatewrap's hooks or leave its cgroup")
+    return given
 
 
 def _served(container: str) -> bool:
