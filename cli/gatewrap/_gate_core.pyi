@@ -302,6 +302,7 @@ class Gate:
         secrets: list[tuple[str, str, str | None]] | None = None,
         answer_prefix: str | None = None,
         answer_suffix: str | None = None,
+        allow_hint: str = "run",
     ) -> None:
         """Bind the listeners inside ``netns_path`` and start serving; returns once listening.
 
@@ -390,6 +391,11 @@ class Gate:
         (errno set, e.g. EBADF) when it cannot be duplicated. Needs root (setns).
         ``secrets``: the run's resolved secrets ``[(name, value, placeholder | None)]`` that
         rules inject (gate_core/src/gate/secrets); ValueError for a bad one.
+        ``allow_hint``: which settings the 403 bodies and notices name to allow a destination:
+        ``"run"``, ``gatewrap run``'s (``--allow``, ``--allow-private``, ``--public-range``, the
+        policy file); ``"container"``, a container's run's (gatewrap-oci: the annotations
+        ``gatewrap.allow`` and ``gatewrap.policy``, the runtime's ``--gatewrap-allow`` and
+        ``--gatewrap-public-range``); ValueError for another value.
         """
 
     def set_secrets(self, secrets: list[tuple[str, str, str | None]]) -> None:
@@ -635,3 +641,21 @@ class ApprovalStore:
         deadline) before ``before`` (Unix seconds), grants revoked or expired before it, and
         runs ended before it with nothing left: ``{"approvals", "grants", "runs"}`` removed.
         Never a pending approval still to be decided, nor an approved one still to be sent."""
+
+class RingReader:
+    """A BPF ring buffer map read through its memory (mmap(2)), as libbpf's ring_buffer reads
+    it but without an epoll instance of its own: poll the map's fd (readable while records
+    wait), then :meth:`consume`. One thread at a time."""
+
+    def __init__(self, map_fd: int, size: int) -> None:
+        """Map the buffer of ``map_fd`` (its data area ``size`` bytes: the map's
+        max_entries, a power of two). The fd may be closed after: the mappings hold the map.
+        Raises OSError (mmap(2) failed) or ValueError (``size`` not a power of two)."""
+
+    def consume(self, callback: Callable[[bytes], object]) -> int:
+        """Call ``callback(record)`` for each record waiting, in order, without waiting for
+        more; returns how many. An exception from ``callback`` is raised after its record is
+        marked read. 0 once closed."""
+
+    def close(self) -> None:
+        """Unmap the buffer. Idempotent."""

@@ -8,4 +8,5 @@ pub mod launcher;
 pub mod policy;
 mod py;
 mod py_approvals;
+pub mod ringbuf;
 pub mod root_dir;

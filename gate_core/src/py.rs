@@ -364,6 +364,38 @@ impl PyAuditLog {
     }
 }
 
+/// A BPF ring buffer map read through its memory (`crate::ringbuf`): Python polls the map's
+/// fd and calls `consume`. One thread at a time (the caller locks; a second call meanwhile
+/// raises RuntimeError: already borrowed).
+#[pyclass(name = "RingReader", module = "gatewrap._gate_core")]
+struct PyRingReader {
+    inner: Option<crate::ringbuf::RingReader>,
+}
+
+#[pymethods]
+impl PyRingReader {
+    #[new]
+    fn new(map_fd: i32, size: u64) -> PyResult<Self> {
+        let reader = crate::ringbuf::RingReader::new(map_fd, size).map_err(|e| match e.raw_os_error() {
+            Some(errno) => PyOSError::new_err((errno, format!("cannot map the ring buffer (fd {map_fd}): {e}"))),
+            None => PyValueError::new_err(e.to_string()),
+        })?;
+        Ok(PyRingReader { inner: Some(reader) })
+    }
+
+    /// Call `callback(record)` (bytes) for each record waiting, in order; returns how many.
+    /// An exception from `callback` is raised after its record is marked read. 0 once closed.
+    fn consume(&self, py: Python<'_>, callback: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let Some(reader) = &self.inner else { return Ok(0) };
+        reader.consume(|sample| callback.call1((PyBytes::new(py, sample),)).map(|_| ()))
+    }
+
+    /// Unmap the buffer (the map stays while its fd or the hooks' map of maps holds it). Idempotent.
+    fn close(&mut self) {
+        self.inner = None;
+    }
+}
+
 /// A close-on-exec duplicate of the caller's `fd` (the caller keeps and closes its own).
 ///
 /// Errors: ValueError for a negative fd; OSError (EBADF, EMFILE...) from fcntl(2).
@@ -389,7 +421,7 @@ pub struct PyGate {
 #[pymethods]
 impl PyGate {
     #[new]
-    #[pyo3(signature = (*, run_id, netns_path, policy, audit, listen_port = 3128, nameservers = None, connect_timeout = 10.0, public_ranges = None, notices = false, dns_stub = false, ca_dir = None, upstream_ca = None, body_limit = gate::inspect::DEFAULT_BODY_LIMIT, idle_timeout = gate::DEFAULT_IDLE_TIMEOUT.as_secs_f64(), run_cgroup = None, state = None, on_asked = None, shared_runtime = false, notice_fd = None, secrets = None, answer_prefix = None, answer_suffix = None))]
+    #[pyo3(signature = (*, run_id, netns_path, policy, audit, listen_port = 3128, nameservers = None, connect_timeout = 10.0, public_ranges = None, notices = false, dns_stub = false, ca_dir = None, upstream_ca = None, body_limit = gate::inspect::DEFAULT_BODY_LIMIT, idle_timeout = gate::DEFAULT_IDLE_TIMEOUT.as_secs_f64(), run_cgroup = None, state = None, on_asked = None, shared_runtime = false, notice_fd = None, secrets = None, answer_prefix = None, answer_suffix = None, allow_hint = "run"))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -415,6 +447,7 @@ impl PyGate {
         secrets: Option<Vec<(String, String, Option<String>)>>,
         answer_prefix: Option<String>,
         answer_suffix: Option<String>,
+        allow_hint: &str,
     ) -> PyResult<Self> {
         if !(connect_timeout.is_finite() && connect_timeout > 0.0) {
             return Err(gate_err(gate::GateError::ConnectTimeout(connect_timeout)));
@@ -424,6 +457,8 @@ impl PyGate {
         }
         let public_ranges = PublicRanges::parse(public_ranges.as_deref().unwrap_or_default())
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let allow_hint = gate::AllowHint::from_name(allow_hint)
+            .ok_or_else(|| PyValueError::new_err(format!("allow_hint: {allow_hint:?} is neither \"run\" nor \"container\"")))?;
         let notice_fd = notice_fd.map(dup_cloexec).transpose()?;
         let secrets = gate::secrets::Secrets::new(secrets.unwrap_or_default()).map_err(PyValueError::new_err)?;
         let config = GateConfig {
@@ -458,6 +493,7 @@ impl PyGate {
                 let d = gate::AnswerHint::default();
                 gate::AnswerHint { prefix: answer_prefix.unwrap_or(d.prefix), suffix: answer_suffix.unwrap_or(d.suffix) }
             },
+            allow_hint,
         };
         let gate = py.allow_threads(move || Gate::start(config)).map_err(gate_err)?;
         Ok(PyGate { inner: gate })
@@ -591,6 +627,7 @@ fn _gate_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyPolicy>()?;
     m.add_class::<PyAuditLog>()?;
     m.add_class::<PyGate>()?;
+    m.add_class::<PyRingReader>()?;
     m.add_function(wrap_pyfunction!(spawn_agent, m)?)?;
     m.add_function(wrap_pyfunction!(ensure_ca, m)?)?;
     m.add_function(wrap_pyfunction!(landlock_abi, m)?)?;

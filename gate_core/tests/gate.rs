@@ -236,6 +236,7 @@ fn gate_start_failures_say_what_to_do() {
         on_asked: None,
         secrets: Default::default(),
         answer_hint: Default::default(),
+        allow_hint: Default::default(),
         notice_fd: None,
         shared_runtime: false,
     })
@@ -267,6 +268,7 @@ fn start_gate(ns: &Netns, policy_text: &str, audit: &PathBuf) -> (Gate, Arc<RwLo
         on_asked: None,
         secrets: Default::default(),
         answer_hint: Default::default(),
+        allow_hint: Default::default(),
         notice_fd: None,
         shared_runtime: false,
     })
@@ -415,4 +417,70 @@ fn gate_audits_malformed_heads_and_refuses_bad_targets() {
     let refused = expected - 2;
     assert_eq!(gate.counts(), (2, refused as u64, 0));
     gate.stop();
+}
+
+/// CONNECT `target` through the gate at `addr` (from inside its netns): the stream and the
+/// answer's head ("" when the gate closed the connection without answering).
+fn open_tunnel(addr: SocketAddr, target: &str) -> (TcpStream, String) {
+    let mut s = connect(addr);
+    let _ = s.write_all(format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes());
+    let head = read_head(&mut s);
+    (s, head)
+}
+
+/// Go's http.Transport (hey) closes the surplus tunnels it dialled, and a busy upstream ends
+/// its side later: a tunnel whose client finished sending is counted as half-closed (up to
+/// MAX_HALF_CLOSED; beyond, it is closed then, and that is audited), not as one of the
+/// client's MAX_CONNECTIONS open connections (it was refused while it held none,
+/// bench/README.md). Held tunnels are still refused beyond the cap, and audited. The upstream
+/// here never ends its side, nor reads.
+#[test]
+fn a_client_closing_its_connect_tunnels_is_not_refused_and_the_cap_still_holds() {
+    use _gate_core::gate::{MAX_CONNECTIONS, MAX_HALF_CLOSED};
+    require_root();
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: plain getrlimit/setrlimit on this process; ~13,000 descriptors are needed.
+    unsafe {
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim);
+        lim.rlim_cur = lim.rlim_max;
+        libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+    }
+    let ns = Netns::new("halfclosed");
+    let dir = TempDir::new("halfclosed");
+    let audit = dir.path.join("audit.jsonl");
+    let silent = silent_upstream();
+    let text = format!("[[rule]]\nhost = \"127.0.0.1\"\nports = [{}]\naction = \"allow\"\n", silent.port());
+    let (gate, _) = start_gate(&ns, &text, &audit);
+    let addr = gate.listen_addrs()[0];
+    let target = silent.to_string();
+    let over = 100;
+
+    // Open and close: every tunnel answered 200; the last `over` closed by the gate.
+    let t = target.clone();
+    let refused = in_netns(ns.path(), move || {
+        (0..MAX_HALF_CLOSED + over).find(|_| !open_tunnel(addr, &t).1.starts_with("HTTP/1.1 200"))
+    });
+    assert_eq!(refused, None, "a tunnel was refused (its index) though the client held none open");
+
+    // Open and hold: the run's open connections stay bounded, and the refusal is audited.
+    let held = in_netns(ns.path(), move || {
+        let mut kept = Vec::new();
+        while kept.len() <= MAX_CONNECTIONS {
+            let (s, head) = open_tunnel(addr, &target);
+            if !head.starts_with("HTTP/1.1 200") {
+                break;
+            }
+            kept.push(s);
+        }
+        kept.len()
+    });
+    assert_eq!(held, MAX_CONNECTIONS, "held tunnels, none of the closed ones counted as open");
+    // Each tunnel's record, the refusals of half-closing (the `over` closed ones, then every held
+    // one as its client closed with the bound still full) and at least one refusal to connect.
+    let lines = wait_for_decisions(&audit, (MAX_HALF_CLOSED + over + held) + (over + held) + 1);
+    let open = by_reason(&lines, &format!("limit: more than {MAX_CONNECTIONS} open connections"));
+    assert!(!open.is_empty() && open.iter().all(|r| r["decision"] == "denied" && r["event"] == "request"), "{open:?}");
+    let half = by_reason(&lines, &format!("limit: more than {MAX_HALF_CLOSED} half-closed tunnels"));
+    assert!(half.iter().all(|r| r["decision"] == "denied" && r["event"] == "connect" && r["target"] == silent.to_string()), "{half:?}");
+    assert_eq!(decisions(&half), over + held, "each tunnel closed over the half-closed bound is recorded");
 }

@@ -141,6 +141,7 @@ fn setup_idle(tag: &str, idle_timeout: Duration) -> Setup {
         on_asked: None,
         secrets: Default::default(),
         answer_hint: Default::default(),
+        allow_hint: Default::default(),
         notice_fd: None,
         shared_runtime: false,
     })

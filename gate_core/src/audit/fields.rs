@@ -42,6 +42,9 @@ pub const BYTES_UP: &str = "bytes_up";
 /// On a `request` record: the response body's bytes the gate passed to the client (as
 /// above); what upstream sent until the client had all of it or went away.
 pub const BYTES_DOWN: &str = "bytes_down";
+/// On a `request` record: occurrences of a secret's value (or its encoded forms) the gate
+/// masked with `*` in the response's head and body (gate/secrets/mask.rs); absent when none.
+pub const REDACTED: &str = "redacted";
 /// On a `request` record: milliseconds (microsecond resolution) from the gate reading the
 /// request head to the response's last byte handed to the client (or the client leaving).
 pub const DURATION_MS: &str = "duration_ms";

@@ -29,7 +29,6 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -110,10 +109,9 @@ fn kind_of(t: fs::FileType) -> &'static str {
 pub struct AuditLog {
     log: Arc<Log>,
     queue: Arc<Queue>,
-    /// The writer thread, started by the first record (so that the builders below still own
-    /// `log` alone).
+    /// The writer thread: started by a record that finds none (the first, or the first after
+    /// [`queue::WRITER_IDLE`] without one), so that the builders below still own `log` alone.
     writer: Mutex<Option<JoinHandle<()>>>,
-    started: AtomicBool,
 }
 
 /// The file and its chain: written by the writer thread only (and locked for `sync`).
@@ -197,7 +195,7 @@ impl AuditLog {
         let file = open_file(&path)?;
         let file = Mutex::new(Writer { file, last_checkpoint: Instant::now(), known: None });
         let log = Log { path, file, key: None, every: CHECKPOINT_RECORDS, interval: CHECKPOINT_INTERVAL, rotation: None };
-        Ok(AuditLog { log: Arc::new(log), queue: Arc::default(), writer: Mutex::new(None), started: AtomicBool::new(false) })
+        Ok(AuditLog { log: Arc::new(log), queue: Arc::default(), writer: Mutex::new(None) })
     }
 
     /// The log as the builders change it: before the first record, when no writer thread
@@ -232,27 +230,28 @@ impl AuditLog {
         &self.log.path
     }
 
-    /// Queue `job` for the writer thread (started by the first one); `wait`: with its
-    /// [`Written`]. Errors (in the [`Written`]): [`AuditError::Write`] when the thread
-    /// cannot be started.
+    /// Queue `job` for the writer thread (started when none runs); `wait`: with its
+    /// [`Written`]. Errors (in the [`Written`]): [`AuditError::Write`] when no thread can be
+    /// started (everything queued is then told it was not written).
     fn push(&self, job: Job, wait: bool) -> Option<Written> {
-        if !self.started.load(Ordering::Acquire) {
-            let mut t = self.writer.lock().unwrap_or_else(|p| p.into_inner());
-            if t.is_none() {
-                let (log, queue) = (self.log.clone(), self.queue.clone());
-                let spawned = std::thread::Builder::new().name("gw-audit".into()).spawn(move || {
-                    while let Some(batch) = queue.take(queue::BATCH_CAP) {
-                        log.write_batch(batch);
-                    }
-                });
-                match spawned {
-                    Ok(h) => *t = Some(h),
-                    Err(source) => return wait.then(|| Written::now(Err(AuditError::Write { path: self.log.path.clone(), source }))),
+        let (written, start) = self.queue.push(job, wait);
+        if start {
+            let (log, queue) = (self.log.clone(), self.queue.clone());
+            let spawned = std::thread::Builder::new().name("gw-audit".into()).spawn(move || {
+                while let Some(batch) = queue.take(queue::BATCH_CAP, queue::WRITER_IDLE) {
+                    log.write_batch(batch);
+                }
+            });
+            match spawned {
+                // The thread before it (if any) has ended or is ending: it is not joined.
+                Ok(h) => *self.writer.lock().unwrap_or_else(|p| p.into_inner()) = Some(h),
+                Err(e) => {
+                    tracing::error!(path = %self.log.path.display(), error = %e, "cannot start the audit writer thread: records not written");
+                    self.queue.no_writer();
                 }
             }
-            self.started.store(true, Ordering::Release);
         }
-        self.queue.push(job, wait)
+        written
     }
 
     /// Append one record: `v`, `time`, `seq` and `prev` first, then `record`'s keys in

@@ -5,6 +5,10 @@
 //! that needs its record written (the `admit` record before a dial, a refusal before its
 //! answer) waits for its [`Written`]: a future, or [`Written::wait`] on a plain thread.
 //!
+//! The writer thread ends after [`WRITER_IDLE`] without a record and the next record starts
+//! another ([`Queue::push`] says when): a daemon holding thousands of idle sandboxes, each
+//! with an audit log of its own, holds no thread for them (issue 23, target 4).
+//!
 //! The queue holds at most [`QUEUE_CAP`] entries: a caller that finds it full waits for room
 //! (the writer drains it), so a record is never dropped. An entry the writer could not
 //! write is told as that error to whoever waits; an entry dropped unwritten (the writer
@@ -17,6 +21,7 @@ use std::io;
 use std::pin::Pin;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
+use std::time::Duration;
 
 use super::AuditError;
 
@@ -24,6 +29,9 @@ use super::AuditError;
 pub const QUEUE_CAP: usize = 4096;
 /// Most entries the writer takes into one batch (one `write(2)`, under one `flock(2)`).
 pub const BATCH_CAP: usize = 512;
+/// How long the writer thread waits for a record before it ends (the next record starts
+/// another: a thread's start is ~0.05 ms, against seconds between an idle gate's records).
+pub const WRITER_IDLE: Duration = Duration::from_secs(5);
 
 /// What the writer does with one entry.
 #[derive(Debug)]
@@ -175,6 +183,10 @@ struct State {
     entries: VecDeque<Entry>,
     /// No more entries: the writer drains what is queued and ends.
     closed: bool,
+    /// A writer thread is running (or being started): set by the push that finds none,
+    /// cleared by the writer when it ends, both under the lock, so that every entry queued
+    /// has a writer to take it.
+    writing: bool,
 }
 
 impl Queue {
@@ -184,36 +196,59 @@ impl Queue {
 
     /// Queue `job` (waiting for room when [`QUEUE_CAP`] entries are queued); `wait`: with a
     /// [`Written`] to wait on, else `None` (nobody waits: the record is still written).
-    pub fn push(&self, job: Job, wait: bool) -> Option<Written> {
+    /// The `bool`: no writer thread is running and the caller must start one (or, if it
+    /// cannot, call [`Queue::no_writer`]).
+    pub fn push(&self, job: Job, wait: bool) -> (Option<Written>, bool) {
         let ack = wait.then(|| Arc::new(Ack::default()));
         let entry = Entry { job, ack: ack.clone() };
         let mut s = self.lock();
         while s.entries.len() >= QUEUE_CAP && !s.closed {
             s = self.room.wait(s).unwrap_or_else(|p| p.into_inner());
         }
+        let mut start = false;
         if s.closed {
             drop(s);
             drop(entry); // tells its waiter it was not written
         } else {
             let first = s.entries.is_empty();
             s.entries.push_back(entry);
+            start = !s.writing;
+            s.writing = true;
             drop(s);
-            if first {
+            if first && !start {
                 self.work.notify_one();
             }
         }
-        ack.map(|a| Written(WrittenInner::Queued(a)))
+        (ack.map(|a| Written(WrittenInner::Queued(a))), start)
     }
 
-    /// The next batch, oldest first (at most `max` entries; waits for one); None once the
-    /// queue is closed and empty.
-    pub fn take(&self, max: usize) -> Option<Vec<Entry>> {
+    /// No writer thread could be started: every entry queued is dropped unwritten (each
+    /// waiter told so: fail closed), and the next push tries again.
+    pub fn no_writer(&self) {
+        let mut s = self.lock();
+        s.writing = false;
+        let dropped: Vec<Entry> = s.entries.drain(..).collect();
+        drop(s);
+        self.room.notify_all();
+        drop(dropped);
+    }
+
+    /// The next batch, oldest first (at most `max` entries; waits up to `idle` for one);
+    /// None once the queue is closed and empty, or after `idle` without an entry: the
+    /// writer thread then ends (the next [`Queue::push`] starts another).
+    pub fn take(&self, max: usize, idle: Duration) -> Option<Vec<Entry>> {
         let mut s = self.lock();
         while s.entries.is_empty() {
             if s.closed {
+                s.writing = false;
                 return None;
             }
-            s = self.work.wait(s).unwrap_or_else(|p| p.into_inner());
+            let (next, timeout) = self.work.wait_timeout(s, idle).unwrap_or_else(|p| p.into_inner());
+            s = next;
+            if timeout.timed_out() && s.entries.is_empty() {
+                s.writing = false;
+                return None;
+            }
         }
         let n = s.entries.len().min(max);
         let batch: Vec<Entry> = s.entries.drain(..n).collect();

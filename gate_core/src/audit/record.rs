@@ -45,6 +45,8 @@ pub struct GateRecord {
     /// The secret the request carries by its rule's `inject`, or the one it misused (see
     /// [`f::SECRET`]); never its value.
     pub secret: Option<String>,
+    /// Secret values masked in the response (see [`f::REDACTED`]).
+    pub redacted: Option<u64>,
 }
 
 /// How a [`GateRecord`] is written: as the decision and its outcome, or as the
@@ -85,6 +87,7 @@ impl Serialize for Fields<'_> {
             opt(&mut m, f::BYTES_UP, &r.bytes_up)?;
             opt(&mut m, f::BYTES_DOWN, &r.bytes_down)?;
             opt(&mut m, f::DURATION_MS, &r.duration_ms)?;
+            opt(&mut m, f::REDACTED, &r.redacted)?;
         }
         if r.inspected {
             m.serialize_entry(f::INSPECTED, &true)?;

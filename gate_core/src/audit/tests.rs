@@ -290,6 +290,7 @@ fn full_record() -> GateRecord {
         approval: Some("ap-1".into()),
         grant: Some("gr-1".into()),
         secret: Some("github".into()),
+        redacted: Some(1),
     }
 }
 
@@ -302,7 +303,7 @@ fn a_gate_record_is_written_as_the_line_of_its_map() {
     admit.insert("event".into(), json!("admit"));
     // The keys in the record's order (the gate's admit line had them shuffled: the map's
     // `remove` is a swap_remove).
-    for outcome in ["status", "dst_ip", "error", "bytes_up", "bytes_down", "duration_ms"] {
+    for outcome in ["status", "dst_ip", "error", "bytes_up", "bytes_down", "duration_ms", "redacted"] {
         admit.shift_remove(outcome);
     }
     assert_eq!(super::gate_line("T", super::record::Fields { rec: &rec, admit: true }), line("T", admit).expect("line"));
@@ -355,7 +356,7 @@ fn record_cost() {
         for _ in 0..n {
             let mut admit = rec.clone().into_map();
             admit.insert("event".into(), json!("admit"));
-            for outcome in ["status", "dst_ip", "error", "bytes_up", "bytes_down", "duration_ms"] {
+            for outcome in ["status", "dst_ip", "error", "bytes_up", "bytes_down", "duration_ms", "redacted"] {
                 admit.remove(outcome);
             }
             log.write(admit).expect("write");

@@ -1,6 +1,7 @@
 //! The writer thread ([`super::queue`]): records queued from many threads land whole, in
 //! one exact chain, each caller's in its order; a batch the disk cannot take fails every
-//! record in it and leaves no part of it; what is queued is written when the log is dropped.
+//! record in it and leaves no part of it; what is queued is written when the log is dropped;
+//! the thread ends when idle and the next record starts another.
 
 use std::sync::Arc;
 
@@ -124,6 +125,27 @@ fn a_record_nobody_waits_for_is_written_without_another_one_after_it() {
     }
     let lines = chained(&path);
     assert_eq!((lines.len(), lines[0]["target"].clone()), (1, json!("alone")));
+    drop(log);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_writer_thread_ends_when_idle_and_the_next_record_starts_another_in_the_same_chain() {
+    // A daemon with thousands of idle sandboxes, each with a log of its own, holds no writer
+    // thread for them (issue 23, target 4); a record after the pause is still chained.
+    let dir = scratch("idle");
+    let path = dir.join("audit.jsonl");
+    let log = AuditLog::open(&path).expect("open");
+    log.write_gate(&rec("gw-1", "before".into()), true).expect("first record");
+    let finished = |log: &AuditLog| log.writer.lock().unwrap().as_ref().map(|h| h.is_finished());
+    assert_eq!(finished(&log), Some(false), "a writer runs while records come");
+    std::thread::sleep(super::queue::WRITER_IDLE + std::time::Duration::from_millis(500));
+    assert_eq!(finished(&log), Some(true), "the writer ended after WRITER_IDLE without a record");
+    log.write_gate(&rec("gw-1", "after".into()), true).expect("a record after the pause");
+    assert_eq!(finished(&log), Some(false), "the record started another writer");
+    let lines = chained(&path);
+    let targets: Vec<_> = lines.iter().map(|v| v["target"].clone()).collect();
+    assert_eq!(targets, vec![json!("before"), json!("after")]);
     drop(log);
     let _ = std::fs::remove_dir_all(&dir);
 }

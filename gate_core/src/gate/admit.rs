@@ -41,11 +41,12 @@ impl Admission {
     /// 503 of [`Ctx::answer_recorded`] if the record cannot be written).
     pub fn forbid(&self, ctx: &Ctx, mut rec: GateRecord) -> Response<Body> {
         rec.status = Some(StatusCode::FORBIDDEN.as_u16());
-        ctx.answer_recorded(rec, self.forbidden())
+        ctx.answer_recorded(rec, self.forbidden(ctx.allow_hint))
     }
 
-    /// The 403 that says why the destination was denied and what to do.
-    fn forbidden(&self) -> Response<Body> {
+    /// The 403 that says why the destination was denied and what to do (with the settings
+    /// `hint` names).
+    fn forbidden(&self, hint: respond::AllowHint) -> Response<Body> {
         let hp = self.host.with_port(self.port);
         let d = &self.decision;
         let rule = d.rule.as_deref().unwrap_or("default");
@@ -67,7 +68,7 @@ impl Admission {
         }
         let plain = d.default_applied() || d.fixed || d.rule.as_ref().is_some_and(|id| d.reason == format!("policy: rule {id}"));
         if plain {
-            return respond::denied(&self.host, self.port, d);
+            return respond::denied(&self.host, self.port, d, hint);
         }
         respond::forbidden(format!("gatewrap: egress to {hp} was denied ({}).\n", d.reason))
     }

@@ -33,6 +33,7 @@ use std::time::Duration;
 use procfs::process::{FDTarget, Process};
 use tokio::sync::{oneshot, Semaphore};
 
+use super::netns::canonical;
 use super::tasks::Tasks;
 
 /// How long a connection waits for its lookup before its records say `client_pid: null`.
@@ -119,21 +120,22 @@ impl Scope {
     }
 
     /// The TCP table entries (v4, v6, each read only if `v4`/`v6`) of the sandbox's netns,
-    /// from one of `pids` that is in it: (local, remote) → inode.
-    fn table(&self, pids: &[i32], v4: bool, v6: bool) -> HashMap<(SocketAddr, SocketAddr), u64> {
-        let mut out = HashMap::new();
+    /// from one of `pids` that is in it, added to `out`: (local, remote) → inode, the
+    /// addresses as the gate names its peers ([`canonical`]: an IPv4 connection of an IPv6
+    /// socket is listed in `tcp6` as `::ffff:a.b.c.d`, ipv6(7)).
+    fn table(&self, pids: &[i32], v4: bool, v6: bool, out: &mut HashMap<(SocketAddr, SocketAddr), u64>) {
         let in_ns = |pid: i32| match self.netns {
             None => true,
             Some(ino) => std::fs::metadata(format!("/proc/{pid}/ns/net")).is_ok_and(|m| m.ino() == ino),
         };
         let Some(proc) = pids.iter().find(|&&p| in_ns(p)).and_then(|&p| Process::new(p).ok()) else {
-            return out;
+            return;
         };
         let mut read = |t: procfs::ProcResult<Vec<procfs::net::TcpNetEntry>>| {
             self.work.tables.fetch_add(1, Ordering::Relaxed);
             // A socket in TIME_WAIT (its owner closed it) is listed with inode 0.
             for e in t.into_iter().flatten().filter(|e| e.inode != 0) {
-                out.insert((bare(e.local_address), bare(e.remote_address)), e.inode);
+                out.insert((bare(canonical(e.local_address)), bare(canonical(e.remote_address))), e.inode);
             }
         };
         if v4 {
@@ -142,7 +144,6 @@ impl Scope {
         if v6 {
             read(proc.tcp6());
         }
-        out
     }
 
     /// Answer each of `batch` that can be: its owner sent on its `reply`; the others are
@@ -151,7 +152,13 @@ impl Scope {
         let pids = procs(&self.cgroup);
         let v4 = batch.iter().any(|w| w.client.is_ipv4());
         let v6 = batch.iter().any(|w| w.client.is_ipv6());
-        let table = self.table(&pids, v4, v6);
+        let mut table = HashMap::new();
+        self.table(&pids, v4, v6, &mut table);
+        // An IPv4 client missing from `tcp` may hold an IPv6 socket (it connected to
+        // ::ffff:127.0.0.1): its entry is in `tcp6`, read then only.
+        if !v6 && batch.iter().any(|w| !table.contains_key(&(bare(w.client), bare(w.gate)))) {
+            self.table(&pids, false, true, &mut table);
+        }
         let mut wanted: HashMap<u64, Vec<Want>> = HashMap::new();
         for w in batch {
             // A client not in the table has closed: given up here.
@@ -341,13 +348,19 @@ mod tests {
 
     impl Run {
         fn new(name: &str, idle: usize, conns: usize) -> Run {
+            Run::connecting(name, idle, conns, "127.0.0.1")
+        }
+
+        /// As [`Run::new`], the connections made to `to` (`::ffff:127.0.0.1`: IPv4
+        /// connections of IPv6 sockets; the listener sees them from 127.0.0.1).
+        fn connecting(name: &str, idle: usize, conns: usize, to: &str) -> Run {
             let cg = PathBuf::from(format!("/sys/fs/cgroup/unified/gw-client-{name}-{}", std::process::id()));
             std::fs::create_dir(&cg).expect("mkdir the test cgroup (root, cgroup v2)");
             let listener = TcpListener::bind("127.0.0.1:0").unwrap();
             let gate = listener.local_addr().unwrap();
             let mut kids: Vec<_> = (0..idle).map(|_| Command::new("sleep").arg("60").spawn().unwrap()).collect();
             let script = format!(
-                "import socket,time\nss=[socket.create_connection(('127.0.0.1',{})) for _ in range({conns})]\nprint(' '.join(str(s.getsockname()[1]) for s in ss),flush=True)\ntime.sleep(60)",
+                "import socket,time\nss=[socket.create_connection(('{to}',{})) for _ in range({conns})]\nprint(' '.join(str(s.getsockname()[1]) for s in ss),flush=True)\ntime.sleep(60)",
                 gate.port()
             );
             let mut holder = Command::new("python3").args(["-c", &script]).stdout(Stdio::piped()).spawn().unwrap();
@@ -390,8 +403,19 @@ mod tests {
         drop(gone);
         let scope = run.scope();
         assert_eq!(owner(&scope, addr, run.gate), None);
-        assert_eq!(scope.work.tables.load(Ordering::Relaxed), 1, "one table (tcp) for the whole run");
+        assert_eq!(scope.work.tables.load(Ordering::Relaxed), 2, "tcp, then tcp6 (it may have been an IPv6 socket's)");
         assert_eq!(scope.work.fd_dirs.load(Ordering::Relaxed), 0, "no process's descriptors read");
+    }
+
+    #[test]
+    fn an_ipv4_connection_of_an_ipv6_socket_is_found_in_tcp6() {
+        // The agent connects an AF_INET6 socket to ::ffff:127.0.0.1: the gate sees the peer
+        // 127.0.0.1:PORT, the table lists ::ffff:127.0.0.1:PORT (before: client_pid null).
+        let run = Run::connecting("mapped", 3, 2, "::ffff:127.0.0.1");
+        let scope = run.scope();
+        for &c in &run.clients {
+            assert_eq!(owner(&scope, c, run.gate).map(|o| o.0), Some(run.holder()), "{c}");
+        }
     }
 
     #[test]

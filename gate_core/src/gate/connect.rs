@@ -4,7 +4,6 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use hyper::body::Incoming;
 use hyper::header::{HeaderValue, CONNECTION};
@@ -18,7 +17,7 @@ use crate::audit::{fields as f, GateRecord};
 
 use super::admit::{admit_connect, Admission};
 use super::idle::{self, Ended};
-use super::server::Slot;
+use super::server::{Slot, SlotGuard};
 use super::respond::{self, Body};
 use super::ctx::Pending;
 use super::target::{split_authority, InvalidPort};
@@ -84,7 +83,7 @@ async fn open(ctx: Arc<Ctx>, peer: SocketAddr, mut req: Request<Incoming>) -> Re
                 s.status = Some(StatusCode::OK.as_u16());
             }
             let slot = req.extensions().get::<Slot>().cloned();
-            ctx.spawn(tunnel(hyper::upgrade::on(&mut req), upstream, peer, target, slot, ctx.idle_timeout));
+            ctx.spawn(tunnel(ctx.clone(), hyper::upgrade::on(&mut req), upstream, peer, target, slot));
             Response::new(respond::empty())
         }
     }
@@ -123,8 +122,12 @@ async fn inspect_tunnel(ctx: Arc<Ctx>, peer: SocketAddr, mut req: Request<Incomi
 
 /// Runs until either side closes, or nothing crossed it for `idle` (see [`splice::relay`]);
 /// `Gate::stop` drops it (see `tasks`), which closes both sockets.
-/// `_slot` counts the tunnel against [`super::server::MAX_CONNECTIONS`] until it ends.
-async fn tunnel(upgrade: OnUpgrade, upstream: TcpStream, peer: SocketAddr, target: String, _slot: Option<Slot>, idle: Duration) {
+/// `slot` counts the tunnel against [`super::server::MAX_CONNECTIONS`] until it ends, or
+/// until its client has finished sending: from then on it is counted as half-closed while
+/// upstream's end is awaited, or, that bound full, the tunnel ends there and the refusal is
+/// recorded (see [`super::server::SlotGuard::client_finished`]).
+async fn tunnel(ctx: Arc<Ctx>, upgrade: OnUpgrade, upstream: TcpStream, peer: SocketAddr, target: String, slot: Option<Slot>) {
+    let idle = ctx.idle_timeout;
     let upgraded = match upgrade.await {
         Ok(u) => u,
         Err(e) => {
@@ -137,7 +140,24 @@ async fn tunnel(upgrade: OnUpgrade, upstream: TcpStream, peer: SocketAddr, targe
     let ended = match upgraded.downcast::<TokioIo<TcpStream>>() {
         Ok(parts) => {
             let down = parts.io.into_inner();
-            match splice::relay(&down, &parts.read_buf, &upstream, idle).await {
+            let finished = || match slot.as_deref().map(SlotGuard::client_finished) {
+                Some(Err(full)) => {
+                    let mut rec = ctx.bare_record(f::EVENT_CONNECT, f::PROTO_CONNECT, peer);
+                    rec.decision = f::DENIED;
+                    rec.reason = Some(full.reason());
+                    rec.target = Some(target.clone());
+                    ctx.record_queued(rec);
+                    false
+                }
+                _ => true,
+            };
+            // A run over its share while the process is short of descriptors takes no pipes
+            // for its tunnel (see `fd_room`): its bytes are copied instead.
+            let spliced = match super::fd_room::short_now(ctx.held(), 2) {
+                true => Err(std::io::Error::other("the gate's process is short of file descriptors")),
+                false => splice::relay(&down, &parts.read_buf, &upstream, idle, finished).await,
+            };
+            match spliced {
                 Ok(ended) => ended,
                 Err(e) => {
                     tracing::debug!(client = %peer, dst = %target, error = %e, "tunnel: no pipe for splice; copying");

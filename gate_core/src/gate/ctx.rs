@@ -74,9 +74,19 @@ pub struct Ctx {
     pub(super) tasks: super::tasks::Tasks,
     /// The run's secrets (see `secrets`), replaced whole on rotation.
     pub(super) secrets: super::secrets::Shared,
+    /// Which settings its 403 bodies and notices name to allow a destination.
+    pub(super) allow_hint: super::respond::AllowHint,
+    /// The run's open connections and half-closed tunnels (see `server`'s caps).
+    pub(super) open: Arc<super::server::Cap>,
+    pub(super) half_closed: Arc<super::server::Cap>,
 }
 
 impl Ctx {
+    /// The run's connections now: open ones and half-closed tunnels (what `fd_room` weighs).
+    pub(super) fn held(&self) -> usize {
+        self.open.taken() + self.half_closed.taken()
+    }
+
     /// Spawn `fut` as one of this gate's tasks: it ends when it completes or when the gate
     /// stops (see [`super::tasks::Tasks::spawn`]). The only way the gate spawns a task.
     pub(super) fn spawn<F>(&self, fut: F)
@@ -278,8 +288,8 @@ impl Pending {
     /// (decision `denied`, reason `ssrf: <class> address <ip>`) and its 403.
     pub fn fail(mut self, adm: &Admission, err: &DialError) -> Response<respond::Body> {
         if let DialError::Ssrf { ip, class } = err {
-            let resp = respond::ssrf_denied(&adm.host, adm.port, *ip, *class, adm.decision.rule.as_deref());
-            self.ctx.notices.say_once(&adm.host.to_string(), &respond::ssrf_hint(&adm.host, adm.port, *ip, *class));
+            let resp = respond::ssrf_denied(&adm.host, adm.port, *ip, *class, adm.decision.rule.as_deref(), self.ctx.allow_hint);
+            self.ctx.notices.say_once(&adm.host.to_string(), &respond::ssrf_hint(&adm.host, adm.port, *ip, *class, self.ctx.allow_hint));
             let rec = self.rec();
             rec.decision = f::DENIED;
             rec.reason = Some(err.to_string());

@@ -32,17 +32,22 @@ pub enum DialError {
     Timeout(SocketAddr),
     #[error("upstream: {source}")]
     Io { addr: SocketAddr, source: io::Error },
+    /// The gate's process is short of descriptors and the run holds its share or more
+    /// (`fd_room`), before the lookup or after it: nothing dialled; answered 503.
+    #[error("limit: not dialled: the gate's process is short of file descriptors and this run holds {held} connections (its share: {share})", share = super::fd_room::FAIR_SHARE)]
+    Short { held: usize },
     /// The SSRF guard refused every address (this one was the first): answered 403.
     #[error("ssrf: {class} address {ip}")]
     Ssrf { ip: IpAddr, class: Class },
 }
 
 impl DialError {
-    /// 403 for the SSRF guard, 504 for timeouts, 502 for everything else.
+    /// 403 for the SSRF guard, 504 for timeouts, 503 when short of descriptors, 502 for everything else.
     pub fn status(&self) -> StatusCode {
         match self {
             DialError::Ssrf { .. } => StatusCode::FORBIDDEN,
             DialError::Timeout(_) | DialError::DnsTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
+            DialError::Short { .. } => StatusCode::SERVICE_UNAVAILABLE,
             _ => StatusCode::BAD_GATEWAY,
         }
     }

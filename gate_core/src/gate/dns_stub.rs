@@ -149,11 +149,13 @@ pub async fn serve_udp(sock: UdpSocket, ctx: Arc<Ctx>) {
     let Ok(sock) = tokio::net::UdpSocket::from_std(sock) else { return };
     let mut buf = vec![0u8; MAX_UDP];
     loop {
-        let Ok((n, peer)) = sock.recv_from(&mut buf).await else { continue };
+        let Ok((n, from)) = sock.recv_from(&mut buf).await else { continue };
+        // Recorded as the client sent it (127.0.0.1, not ::ffff:127.0.0.1); answered where it came from.
+        let peer = super::netns::canonical(from);
         match refuse(&buf[..n]) {
             Some((answer, name)) => {
                 record(&ctx, peer, Some(&name));
-                let _ = sock.send_to(&answer, peer).await;
+                let _ = sock.send_to(&answer, from).await;
             }
             None => record(&ctx, peer, None),
         }
@@ -165,7 +167,7 @@ pub async fn serve_udp(sock: UdpSocket, ctx: Arc<Ctx>) {
 /// [`TCP_IDLE_TIMEOUT`] without a complete query.
 pub async fn serve_tcp(listener: TcpListener, ctx: Arc<Ctx>, caps: Vec<Arc<server::Cap>>) {
     let c = ctx.clone();
-    server::accept_capped(listener, ctx, caps, f::EVENT_DNS, f::PROTO_DNS, move |stream, peer, slot| {
+    server::accept_capped(listener, ctx, caps, None, f::EVENT_DNS, f::PROTO_DNS, move |stream, peer, slot| {
         tcp_connection(stream, peer, c.clone(), slot)
     })
     .await

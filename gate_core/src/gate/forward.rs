@@ -2,7 +2,7 @@
 //! a WebSocket handshake is relayed after the upstream's 101, `Upgrade: h2c` refused (`upgrade`).
 
 use std::net::SocketAddr;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -263,8 +263,10 @@ pub async fn handle(ctx: Arc<Ctx>, peer: SocketAddr, req: Request<Incoming>) -> 
             }
             let (mut parts, body) = resp.into_parts();
             strip_hop_by_hop(&mut parts.headers);
+            let (body, masked) = secrets::mask(&ctx.secrets, &mut parts.headers, body);
+            masked.fetch_add(secrets::mask_reason(&ctx.secrets, &mut parts.extensions), Ordering::Relaxed);
             // The record is written at the body's end, with its bytes and duration.
-            let body = Recorded::new(body, Outcome { pending, started, up });
+            let body = Recorded::new(body, Outcome { pending, started, up, masked });
             Response::from_parts(parts, body.boxed())
         }
         Err(failure) => pending.send_failed(&target, failure),

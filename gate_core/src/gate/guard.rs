@@ -44,11 +44,26 @@ pub async fn dial(ctx: &Ctx, adm: &Admission, early: Option<Early>) -> Result<(T
 ///
 /// Errors: the lookup's [`DialError`], or [`DialError::Ssrf`] when every address is refused.
 pub async fn vetted(ctx: &Ctx, adm: &Admission, early: Option<Early>) -> Result<Vec<IpAddr>, DialError> {
+    room(ctx)?;
     let ips = match early {
         Some(early) => early.addresses().await?,
         None => lookup(ctx, &adm.host).await?,
     };
+    // Again after the lookup: the run's other requests that passed beside this one while it
+    // waited have opened their sockets since, and the dial follows without a wait.
+    room(ctx)?;
     screen_for(ctx, adm, ips)
+}
+
+/// [`DialError::Short`] when the gate's process is short of descriptors and the run holds
+/// its share of them or more (see [`super::fd_room::short_now`]; what passes opens one: the
+/// lookup's socket, or the upstream one).
+fn room(ctx: &Ctx) -> Result<(), DialError> {
+    let held = ctx.held();
+    match super::fd_room::short_now(held, 1) {
+        true => Err(DialError::Short { held }),
+        false => Ok(()),
+    }
 }
 
 /// What `host` resolves to (a name's lookup takes one of the run's [`MAX_LOOKUPS`] slots,

@@ -56,6 +56,8 @@ pub struct Outcome {
     pub pending: Pending,
     pub started: Instant,
     pub up: Arc<AtomicU64>,
+    /// Secret values masked in the response so far (see `secrets::mask`).
+    pub masked: Arc<AtomicU64>,
 }
 
 /// A response body that counts what it passes to the client and writes the request's
@@ -81,8 +83,9 @@ impl<B: Body> Recorded<B> {
 
     /// Write the record with the counts so far, `error` if there was one; once.
     fn finish(&mut self, error: Option<String>) {
-        let Some(Outcome { mut pending, started, up }) = self.outcome.take() else { return };
+        let Some(Outcome { mut pending, started, up, masked }) = self.outcome.take() else { return };
         let rec = pending.rec();
+        rec.redacted = Some(masked.load(Ordering::Relaxed)).filter(|n| *n > 0);
         rec.bytes_up = Some(up.load(Ordering::Relaxed));
         rec.bytes_down = Some(self.down);
         rec.duration_ms = Some(millis(started));

@@ -5,6 +5,7 @@ mod admit;
 pub mod client;
 mod connect;
 mod dns_stub;
+mod fd_room;
 mod fold;
 mod ctx;
 pub mod dial;
@@ -12,6 +13,7 @@ mod forward;
 mod guard;
 mod hold;
 pub use hold::AnswerHint;
+pub use respond::AllowHint;
 mod idle;
 pub mod inspect;
 mod malformed;
@@ -49,10 +51,23 @@ use crate::policy::Policy;
 pub use ctx::Counts;
 use ctx::Ctx;
 pub use forward::strip_hop_by_hop;
+pub use server::{MAX_CONNECTIONS, MAX_HALF_CLOSED};
 
 /// How long `stop` waits for the gate's tasks to wind down (and, on a runtime of its own,
 /// for that runtime's blocking threads).
 const STOP_TIMEOUT: Duration = Duration::from_millis(800);
+
+/// What to do about a listener that could not be made: out of descriptors (EMFILE, ENFILE:
+/// socket(2)) is the process's limit, anything else the namespace's `lo` or the port.
+fn bind_hint(e: &io::Error) -> &'static str {
+    match e.raw_os_error() {
+        Some(libc::EMFILE) | Some(libc::ENFILE) => {
+            "the gate's process is out of file descriptors: its runs hold them all (gatewrap ps), or its hard \
+             RLIMIT_NOFILE is too low for them (the shared daemon takes the hard limit as its own)"
+        }
+        _ => "is `lo` up there and the port free?",
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum GateError {
@@ -60,7 +75,7 @@ pub enum GateError {
     NetnsOpen { path: PathBuf, source: io::Error },
     #[error("cannot enter netns {path}: {source}; the gate needs CAP_SYS_ADMIN (run gatewrap as root)")]
     Setns { path: PathBuf, source: io::Error },
-    #[error("cannot listen on {addr} in netns {path}: {source}; is `lo` up there and the port free?")]
+    #[error("cannot listen on {addr} in netns {path}: {source}; {}", bind_hint(source))]
     Bind { addr: SocketAddr, path: PathBuf, source: io::Error },
     #[error("{0}")]
     Thread(String),
@@ -121,6 +136,9 @@ pub struct GateConfig {
     pub secrets: secrets::Shared,
     /// How the live line of an approval says to answer it.
     pub answer_hint: AnswerHint,
+    /// Which settings the 403 bodies and notices name to allow a destination: `gatewrap
+    /// run`'s flags, or a container's annotations and runtime flags.
+    pub allow_hint: AllowHint,
 }
 
 fn parse_nameservers(list: &[String]) -> Result<ResolverConfig, GateError> {
@@ -175,7 +193,7 @@ impl Gate {
         let inspector = inspect::Inspector::new(&config.inspect)?.map(Arc::new);
         let listeners = netns::listeners(&config.netns_path, config.listen_port)?;
         let dns = if config.dns_stub { Some(netns::dns_sockets(&config.netns_path)?) } else { None };
-        let listen_addrs: Vec<SocketAddr> = listeners.iter().filter_map(|l| l.local_addr().ok()).collect();
+        let listen_addrs: Vec<SocketAddr> = listeners.iter().filter_map(|l| l.local_addr().ok()).flat_map(netns::served).collect();
         // Built on the caller's thread, so its workers are in the host netns.
         let own = if config.shared_runtime { None } else { Some(tasks::build().map_err(GateError::Runtime)?) };
         let handle = match &own {
@@ -220,6 +238,9 @@ impl Gate {
                 approvals,
                 listen_addrs: listen_addrs.clone(),
                 secrets: config.secrets,
+                allow_hint: config.allow_hint,
+                open: server::Cap::new(server::MAX_CONNECTIONS, "open connections"),
+                half_closed: server::Cap::new(server::MAX_HALF_CLOSED, "half-closed tunnels"),
             })
         };
         // Every socket is converted before the first task is spawned: an error then leaves
@@ -230,9 +251,9 @@ impl Gate {
             None => None,
         };
         ctx.spawn(fold::run(ctx.clone()));
-        let open = server::Cap::new(server::MAX_CONNECTIONS, "open connections");
+        let (open, half_closed) = (ctx.open.clone(), ctx.half_closed.clone());
         for l in proxy {
-            ctx.spawn(server::serve(l, ctx.clone(), open.clone()));
+            ctx.spawn(server::serve(l, ctx.clone(), open.clone(), half_closed.clone()));
         }
         if let Some((udp, tcp)) = dns {
             for s in udp {
@@ -324,5 +345,17 @@ impl Gate {
 impl Drop for Gate {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+#[cfg(test)]
+mod bind_hint_tests {
+    use super::*;
+
+    #[test]
+    fn a_listener_refused_for_want_of_descriptors_says_so_not_lo_or_the_port() {
+        let err = |errno| GateError::Bind { addr: "[::1]:53".parse().expect("addr"), path: "/run/netns/x".into(), source: io::Error::from_raw_os_error(errno) }.to_string();
+        assert!(err(libc::EMFILE).contains("out of file descriptors") && !err(libc::EMFILE).contains("`lo`"));
+        assert!(err(libc::EADDRINUSE).ends_with("is `lo` up there and the port free?"));
     }
 }

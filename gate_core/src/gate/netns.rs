@@ -4,6 +4,17 @@
 //! stays in the namespace it was created in. So a short-lived thread enters the netns,
 //! creates and binds the listeners, and exits; the runtime's threads never leave the host
 //! netns, which is where upstream connections must start from.
+//!
+//! One socket per service serves both loopback addresses: an IPv6 socket bound to `[::]`
+//! with `IPV6_V6ONLY` off takes IPv4 connections and datagrams too, from v4-mapped
+//! addresses (ipv6(7), RFC 3493 §5.3). A daemon serving thousands of sandboxes then holds
+//! three sockets a sandbox instead of six (issue 23, target 4: its descriptors bound how many
+//! it serves). The sandbox's netns has only `lo`, so the wildcard adds no interface; it does
+//! take 127.0.0.0/8's other addresses, which the hooks refuse to the agent (it may reach only
+//! the gate's 127.0.0.1 and ::1). Addresses the socket reports are given back as the client
+//! made them ([`canonical`]: `127.0.0.1`, never `::ffff:127.0.0.1`), and the gate names the
+//! two it serves ([`served`]). A netns without `::1` (IPv6 off) gets one IPv4 socket on
+//! `127.0.0.1`.
 
 use std::fs::File;
 use std::io;
@@ -19,29 +30,42 @@ const BACKLOG: i32 = 1024;
 /// The DNS stub's port (RFC 1035 §4.2).
 pub const DNS_PORT: u16 = 53;
 
-/// Bind `127.0.0.1:port` and `[::1]:port` inside the netns at `netns_path`.
+/// The proxy's listener on `port` inside the netns at `netns_path`: one socket for
+/// `127.0.0.1:port` and `[::1]:port` (IPv4 only when the netns has no `::1`).
 ///
-/// `port` 0 picks a free port for IPv4 and reuses it for IPv6. IPv6 is skipped (with a
-/// warning) when the netns has no `::1` (IPv6 disabled): the agent cannot use it either.
+/// `port` 0 picks a free port.
 pub fn listeners(netns_path: &Path, port: u16) -> Result<Vec<TcpListener>, GateError> {
-    in_netns(netns_path, move |path| bind_in_netns(path, port))
+    in_netns(netns_path, move |path| {
+        let addr = bind_addr(path, port)?;
+        Ok(vec![listen(addr).map_err(|source| GateError::Bind { addr, path: path.clone(), source })?])
+    })
 }
 
-/// The DNS stub's sockets: UDP and TCP on 127.0.0.1:53 and [::1]:53 inside the netns
-/// (IPv6 skipped when the netns has no `::1`).
+/// The DNS stub's sockets: UDP and TCP on port 53 inside the netns, each one socket for
+/// 127.0.0.1 and ::1 (IPv4 only when the netns has no `::1`).
 pub fn dns_sockets(netns_path: &Path) -> Result<(Vec<UdpSocket>, Vec<TcpListener>), GateError> {
     in_netns(netns_path, |path| {
-        let mut udp = Vec::new();
-        for ip in [IpAddr::from(Ipv4Addr::LOCALHOST), IpAddr::from(Ipv6Addr::LOCALHOST)] {
-            let addr = SocketAddr::new(ip, DNS_PORT);
-            match datagram(addr) {
-                Ok(s) => udp.push(s),
-                Err(e) if ip.is_ipv6() && matches!(e.raw_os_error(), Some(libc::EAFNOSUPPORT | libc::EADDRNOTAVAIL)) => {}
-                Err(source) => return Err(GateError::Bind { addr, path: path.clone(), source }),
-            }
-        }
-        Ok((udp, bind_in_netns(path, DNS_PORT)?))
+        let addr = bind_addr(path, DNS_PORT)?;
+        let bind_err = |source| GateError::Bind { addr, path: path.clone(), source };
+        Ok((vec![datagram(addr).map_err(bind_err)?], vec![listen(addr).map_err(bind_err)?]))
     })
+}
+
+/// The loopback addresses a socket bound at `local` serves: `127.0.0.1:PORT` and
+/// `[::1]:PORT` for the dual-stack `[::]:PORT`, else `local` itself.
+pub fn served(local: SocketAddr) -> Vec<SocketAddr> {
+    if local.ip() == IpAddr::V6(Ipv6Addr::UNSPECIFIED) {
+        vec![SocketAddr::from((Ipv4Addr::LOCALHOST, local.port())), SocketAddr::from((Ipv6Addr::LOCALHOST, local.port()))]
+    } else {
+        vec![local]
+    }
+}
+
+/// `addr` as the client made it: a peer or local address of a dual-stack socket that is
+/// v4-mapped (`::ffff:127.0.0.1`: an IPv4 connection or datagram, RFC 4291 §2.5.5.2) as
+/// that IPv4 address; any other unchanged.
+pub fn canonical(addr: SocketAddr) -> SocketAddr {
+    SocketAddr::new(addr.ip().to_canonical(), addr.port())
 }
 
 /// Run `f` on a short-lived thread that has entered the netns at `netns_path`.
@@ -67,25 +91,38 @@ fn in_netns<T: Send + 'static>(
         .map_err(|_| GateError::Thread("the listener thread panicked".into()))?
 }
 
-fn bind_in_netns(path: &Path, port: u16) -> Result<Vec<TcpListener>, GateError> {
-    let v4 = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
-    let l4 = listen(v4).map_err(|source| GateError::Bind { addr: v4, path: path.to_path_buf(), source })?;
-    let port = l4.local_addr().map(|a| a.port()).unwrap_or(port);
+/// Where this thread's netns gets the gate's socket for `port`: `[::]` (both loopback
+/// addresses, see the module's doc) when it has `::1`, else `127.0.0.1`.
+fn bind_addr(path: &Path, port: u16) -> Result<SocketAddr, GateError> {
     let v6 = SocketAddr::from((Ipv6Addr::LOCALHOST, port));
-    match listen(v6) {
-        Ok(l6) => Ok(vec![l4, l6]),
-        Err(e) if matches!(e.raw_os_error(), Some(libc::EAFNOSUPPORT | libc::EADDRNOTAVAIL)) => {
-            tracing::warn!(netns = %path.display(), error = %e, "no IPv6 loopback in the sandbox; gate listens on IPv4 only");
-            Ok(vec![l4])
+    match has_ipv6_loopback() {
+        Ok(true) => Ok(SocketAddr::from((Ipv6Addr::UNSPECIFIED, port))),
+        Ok(false) => {
+            tracing::warn!(netns = %path.display(), "no IPv6 loopback in the sandbox; gate listens on IPv4 only");
+            Ok(SocketAddr::from((Ipv4Addr::LOCALHOST, port)))
         }
         Err(source) => Err(GateError::Bind { addr: v6, path: path.to_path_buf(), source }),
+    }
+}
+
+/// Whether this thread's netns has `::1`: a UDP socket binds to it (port 0, closed at once).
+/// No IPv6 in the kernel (EAFNOSUPPORT) or none on `lo` (EADDRNOTAVAIL): false.
+fn has_ipv6_loopback() -> io::Result<bool> {
+    let probe = Socket::new(Domain::IPV6, Type::DGRAM, Some(Protocol::UDP)).and_then(|s| {
+        s.set_only_v6(true)?;
+        s.bind(&SocketAddr::from((Ipv6Addr::LOCALHOST, 0)).into())
+    });
+    match probe {
+        Ok(()) => Ok(true),
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EAFNOSUPPORT | libc::EADDRNOTAVAIL)) => Ok(false),
+        Err(e) => Err(e),
     }
 }
 
 fn datagram(addr: SocketAddr) -> io::Result<UdpSocket> {
     let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
     if addr.is_ipv6() {
-        socket.set_only_v6(true)?;
+        socket.set_only_v6(false)?;
     }
     socket.bind(&addr.into())?;
     socket.set_nonblocking(true)?;
@@ -95,7 +132,7 @@ fn datagram(addr: SocketAddr) -> io::Result<UdpSocket> {
 fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
     if addr.is_ipv6() {
-        socket.set_only_v6(true)?;
+        socket.set_only_v6(false)?;
     }
     socket.set_reuse_address(true)?;
     socket.bind(&addr.into())?;

@@ -11,6 +11,7 @@
 use std::io;
 use std::net::Shutdown;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tokio::io::Interest;
@@ -26,6 +27,9 @@ use super::idle::{self, Activity, Ended};
 const CHUNK: usize = 1024 * 1024;
 /// A pipe's capacity before it is grown, in bytes (pipe(7): 16 pages).
 const DEFAULT_PIPE: usize = 64 * 1024;
+/// The error a relay ends with when its client finished sending and it may not stay
+/// half-closed.
+const HALF_CLOSED: &str = "the client finished sending and the tunnel may not stay half-closed";
 
 /// A pipe, both ends non-blocking and close-on-exec.
 struct Pipe {
@@ -115,14 +119,31 @@ async fn pump(from: &TcpStream, to: &TcpStream, pipe: Pipe, activity: &Activity)
 }
 
 /// Relay between the client `a` (with `a_read`, bytes it sent that hyper has read already)
-/// and upstream `b` with splice(2); see the module doc. `Err` (nothing relayed) when no
-/// pipe can be made (e.g. out of file descriptors): the caller then copies instead.
-pub async fn relay(a: &TcpStream, a_read: &[u8], b: &TcpStream, idle: Duration) -> Result<Ended, io::Error> {
+/// and upstream `b` with splice(2); see the module doc. `a_finished` is called once the
+/// client has finished sending and its end was passed upstream while upstream's side is
+/// still open (that direction's pipe is closed by then): true goes on until upstream's end,
+/// false ends the relay there (`Ended::Error` of [`HALF_CLOSED`]). `Err` (nothing relayed) when no pipe can be made
+/// (e.g. out of file descriptors): the caller then copies instead.
+pub async fn relay(a: &TcpStream, a_read: &[u8], b: &TcpStream, idle: Duration, a_finished: impl FnOnce() -> bool) -> Result<Ended, io::Error> {
     let (up, down) = (Pipe::new()?, Pipe::new()?);
     let activity = Activity::new();
+    // Both directions are polled by this one task: no ordering beyond program order needed.
+    let upstream_ended = AtomicBool::new(false);
     let both = async {
         write_all(b, a_read).await?;
-        tokio::try_join!(pump(a, b, up, &activity), pump(b, a, down, &activity))
+        let upward = async {
+            let n = pump(a, b, up, &activity).await?;
+            match upstream_ended.load(Ordering::Relaxed) || a_finished() {
+                true => Ok(n),
+                false => Err(io::Error::other(HALF_CLOSED)),
+            }
+        };
+        let downward = async {
+            let n = pump(b, a, down, &activity).await?;
+            upstream_ended.store(true, Ordering::Relaxed);
+            Ok(n)
+        };
+        tokio::try_join!(upward, downward)
     };
     Ok(tokio::select! {
         r = both => match r {
@@ -137,6 +158,7 @@ pub async fn relay(a: &TcpStream, a_read: &[u8], b: &TcpStream, idle: Duration) 
 mod tests {
     use super::*;
     use sha2::{Digest, Sha256};
+    use std::sync::Arc;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpListener;
 
@@ -153,7 +175,14 @@ mod tests {
     async fn a_relay_carries_every_byte_both_ways_and_passes_the_end_on() {
         let (mut client, gate_down) = pair().await;
         let (gate_up, mut server) = pair().await;
-        let relay = tokio::spawn(async move { relay(&gate_down, b"early:", &gate_up, Duration::from_secs(30)).await });
+        let finished = Arc::new(AtomicBool::new(false));
+        let f = finished.clone();
+        let relay = tokio::spawn(async move { relay(&gate_down, b"early:", &gate_up, Duration::from_secs(30), move || {
+            f.store(true, Ordering::SeqCst);
+            true
+        })
+        .await
+        });
         let data: Vec<u8> = (0..20 * 1024 * 1024 + 7).map(|i: u32| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
         let want = Sha256::digest([b"early:".as_slice(), &data].concat());
         let sent = data.clone();
@@ -178,6 +207,28 @@ mod tests {
         assert_eq!(Sha256::digest(&back), want, "the client got every byte back, in order");
         match relay.await.unwrap_or_else(|e| panic!("{e}")) {
             Ok(Ended::Closed(up, down)) => assert_eq!((up, down), (got.len() as u64, got.len() as u64)),
+            other => panic!("{other:?}"),
+        }
+        assert!(finished.load(Ordering::SeqCst), "the client's end was told");
+    }
+
+    /// Upstream ends first, then the client: the tunnel was never half-closed by its client,
+    /// so `a_finished` is not asked (a full half-closed bound must not cut or record it).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_client_ending_after_upstream_is_not_told_as_half_closed() {
+        let (mut client, gate_down) = pair().await;
+        let (gate_up, mut server) = pair().await;
+        let relay = tokio::spawn(async move {
+            relay(&gate_down, b"", &gate_up, Duration::from_secs(30), || panic!("asked after upstream's end")).await
+        });
+        server.write_all(b"bye").await.unwrap_or_else(|e| panic!("{e}"));
+        server.shutdown().await.unwrap_or_else(|e| panic!("{e}"));
+        let mut got = Vec::new();
+        client.read_to_end(&mut got).await.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(got, b"bye");
+        client.shutdown().await.unwrap_or_else(|e| panic!("{e}"));
+        match relay.await.unwrap_or_else(|e| panic!("{e}")) {
+            Ok(Ended::Closed(0, 3)) => {}
             other => panic!("{other:?}"),
         }
     }

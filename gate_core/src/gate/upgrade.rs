@@ -4,7 +4,8 @@
 //!
 //! A WebSocket handshake keeps `Connection: Upgrade` and `Upgrade: websocket` on both hops;
 //! the `Sec-WebSocket-*` headers are end-to-end and pass untouched. After the upstream's
-//! `101 Switching Protocols`, both connections are taken over from hyper and copied.
+//! `101 Switching Protocols`, both connections are taken over from hyper and copied; in a
+//! run with secrets, the 101's head and the upstream's frames come masked (`secrets::WsMasked`).
 
 use hyper::body::Incoming;
 use hyper::header::{HeaderMap, HeaderValue, CONNECTION, UPGRADE};
@@ -14,7 +15,7 @@ use hyper_util::rt::TokioIo;
 
 use super::idle::{self, Ended};
 use super::respond::{self, Body};
-use super::Ctx;
+use super::{secrets, Ctx};
 
 /// What a request's `Upgrade` header asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,18 +70,31 @@ pub const H2C_REASON: &str = "protocol: Upgrade: h2c is refused";
 pub fn switch(ctx: &Ctx, down: OnUpgrade, mut resp: Response<Incoming>, what: String) -> Response<Body> {
     let up = hyper::upgrade::on(&mut resp);
     let idle_limit = ctx.idle_timeout;
+    let mask_with = ctx.secrets.clone();
+    let masking = !mask_with.read().unwrap_or_else(|p| p.into_inner()).is_empty();
     ctx.spawn(async move {
         let (down, up) = match tokio::try_join!(down, up) {
             Ok(pair) => pair,
             Err(e) => return tracing::debug!(dst = %what, error = %e, "upgrade: a side left before switching"),
         };
-        match idle::relay(TokioIo::new(down), TokioIo::new(up), idle_limit).await {
+        let up = TokioIo::new(up);
+        let ended = if masking {
+            let (from, to) = tokio::io::split(up);
+            idle::relay(TokioIo::new(down), tokio::io::join(secrets::WsMasked::new(from, mask_with), to), idle_limit).await
+        } else {
+            idle::relay(TokioIo::new(down), up, idle_limit).await
+        };
+        match ended {
             Ended::Closed(up, down) => tracing::debug!(dst = %what, bytes.up = up, bytes.down = down, "upgraded connection closed"),
             Ended::Error(e) => tracing::debug!(dst = %what, error = %e, "upgraded connection ended with an error"),
             Ended::Idle => tracing::debug!(dst = %what, "upgraded connection closed: idle"),
         }
     });
     let (mut parts, _) = resp.into_parts();
+    if masking {
+        ctx.secrets.read().unwrap_or_else(|p| p.into_inner()).mask_headers(&mut parts.headers);
+        secrets::mask_reason(&ctx.secrets, &mut parts.extensions);
+    }
     super::strip_hop_by_hop(&mut parts.headers);
     keep_websocket(&mut parts.headers);
     debug_assert_eq!(parts.status, StatusCode::SWITCHING_PROTOCOLS);

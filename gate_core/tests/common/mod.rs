@@ -141,6 +141,7 @@ pub fn gate_config(
         on_asked: None,
         secrets: Default::default(),
         answer_hint: Default::default(),
+        allow_hint: Default::default(),
         notice_fd: None,
         shared_runtime: false,
     }

@@ -9,7 +9,7 @@
 
 use std::error::Error as _;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -214,8 +214,10 @@ pub(super) async fn handle(ctx: Arc<Ctx>, tunnel: Arc<Tunnel>, req: Request<Inco
                     ctx.inspected.give_back(key, sender);
                     let (mut parts, body) = resp.into_parts();
                     strip_hop_by_hop(&mut parts.headers);
+                    let (body, masked) = secrets::mask(&ctx.secrets, &mut parts.headers, body);
+                    masked.fetch_add(secrets::mask_reason(&ctx.secrets, &mut parts.extensions), Ordering::Relaxed);
                     // The record is written at the body's end, with its bytes and duration.
-                    let body = Recorded::new(body, Outcome { pending, started, up });
+                    let body = Recorded::new(body, Outcome { pending, started, up, masked });
                     Response::from_parts(parts, body.boxed())
                 }
             }

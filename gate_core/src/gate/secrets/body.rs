@@ -172,13 +172,17 @@ where
             Some(Some(Ok(f))) => f.data_ref().map_or(0, |d| d.len()),
             _ => 0,
         };
-        let buffered = (self.held.len() + ahead) as u64;
         let inner = if self.done { SizeHint::with_exact(0) } else { self.inner.size_hint() };
-        let mut hint = SizeHint::new();
-        hint.set_lower(inner.lower() + buffered);
-        if let Some(upper) = inner.upper() {
-            hint.set_upper(upper + buffered);
-        }
-        hint
+        held_hint(inner, (self.held.len() + ahead) as u64)
     }
+}
+
+/// The size hint of a body that holds `held` bytes back from an inner one hinting `inner`.
+pub(super) fn held_hint(inner: SizeHint, held: u64) -> SizeHint {
+    let mut hint = SizeHint::new();
+    hint.set_lower(inner.lower() + held);
+    if let Some(upper) = inner.upper() {
+        hint.set_upper(upper + held);
+    }
+    hint
 }

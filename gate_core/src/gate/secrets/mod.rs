@@ -18,12 +18,20 @@
 //! The value is in no record, no answer and no approval: only in the upstream request.
 
 mod body;
+mod mask;
+mod ws;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
 mod tests_body;
+#[cfg(test)]
+mod tests_mask;
+#[cfg(test)]
+mod tests_ws;
 
 pub use body::{BoxError, InBody, Screened};
+pub use mask::{mask, mask_reason, Masked};
+pub use ws::WsMasked;
 
 use std::sync::{Arc, RwLock};
 
@@ -49,6 +57,8 @@ pub struct Secret {
     value: String,
     /// What the screen looks for (see [`needles`]): `(placeholder|value, bytes)`.
     needles: Vec<(&'static str, Vec<u8>)>,
+    /// What a response is masked for (see `mask`): the value's forms.
+    masks: Vec<Vec<u8>>,
 }
 
 /// A run's resolved secrets (few: a linear search).
@@ -58,6 +68,8 @@ pub struct Secrets {
     /// The bytes any needle starts with, both ASCII cases (a bit per byte value): the search
     /// compares needles only where one of these is, so a body costs about a lookup per byte.
     starts: [u64; 4],
+    /// The same for the masks of responses.
+    mask_starts: [u64; 4],
 }
 
 /// The run's secrets as the gate shares them: replaced whole on rotation ([`Secrets::new`]).
@@ -97,12 +109,16 @@ impl Secrets {
                 }
             }
             let needles = needles(placeholder.as_deref(), &value);
-            for b in needles.iter().filter_map(|(_, n)| n.first()) {
-                for c in [b.to_ascii_lowercase(), b.to_ascii_uppercase()] {
-                    out.starts[usize::from(c >> 6)] |= 1 << (c & 63);
+            let masks = mask::masks(&value, base64_forms(value.as_bytes()));
+            for (starts, firsts) in [(&mut out.starts, needles.iter().filter_map(|(_, n)| n.first()).collect::<Vec<_>>()),
+                                     (&mut out.mask_starts, masks.iter().filter_map(|n| n.first()).collect())] {
+                for b in firsts {
+                    for c in [b.to_ascii_lowercase(), b.to_ascii_uppercase()] {
+                        starts[usize::from(c >> 6)] |= 1 << (c & 63);
+                    }
                 }
             }
-            out.list.push(Secret { name, value, needles });
+            out.list.push(Secret { name, value, needles, masks });
         }
         Ok(out)
     }
@@ -363,11 +379,16 @@ where
 }
 
 /// Step 2 of the module: the value in the place [`screen`] marked (`parts`' headers and
-/// target). Nothing when the decision injects nothing.
+/// target), `Accept-Encoding: identity` (RFC 9110 §12.5.3) and no `Sec-WebSocket-Extensions`
+/// (RFC 6455 §9.1: no `permessage-deflate`, RFC 7692), so that the response or the WebSocket's
+/// messages come uncompressed and the mask (`mask`, `WsMasked`) sees any echo of the value.
+/// Nothing when the decision injects nothing.
 pub fn inject(ctx: &Ctx, adm: &Admission, parts: &mut hyper::http::request::Parts) {
     let Some(i) = adm.decision.inject.as_deref() else { return };
     let secrets = ctx.secrets.read().unwrap_or_else(|p| p.into_inner());
     let Some(value) = secrets.value(&i.secret) else { return };
+    parts.headers.insert(hyper::header::ACCEPT_ENCODING, HeaderValue::from_static("identity"));
+    parts.headers.remove(hyper::header::SEC_WEBSOCKET_EXTENSIONS);
     let text = match i.place {
         Place::Basic => {
             let user = parts.headers.get(AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.rsplit_once(" user=")).map(|(_, u)| u);
