@@ -168,7 +168,7 @@ def raise_fd_limit(ceiling: bool = False) -> int:
     caller's soft limit (:func:`spawn`); in the jail nsjail then sets soft and hard to the
     hard one (agent.cfg's ``rlimit_nofile_type: HARD``: one value for both).
 
-    ``ceiling`` (the daemon, ~15 descriptors a sandbox): first try both up to the kernel's
+    ``ceiling`` (the daemon, 9 descriptors an idle sandbox: ``shared.daemon.FDS_PER_SANDBOX``): first try both up to the kernel's
     ``fs.nr_open`` (proc(5); raising the hard limit needs CAP_SYS_RESOURCE, which a container
     may lack: then the hard limit it has). Returns the soft limit now."""
     global _CALLER_NOFILE

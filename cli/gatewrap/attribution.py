@@ -64,14 +64,13 @@ def _stat(pid: int) -> tuple[int, int]:
 
 def _exe(pid: int) -> str:
     """The executable of process ``pid`` (readlink of /proc/PID/exe, proc(5)), as psutil's
-    ``exe()`` gives it: without the kernel's `` (deleted)`` mark when that file is gone, ""
-    for a process without one (a kernel thread, a zombie). Raises :class:`Gone` if it is gone."""
+    ``exe()`` gives it: without the kernel's `` (deleted)`` mark when that file is gone.
+    Raises :class:`Gone` if it is gone, or exiting: a process that has let go of its memory
+    (exit_mm, then a zombie until its parent waits) has no executable to read, and its /proc
+    entry, stat and cgroup stay; its record says ``attribution: "partial"``, never an empty
+    ``exe`` (a kernel thread, the other process without one, is never in a run's cgroup)."""
     try:
         exe = os.readlink(f"/proc/{pid}/exe")
-    except (FileNotFoundError, ProcessLookupError) as e:
-        if os.path.lexists(f"/proc/{pid}"):
-            return ""
-        raise Gone(pid) from e
     except OSError as e:
         raise Gone(pid) from e
     exe = exe.split("\x00")[0]

@@ -13,11 +13,12 @@ import re
 import urllib.parse
 from typing import Any, TextIO
 
+from . import run_ids
 from .text import printable
 
 FORMATS = ("table", "json", "csv")
-#: Columns of the table: (header, width).
-COLUMNS = (("TIME", 27), ("RUN", 13), ("EVENT", 13), ("DECISION", 8), ("DESTINATION", 34), ("WHO / WHY", 0))
+#: Columns of the table: (header, width); RUN's as :func:`columns` makes it.
+COLUMNS = (("TIME", 27), ("RUN", run_ids.SHORT_ID), ("EVENT", 13), ("DECISION", 8), ("DESTINATION", 34), ("WHO / WHY", 0))
 #: Columns of CSV, in order: the fields of gate and kernel records that say what, where, who and why.
 CSV_FIELDS = ("time", "run", "event", "decision", "proto", "dst_host", "dst_ip", "dst_port", "method",
               "target", "status", "client", "pid", "uid", "comm", "cmdline", "hook", "rule", "reason", "error")
@@ -97,6 +98,8 @@ def destination(rec: dict[str, Any]) -> str:
 def who_why(rec: dict[str, Any]) -> str:
     """Process and reason columns, merged."""
     parts = []
+    if rec.get("event") == "admit":  # the allowed request's outcome follows; run_end counts that one
+        parts.append(f"before the dial (counted in its {'connect' if rec.get('proto') == 'connect' else 'request'} row)")
     if rec.get("would"):
         parts.append(f"report mode: enforce would {rec['would']}")
     if rec.get("event") == "connect" and rec.get("inspected") is True:
@@ -134,19 +137,27 @@ def who_why(rec: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
-def row(rec: dict[str, Any]) -> str:
-    """One table row, control characters escaped."""
+def columns(whole_ids: bool = False) -> tuple[tuple[str, int], ...]:
+    """:data:`COLUMNS`, RUN as wide as a container's whole run id when ``whole_ids``
+    (``--no-trunc``): the rows are printed as the log is read, before their widest is known."""
+    return tuple((h, run_ids.CONTAINER_ID if h == "RUN" and whole_ids else w) for h, w in COLUMNS)
+
+
+def row(rec: dict[str, Any], whole_ids: bool = False) -> str:
+    """One table row, control characters escaped; the run's id as :func:`run_ids.short`
+    makes it (as ``gatewrap ps`` shows it), whole when ``whole_ids``."""
+    run = str(rec.get("run", "-"))
     cells = [
-        str(rec.get("time", "-")), str(rec.get("run", "-")), str(rec.get("event", "-")),
+        str(rec.get("time", "-")), run if whole_ids else run_ids.short(run), str(rec.get("event", "-")),
         str(rec.get("decision", "-")), destination(rec), who_why(rec),
     ]
     out = []
-    for (_, width), cell in zip(COLUMNS, cells):
+    for (_, width), cell in zip(columns(whole_ids), cells):
         cell = printable(cell)
         out.append(cell.ljust(width) if width else cell)
     return " ".join(out).rstrip()
 
 
-def header() -> str:
+def header(whole_ids: bool = False) -> str:
     """The table's header line."""
-    return " ".join(h.ljust(w) if w else h for h, w in COLUMNS)
+    return " ".join(h.ljust(w) if w else h for h, w in columns(whole_ids))

@@ -436,6 +436,65 @@ def follow_lines(path: str, err: TextIO, poll: float = POLL) -> Iterator[tuple[i
             yield item[0], item[2]
 
 
+#: The key before a run id, as the gate writes it and as Python's json spaces it.
+_RUN_KEYS = (b'"run":', b'"run": ')
+#: The bytes before a run id's opening quote that tell its key (the longer spelling's).
+_KEY_AT = len(_RUN_KEYS[1])
+#: The longest run id looked at (``gw-`` and a runc container id, at most 128 characters).
+_ID_MAX = 256
+
+
+def runs_starting(path: str, start: str, most: int = 0) -> list[str]:
+    """The ids of the runs in the log at ``path`` (its rotated segments, then the live file:
+    :func:`log_files`) that start with ``start``, sorted; with ``most``, the search stops
+    once it found that many.
+
+    No line is split nor parsed: each file is read in :data:`BUFFER` blocks searched for
+    ``"<start>`` (as every JSON writer writes a string that starts so: :data:`_VERBATIM`)
+    right after the key ``"run":`` (in a string the key's quotes would be escaped), a byte
+    search at memory speed where few lines hold it (bench/audit_read.py). A ``start``
+    outside :data:`_VERBATIM` finds nothing.
+
+    Raises:
+        FileNotFoundError: the log does not exist.
+        GatewrapError: it cannot be read by this user (exit 125).
+    """
+    if not _VERBATIM.fullmatch(start):
+        return []
+    needle = b'"' + start.encode()
+    _open(path).close()
+    found: set[str] = set()
+    for name in log_files(path):
+        try:
+            with open(name, "rb", buffering=0) as f:
+                buf = b" " * _KEY_AT  # what comes before the file: no key
+                while block := f.read(BUFFER):
+                    buf += block
+                    # a needle is searched for from here on: a hit's key is before it, in buf
+                    cut = len(buf) - len(needle) + 1
+                    at = buf.find(needle, _KEY_AT)
+                    while at >= 0:
+                        end = buf.find(b'"', at + 1, at + 1 + _ID_MAX)
+                        if end < 0:
+                            if len(buf) - at <= _ID_MAX:
+                                cut = at  # the value goes on in the next block
+                                break
+                            at = buf.find(needle, at + 1)  # no run id
+                            continue
+                        value = buf[at + 1:end]
+                        keyed = buf[at - _KEY_AT + 1:at] == _RUN_KEYS[0] or buf[at - _KEY_AT:at] == _RUN_KEYS[1]
+                        if keyed and _VERBATIM.fullmatch(value.decode("latin-1")):
+                            found.add(value.decode())
+                            if most and len(found) >= most:
+                                return sorted(found)
+                        at = buf.find(needle, end)
+                    buf = buf[max(cut, _KEY_AT) - _KEY_AT:]
+        except FileNotFoundError:
+            if name == path:
+                raise  # a segment deleted meanwhile (--audit-keep) is skipped
+    return sorted(found)
+
+
 def parse(line: bytes) -> Any:
     """The JSON value of one line, as Python's json reads it; bytes that are not UTF-8
     become surrogate escapes.

@@ -9,6 +9,7 @@ from typing import Any
 
 from .audit_format import destination
 from .audit_reader import DENIED
+from . import run_ids
 from .text import printable
 
 
@@ -128,12 +129,15 @@ class Stats:
                 "top_denied": [{"destination": d, "count": n} for d, n in self.denied_to.most_common(top)],
                 "other_denied": self.other_denied}
 
-    def lines(self, top: int) -> list[str]:
-        """The two tables, for a terminal (values escaped)."""
-        out = [f"{'RUN':<14} {'ALLOWED':>8} {'DENIED':>8} {'DIRECT':>8} {'FAILED':>8} {'UNSENT':>8} {'HELD':>8}  STATUS"]
+    def lines(self, top: int, whole_ids: bool = False) -> list[str]:
+        """The two tables, for a terminal (values escaped); run ids as :func:`run_ids.shown`
+        makes them, the column as wide as its widest."""
+        shown = run_ids.shown(list(self.runs), whole_ids)
+        width = max([14, *(len(printable(r)) for r in shown.values())])
+        out = [f"{'RUN':<{width}} {'ALLOWED':>8} {'DENIED':>8} {'DIRECT':>8} {'FAILED':>8} {'UNSENT':>8} {'HELD':>8}  STATUS"]
         for c in self.runs.values():
             status = f"exit {c.exit_code}" if c.exit_code is not None else ("ended" if c.ended else "running or died")
-            out.append(f"{printable(c.run):<14} {c.allowed:>8} {c.denied:>8} {c.direct_egress:>8} {c.failed:>8} "
+            out.append(f"{printable(shown[c.run]):<{width}} {c.allowed:>8} {c.denied:>8} {c.direct_egress:>8} {c.failed:>8} "
                        f"{c.unsent:>8} {c.held:>8}  {status}")
         out += ["", f"{'DENIED':>8}  DESTINATION (top {top})"]
         out += [f"{n:>8}  {printable(d)}" for d, n in self.denied_to.most_common(top)] or ["       0  -"]

@@ -187,8 +187,12 @@ def run(allow: tuple[str, ...], deny: tuple[str, ...], allow_private: tuple[str,
     \b
     The gate's listeners are bounded: at most 1024 open connections per run over the
     proxy port and the DNS stub's TCP side (of which DNS over TCP at most 64, each
-    closed after 10 s without a query); a request head must arrive within 30 s; a tunnel
-    or WebSocket idle for 300 s is closed.
+    closed after 10 s without a query), and 1024 tunnels half-closed by the agent (its
+    side finished, upstream's still sending; beyond, such a tunnel is closed). When
+    the gate's process nears its open-file limit (the last eighth, shared by all the
+    daemon's runs), a run holding 64 connections or more gets no new one, nor a new
+    upstream connection for those it holds (503). A request head must arrive within
+    30 s; a tunnel or WebSocket idle for 300 s is closed.
 
     \b
     Example:

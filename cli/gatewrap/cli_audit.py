@@ -18,6 +18,32 @@ from .syslog_facility import FACILITIES
 DEFAULT_LOG = "/var/log/gatewrap/audit.jsonl"
 
 
+def run_in_log(name: str | None, path: str) -> str | None:
+    """``--run``'s value (``gatewrap audit``, ``audit stats``, ``policy suggest``) as the run it
+    names in the log at ``path``: itself when it has a whole id's shape (no search: the read
+    stays as fast as with an id) or is a run's id there, else the one run whose id starts with
+    it (:func:`gatewrap.run_ids.named`, :func:`gatewrap.audit_reader.runs_starting`; with
+    --follow, of the runs logged so far); unchanged when none does.
+
+    Raises:
+        click.BadParameter: it starts more than one run's id (they are listed; exit 125).
+        GatewrapError: the log cannot be read by this user (without a log, ``name`` is
+            returned: the read then says there is none).
+    """
+    from . import audit_reader as ar
+    from . import run_ids
+
+    if name is None or run_ids.whole(name):
+        return name
+    try:
+        return run_ids.named(name, lambda begins: ar.runs_starting(path, begins, most=run_ids.LISTED + 1),
+                             f"run in {path}")
+    except FileNotFoundError:
+        return name
+    except run_ids.Ambiguous as e:
+        raise click.BadParameter(str(e), param_hint="'--run'") from None
+
+
 def _log_option(f):  # type: ignore[no-untyped-def]
     return click.option("--log", "path", default=DEFAULT_LOG, show_default=True, metavar="PATH",
                         help="The audit log to read.")(f)
@@ -29,8 +55,29 @@ def _time_option(name: str, what: str):  # type: ignore[no-untyped-def]
                              "local time) or a time ago (90s, 10m, 2h, 1d).")
 
 
+def _elsewhere(run_id: str | None, path: str) -> str:
+    """For a live run named by ``run_id`` (or a unique start of it) that writes another audit
+    log than ``path`` (``gatewrap run --audit-log``): where to look; else ``""``."""
+    if not run_id:
+        return ""
+    from .live_runs import resolve
+    from .sandbox import registry
+
+    try:
+        run = resolve(run_id)
+        info = registry.info(run) or {}
+    except (GatewrapError, OSError, ValueError):
+        return ""
+    log = info.get("audit_log")
+    if not isinstance(log, str) or os.path.abspath(log) == os.path.abspath(path):
+        return ""
+    return f"; run {run} writes to {log}: gatewrap audit --log {log} --run {run}"
+
+
 @click.group("audit", context_settings=CONTEXT, invoke_without_command=True)
-@click.option("--run", "run_id", metavar="ID", help="Only records of run ID (gw-...).")
+@click.option("--run", "run_id", metavar="ID",
+              help="Only records of run ID: a whole id (gw-...), or a start of one run's in the log, with or "
+                   "without gw- (as gatewrap ps and docker ps show a container's).")
 @click.option("--event", "events", multiple=True, metavar="EVENT", type=click.Choice(audit_schema.events()),
               help=f"Only EVENT records, one of (schema/audit.schema.json): {', '.join(audit_schema.events())}. "
                    "Repeatable.")
@@ -47,13 +94,16 @@ def _time_option(name: str, what: str):  # type: ignore[no-untyped-def]
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]),
               help="table (the default on a terminal), json (JSON lines, the default otherwise) or csv.")
 @click.option("--json", "as_json", is_flag=True, help="Same as --format json.")
+@click.option("--no-trunc", "whole_ids", is_flag=True,
+              help="Table: show whole run ids (a container's run: gw- and its 64 characters), not gw- and 12 "
+                   "characters as gatewrap ps shows them.")
 @click.option("--follow", "-f", is_flag=True,
               help="Keep printing new records as they are written (follows rotation and truncation; Ctrl-C ends).")
 @_log_option
 @click.pass_context
 def audit(ctx: click.Context, run_id: str | None, events: tuple[str, ...], decisions: tuple[str, ...],
           denied: bool, hosts: tuple[str, ...], since: str | None, until: str | None, pid: int | None,
-          fmt: str | None, as_json: bool, follow: bool, path: str) -> int:
+          fmt: str | None, as_json: bool, whole_ids: bool, follow: bool, path: str) -> int:
     """Show the audit log: a table on a terminal, JSON lines otherwise, or CSV.
 
     \b
@@ -79,7 +129,7 @@ def audit(ctx: click.Context, run_id: str | None, events: tuple[str, ...], decis
     from . import audit_reader as ar
 
     fmt = "json" if as_json else fmt or ("table" if sys.stdout.isatty() else "json")
-    filters = ar.Filters(run=run_id, events=events, decisions=decisions, denied=denied, hosts=hosts,
+    filters = ar.Filters(run=run_in_log(run_id, path), events=events, decisions=decisions, denied=denied, hosts=hosts,
                          since=since, until=until, pid=pid)
     out = sys.stdout
     shown = 0
@@ -93,13 +143,13 @@ def audit(ctx: click.Context, run_id: str | None, events: tuple[str, ...], decis
                 csv_out.write(rec)
             else:
                 if not shown:
-                    out.write(af.header() + "\n")
-                out.write(af.row(rec) + "\n")
+                    out.write(af.header(whole_ids) + "\n")
+                out.write(af.row(rec, whole_ids) + "\n")
             shown += 1
             if follow:
                 out.flush()
         if not shown:
-            click.echo(f"gatewrap: no matching records in {path}", err=True)
+            click.echo(f"gatewrap: no matching records in {path}" + _elsewhere(run_id, path), err=True)
         out.flush()
     except FileNotFoundError:
         raise GatewrapError(f"no audit log at {path}: nothing has run yet, or pass --log PATH", exit_code=1)
@@ -111,14 +161,18 @@ def audit(ctx: click.Context, run_id: str | None, events: tuple[str, ...], decis
 
 
 @audit.command("stats", context_settings=CONTEXT)
-@click.option("--run", "run_id", metavar="ID", help="Only run ID (gw-...).")
+@click.option("--run", "run_id", metavar="ID",
+              help="Only run ID: a whole id (gw-...), or a start of one run's, as for audit.")
 @_time_option("--since", "at or after")
 @_time_option("--until", "at or before")
 @click.option("--top", default=10, show_default=True, type=click.IntRange(min=1),
               help="How many of the most denied destinations to list.")
 @click.option("--json", "as_json", is_flag=True, help='Print {"runs": [...], "top_denied": [...]} as one JSON object.')
+@click.option("--no-trunc", "whole_ids", is_flag=True,
+              help="Show whole run ids (a container's run: gw- and its 64 characters), as gatewrap ps --no-trunc does.")
 @_log_option
-def audit_stats(run_id: str | None, since: str | None, until: str | None, top: int, as_json: bool, path: str) -> int:
+def audit_stats(run_id: str | None, since: str | None, until: str | None, top: int, as_json: bool, whole_ids: bool,
+                path: str) -> int:
     """Count each run's records (allowed, denied, direct egress, failed) and list the most
     denied destinations.
 
@@ -135,10 +189,10 @@ def audit_stats(run_id: str | None, since: str | None, until: str | None, top: i
     from .audit_stats import stats
 
     try:
-        s = stats(ar.records(path, filters=ar.Filters(run=run_id, since=since, until=until)))
+        s = stats(ar.records(path, filters=ar.Filters(run=run_in_log(run_id, path), since=since, until=until)))
     except FileNotFoundError:
         raise GatewrapError(f"no audit log at {path}: nothing has run yet, or pass --log PATH", exit_code=1)
-    for line in [json.dumps(s.as_record(top))] if as_json else s.lines(top):
+    for line in [json.dumps(s.as_record(top))] if as_json else s.lines(top, whole_ids):
         click.echo(line)
     return 0
 

@@ -12,16 +12,23 @@ import click
 from .cli import CONTEXT
 
 @click.command(context_settings=CONTEXT)
-@click.option("--json", "as_json", is_flag=True, help="Print the runs as a JSON array.")
-def ps(as_json: bool) -> int:
+@click.option("--json", "as_json", is_flag=True, help="Print the runs as a JSON array (whole run ids).")
+@click.option("--no-trunc", "whole_ids", is_flag=True,
+              help="Show whole run ids (a container's run: gw- and its 64 characters).")
+def ps(as_json: bool, whole_ids: bool) -> int:
     """List the live runs, oldest first: id, gatewrap's pid (a shared run: its
     gatewrap-wait's; a container's run, gw-<container id>, has none: -), the agent's user,
     uptime, CPU %, RSS, processes, pending approvals, counts so far, command (a container's:
     [container <id>] first; --json: container).
 
     \b
+    RUN shows gw- and 12 characters of a container's run id, as docker ps shows 12 of its
+    container's (more where two runs start so), which gatewrap stop and gatewrap audit
+    --run take; --no-trunc shows whole ids.
+
+    \b
     CPU%, RSS and PROCS are the processes in the run's cgroup (its cgroup.procs: the jail's
-    nsjail and init, the agent and its children): CPU% is the CPU time they used over one
+    init, gatewrap-wait, the agent and its children): CPU% is the CPU time they used over one
     0.2 s sample (taken for every run at once, so ps takes 0.2 s), of one CPU (200 = two
     CPUs busy); RSS sums their resident memory (shared pages once per process). --json
     gives cpu_percent (a number), rss (bytes) and procs (an int).
@@ -44,7 +51,7 @@ def ps(as_json: bool) -> int:
     if as_json:
         click.echo(json.dumps([r.as_record() for r in runs]))
     elif runs:
-        for line in ps_lines(runs):
+        for line in ps_lines(runs, whole_ids):
             click.echo(line)
     else:
         click.echo("gatewrap: no live runs", err=True)
@@ -55,7 +62,8 @@ def ps(as_json: bool) -> int:
 @click.argument("run_id", metavar="RUN")
 @click.option("--timeout", default=30.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
               metavar="SECONDS", help="How long to wait for the run to end.")
-@click.option("--json", "as_json", is_flag=True, help="Print {run, stopped, signal, exit_code, run_end} as one JSON object.")
+@click.option("--json", "as_json", is_flag=True, help="Print {run, stopped, signal, exit_code, run_end} as one JSON object once the run "
+                   "has ended (exit 1 or 125: nothing on stdout, the error on stderr).")
 def stop(run_id: str, timeout: float, as_json: bool) -> int:
     """End run RUN as SIGTERM would, and wait for it to end.
 
@@ -72,6 +80,10 @@ def stop(run_id: str, timeout: float, as_json: bool) -> int:
     (the engine's delete, or the daemon 5 s after its last process).
 
     \b
+    A run still running 1 s after the SIGTERM gets a line on stderr saying how long
+    gatewrap waits for it and what it does then (--json too: stdout keeps only the object).
+
+    \b
     Example:
       sudo gatewrap stop gw-0123456789
       sudo gatewrap stop 9a109c573f51    # a container, by the id docker ps shows
@@ -80,7 +92,7 @@ def stop(run_id: str, timeout: float, as_json: bool) -> int:
     from .errors import require_root
 
     require_root("stop")
-    res = do_stop(run_id, timeout)
+    res = do_stop(run_id, timeout, lambda line: click.echo(line, err=True))
     if as_json:
         click.echo(json.dumps(res.as_record()))
     else:
@@ -88,7 +100,7 @@ def stop(run_id: str, timeout: float, as_json: bool) -> int:
                f"{res.signal}; the run ended: {res.run_end.get('reason')}" if res.run_end is not None else
                "no run_end record in its log yet (a shared run whose daemon is down: gatewrap gc or the "
                "restarted daemon removes its sandbox and writes it)")
-        click.echo(f"gatewrap: stopped {run_id}: {end}")
+        click.echo(f"gatewrap: stopped {res.run}: {end}")
     return 0
 
 
@@ -111,8 +123,9 @@ def reload(run_id: str, timeout: float, as_json: bool) -> int:
     the same (a shared run, the default, is reloaded through its daemon).
 
     \b
-    Exit 0 when reloaded, 1 when RUN is not a live run or its file was refused, 125 when
-    the run did not answer within --timeout.
+    RUN: a run id, or the start of one live run's, as for gatewrap stop. Exit 0 when
+    reloaded, 1 when RUN is not a live run or its file was refused, 125 when the run did
+    not answer within --timeout.
 
     \b
     Example:
@@ -126,7 +139,7 @@ def reload(run_id: str, timeout: float, as_json: bool) -> int:
     if as_json:
         click.echo(json.dumps(rec))
     else:
-        click.echo(f"gatewrap: reloaded {run_id}'s policy from {rec['policy_file']} "
+        click.echo(f"gatewrap: reloaded {rec.get('run', run_id)}'s policy from {rec['policy_file']} "
                    f"({rec['old_digest'][:19]}… -> {rec['new_digest'][:19]}…)" + (f"; {rec['note']}" if rec.get("note") else ""))
     return 0
 
@@ -170,10 +183,13 @@ def gc(as_json: bool) -> int:
     still runs. Only what this gatewrap can prove dead is removed: a
     sandbox whose lock file is not in this registry or whose gatewrap is in another pid
     namespace (another install on this kernel: a chroot, a container) is left alone, and said.
+    gc also removes what a killed shared daemon left in /run/gatewrap (its socket,
+    SOCKET.lock, SOCKET.start) once no process holds their locks; a daemon's start does too.
     Exit 1 if something could not be removed.
     """
     from .runner import collect_stale
     from .sandbox import gc as gc_module
+    from .shared import lockfile
 
     out = collect_stale()
     if as_json:
@@ -189,6 +205,8 @@ def gc(as_json: bool) -> int:
                        "it back (no egress meanwhile); start that daemon, or stop the container with its engine")
         for run_id, why in out.left:
             click.echo(gc_module.left_line(run_id, why))
+        for removed in out.dead_daemons:
+            click.echo(lockfile.said(removed))
         for e in out.errors:
             click.echo(f"gatewrap: could not remove {e}", err=True)
         if not out.runs and not out.errors and not out.waiting and not out.left and not out.containers:

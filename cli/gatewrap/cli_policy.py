@@ -92,7 +92,9 @@ def policy_test(file: str, method: str, url: str, allow: tuple[str, ...], deny: 
 
 
 @policy_group.command("suggest", context_settings=CONTEXT)
-@click.option("--run", "run_id", required=True, metavar="ID", help="The run (gw-...) whose audit records to use.")
+@click.option("--run", "run_id", required=True, metavar="ID",
+              help="The run whose audit records to use: a whole id (gw-...), or a start of one run's in the "
+                   "log, as for gatewrap audit.")
 @click.option("--log", "path", default="/var/log/gatewrap/audit.jsonl", show_default=True, metavar="PATH",
               help="The audit log to read.")
 @click.option("--json", "as_json", is_flag=True, help="Print {run, policy, rules} as one JSON object.")
@@ -111,10 +113,11 @@ def policy_suggest(run_id: str, path: str, as_json: bool) -> int:
       sudo gatewrap policy suggest --run gw-0123456789 > policy.toml
     """
     from . import audit_reader as ar
+    from .cli_audit import run_in_log
     from .policy_suggest import suggest
 
     try:
-        s = suggest(ar.records(path), run_id)
+        s = suggest(ar.records(path), run_in_log(run_id, path) or run_id)
     except FileNotFoundError:
         raise GatewrapError(f"no audit log at {path}: nothing has run yet, or pass --log PATH", exit_code=1)
     if as_json:

@@ -137,7 +137,34 @@ def notice_of(rec: dict[str, Any], gate_url: str) -> str:
         return (f"gatewrap: blocked direct egress{times}: {who} -> more destinations than are folded one by "
                 f"one: only the gate ({gate_url}) is reachable")
     return (f"gatewrap: blocked direct egress{times}: {who} -> {what} [{rec['hook']}]: only the gate "
-            f"({gate_url}) is reachable")
+            f"({gate_url}) is reachable" + _loopback_hint(rec))
+
+
+def _loopback_hint(rec: dict[str, Any]) -> str:
+    """For a TCP connect to a loopback address: why it was not sent to the gate and how to.
+    The agent's environment names loopback in NO_PROXY (agent_shims/env.toml; Go never
+    proxies loopback either), so its clients dial it themselves, and the sandbox's loopback
+    holds only the gate; through the gate the request goes to the host's loopback, which
+    the SSRF guard refuses unless a rule names that address (docs/guide/policy.md)."""
+    if rec.get("proto") != "tcp" or not _is_loopback(rec.get("dst_ip", "")):
+        return ""
+    return (f"; clients skip it for loopback (NO_PROXY): to send this through it, to the host's "
+            f"{_dest(rec['dst_ip'], rec['dst_port'])} if the policy allows that address, use curl --noproxy '' "
+            "or unset NO_PROXY")
+
+
+def _is_loopback(ip: str) -> bool:
+    """Whether ``ip`` is a loopback address: 127.0.0.0/8 (RFC 1122 3.2.1.3), ::1 (RFC 4291
+    2.5.3), or 127.0.0.0/8 mapped into IPv6 (::ffff:127.x.y.z)."""
+    import ipaddress
+
+    try:
+        addr = ipaddress.ip_address(ip)
+    except ValueError:
+        return False
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        addr = addr.ipv4_mapped
+    return addr.is_loopback
 
 
 def _proc_link(tgid: int, name: str) -> str | None:
@@ -255,11 +282,15 @@ class KernelDenials:
         #: Reads exe and parents of the run's processes (``run_cgroup``: its cgroup path as
         #: /proc/PID/cgroup shows it); None: records say ``attribution: "partial"``.
         self._attribute = Attributor(run_cgroup) if run_cgroup is not None else None
-        #: Written by :meth:`stop` to wake the polling thread at once (eventfd(2)).
-        self._wake = os.eventfd(0, os.EFD_CLOEXEC)
+        #: Written by :meth:`stop` to wake the polling thread of a run of its own at once
+        #: (eventfd(2)), made with it: on the daemon's one reader a run needs none (a daemon
+        #: holds its descriptors for every idle sandbox: issue 23, target 4). -1: none.
+        self._wake = -1
         #: The polling thread of a run of its own (made by :meth:`start`): an unstarted one
         #: would hold this object in a cycle (its target), and with it the run's audit log.
         self._thread: threading.Thread | None = None
+        #: Between :meth:`start` and :meth:`stop`.
+        self._polling = False
         self.count = 0
         self.records = 0
         self.unix = 0
@@ -325,8 +356,10 @@ class KernelDenials:
         if self._reader is not None:
             self._reader.add(self._hooks.fileno(), self._hooks.drain)
         else:
+            self._wake = os.eventfd(0, os.EFD_CLOEXEC)
             self._thread = threading.Thread(target=self._loop, name="gatewrap-kernel-denials", daemon=True)
             self._thread.start()
+        self._polling = True
 
     def _loop(self) -> None:
         poller = select.poll()
@@ -341,8 +374,9 @@ class KernelDenials:
     def stop(self) -> None:
         """Stop polling, deliver what the buffer still holds, then the attempts still
         folded in the kernel. Call it once the run's cgroup is empty. Idempotent."""
-        if self._reader is not None and self._wake >= 0:
+        if self._polling and self._reader is not None:
             self._reader.remove(self._hooks.fileno())
+        self._polling = False
         if self._wake >= 0:
             os.eventfd_write(self._wake, 1)
             if self._thread is not None:

@@ -23,11 +23,12 @@ import pwd
 import select
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from . import audit_reader as ar
+from . import run_ids
 from .audit_stats import RunCounts
 from .errors import GatewrapError
 from .oci.argv import RUN_PREFIX
@@ -202,16 +203,20 @@ def uptime(seconds: float | None) -> str:
     return f"{s // 86400}d{s % 86400 // 3600:02d}h"
 
 
-def ps_lines(runs: list[LiveRun]) -> list[str]:
-    """The table of ``gatewrap ps`` (the agent's command escaped)."""
-    out = [f"{'RUN':<14} {'PID':>7} {'USER':<10} {'UPTIME':>7} {'CPU%':>6} {'RSS':>6} {'PROCS':>5} "
+def ps_lines(runs: list[LiveRun], whole_ids: bool = False) -> list[str]:
+    """The table of ``gatewrap ps`` (the agent's command escaped): a run's id as
+    :func:`run_ids.shown` makes it; the column as wide as its widest."""
+    shown = run_ids.shown([r.run for r in runs], whole_ids)
+    width = max([len("gw-0123456789"), *map(len, shown.values())])
+    out = [f"{'RUN':<{width}} {'PID':>7} {'USER':<10} {'UPTIME':>7} {'CPU%':>6} {'RSS':>6} {'PROCS':>5} "
            f"{'PENDING':>7} {'ALLOWED':>7} {'DENIED':>7} {'DIRECT':>7} {'FAILED':>7}  COMMAND"]
     for r in runs:
         c, u = r.counts, r.usage
         cmd = " ".join(r.argv) if r.argv else "(starting)"
         if r.container is not None:
             cmd = f"[container {r.container[:12]}] {cmd}"
-        out.append(f"{r.run:<14} {r.pid or '-':>7} {printable(r.user or '-'):<10} {uptime(r.uptime_s):>7} "
+        out.append(f"{printable(shown[r.run]):<{width}} {r.pid or '-':>7} {printable(r.user or '-'):<10} "
+                   f"{uptime(r.uptime_s):>7} "
                    f"{u.cpu_percent:>6.1f} {size(u.rss):>6} {u.procs:>5} "
                    f"{r.pending_approvals:>7} {c.allowed:>7} {c.denied:>7} {c.direct_egress:>7} {c.failed:>7}  "
                    f"{printable(cmd)}")
@@ -251,37 +256,40 @@ class NoSuchRun(GatewrapError):
     exit_code = 1
 
 
-#: The shortest run id prefix :func:`resolve` matches (docker's short ids are 12 hex digits).
-MIN_PREFIX = 4
-
-
 def resolve(name: str) -> str:
     """The live run ``name`` names: itself if it is one; else the one live run whose id
     starts with it, or with ``gw-`` and it (a container's short id, as ``docker ps`` and
-    ``podman ps`` show it, names its run ``gw-<full id>``); else ``name`` unchanged.
+    ``podman ps`` show it, names its run ``gw-<full id>``: :mod:`gatewrap.run_ids`); else
+    ``name`` unchanged.
 
     Raises:
         NoSuchRun: more than one live run starts with it (they are listed).
     """
-    if registry.info(name) is not None or len(name) < MIN_PREFIX:
+    if registry.info(name) is not None:
         return name
-    found = sorted({r for r in registry.live() if r.startswith(name) or r.startswith(RUN_PREFIX + name)})
-    if len(found) > 1:
-        raise NoSuchRun(f"{name} names more than one live run ({', '.join(found[:5])}"
-                        f"{', ...' if len(found) > 5 else ''}): give more of its id")
-    return found[0] if found else name
+    try:
+        return run_ids.named(name, lambda begins: (r for r in registry.live() if r.startswith(begins)), "live run")
+    except run_ids.Ambiguous as e:
+        raise NoSuchRun(str(e)) from None
 
 
-def stop(run_id: str, timeout: float) -> Stopped:
+#: Seconds ``gatewrap stop`` waits quietly after its SIGTERM before it says it is waiting
+#: (a run that ends at once prints only its end).
+QUIET_WAIT = 1.0
+
+
+def stop(run_id: str, timeout: float, say: Callable[[str], None] = lambda line: None) -> Stopped:
     """End run ``run_id`` as SIGTERM would: signal its gatewrap process, which forwards the
     signal to the agent and, once the agent has exited, tears the sandbox down and writes
-    the ``run_end`` record; wait up to ``timeout`` seconds for that process to exit.
+    the ``run_end`` record; wait up to ``timeout`` seconds for that process to exit. When
+    it has not exited :data:`QUIET_WAIT` seconds after the signal, ``say`` gets one line
+    saying what was sent, how long gatewrap waits and what it does then.
 
     The signal goes through a pidfd (pidfd_open(2), pidfd_send_signal(2)) taken while the
     run's lock is held, so it cannot reach another process that reused the pid.
 
     Raises:
-        NoSuchRun: no live run ``run_id``.
+        NoSuchRun: no live run ``run_id`` (a name with ``/`` names none: registry's paths).
         GatewrapError: the run is still alive after ``timeout`` (the agent may ignore SIGTERM).
     """
     run_id = resolve(run_id)
@@ -289,7 +297,7 @@ def stop(run_id: str, timeout: float) -> Stopped:
     if info is None or not registry.owned(run_id) or not isinstance(info.get("pid"), int):
         raise NoSuchRun(f"no live run {run_id} (gatewrap ps lists them)")
     if container_of(run_id) is not None:
-        return stop_container(run_id, info, timeout)
+        return stop_container(run_id, info, timeout, say)
     foreign = registry.unproven(run_id, info)
     if foreign is not None:  # its pid numbers another process here
         raise GatewrapError(f"run {run_id} is not this gatewrap's to stop: {foreign}")
@@ -303,7 +311,14 @@ def stop(run_id: str, timeout: float) -> Stopped:
         signal.pidfd_send_signal(pidfd, signal.SIGTERM)
         poller = select.poll()
         poller.register(pidfd, select.POLLIN)  # readable once the process has exited (pidfd_open(2))
-        if not poller.poll(timeout * 1000):
+        quiet = min(QUIET_WAIT, timeout)
+        if not poller.poll(quiet * 1000):
+            say(f"gatewrap: sent SIGTERM to run {run_id}; waiting up to {timeout:g} s (--timeout) for its agent "
+                f"to exit, then giving up (exit 125) and leaving it running")
+            ended = bool(poller.poll((timeout - quiet) * 1000))
+        else:
+            ended = True
+        if not ended:
             raise GatewrapError(
                 f"run {run_id} is still running {timeout:g} s after SIGTERM (its agent may catch or ignore "
                 f"SIGTERM): wait longer with --timeout, or kill the agent's processes with "
@@ -317,10 +332,12 @@ def stop(run_id: str, timeout: float) -> Stopped:
     return Stopped(run_id, code if isinstance(code, int) else None, run_end)
 
 
-def stop_container(run_id: str, info: dict[str, Any], timeout: float) -> Stopped:
+def stop_container(run_id: str, info: dict[str, Any], timeout: float,
+                   say: Callable[[str], None] = lambda line: None) -> Stopped:
     """End container run ``run_id`` as ``docker stop`` does: SIGTERM to the container's first
     process (:func:`container_init`), and after ``timeout`` seconds SIGKILL to every process
-    of its cgroup (``cgroup.kill``); then wait for the run's end, which follows the
+    of its cgroup (``cgroup.kill``; ``say`` gets a line saying so when the container still
+    runs :data:`QUIET_WAIT` seconds after the SIGTERM); then wait for the run's end, which follows the
     container's: its engine's ``delete``, or the daemon's, once the container's cgroup is
     empty and its engine has not deleted it (:data:`gatewrap.oci.runs.EXIT_GRACE`). The
     engine sees its container exit as after its own stop (``podman ps -a``: Exited).
@@ -342,7 +359,13 @@ def stop_container(run_id: str, info: dict[str, Any], timeout: float) -> Stopped
             pass
         finally:
             os.close(pidfd)
-    if not cgroup.wait_empty(leaf, timeout):
+    quiet = min(QUIET_WAIT, timeout)
+    ended = cgroup.wait_empty(leaf, quiet)
+    if not ended:
+        say(f"gatewrap: sent SIGTERM to container run {run_id}'s first process; waiting up to {timeout:g} s "
+            f"(--timeout) for the container to exit, then SIGKILL to all of its processes")
+        ended = cgroup.wait_empty(leaf, timeout - quiet)
+    if not ended:
         sent = "SIGKILL"
         cgroup.kill(leaf)
     wait = EXIT_GRACE + 10

@@ -115,15 +115,16 @@ def _keep_for_take_back(run_id: str, text: str) -> None:
 
 
 def reload_run(run_id: str, timeout: float) -> dict[str, Any]:
-    """``gatewrap reload RUN``: have run ``run_id`` read its policy file again, and return its
-    ``policy_reload`` record. A daemon's run (``--shared``): asked over the daemon's socket
+    """``gatewrap reload RUN``: have run ``run_id`` (or the one live run whose id starts with
+    it: :func:`gatewrap.live_runs.resolve`) read its policy file again, and return its
+    ``policy_reload`` record (its ``run``: the whole id). A daemon's run (``--shared``): asked over the daemon's socket
     (``{"op": "reload", "run": ID}``, :mod:`gatewrap.shared.protocol`). A run of its own:
     SIGHUP to its gatewrap process (through a pidfd taken while the run's lock is held, as
     ``gatewrap stop``), then its next ``policy_reload`` record, waited for up to ``timeout``
     seconds.
 
     Raises:
-        NoSuchRun: no live run ``run_id`` (exit 1).
+        NoSuchRun: no live run ``run_id``, or more than one starts with it (exit 1).
         ReloadFailed: the file could not be read or is invalid (exit 1; the old policy stays).
         GatewrapError: (125) no answer within ``timeout``, or the daemon cannot be reached.
     """
@@ -131,8 +132,9 @@ def reload_run(run_id: str, timeout: float) -> dict[str, Any]:
     import signal
     import time
 
-    from .live_runs import NoSuchRun, _own_records
+    from .live_runs import NoSuchRun, _own_records, resolve
 
+    run_id = resolve(run_id)
     info = registry.info(run_id)
     if info is None or not registry.owned(run_id) or not isinstance(info.get("pid"), int):
         raise NoSuchRun(f"no live run {run_id} (gatewrap ps lists them)")

@@ -29,6 +29,9 @@ class RunOptions:
     policy_file: str | None = None
     user: str | None = None
     audit_log: str = DEFAULT_AUDIT_LOG
+    #: The option that names :attr:`audit_log`, as errors say it (gatewrap-oci's:
+    #: ``--gatewrap-audit-log``).
+    audit_log_flag: str = "--audit-log"
     #: Rotate the audit log past this many bytes (0: never); keep this many segments (None: all).
     audit_max_size: int = 100 << 20
     audit_keep: int | None = None

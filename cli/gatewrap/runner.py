@@ -130,7 +130,7 @@ def _hidden_paths(ca_dir: str) -> list[str]:
     return _outermost([p for p in paths if os.path.isdir(p)])
 
 
-def _readonly_paths(audit_log: str, jail_mode: str, writable: list[str]) -> list[str]:
+def _readonly_paths(audit_log: str, jail_mode: str, writable: list[str], audit_log_flag: str = "--audit-log") -> list[str]:
     """Host paths the agent sees read-only: the audit log's directory (so that it cannot be
     swapped for one holding a FIFO or another file) and, without the jail, /proc/sys (a root
     agent owns the sysctls, e.g. kernel.core_pattern). The jail mounts a /proc of its own,
@@ -139,14 +139,17 @@ def _readonly_paths(audit_log: str, jail_mode: str, writable: list[str]) -> list
 
     Raises:
         GatewrapError: one of ``writable`` (the working directory, ``--bind`` paths) lies in
-            the audit log's directory, which would turn read-only under the agent.
+            the audit log's directory, which would turn read-only under the agent (the
+            message names ``audit_log_flag``, the option that chose the log).
     """
     audit_dir = os.path.dirname(os.path.abspath(audit_log))
     for path in writable:
         path = os.path.abspath(path)
         if path == audit_dir or path.startswith(audit_dir.rstrip("/") + "/"):
-            raise GatewrapError(f"the audit log's folder {audit_dir} is read-only for the agent, and it holds "
-                                f"the agent's writable {path}: put the audit log elsewhere (--audit-log)")
+            where = ("is the agent's writable folder too" if path == audit_dir
+                     else f"holds the agent's writable {path}")
+            raise GatewrapError(f"the audit log's folder {audit_dir} is read-only for the agent, and it {where}: "
+                                f"put the audit log elsewhere ({audit_log_flag})")
     paths = [audit_dir, *(["/proc/sys"] if jail_mode == "none" else [])]
     return [p for p in paths if os.path.exists(p)]
 
@@ -233,6 +236,12 @@ class Plan:
     def gate_url(self) -> str:
         return f"http://{GATE_IP4}:{self.opts.port}"
 
+    @property
+    def allow_hint(self) -> str:
+        """Whose settings the refusals name to allow a host (``Gate(allow_hint=...)``,
+        :data:`gatewrap.shims.ALLOW_HOST`): ``"run"`` (gatewrap run's flags) or ``"container"``."""
+        return "run" if self.container is None else "container"
+
 
 def open_audit_log(opts: RunOptions) -> Any:
     """The run's audit log writer (``gatewrap._gate_core.AuditLog``), as the options say.
@@ -242,12 +251,14 @@ def open_audit_log(opts: RunOptions) -> Any:
     """
     from . import _gate_core as core
 
+    flag = opts.audit_log_flag
     try:
         return core.AuditLog(opts.audit_log, max_size=opts.audit_max_size, keep=opts.audit_keep)
-    except OSError as e:
-        raise GatewrapError(f"{e.strerror}; choose another with --audit-log") from e
-    except ValueError as e:  # not a regular file, or an unsafe directory: the message says what to do
-        raise GatewrapError(str(e)) from e
+    except (OSError, ValueError) as e:
+        # the extension's messages name gatewrap run's flag (--audit-log) where they say what to do
+        said = str(e.strerror if isinstance(e, OSError) else e)
+        told = said.replace("--audit-log", flag)
+        raise GatewrapError(told if flag in told else f"{told}; choose another with {flag}") from e
 
 
 def plan(opts: RunOptions, err: TextIO, audit_logs: Any = open_audit_log) -> Plan:
@@ -394,6 +405,8 @@ class Sandbox:
         self._undo = contextlib.ExitStack()
         self._releasing: list[_OnThread] = []  # the release started at the run's end, if it got there
         self._spec: dict[str, Any] = {}
+        #: The run's netns, held from its creation until :meth:`let_go_of_netns` or the end.
+        self._netns: netns.Netns | None = None
         self.leaf = ""
         #: How the run's limits are enforced (limits.apply); a run taken back keeps its cgroups.
         self._bounds = limits.Bounds()
@@ -511,6 +524,7 @@ class Sandbox:
             # stderr open (its notice fd), and the client's reader then waits for its end.
             p.protected = p.protecting.result()
         ns = netns.create()
+        self._netns = ns
         undo.callback(ns.close)
         ca_cert = self._start_gate(ns.path)
         self._run_hooks = configuring.result()
@@ -535,7 +549,7 @@ class Sandbox:
                            **({"attempts_unrecorded": unrecorded} if unrecorded is not None else {})})
         except OSError as e:
             raise GatewrapError(f"{e.strerror}: a run starts only once its run_start record is written; "
-                                "free space there, or choose another --audit-log") from e
+                                f"free space there, or choose another {opts.audit_log_flag}") from e
         undo.push(self._close_unended)
         self._spec = self._agent(ns, staged, mounts)
         if self._shared_runtime:  # a daemon's run: what a restarted daemon needs to take it back
@@ -619,6 +633,7 @@ class Sandbox:
         undo.push(self._close_unended)
         # From here on, records are the new gate's and reader's: after run_resumed in the log.
         self._start_gate(ns.path)
+        ns.close()  # the gate's sockets and the agent's processes hold it (see netns_fd)
         self._start_denials()
         registry.save(run_id, {**saved, "owner_pid": self._owner_pid})
 
@@ -647,6 +662,7 @@ class Sandbox:
                              public_ranges=opts.public_ranges, notices=True, dns_stub=True,
                              ca_dir=opts.ca_dir if inspecting else None,
                              upstream_ca=opts.upstream_ca or None, run_cgroup=self.leaf, **shared,
+                             allow_hint=p.allow_hint,
                              **({} if breakpoints is None else
                                 {"state": breakpoints.url, "on_asked": breakpoints.notifier,
                                  "answer_prefix": breakpoints.hint[0], "answer_suffix": breakpoints.hint[1]}))
@@ -695,6 +711,7 @@ class Sandbox:
             shims.add_python_shim(env, os.path.join(staged, "python"), p.gate_url, p.run_id)
             shims.add_node_shim(env, os.path.join(staged, "node"))
         env["GATEWRAP_AUDIT"] = audit_command(p.run_id, opts.audit_log)
+        env["GATEWRAP_ALLOW"] = shims.ALLOW_HOST[p.allow_hint]
         if not user.can_write(cwd, target):
             print(f"gatewrap: note: the agent's user {target.name} cannot write its working directory "
                   f"{cwd}; choose one with --workdir, or chown it", file=err)
@@ -709,7 +726,7 @@ class Sandbox:
         else:
             print(jail.WITHOUT_JAIL, file=err)
         hide = _hidden_paths(opts.ca_dir)
-        readonly = _readonly_paths(opts.audit_log, opts.jail, [cwd, *opts.rw_binds])
+        readonly = _readonly_paths(opts.audit_log, opts.jail, [cwd, *opts.rw_binds], opts.audit_log_flag)
         if opts.jail == "none":  # the jail shows them read-only itself (view.build)
             readonly += p.protected.readonly
         if target.uid == 0 and opts.jail == "none":
@@ -756,6 +773,22 @@ class Sandbox:
         """The keyword arguments of ``gatewrap._gate_core.spawn_agent`` (JSON-able: str,
         int, lists and a dict of str)."""
         return self._spec
+
+    def netns_fd(self) -> int:
+        """The descriptor by which this process holds the run's netns (the spawn spec's
+        ``netns_path`` names it), -1 once :meth:`let_go_of_netns`."""
+        return -1 if self._netns is None else self._netns.fd
+
+    def let_go_of_netns(self) -> None:
+        """Close this process's descriptor of the run's netns, once the process that spawns
+        the agent has one of its own (the daemon sent it to its client with the spawn). The
+        gate's sockets hold the namespace meanwhile (a socket holds a reference to the netns it
+        was made in: net/core/sock.c, sk_alloc), and the agent's processes once it runs; a
+        restarted daemon finds it through them (:func:`netns.of_cgroup`). A daemon serving
+        thousands of idle runs so holds no descriptor of their namespaces (issue 23, target 4).
+        Idempotent."""
+        if self._netns is not None:
+            self._netns.close()
 
     def finish(self, exit_code: int | None, reap: int | None = None, reason: str | None = None) -> RunResult:
         """The run's end once the agent has exited with ``exit_code``: kill what is left of
@@ -1003,17 +1036,25 @@ AGENT_NOT_STARTED = "the agent could not be started"
 
 
 def collect_stale() -> gc.Collected:
-    """``gatewrap gc``: remove every stale sandbox and its BPF map entries.
+    """``gatewrap gc``: remove every stale sandbox and its BPF map entries, and what killed
+    daemons left beside their sockets (:func:`gatewrap.shared.lockfile.sweep`).
 
     Raises:
         NeedRoot: not root.
     """
+    from .shared import lockfile, protocol
+
     require_root("gc")
     parent = cgroup.parent_dir()
     hooks = loader.load_or_reuse(parent)
     try:
         collected = gc.collect(parent, salvager(hooks))
         hooks.sweep(parent)
+        try:
+            ours = protocol.socket_path()
+        except GatewrapError:  # $GATEWRAP_DAEMON_SOCKET outside the folder: no daemon has it
+            ours = None
+        collected.dead_daemons = lockfile.sweep(protocol.SOCKET_DIR, ours)
         return collected
     finally:
         hooks.close()

@@ -94,6 +94,12 @@ def staged_dir(run_id: str) -> str:
     return d
 
 
+#: How the shims' messages say to allow a host (``GATEWRAP_ALLOW``), by :attr:`gatewrap.runner.Plan.allow_hint`:
+#: with gatewrap run's flag, or for a container's run (gatewrap-oci) with its annotation or
+#: its runtime's flag (docs/guide/containers.md).
+ALLOW_HOST = {"run": "gatewrap run --allow HOST",
+              "container": "the container's annotation gatewrap.allow=HOST, or its runtime's --gatewrap-allow=HOST"}
+
 #: The Python shim's folder in the package (``agent_shims/python``), and where the jail shows it.
 PYTHON_SHIM = Path(__file__).resolve().parent / "_shims" / "python"
 SHIMS_IN_JAIL = "/run/gatewrap-shims"

@@ -47,6 +47,38 @@ def _store(url: str | None) -> Any:
     return state.open_store(state.resolve_url(url), create=False)
 
 
+def _run_in_store(store: Any, name: str | None) -> str | None:
+    """``--run``'s value as the run it names among the store's runs (ended ones too): itself
+    when it is one, else the one whose id starts with it, as ``gatewrap stop`` and ``audit
+    --run`` take a start (:func:`gatewrap.run_ids.named`); unchanged when none does.
+
+    Raises:
+        click.BadParameter: it starts more than one run's id (they are listed; exit 125).
+    """
+    from .. import run_ids
+
+    if name is None:
+        return None
+    try:
+        return run_ids.named(name, lambda begins: (r["run_id"] for r in store.runs() if r["run_id"].startswith(begins)),
+                             "run in the approvals store")
+    except run_ids.Ambiguous as e:
+        raise click.BadParameter(str(e), param_hint="'--run'") from None
+
+
+def _of_run(store: Any, name: str | None, run: str | None) -> str:
+    """For an empty listing of ``--run NAME`` (``run``: the run it names, :func:`_run_in_store`):
+    which run, and what to do when the store has none of that id (a run is in the store only
+    if it ran with approvals on: gatewrap.runner opens the store for a policy that
+    asks or a store named)."""
+    if name is None:
+        return ""
+    if any(r["run_id"] == run for r in store.runs()):
+        return f" of run {run}"
+    return (f" of run {name}: the approvals store has no run of that id or starting with it (a run is in it "
+            "when its policy asks or it named a store; --state names another store)")
+
+
 def _on_a_terminal() -> bool:
     """Whether a human can see a prompt and answer it: stdin and stdout are terminals."""
     return sys.stdin.isatty() and sys.stdout.isatty()
@@ -130,7 +162,8 @@ def approvals() -> None:
 @approvals.command("list", context_settings=CONTEXT)
 @click.option("--status", type=click.Choice(["pending", "approved", "rejected", "expired", "sending", "sent",
                                              "cancelled"]), help="Only approvals in this status.")
-@click.option("--run", "run_id", metavar="ID", help="Only approvals of run ID (gw-...).")
+@click.option("--run", "run_id", metavar="ID",
+              help="Only approvals of run ID: a whole id (gw-...), or a start of one run's in the store.")
 @click.option("--limit", default=100, show_default=True, type=click.IntRange(1, 10000), help="Newest N.")
 @_common
 def list_cmd(status: str | None, run_id: str | None, limit: int, state_url: str | None, as_json: bool) -> int:
@@ -141,12 +174,14 @@ def list_cmd(status: str | None, run_id: str | None, limit: int, state_url: str 
       sudo gatewrap approvals list --status pending
       sudo gatewrap approvals list --run gw-0123456789 --json | jq '.approvals[].id'
     """
-    items = _store(state_url).list(status=status, run_id=run_id, limit=limit)
+    store = _store(state_url)
+    run = _run_in_store(store, run_id)
+    items = store.list(status=status, run_id=run, limit=limit)
     if as_json:
         click.echo(json.dumps({"approvals": [_brief(a) for a in items]}))
         return 0
     if not items:
-        click.echo("gatewrap: no approvals" + (f" {status}" if status else ""), err=True)
+        click.echo("gatewrap: no approvals" + (f" {status}" if status else "") + _of_run(store, run_id, run), err=True)
         return 0
     click.echo(render.list_header())
     for a in items:
@@ -303,7 +338,8 @@ def edit(approval_id: str, state_url: str | None, as_json: bool) -> int:
 
 
 @approvals.command("grants", context_settings=CONTEXT)
-@click.option("--run", "run_id", metavar="ID", help="Only grants of run ID.")
+@click.option("--run", "run_id", metavar="ID",
+              help="Only grants of run ID: a whole id (gw-...), or a start of one run's in the store.")
 @click.option("--all", "show_all", is_flag=True, help="Expired and revoked grants too.")
 @_common
 def grants(run_id: str | None, show_all: bool, state_url: str | None, as_json: bool) -> int:
@@ -313,11 +349,14 @@ def grants(run_id: str | None, show_all: bool, state_url: str | None, as_json: b
     Example:
       sudo gatewrap approvals grants --all
     """
-    items = _store(state_url).grants(run_id=run_id, active=not show_all)
+    store = _store(state_url)
+    run = _run_in_store(store, run_id)
+    items = store.grants(run_id=run, active=not show_all)
     if as_json:
         click.echo(json.dumps({"grants": [render.as_json(g) for g in items]}))
     elif not items:
-        click.echo("gatewrap: no grants" + ("" if show_all else " active (--all for the others)"), err=True)
+        click.echo("gatewrap: no grants" + ("" if show_all else " active (--all for the others)") + _of_run(store, run_id, run),
+                   err=True)
     else:
         for g in items:
             click.echo(render.grant_row(g))

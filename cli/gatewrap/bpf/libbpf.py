@@ -1,6 +1,7 @@
 """Thin ctypes bindings to the libbpf calls gatewrap makes itself: everything a warm run
 needs (pinned objects, attachments, map entries, ring buffers), so that only compiling the
-hooks loads bcc.
+hooks loads bcc. A ring buffer's records are read by ``gatewrap._gate_core.RingReader``
+(its memory, mapped: no epoll instance per buffer, which libbpf's ``ring_buffer__new`` makes).
 
 libbpf (``libbpf.so.1``, Debian's ``libbpf1``, a dependency of libbcc) wraps the bpf(2)
 syscall; see bpf(2) and the kernel's Documentation/bpf/. Every call raises
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import ctypes as ct
 import os
-from collections.abc import Callable
 
 _lib = ct.CDLL("libbpf.so.1", use_errno=True)
 
@@ -31,14 +31,6 @@ _lib.bpf_map_lookup_elem.argtypes = [ct.c_int, ct.c_void_p, ct.c_void_p]
 _lib.bpf_map_delete_elem.argtypes = [ct.c_int, ct.c_void_p]
 _lib.bpf_map_get_next_key.argtypes = [ct.c_int, ct.c_void_p, ct.c_void_p]
 _lib.bpf_raw_tracepoint_open.argtypes = [ct.c_char_p, ct.c_int]
-#: int (*ring_buffer_sample_fn)(void *ctx, void *data, size_t size) (libbpf.h)
-RINGBUF_CB_TYPE = ct.CFUNCTYPE(ct.c_int, ct.c_void_p, ct.c_void_p, ct.c_size_t)
-_lib.ring_buffer__new.argtypes = [ct.c_int, RINGBUF_CB_TYPE, ct.c_void_p, ct.c_void_p]
-_lib.ring_buffer__new.restype = ct.c_void_p
-_lib.ring_buffer__consume.argtypes = [ct.c_void_p]
-_lib.ring_buffer__epoll_fd.argtypes = [ct.c_void_p]
-_lib.ring_buffer__free.argtypes = [ct.c_void_p]
-_lib.ring_buffer__free.restype = None
 
 #: include/uapi/linux/bpf.h
 BPF_MAP_TYPE_RINGBUF = 27
@@ -101,12 +93,23 @@ def map_fd_by_id(map_id: int) -> int:
     return _check(_lib.bpf_map_get_fd_by_id(map_id), f"bpf_map_get_fd_by_id {map_id}")
 
 
-def obj_id(fd: int) -> int:
-    """Kernel id of a BPF program or map fd (``struct bpf_prog_info``/``bpf_map_info``: ``id`` at offset 4)."""
+def _info(fd: int) -> bytes:
+    """The first bytes of the kernel's info on a BPF program or map fd (``struct bpf_prog_info``
+    / ``struct bpf_map_info``, include/uapi/linux/bpf.h)."""
     buf = (ct.c_ubyte * 256)()
     size = ct.c_uint(256)
     _check(_lib.bpf_obj_get_info_by_fd(fd, buf, ct.byref(size)), "bpf_obj_get_info_by_fd")
-    return int.from_bytes(bytes(buf[4:8]), "little")
+    return bytes(buf[: size.value])
+
+
+def obj_id(fd: int) -> int:
+    """Kernel id of a BPF program or map fd (``id`` at offset 4 of either info struct)."""
+    return int.from_bytes(_info(fd)[4:8], "little")
+
+
+def map_max_entries(fd: int) -> int:
+    """A map's ``max_entries`` (``struct bpf_map_info``, offset 16): a ring buffer's data size in bytes."""
+    return int.from_bytes(_info(fd)[16:20], "little")
 
 
 def ringbuf_create(name: str, size_bytes: int) -> int:
@@ -150,37 +153,3 @@ def map_keys(map_fd: int, key_type: type) -> list:
         _check(ret, "bpf_map_get_next_key")
         keys.append(nxt)
         prev = nxt
-
-
-class RingBuffer:
-    """A reader of one BPF ring buffer map (libbpf's ``struct ring_buffer``, libbpf.h).
-
-    ``callback(data, size)`` gets the address and length of each record, in the thread that
-    calls :meth:`consume`; a record's memory is valid only during the call. Not thread-safe:
-    one thread at a time may call :meth:`consume` (the caller locks).
-    """
-
-    def __init__(self, map_fd: int, callback: Callable[[int, int], None]) -> None:
-        def _cb(_ctx: int | None, data: int, size: int) -> int:
-            callback(data, size)
-            return 0
-
-        self._cb = RINGBUF_CB_TYPE(_cb)  # kept alive as long as libbpf may call it
-        self._rb = _lib.ring_buffer__new(map_fd, self._cb, None, None)
-        if not self._rb:
-            err = ct.get_errno() or 22
-            raise OSError(err, f"ring_buffer__new: {os.strerror(err)}")
-
-    def epoll_fd(self) -> int:
-        """An fd that polls readable when a record is waiting (libbpf's epoll instance)."""
-        return _check(_lib.ring_buffer__epoll_fd(self._rb), "ring_buffer__epoll_fd")
-
-    def consume(self) -> int:
-        """Deliver every record already in the buffer, without waiting; returns how many."""
-        return _check(_lib.ring_buffer__consume(self._rb), "ring_buffer__consume")
-
-    def free(self) -> None:
-        """Release the reader (the map stays). Idempotent."""
-        if self._rb:
-            _lib.ring_buffer__free(self._rb)
-            self._rb = None

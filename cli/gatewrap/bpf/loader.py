@@ -398,39 +398,46 @@ class RunHooks:
         self._hooks = hooks
         self.cgroup_id = cgroup_id
         self._rb_fd = rb_fd
-        self._reader: libbpf.RingBuffer | None = None
+        self._reader: Any = None
+        self._on_record: Callable[[bytes], None] | None = None
         self._lock = threading.Lock()
 
     def open(self, on_event: Callable[[_Event], None]) -> None:
         """Start delivering this run's denials to ``on_event`` (called from :meth:`drain`).
 
         Raises:
-            BpfError: libbpf could not open the ring buffer.
+            BpfError: the ring buffer could not be mapped.
         """
+        from .._gate_core import RingReader
 
-        def _cb(data: int, _size: int) -> None:
+        size = ct.sizeof(self._hooks._event_type)
+
+        def _on_record(data: bytes) -> None:
             try:
-                on_event(self._hooks.decode(data))
-            except Exception as e:  # never let a callback error unwind through C
+                record = ct.create_string_buffer(data, max(len(data), size))
+                on_event(self._hooks.decode(ct.addressof(record)))
+            except Exception as e:  # one record's failure must not stop the others' delivery
                 import sys
                 print(f"gatewrap: failed to record a kernel denial: {e}", file=sys.stderr)
 
         try:
-            self._reader = libbpf.RingBuffer(self._rb_fd, _cb)
-        except OSError as e:
+            self._reader = RingReader(self._rb_fd, libbpf.map_max_entries(self._rb_fd))
+        except (OSError, ValueError) as e:
             raise BpfError(f"could not open the run's ring buffer: {e}") from e
+        self._on_record = _on_record
 
     def fileno(self) -> int:
-        """An fd that polls readable (poll(2)) while events wait in the buffer; call
-        :meth:`drain` then. Only after :meth:`open`."""
+        """An fd that polls readable (poll(2)) while events wait in the buffer: the ring
+        buffer map's own (kernel/bpf/ringbuf.c, ringbuf_map_poll_kern); call :meth:`drain`
+        then. Only after :meth:`open`."""
         assert self._reader is not None, "open() first"
-        return self._reader.epoll_fd()
+        return self._rb_fd
 
     def drain(self) -> None:
         """Deliver every event already in the buffer, without waiting."""
         with self._lock:
             if self._reader is not None:
-                self._reader.consume()
+                self._reader.consume(self._on_record)
 
     def flush(self, on_event: Callable[[_Event], None]) -> int:
         """Deliver the attempts still folded in the kernel as events (one per denial with a
@@ -464,8 +471,10 @@ class RunHooks:
         self._hooks.forget(self.cgroup_id)
         with self._lock:
             if self._reader is not None:
-                self._reader.free()
+                self._reader.close()
                 self._reader = None
+            # It holds the run's recorder (and so its audit log) in a cycle through this object.
+            self._on_record = None
             if self._rb_fd >= 0:
                 os.close(self._rb_fd)
                 self._rb_fd = -1

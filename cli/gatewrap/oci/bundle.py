@@ -6,8 +6,8 @@ the host is refused before anything is set up: capabilities beyond Docker's defa
 (``--privileged``, ``--cap-add SYS_ADMIN``: with CAP_SYS_ADMIN or CAP_BPF the container's
 root could detach the hooks or leave its cgroup), the host's pid or mount namespace, block
 devices, mount types beyond the engines' own, binds (resolved as runc resolves them) of the
-host's cgroup, BPF, proc or sys file systems or of gatewrap's state, and a systemd-managed
-cgroup. The container's root is the host's uid 0 (no user namespace): what it may write,
+host's cgroup, BPF, proc or sys file systems or of gatewrap's state, of a host unix socket
+that the ``gatewrap.unix_sockets`` annotation does not name, and a systemd-managed cgroup. The container's root is the host's uid 0 (no user namespace): what it may write,
 it may write as root.
 
 Changed (:func:`confine`): the network namespace (the run's, with only ``lo`` and the gate;
@@ -17,7 +17,9 @@ read-only bind mounts of the run's staged shims, resolv.conf and hosts, the engi
 and read-only paths (kept whatever the container asks); and the seccomp
 profile (:func:`seal_vsock`), so that socket(AF_VSOCK) fails: no cgroup hook sees AF_VSOCK,
 which reaches the hypervisor's host from any netns (KERNEL-NOTES), and the engines' default
-profiles allow it (podman 4.3's, measured).
+profiles allow it (podman 4.3's, measured); and so that the container makes no user or
+cgroup namespace of its own (:func:`seal_namespaces`), in which its root could rewrite the
+run's cgroup v1 bounds on its own leaf.
 """
 
 from __future__ import annotations
@@ -25,7 +27,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 from typing import Any
+
+from ..sandbox import view
 
 #: Docker's and Podman's default capabilities (moby oci/caps/defaults.go; containers.conf
 #: default_capabilities): a container with these cannot touch BPF, cgroups or namespaces.
@@ -62,6 +67,9 @@ LINUX_FIELDS = {"namespaces", "uidMappings", "gidMappings", "devices", "cgroupsP
 #: Annotations (config.md "Annotations") a container names its policy with.
 POLICY_ANNOTATION = "gatewrap.policy"
 ALLOW_ANNOTATION = "gatewrap.allow"
+#: The annotation naming the host's unix sockets (comma-separated paths) a container may
+#: have bound in: any other socket bound in is refused.
+SOCKETS_ANNOTATION = "gatewrap.unix_sockets"
 
 
 def refusals(config: dict[str, Any], systemd_cgroup: bool = False, bundle_dir: str = ".") -> list[str]:
@@ -80,21 +88,25 @@ def refusals(config: dict[str, Any], systemd_cgroup: bool = False, bundle_dir: s
     if unknown:
         out.append(f"config.json fields gatewrap-oci does not know ({', '.join(unknown)}; it knows runtime-spec 1.0.2's "
                    "for Linux): what they would do is not checked")
-    theirs = sorted(k for k in (config.get("annotations") or {}) if k.startswith("gatewrap.")
-                    and k not in (POLICY_ANNOTATION, ALLOW_ANNOTATION))
+    notes = config.get("annotations") or {}
+    theirs = sorted(k for k in notes if k.startswith("gatewrap.")
+                    and k not in (POLICY_ANNOTATION, ALLOW_ANNOTATION, SOCKETS_ANNOTATION))
     if theirs:
-        out.append(f"annotations gatewrap does not know ({', '.join(theirs)}): it reads {POLICY_ANNOTATION} and "
-                   f"{ALLOW_ANNOTATION} (a misspelt one would leave the container the default policy)")
+        out.append(f"annotations gatewrap does not know ({', '.join(theirs)}): it reads {POLICY_ANNOTATION}, "
+                   f"{ALLOW_ANNOTATION} and {SOCKETS_ANNOTATION} (a misspelt one would leave the container the "
+                   "default policy)")
+    sockets = set(unix_sockets_of(config))
     extra = beyond_default_caps((config.get("process") or {}).get("capabilities") or {})
     if extra:
         out.append(f"capabilities beyond the default set ({', '.join(extra)}; --privileged or --cap-add): "
                    "with them the container's root could detach gatewrap's hooks or leave its cgroup")
     out += _namespace_refusals((config.get("linux") or {}).get("namespaces") or [])
     out += _device_refusals(config.get("linux") or {})
+    out += _seccomp_refusals((config.get("linux") or {}).get("seccomp") or {})
     table = _mount_table()
     hidden = [(h, _place(os.path.realpath(h), table)) for h in HIDDEN]
     for m in config.get("mounts") or []:
-        out += _mount_refusals(m, bundle_dir, table, hidden)
+        out += _mount_refusals(m, bundle_dir, table, hidden, sockets)
     return out
 
 
@@ -148,18 +160,34 @@ def _device_refusals(linux: dict[str, Any]) -> list[str]:
     return out
 
 
+def _seccomp_refusals(profile: dict[str, Any]) -> list[str]:
+    """A profile whose default action lets calls through but is not SCMP_ACT_ALLOW (LOG,
+    TRACE, NOTIFY): what :func:`seal_vsock` and :func:`seal_namespaces` refuse would need
+    rules beside the profile's allowing ones that libseccomp 2.5.4 refuses (EEXIST, measured
+    with runc 1.1.5 on podman's profile, default SCMP_ACT_LOG), and under TRACE a tracer of
+    the container's own runs every call no rule names."""
+    default = profile.get("defaultAction")
+    if default is None or default == "SCMP_ACT_ALLOW" or not _lets_through(default):
+        return []
+    return [f"a seccomp profile whose default action is {default}: it lets calls through (a tracer in the container, "
+            "a listener or the log decides), and gatewrap-oci seals only a profile whose default refuses or is "
+            "SCMP_ACT_ALLOW (use one of those, e.g. the engine's default profile)"]
+
+
 def _path_holds(a: str, b: str) -> bool:
     """Whether path ``a`` is ``b`` or a folder holding it (both normalised, absolute)."""
     return a == b or b.startswith(a.rstrip("/") + "/")
 
 
 def _mount_refusals(m: dict[str, Any], bundle_dir: str, table: list[tuple[str, str, str, str]],
-                    hidden: list[tuple[str, tuple[str, str, str] | None]]) -> list[str]:
+                    hidden: list[tuple[str, tuple[str, str, str] | None]], sockets: set[str]) -> list[str]:
     """Why mount ``m`` must not be (empty: it may); ``table``: :func:`_mount_table`,
-    ``hidden``: each of :data:`HIDDEN` with its :func:`_place`."""
+    ``hidden``: each of :data:`HIDDEN` with its :func:`_place`; ``sockets``: the real paths of
+    the unix sockets :data:`SOCKETS_ANNOTATION` names."""
     kind, options, dst = m.get("type") or "none", m.get("options") or [], m.get("destination")
     if kind not in MOUNT_TYPES:
-        return [f"a {kind} mount at {dst} (gatewrap-oci allows {', '.join(sorted(MOUNT_TYPES))} mounts)"]
+        article = "an" if kind[:1] in "aeiou" else "a"
+        return [f"{article} {kind} mount at {dst} (gatewrap-oci allows {', '.join(sorted(MOUNT_TYPES))} mounts)"]
     if kind == "proc" and os.path.normpath(dst or "/") != "/proc":
         return [f"a proc mount at {dst}: only /proc has the masked and read-only paths"]
     if kind in READ_ONLY_TYPES and "ro" not in options:
@@ -170,6 +198,20 @@ def _mount_refusals(m: dict[str, Any], bundle_dir: str, table: list[tuple[str, s
     src = os.path.realpath(os.path.join(bundle_dir, m.get("source") or "/"))
     if any(_path_holds(src, h) or _path_holds(h, src) for h in HIDDEN):
         return [f"a bind mount of the host's {src} (it holds or is in one of {', '.join(HIDDEN)})"]
+    try:
+        is_socket = stat.S_ISSOCK(os.stat(src).st_mode)
+    except OSError:
+        is_socket = False
+    if is_socket and src not in sockets:
+        return [f"a bind mount of the host's unix socket {src} at {dst}: through it the container's root talks to a "
+                "host daemon, outside the gate (docker.sock starts containers of another runtime); name it in the "
+                f"{SOCKETS_ANNOTATION} annotation to bind it anyway"]
+    held = _unnamed_socket_in(src, sockets) if not is_socket and os.path.isdir(src) else None
+    if held:
+        return [f"a bind mount of the host's {src} at {dst}, which holds " + (
+                f"the host's unix socket {held}: through it the container's root talks to a host daemon, outside the "
+                f"gate; name the socket in the {SOCKETS_ANNOTATION} annotation to bind the folder anyway"
+                if held.startswith("/") else held)]
     place = _place(src, table)
     if place is None:
         return []
@@ -181,6 +223,25 @@ def _mount_refusals(m: dict[str, Any], bundle_dir: str, table: list[tuple[str, s
         if there and there[0] == place[0] and (_path_holds(place[1], there[1]) or _path_holds(there[1], place[1])):
             return [f"a bind mount of the host's {src}, which is (or holds, or is in) the host's {h} under another path"]
     return []
+
+
+#: Most entries :func:`_unnamed_socket_in` looks at in one bound folder (about 0.05 s a
+#: 100,000 here: :func:`gatewrap.sandbox.view.scan_sockets` reads each type from the listing).
+MAX_WALK = 1_000_000
+
+
+def _unnamed_socket_in(folder: str, sockets: set[str]) -> str | None:
+    """The first unix socket under ``folder`` (a real path; symbolic links not followed: in
+    the container they lead into its own view) that ``sockets`` does not name; or, when
+    ``folder`` has more than :data:`MAX_WALK` entries, a sentence saying so (unchecked is
+    refused); None when it holds none. A socket made there after this look is not seen."""
+    found, whole = view.scan_sockets([folder], limit=MAX_WALK)
+    unnamed = [f for f in found if f not in sockets]
+    if unnamed:
+        return unnamed[0]
+    if not whole:
+        return f"more than {MAX_WALK:,} entries, too many to look for the host's unix sockets in (bind a smaller folder)"
+    return None
 
 
 def _mount_table() -> list[tuple[str, str, str, str]]:
@@ -219,6 +280,13 @@ def policy_of(config: dict[str, Any]) -> tuple[str | None, list[str]]:
     notes = config.get("annotations") or {}
     allow = [h.strip() for h in notes.get(ALLOW_ANNOTATION, "").split(",") if h.strip()]
     return notes.get(POLICY_ANNOTATION) or None, allow
+
+
+def unix_sockets_of(config: dict[str, Any]) -> list[str]:
+    """The host unix sockets :data:`SOCKETS_ANNOTATION` names (comma-separated), as real paths
+    (realpath(3): what a bind mount of them resolves to), sorted, each once."""
+    notes = config.get("annotations") or {}
+    return sorted({os.path.realpath(p.strip()) for p in str(notes.get(SOCKETS_ANNOTATION, "")).split(",") if p.strip()})
 
 
 def engine_bounds(config: dict[str, Any]) -> dict[str, int | None]:
@@ -301,6 +369,20 @@ READ_ONLY = ("/proc/asound", "/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", 
 #: the launcher's seccomp filter answers it for a gatewrap run.
 AF_VSOCK = 40
 EAFNOSUPPORT = 97
+#: The seccomp actions (config-linux.md) under which a call does not run. Every other one lets
+#: it run: SCMP_ACT_ALLOW, SCMP_ACT_LOG (allowed, then logged), SCMP_ACT_TRACE (a ptrace
+#: tracer decides, and any process of the container that may trace the caller can be one:
+#: seccomp(2) SECCOMP_RET_TRACE), SCMP_ACT_NOTIFY (a listener decides), and any action this
+#: list does not know.
+_REFUSING = frozenset({"SCMP_ACT_ERRNO", "SCMP_ACT_TRAP", "SCMP_ACT_KILL", "SCMP_ACT_KILL_THREAD",
+                       "SCMP_ACT_KILL_PROCESS"})
+
+
+def _lets_through(action: Any) -> bool:
+    """Whether a seccomp action lets the call run (not in :data:`_REFUSING`)."""
+    return action not in _REFUSING
+
+
 #: The rule added to a profile without one, and to a profile that allows everything by default.
 _REFUSE_VSOCK = {"names": ["socket"], "action": "SCMP_ACT_ERRNO", "errnoRet": EAFNOSUPPORT,
                  "args": [{"index": 0, "value": AF_VSOCK, "op": "SCMP_CMP_EQ"}]}
@@ -312,10 +394,11 @@ _OPAQUE = "socketcall"
 
 def seal_vsock(config: dict[str, Any]) -> dict[str, Any]:
     """``config`` whose seccomp profile refuses socket(AF_VSOCK) and socketcall(2): with no
-    profile, one that allows everything else; with one, every rule that allows socket(2)
-    is rewritten to allow the same but AF_VSOCK (:func:`_without_vsock`), so the call
-    falls to the profile's default action (a refusal in the engines' profiles), or, where
-    that default allows, to the added refusing rule.
+    profile, one that allows everything else; with one, every rule that lets socket(2)
+    through (any action but a refusal, :data:`_REFUSING`: LOG and TRACE too) is rewritten
+    to do the same but for AF_VSOCK (:func:`_without_vsock`), so the call falls to the
+    profile's default action (a refusal in the engines' profiles), or, where that default
+    lets it through, to the added refusing rule.
 
     Raises:
         ValueError: a socket rule with a comparison operator the runtime-spec does not have.
@@ -332,7 +415,7 @@ def seal_vsock(config: dict[str, Any]) -> dict[str, Any]:
     # (EEXIST) such a rule beside one EQ rule per family (measured with runc 1.1.5), so they
     # are dropped and what they refused is left out of the allowing rules instead: the call
     # then gets the profile's default action (a refusal, another errno).
-    refusing = [r for r in syscalls if "socket" in (r.get("names") or []) and r.get("action") != "SCMP_ACT_ALLOW"]
+    refusing = [r for r in syscalls if "socket" in (r.get("names") or []) and not _lets_through(r.get("action"))]
     rules: list[dict[str, Any]] = []
     seen = set()  # libseccomp refuses a rule added twice (EEXIST): rewritten rules can become equal
     for rule in syscalls:
@@ -341,7 +424,7 @@ def seal_vsock(config: dict[str, Any]) -> dict[str, Any]:
             if len(names) > 1:
                 rules.append({**rule, "names": [n for n in names if n != "socket"]})
             continue
-        if rule.get("action") != "SCMP_ACT_ALLOW" or not ({"socket", _OPAQUE} & set(names)):
+        if not _lets_through(rule.get("action")) or not ({"socket", _OPAQUE} & set(names)):
             rules.append(rule)
             continue
         rest = [n for n in names if n not in ("socket", _OPAQUE)]
@@ -355,10 +438,106 @@ def seal_vsock(config: dict[str, Any]) -> dict[str, Any]:
                 if key not in seen:
                     seen.add(key)
                     rules.append({**rule, "names": ["socket"], "args": args})
-    if profile.get("defaultAction") == "SCMP_ACT_ALLOW":
+    if _lets_through(profile.get("defaultAction")):
         rules += [_REFUSE_VSOCK, {"names": [_OPAQUE], "action": "SCMP_ACT_ERRNO", "errnoRet": EAFNOSUPPORT}]
     profile["syscalls"] = rules
     return config
+
+
+#: clone(2)/unshare(2) flags of the namespaces a container may not make (linux/sched.h): its
+#: own user namespace gives its root CAP_SYS_ADMIN there, enough to mount cgroup v1's pids
+#: and memory anew and rewrite the bounds on its own leaf (its cgroup namespace's root; v1
+#: has no nsdelegate). Docker's default profile refuses these (and every other namespace
+#: flag) to a container without CAP_SYS_ADMIN; podman's allows them.
+CLONE_NEWCGROUP = 0x02000000
+CLONE_NEWUSER = 0x10000000
+_OWN_NAMESPACES = CLONE_NEWUSER | CLONE_NEWCGROUP
+EPERM, ENOSYS = 1, 38
+#: clone(2)'s flags argument: the first on x86-64 and arm64, the second on s390 (clone(2) NOTES).
+_CLONE_FLAGS = 1 if os.uname().machine.startswith("s390") else 0
+_FLAGS_OF = {"clone": _CLONE_FLAGS, "unshare": 0}
+
+
+def _refuse_own_namespaces() -> list[dict[str, Any]]:
+    """Rules refusing (EPERM) clone(2)/unshare(2) with CLONE_NEWUSER or CLONE_NEWCGROUP, one
+    per flag (a masked comparison says "all of the mask's bits", not "any"), and clone3(2)
+    (its flags are in a struct seccomp cannot read) with ENOSYS, on which glibc and the
+    language runtimes fall back to clone(2), as with Docker's profile."""
+    return [*({"names": [name], "action": "SCMP_ACT_ERRNO", "errnoRet": EPERM,
+               "args": [{"index": index, "value": flag, "valueTwo": flag, "op": "SCMP_CMP_MASKED_EQ"}]}
+              for name, index in _FLAGS_OF.items() for flag in (CLONE_NEWUSER, CLONE_NEWCGROUP)),
+            {"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": ENOSYS}]
+
+
+def seal_namespaces(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` whose seccomp profile refuses the container a user or cgroup namespace of
+    its own (:data:`CLONE_NEWUSER`, :data:`CLONE_NEWCGROUP`): each rule that lets clone(2)
+    or unshare(2) through (any action but a refusal, :data:`_REFUSING`: SCMP_ACT_LOG, and
+    SCMP_ACT_TRACE, whose tracer may be the container's own process) is narrowed to the
+    calls without those flags (:func:`_without_own_namespaces`), clone3(2) gets ENOSYS, and
+    where the default action lets calls through (the profile :func:`seal_vsock` adds where
+    there was none) refusing rules are added (:func:`_refuse_own_namespaces`). Call it
+    after :func:`seal_vsock`.
+
+    Raises:
+        ValueError: a clone or unshare rule with a comparison operator the runtime-spec does not have.
+    """
+    profile = config.setdefault("linux", {}).setdefault("seccomp", {"defaultAction": "SCMP_ACT_ALLOW", "syscalls": []})
+    syscalls = profile.get("syscalls") or []
+    allows = _lets_through(profile.get("defaultAction"))
+    rules: list[dict[str, Any]] = []
+    for rule in syscalls:
+        names = rule.get("names") or []
+        ours = [n for n in names if n in _FLAGS_OF or n == "clone3"]
+        if not ours:
+            rules.append(rule)
+            continue
+        rest = [n for n in names if n not in ours]
+        if rest:
+            rules.append({**rule, "names": rest})
+        if not _lets_through(rule.get("action")):
+            # a refusing rule stays (but clone3's: ours below)
+            kept = [n for n in ours if n != "clone3"]
+            if kept:
+                rules.append({**rule, "names": kept})
+            continue
+        for name in ours:
+            if name == "clone3":
+                continue
+            args = _without_own_namespaces(rule.get("args") or [], _FLAGS_OF[name])
+            if args is not None:
+                rules.append({**rule, "names": [name], "args": args})
+    refusing = _refuse_own_namespaces()
+    rules += [r for r in refusing if allows or r["names"] == ["clone3"]]
+    deduped: list[dict[str, Any]] = []
+    for r in rules:  # libseccomp refuses a rule added twice (EEXIST)
+        if r not in deduped:
+            deduped.append(r)
+    profile["syscalls"] = deduped
+    return config
+
+
+def _without_own_namespaces(args: list[dict[str, Any]], index: int) -> list[dict[str, Any]] | None:
+    """The conditions of a rule that allows what an allowing clone/unshare rule with ``args``
+    allows, but a call whose flags (argument ``index``) hold :data:`_OWN_NAMESPACES`; None
+    when no such rule can be written (then the call falls to the profile's refusing default).
+    libseccomp keeps one comparison per argument: an existing masked comparison on the flags
+    is widened to the namespace bits (Docker's clone rule already holds them), an equality
+    kept when its value holds none of them."""
+    on_flags = [a for a in args if a.get("index") == index]
+    rest = [a for a in args if a.get("index") != index]
+    if not on_flags:
+        return [{"index": index, "value": _OWN_NAMESPACES, "valueTwo": 0, "op": "SCMP_CMP_MASKED_EQ"}, *rest]
+    if len(on_flags) > 1:
+        return None
+    (cond,) = on_flags
+    op, value, two = cond.get("op"), int(cond.get("value", 0)), int(cond.get("valueTwo", 0))
+    if op == "SCMP_CMP_MASKED_EQ" and not two & _OWN_NAMESPACES:
+        return [{**cond, "value": value | _OWN_NAMESPACES}, *rest]
+    if op == "SCMP_CMP_EQ" and not value & _OWN_NAMESPACES:
+        return args
+    _holds(cond, 0)  # raises on an operator the runtime-spec does not have
+    return None
 
 
 def _without_vsock(args: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:

@@ -169,12 +169,13 @@ def _create(line: cli_args.CommandLine, runc: str) -> int:
             raise Failed(f"container {container} refused: {mine}")
     got = _ask(line, {"op": "container_create", "container": container, "policy": policy, "allow": allow, "policy_source": source,
                       "uid": bundle.container_uid(config), "bounds": bundle.engine_bounds(config),
+                      "unix_sockets": bundle.unix_sockets_of(config),
                       "argv": (config.get("process") or {}).get("args") or [],
                       "audit_log": line.gatewrap.get("audit_log"), "resolvers": line.gatewrap["resolvers"],
                       "public_ranges": line.gatewrap["public_ranges"]})
     try:
         bundle.confine(config, got["netns"], got["cgroups_path"], got["env"], [tuple(m) for m in got["mounts"]])
-        bundle.seal_vsock(config)
+        bundle.seal_namespaces(bundle.seal_vsock(config))
         tmp = path + ".gatewrap"
         with open(tmp, "w") as f:
             json.dump(config, f)

@@ -18,7 +18,7 @@ Ops (one JSON line each way, :mod:`gatewrap.shared.protocol`):
 - ``{"op": "container_create", "container": ID, "policy": PATH | null, "allow": [HOST],
   "policy_source": "annotations" | "runtime flags", "argv": [the container's command], "uid": N,
   "bounds": {"pids": N | null, "memory": BYTES | null}, "audit_log": PATH | null, "resolvers": [IP],
-  "public_ranges": [CIDR]}`` ->
+  "public_ranges": [CIDR], "unix_sockets": [PATH] (what the gatewrap.unix_sockets annotation names)}`` ->
   ``{"run": RUN_ID, "netns": PATH, "cgroups_path": PATH, "env": {NAME: VALUE},
   "mounts": [[HOST PATH, CONTAINER PATH]]}`` or ``{"error", "exit_code"}``.
 - ``{"op": "container_delete", "container": ID, "deleted": bool (whether runc's delete succeeded;
@@ -220,7 +220,7 @@ def create(daemon: Any, msg: dict[str, Any], client_pid: int) -> dict[str, Any]:
     allow = [str(h) for h in msg.get("allow") or []]
     opts = RunOptions(argv=[str(a) for a in msg.get("argv") or []] or ["(container)"], allow=allow,
                       policy_file=policy_file, jail="none", cwd="/", environ={},
-                      audit_log=msg.get("audit_log") or runner.DEFAULT_AUDIT_LOG,
+                      audit_log=msg.get("audit_log") or runner.DEFAULT_AUDIT_LOG, audit_log_flag="--gatewrap-audit-log",
                       nameservers=[str(r) for r in msg.get("resolvers") or []] or None,
                       public_ranges=[str(r) for r in msg.get("public_ranges") or []],
                       limits=bounds_of(msg.get("bounds")))
@@ -230,7 +230,9 @@ def create(daemon: Any, msg: dict[str, Any], client_pid: int) -> dict[str, Any]:
     try:
         audit_logs = logs.enter_context(daemon.audit_logs())
         planned = _plan(opts, run_id, int(msg.get("uid") or 0), err, audit_logs)
-        planned.container = {"id": msg["container"], "policy": _policy_said(policy_file, allow, str(msg.get("policy_source")))}
+        sockets = [str(p) for p in msg.get("unix_sockets") or []]
+        planned.container = {"id": msg["container"], "policy": _policy_said(policy_file, allow, str(msg.get("policy_source"))),
+                             **({"unix_sockets": sockets} if sockets else {})}
         box = runner.Sandbox(planned, err, hooks=daemon._current_hooks(), owner_pid=client_pid, shared_runtime=True,
                              notice_fd=err.fileno(), reader=daemon.reader, socket=daemon.socket_path)
         box.__enter__()
@@ -272,6 +274,7 @@ def take_back_all(daemon: Any, parent: str) -> list[str]:
             planned = runner.plan_taken_back(run_id, options(saved.get("opts")), err,
                                              policy_text=saved.get("policy_text"), audit_logs=audit_logs,
                                              policy_where=saved.get("policy_where"))
+            planned.container = {"id": saved["container"]}  # its gate's refusals name the container's settings
             box = runner.Sandbox(planned, err, hooks=daemon.hooks, owner_pid=saved.get("owner_pid"), shared_runtime=True,
                                  notice_fd=err.fileno(), reader=daemon.reader,
                                  socket=daemon.socket_path).take_back(saved)

@@ -12,7 +12,7 @@ caller's (under sudo they would be root's). Then what is named, later entries wi
 policy's ``[sandbox] env``, each ``--env-file FILE`` in order, each ``--env`` in order; an
 entry is ``NAME`` (the caller's value; unset: not passed) or ``NAME=VALUE``. gatewrap then
 adds its shims' variables (:mod:`gatewrap.shims`: the proxy and CA variables, the Python and
-Node shims', ``GATEWRAP_GATE``/``GATEWRAP_RUN``/``GATEWRAP_AUDIT`` for their messages) and
+Node shims', ``GATEWRAP_GATE``/``GATEWRAP_RUN``/``GATEWRAP_AUDIT``/``GATEWRAP_ALLOW`` for their messages) and
 ``PWD``. Nothing else: ``GITHUB_TOKEN``, ``SSH_AUTH_SOCK``, ``LD_PRELOAD``, ``PYTHONPATH``
 and gatewrap's own ``GATEWRAP_STATE`` (which may hold a database password) stay outside.
 

@@ -33,6 +33,9 @@ class Collected:
     #: Runs of live containers whose daemon died, left for a daemon of its socket to take
     #: back (gatewrap.oci.runs.take_back_all): (run id, that socket).
     containers: list[tuple[str, str]] = field(default_factory=list)
+    #: What killed daemons left beside their sockets, removed by ``gatewrap gc`` (not by
+    #: :func:`collect`): the paths of each socket (:func:`gatewrap.shared.lockfile.sweep`).
+    dead_daemons: list[list[str]] = field(default_factory=list)
 
 
 #: Where a run's approvals wake socket lives, ``<this>/<run id>/control.sock``
@@ -52,7 +55,8 @@ def sort_runs(parent: str) -> tuple[list[str], list[tuple[str, str]]]:
     here)]). Runs whose lock is held are in neither."""
     ids = set(cgroup.list_leaves(parent)) | set(netns.list_named()) | limits.v1_runs()
     with contextlib.suppress(FileNotFoundError):
-        ids |= {f[: -len(".lock")] for f in os.listdir(registry.RUNS_DIR) if f.endswith(".lock")}
+        ids |= {f[: -len(".lock")] for f in os.listdir(registry.RUNS_DIR)
+                if f.endswith(".lock") and not f.startswith(".")}  # as registry.live(): a dot file names no run
     with contextlib.suppress(FileNotFoundError):
         ids |= {d for d in os.listdir(WAKE_DIRS) if d.startswith("gw-") and os.path.isdir(os.path.join(WAKE_DIRS, d))}
     stale, left = [], []

@@ -20,9 +20,22 @@ from ..procstat import pid_view, ppid_and_start
 RUNS_DIR = "/run/gatewrap/runs"
 
 
+def _name(run_id: str) -> str:
+    """``run_id`` if it can name a file of :data:`RUNS_DIR` (no ``/``, no NUL, not empty, not
+    a dot file); a name typed at the CLI is checked here, where every path of a run is made, so
+    that ``gatewrap stop ../../tmp/X`` never reads a lock file a local user planted.
+
+    Raises:
+        ValueError: any other name (the readers below take it as no run).
+    """
+    if not run_id or "/" in run_id or "\0" in run_id or run_id.startswith("."):
+        raise ValueError(f"not a run id: {run_id!r}")
+    return run_id
+
+
 def lock_path(run_id: str) -> str:
-    """Path of a run's lock file."""
-    return os.path.join(RUNS_DIR, f"{run_id}.lock")
+    """Path of a run's lock file. Raises ValueError for a name that is no file name (:func:`_name`)."""
+    return os.path.join(RUNS_DIR, f"{_name(run_id)}.lock")
 
 
 def claim(run_id: str, audit_log: str, pid: int | None = None, since: dict[str, Any] | None = None) -> int:
@@ -65,8 +78,9 @@ def claim(run_id: str, audit_log: str, pid: int | None = None, since: dict[str, 
 
 
 def saved_path(run_id: str) -> str:
-    """Path of what the shared mode's daemon keeps of a run to take it back after a restart."""
-    return os.path.join(RUNS_DIR, f"{run_id}.json")
+    """Path of what the shared mode's daemon keeps of a run to take it back after a restart.
+    Raises ValueError for a name that is no file name (:func:`_name`)."""
+    return os.path.join(RUNS_DIR, f"{_name(run_id)}.json")
 
 
 def save(run_id: str, state: dict[str, Any]) -> None:
@@ -200,7 +214,7 @@ def alive(run_id: str) -> bool:
     would copy it up, and the copy's lock is never held."""
     try:
         fd = os.open(lock_path(run_id), os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
+    except (FileNotFoundError, ValueError):
         return False
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

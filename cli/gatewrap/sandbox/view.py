@@ -207,8 +207,14 @@ def nsjail_args(mounts: list[Mount], tmpfs_options: str) -> list[str]:
 
 
 def sockets_under(paths: list[str], hidden: list[str] = (), limit: int = SOCKET_SCAN_LIMIT) -> list[str]:
-    """Unix sockets below ``paths`` (not following symlinks; folders in ``hidden`` skipped),
-    looking at no more than ``limit`` entries (folders too) in all, top-down. A socket
+    """The sockets :func:`scan_sockets` finds (what it found before ``limit``)."""
+    return scan_sockets(paths, hidden, limit)[0]
+
+
+def scan_sockets(paths: list[str], hidden: list[str] = (), limit: int = SOCKET_SCAN_LIMIT) -> tuple[list[str], bool]:
+    """(unix sockets below ``paths``, whether every entry was looked at): not following
+    symlinks, folders in ``hidden`` skipped, looking at no more than ``limit`` entries
+    (folders too) in all, top-down. A socket
     is connectable in the jail even on a read-only mount (connect(2) needs write permission
     on the socket file, not a writable file system; unix(7)).
 
@@ -230,7 +236,7 @@ def sockets_under(paths: list[str], hidden: list[str] = (), limit: int = SOCKET_
             for entry in entries:
                 seen += 1
                 if seen > limit:
-                    return found
+                    return found, False
                 try:
                     if entry.is_dir(follow_symlinks=False):
                         if entry.path not in skip:
@@ -242,7 +248,7 @@ def sockets_under(paths: list[str], hidden: list[str] = (), limit: int = SOCKET_
                         found.append(entry.path)
                 except OSError:
                     continue
-    return found
+    return found, True
 
 
 def socket_notice(mounts: list[Mount], home: str) -> str | None:

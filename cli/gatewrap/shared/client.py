@@ -21,7 +21,7 @@ import sys
 import time
 
 from ..errors import GatewrapError
-from . import protocol, waiter
+from . import lockfile, protocol, waiter
 
 #: typing is not imported (~3 ms of every shared run's client start): annotations only.
 TYPE_CHECKING = False
@@ -61,11 +61,8 @@ def connect(path: str, start: bool = True) -> _socket.socket:
     # daemon leaving on its idle time takes this lock too (gatewrap.shared.daemon
     # Daemon._leave_if_idle): a client refused meanwhile finds a daemon again, or none.
     os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
-    lock = os.open(path + ".start", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    lock = lockfile.take(path + ".start")  # a stopping daemon removes the file: see lockfile
     try:
-        import fcntl
-
-        fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             return _connect(path)
         except (FileNotFoundError, ConnectionRefusedError):
@@ -170,7 +167,7 @@ def run(fields: dict[str, Any], summary: str = "text") -> NoReturn | int:
     path = protocol.socket_path()
     sock = connect(path)
     reader = protocol.Reader(sock)
-    protocol.send(sock, {"op": "run", "opts": opts, "summary": summary}, fds=[2])
+    protocol.send(sock, {"op": "run", "opts": opts, "summary": summary, "netns_fd": True}, fds=[2])
     # While the daemon sets the sandbox up (~20 ms), this process readies what the spawn needs
     # (ctypes, the launcher's extension: a few ms off the critical path) and its own state.
     from .. import agent_process
@@ -187,6 +184,11 @@ def run(fields: dict[str, Any], summary: str = "text") -> NoReturn | int:
     if "error" in reply:
         raise GatewrapError(str(reply["error"]), exit_code=int(reply.get("exit_code", 125)))
     spec = reply["spawn"]
+    # The run's netns, sent with the reply (a daemon that holds none of an idle run's); an
+    # older daemon sends none, and its spec names its own descriptor.
+    netns = reader.fds.pop() if reader.fds else None
+    if netns is not None:
+        spec["netns_path"] = f"/proc/self/fd/{netns}"
     signal.pthread_sigmask(signal.SIG_BLOCK, set(agent_process.FORWARDED) | {signal.SIGCHLD})
     try:
         pid = agent_process.spawn(spec)
@@ -197,6 +199,9 @@ def run(fields: dict[str, Any], summary: str = "text") -> NoReturn | int:
             protocol.send_line(sock, f"failed {e.exit_code} {' '.join(str(e).split())}")
             reader.rest()
         raise
+    finally:
+        if netns is not None:
+            os.close(netns)
     if found is not None:
         waiter.exec_waiter(pid, sock.fileno(), timeout, spec["cgroup_dir"], resume=(path, reply["run"]))
     code = agent_process.wait_forwarding_signals(pid, timeout, spec["cgroup_dir"], sys.stderr)

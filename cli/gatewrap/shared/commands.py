@@ -18,7 +18,9 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 @click.option("--socket", "socket_path", metavar="PATH",
               help=f"Listen on PATH, a file in {protocol.SOCKET_DIR} (root's, mode 0600; the folder is hidden from every "
                    f"agent). Default: $GATEWRAP_DAEMON_SOCKET, else {protocol.DEFAULT_SOCKET}.")
-@click.option("--status", is_flag=True, help="Ask the running daemon for its pid and runs, and exit (exit 1 when none answers).")
+@click.option("--status", is_flag=True,
+              help="Ask the running daemon for its pid, its runs and its file descriptors (limit, open, room for "
+                   "about how many more idle sandboxes), and exit (exit 1 when none answers).")
 @click.option("--stop", is_flag=True,
               help="Stop the running daemon (SIGTERM to the process the socket's peer credentials name) and "
                    "wait for it to exit; its runs lose their gates (no egress) until they end or a daemon on "
@@ -122,9 +124,11 @@ def _status(path: str, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps({"running": True, "socket": path, **got}))
     else:
-        runs = got.get("runs", [])
+        runs, fds = got.get("runs", []), got.get("fds")
         click.echo(f"gatewrap daemon pid {got.get('pid')} on {path}: {len(runs)} run{'' if len(runs) == 1 else 's'}"
-                   + (f" ({', '.join(runs)})" if runs else ""))
+                   + (f" ({', '.join(runs)})" if runs else "")
+                   + (f"; file descriptor limit {fds['limit']:,}, {fds['open']:,} open: room for about "
+                      f"{fds['sandbox_room']:,} more idle sandboxes" if isinstance(fds, dict) else ""))
 
 
 def _stop(path: str, patience: float = 60.0) -> None:
@@ -149,8 +153,8 @@ def _stop(path: str, patience: float = 60.0) -> None:
                        "run it with sudo: sudo gatewrap daemon --stop")
     try:
         sock = connect(path, start=False)
-    except GatewrapError as e:
-        click.echo(f"gatewrap: {e}", err=True)
+    except GatewrapError:
+        click.echo(f"gatewrap: no gatewrap daemon answers on {path}: nothing to stop", err=True)
         sys.exit(1)
     try:
         pid, _uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))

@@ -18,9 +18,10 @@ from __future__ import annotations
 import _thread
 import collections
 import contextlib
-import fcntl
+import errno
 import json
 import os
+import resource
 import select
 import selectors
 import signal
@@ -37,7 +38,7 @@ from ..kernel_denials import SharedReader
 from ..run_types import RunOptions, summary_line
 from ..sandbox import cgroup, gc, limits, registry
 from ..bpf import loader
-from . import protocol
+from . import lockfile, protocol
 
 #: Lines a run's terminal holds while it is slow to read them (see :class:`Terminal`).
 MAX_PENDING = 256
@@ -45,6 +46,10 @@ MAX_PENDING = 256
 SUMMARY_WAIT = 2.0
 #: How long a restarted daemon waits for the clients of the runs it can take back, in seconds.
 TAKE_BACK_WINDOW = 30.0
+#: How long a starting daemon waits for the lock beside its socket, in seconds: a sweep
+#: (:func:`gatewrap.shared.lockfile.sweep`) holds a dead daemon's for an instant; a live
+#: daemon holds it for good (then the start is refused).
+CLAIM_WAIT = 0.5
 #: Connections waiting to be accepted (listen(2) backlog).
 BACKLOG = 512
 #: Runs ending at once (the others wait their turn). A thousand runs stopped together made a
@@ -106,9 +111,21 @@ class Parked:
                 key.data()
 
 
-#: The daemon's file descriptors per idle sandbox (bench/density.py, 2026-12-05: its sockets,
-#: the run's audit log, eventfd, epoll, ring buffer, netns): what its limit is divided by.
-FDS_PER_SANDBOX = 15
+#: The daemon's file descriptors per idle sandbox, what its limit is divided by: the gate's
+#: three listeners and the client's connection, the run's lock, its ring buffer, its terminal
+#: twice (the daemon's notices and the gate's) and its audit log (one for all the runs naming
+#: the same log). tests/shared/test_lifecycle.py counts them.
+FDS_PER_SANDBOX = 9
+
+
+def fd_room() -> dict[str, int]:
+    """This process's file descriptors, as ``gatewrap daemon --status`` says them: ``{"limit":
+    its soft RLIMIT_NOFILE (getrlimit(2)), "open": how many are open now (/proc/self/fd,
+    proc(5)), "sandbox_room": about how many more idle sandboxes fit in the rest}``
+    (:data:`FDS_PER_SANDBOX` each; their gates' connections take more)."""
+    limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    held = len(os.listdir("/proc/self/fd"))
+    return {"limit": limit, "open": held, "sandbox_room": max(limit - held, 0) // FDS_PER_SANDBOX}
 
 
 class DaemonRunning(GatewrapError):
@@ -276,6 +293,11 @@ class Daemon:
         self._clients = 0
         self._quiet_since = time.monotonic()
         self._listener: socket.socket | None = None
+        #: The two ends of the socket pair SIGTERM and SIGINT wake serve's poll(2) by.
+        self._wake: tuple[socket.socket, socket.socket] | None = None
+        #: A descriptor held in reserve (/dev/null) for telling a client the daemon is out of
+        #: descriptors (:meth:`_out_of_descriptors`); -1 while given up.
+        self._spare = -1
         #: The lock beside the socket (:meth:`_claim`) while held.
         self._lock_fd = -1
         self.log = log or sys.stderr
@@ -310,15 +332,24 @@ class Daemon:
         print(f"{now} gatewrap daemon {os.getpid()} ({self.socket_path}): {text}", file=self.log, flush=True)
 
     def _claim(self) -> int:
-        """Take the lock beside the socket (flock(2), dropped by the kernel when we die)."""
+        """Take the lock beside the socket (flock(2), dropped by the kernel when we die; the file
+        removed when the daemon stops: :meth:`_let_go`) and write our pid in it. A lock held
+        for more than :data:`CLAIM_WAIT` seconds is a daemon's.
+
+        Raises:
+            DaemonRunning: another daemon holds it.
+        """
         folder = os.path.dirname(self.socket_path)
         os.makedirs(folder, mode=0o755, exist_ok=True)
-        fd = os.open(self.socket_path + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise DaemonRunning(f"a gatewrap daemon already serves {self.socket_path}") from None
+        deadline = time.monotonic() + CLAIM_WAIT
+        while True:
+            try:
+                fd = lockfile.take(self.socket_path + ".lock", wait=False)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise DaemonRunning(f"a gatewrap daemon already serves {self.socket_path}") from None
+                time.sleep(0.01)
         os.ftruncate(fd, 0)
         os.write(fd, str(os.getpid()).encode())
         return fd
@@ -340,7 +371,7 @@ class Daemon:
     def serve(self) -> None:
         require_root("daemon")
         lock_fd = self._claim()
-        fds = runner.raise_fd_limit(ceiling=True)
+        runner.raise_fd_limit(ceiling=True)
         runner.protect_from_oom()
         parent = cgroup.parent_dir()
         self.hooks = loader.load_or_reuse(parent)
@@ -357,26 +388,22 @@ class Daemon:
                                waiting_for=self.socket_path)
         for line in gc.said_of(collected):
             self.say(line)
+        for removed in lockfile.sweep(os.path.dirname(self.socket_path)):  # dead daemons' of other sockets
+            self.say(lockfile.said(removed))
         if swept := self.hooks.sweep(parent):
             self.say(f"dropped the hooks' map entries of {swept} cgroups that are gone")
         if self.awaiting:
             timer = threading.Timer(TAKE_BACK_WINDOW, self._give_up, args=(parent,))
             timer.daemon = True  # a SIGTERM in the window stops the daemon at once, as outside it
             timer.start()
+        stopping, woken = self._stop_on_signals()
         self._listener = self._listen()
         self._lock_fd = lock_fd
-        stopping = threading.Event()
-
-        def stop(signum: int, _frame: Any) -> None:
-            stopping.set()
-            with contextlib.suppress(OSError):
-                self._listener.shutdown(socket.SHUT_RDWR)  # type: ignore[union-attr]
-
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, stop)
+        self._spare = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         idle = f", exits after {self.idle_exit:g} s without a run" if self.idle_exit else ""
-        self.say(f"serving {self.socket_path} (pid {os.getpid()}{idle}; file descriptor limit {fds:,}: "
-                 f"room for about {fds // FDS_PER_SANDBOX:,} idle sandboxes)")
+        room = fd_room()  # open: the daemon's own (hooks, maps, log, listener)
+        self.say(f"serving {self.socket_path} (pid {os.getpid()}{idle}; file descriptor limit {room['limit']:,}, "
+                 f"{room['open']} its own: room for about {room['sandbox_room']:,} idle sandboxes)")
         try:
             # poll(2), then a non-blocking accept: a socket timeout would have accept() spin on
             # a listener shut down by stop() (readable, yet EAGAIN) until the timeout ends.
@@ -385,9 +412,14 @@ class Daemon:
                 wait = self._until_idle()
                 poller = select.poll()
                 poller.register(self._listener, select.POLLIN)
+                poller.register(woken, select.POLLIN)
                 ready = poller.poll(None if wait is None else wait * 1000)
                 if stopping.is_set():
                     break
+                if any(fd == woken.fileno() for fd, _ in ready):
+                    with contextlib.suppress(BlockingIOError):
+                        woken.recv(4096)
+                    continue  # the handler runs on the main thread before the loop's test
                 if not ready:
                     if self._leave_if_idle():
                         break
@@ -396,9 +428,12 @@ class Daemon:
                     conn, _ = self._listener.accept()
                 except BlockingIOError:
                     continue
-                except OSError:
+                except OSError as e:
                     if stopping.is_set():
                         break
+                    if e.errno in (errno.EMFILE, errno.ENFILE):
+                        self._out_of_descriptors()
+                        continue
                     raise
                 conn.setblocking(True)
                 self._serve_thread(conn)
@@ -417,17 +452,98 @@ class Daemon:
                 self._ends_done.wait_for(lambda: self._ends == 0, ENDS_WAIT)
             self._let_go()
 
-    def _let_go(self) -> None:
-        """Remove the socket and drop the lock beside it (a new daemon may serve the path now).
-        Idempotent."""
+    def _stop_on_signals(self) -> tuple[threading.Event, socket.socket]:
+        """SIGTERM and SIGINT stop :meth:`serve`: the event they set, and the socket their
+        arrival makes readable (``signal.set_wakeup_fd``), which serve's poll(2) watches.
+
+        The kernel hands a signal sent to the process to any thread that does not block it
+        (signal(7)): here often a thread of the gate's runtime, whose C-level handler only
+        flags it, while Python runs handlers on the main thread alone (the ``signal``
+        module's docs), which sleeps in poll(2) and would not wake for it. The wakeup
+        socket wakes it, whichever thread took the signal. Set before the listener exists,
+        so that a client that can connect can also stop the daemon."""
+        stopping = threading.Event()
+        woken, wake = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        for end in (woken, wake):
+            end.setblocking(False)
+        self._wake = (woken, wake)  # kept open for the daemon's life
+
+        def stop(signum: int, _frame: Any) -> None:
+            stopping.set()
+            if self._listener is not None:
+                with contextlib.suppress(OSError):
+                    self._listener.shutdown(socket.SHUT_RDWR)
+
+        signal.set_wakeup_fd(wake.fileno(), warn_on_full_buffer=False)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, stop)
+        return stopping, woken
+
+    def _let_go(self, start: int = -1) -> None:
+        """Remove the socket and let go of it (a new daemon may serve the path now): the
+        socket, then the lock beside it, then the start lock (``SOCKET.start``), each file
+        removed while its lock is held (:mod:`gatewrap.shared.lockfile`), so that nothing of
+        a socket no daemon serves stays in its folder. The start lock is taken first, so that
+        a client that finds no daemon meanwhile waits for it rather than start one that would
+        find the socket's lock still held; one a client holds already (it is starting a
+        daemon) is left to it. ``start``: the start lock, when the caller holds it. Idempotent."""
         if self._lock_fd < 0:
             return
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.socket_path)
-        if self._listener is not None:
-            self._listener.close()
-        os.close(self._lock_fd)
-        self._lock_fd = -1
+        if start < 0:
+            with contextlib.suppress(BlockingIOError):
+                start = lockfile.take(self.socket_path + ".start", wait=False)
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.socket_path)
+            if self._listener is not None:
+                self._listener.close()
+            if self._spare >= 0:
+                os.close(self._spare)
+                self._spare = -1
+            lockfile.remove(self.socket_path + ".lock", self._lock_fd)
+            self._lock_fd = -1
+        finally:
+            if start >= 0:
+                lockfile.remove(self.socket_path + ".start", start)
+
+    def _out_of_descriptors(self) -> None:
+        """accept(2) failed with EMFILE/ENFILE (the daemon's RLIMIT_NOFILE, or the system's): the
+        waiting client is told so, not left to wait, and the daemon serves on (its runs' gates
+        with it; raising on it would end them all). The spare descriptor is given up for the
+        one connection, which gets the refusal (exit 125) and is closed, then taken again;
+        while it cannot be, accept is retried every 0.1 s (the connections wait in the backlog)."""
+        if self._spare < 0:
+            with contextlib.suppress(OSError):
+                self._spare = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+            if self._spare < 0:
+                time.sleep(0.1)
+                return
+        os.close(self._spare)
+        self._spare = -1
+        assert self._listener is not None
+        try:
+            conn, _ = self._listener.accept()
+        except OSError:
+            return
+        with self._lock:
+            n = len(self.runs)
+        limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        runs = f"{n:,} run{'' if n == 1 else 's'}"
+        said = (f"the gatewrap daemon is out of file descriptors (its limit {limit:,}; {runs}, about "
+                f"{FDS_PER_SANDBOX} descriptors an idle sandbox, and their gates' connections): raise its open-file limit "
+                "(LimitNOFILE in its systemd unit; a daemon started on demand has the limit of the gatewrap run that "
+                "started it: stop it with sudo gatewrap daemon --stop once its runs end, and start the next run after "
+                "ulimit -n N), or run with --own")
+        self.say(f"out of file descriptors (limit {limit:,}, {runs}): a client was refused")
+        with contextlib.suppress(OSError):
+            conn.settimeout(1)
+            # Its request first (any descriptor it carries is dropped: no room for it), so the
+            # refusal is not written before the client's send, which it would fail (EPIPE).
+            conn.recv(65536)
+            protocol.send(conn, {"error": said, "exit_code": 125})
+        conn.close()
+        with contextlib.suppress(OSError):
+            self._spare = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
 
     def _serve_thread(self, conn: socket.socket) -> None:
         """Serve ``conn`` on a thread of its own, counted as a client until it ends."""
@@ -463,18 +579,17 @@ class Daemon:
         connect is refused at once (unix(7): a listening socket shut down for reading takes
         no more; the client then waits for the start lock). A connection already queued is
         then still accepted: the daemon serves it and listens again. Otherwise it removes its
-        socket and drops its lock before the start lock, so that the waiting client starts a
-        new daemon."""
+        socket and its lock before the start lock (:meth:`_let_go`), so that the waiting
+        client starts a new daemon."""
         with self._lock:
             if (self.runs or self._clients or self._ends or self.awaiting
                     or time.monotonic() - self._quiet_since < self.idle_exit):
                 return False
-        start = os.open(self.socket_path + ".start", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
-            try:
-                fcntl.flock(start, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return False  # a client is starting a daemon or waiting for this one: not idle
+            start = lockfile.take(self.socket_path + ".start", wait=False)
+        except BlockingIOError:
+            return False  # a client is starting a daemon or waiting for this one: not idle
+        try:
             listener = self._listener
             assert listener is not None
             listener.shutdown(socket.SHUT_RDWR)
@@ -494,10 +609,12 @@ class Daemon:
                     self._serve_thread(conn)
                 return False
             self.say(f"exiting: no run for {self.idle_exit:g} s (--idle-exit)")
-            self._let_go()
+            self._let_go(start)  # removes the start lock's file and lets go of it
+            start = -1
             return True
         finally:
-            os.close(start)
+            if start >= 0:
+                os.close(start)
 
     @contextlib.contextmanager
     def audit_logs(self) -> Iterator[Callable[[RunOptions], Any]]:
@@ -636,7 +753,8 @@ class Daemon:
                     return
                 msg = protocol.parse(line)
                 if msg.get("op") == "status":
-                    protocol.send(conn, {"pid": os.getpid(), "started": self.started, "runs": sorted(self.runs)})
+                    protocol.send(conn, {"pid": os.getpid(), "started": self.started, "runs": sorted(self.runs),
+                                         "fds": fd_room()})
                 elif msg.get("op") == "run":
                     handed = self._run(conn, reader, msg, pid)
                 elif msg.get("op") == "reload":
@@ -750,11 +868,17 @@ class Daemon:
         except GatewrapError as e:
             protocol.send(conn, {"error": str(e), "exit_code": e.exit_code})
             return False
+        # A client that asks for it gets the run's netns with the reply (SCM_RIGHTS) and joins
+        # it through its own descriptor: the daemon keeps none of an idle run's namespace.
+        hand = msg.get("netns_fd") is True
         try:
-            protocol.send(conn, {"spawn": box.spawn_spec(), "run": planned.run_id})
+            protocol.send(conn, {"spawn": box.spawn_spec(), "run": planned.run_id},
+                          fds=[box.netns_fd()] if hand else None)
         except OSError:
             box.__exit__(None, None, None)
             raise
+        if hand:
+            box.let_go_of_netns()
         box.start_socket_scan()  # after the reply, which it would delay (see there)
         return self._serve_end(conn, reader, box, planned.run_id, msg.get("summary", "text"), err, release)
 

@@ -3,9 +3,12 @@
 One connection is one run (or one status question). Messages are JSON objects, one per line
 (UTF-8), except the two plain lines of the run's end, which the native waiter speaks:
 
-1. client -> daemon: ``{"op": "run", "opts": RunOptions as a dict, "summary": "text" | "json"}``,
-   sent with the client's stderr as SCM_RIGHTS (unix(7)): the run's notices go there.
-2. daemon -> client: ``{"spawn": spawn_agent keyword arguments}`` once the sandbox is up, or
+1. client -> daemon: ``{"op": "run", "opts": RunOptions as a dict, "summary": "text" | "json",
+   "netns_fd": true}``, sent with the client's stderr as SCM_RIGHTS (unix(7)): the run's
+   notices go there.
+2. daemon -> client: ``{"spawn": spawn_agent keyword arguments, "run": RUN_ID}`` once the
+   sandbox is up, with the run's netns as SCM_RIGHTS when the client asked (``netns_fd``;
+   the daemon then keeps no descriptor of it, and the client joins it through its own), or
    ``{"error": MESSAGE, "exit_code": N}`` (nothing was left behind).
 3. client -> daemon: ``exit CODE`` once the agent has exited (the waiter, or the client), or
    ``failed CODE MESSAGE`` (one line) when the client could not start the agent.
@@ -15,7 +18,8 @@ One connection is one run (or one status question). Messages are JSON objects, o
 A connection that ends before step 3 (the client died) has its sandbox torn down: its
 processes killed, its records closed.
 
-``{"op": "status"}`` is answered with ``{"pid", "started", "runs": [run ids]}``.
+``{"op": "status"}`` is answered with ``{"pid", "started", "runs": [run ids], "fds": {"limit",
+"open", "sandbox_room"}}`` (:func:`gatewrap.shared.daemon.fd_room`).
 
 ``{"op": "reload", "run": RUN_ID}`` (``gatewrap reload``) reads the run's policy file again and
 is answered ``{"record": its policy_reload record}`` (result reloaded or failed) or
@@ -154,9 +158,11 @@ class Reader:
 
 
 def _recv_fds(sock: _socket.socket, bufsize: int, maxfds: int) -> tuple[bytes, list[int], int]:
-    """``socket.recv_fds`` without its address: (data, the fds received, the msg flags)."""
+    """``socket.recv_fds`` without its address: (data, the fds received, the msg flags). The
+    fds are close-on-exec (MSG_CMSG_CLOEXEC, unix(7)): the client, which spawns the agent and
+    execs the waiter, passes none on."""
     fds = array.array("i")
-    data, ancdata, flags, _ = sock.recvmsg(bufsize, _socket.CMSG_LEN(maxfds * fds.itemsize))
+    data, ancdata, flags, _ = sock.recvmsg(bufsize, _socket.CMSG_LEN(maxfds * fds.itemsize), _socket.MSG_CMSG_CLOEXEC)
     for level, kind, payload in ancdata:
         if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
             fds.frombytes(payload[: len(payload) - (len(payload) % fds.itemsize)])

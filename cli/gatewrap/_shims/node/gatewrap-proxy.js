@@ -24,6 +24,8 @@ const GATE = env.GATEWRAP_GATE || 'the gate';
 const RUN = env.GATEWRAP_RUN || '';
 // The command that shows the run's records (`gatewrap audit --run ID [--log PATH]`).
 const AUDIT = env.GATEWRAP_AUDIT || (RUN ? `gatewrap audit --run ${RUN}` : 'gatewrap audit');
+// How to allow a host: gatewrap run's flag, or a container's annotation (gatewrap.shims.ALLOW_HOST).
+const ALLOW = env.GATEWRAP_ALLOW || 'gatewrap run --allow HOST';
 
 function dest(host, port) {
   return String(host).includes(':') ? `[${host}]:${port}` : `${host}:${port}`;
@@ -35,11 +37,23 @@ function authority(host, port, defaultPort) {
   return !port || Number(port) === defaultPort ? h : `${h}:${port}`;
 }
 
+/** Whether host is a loopback address: 127.0.0.0/8, ::1, or 127.0.0.0/8 mapped into IPv6. */
+function isLoopback(host) {
+  const h = String(host).toLowerCase();
+  if (net.isIPv4(h)) return h.startsWith('127.');
+  return net.isIPv6(h) && (h === '::1' || /^(0{0,4}:){0,5}:?ffff:127\./.test(h));
+}
+
 function explain(host, port) {
   const audit = `${AUDIT} --denied`;
+  // NO_PROXY names loopback (env.toml), so clients dial it themselves; the sandbox's loopback
+  // holds only the gate, which would send it to the host's loopback.
+  const todo = isLoopback(host)
+    ? `clients skip it for loopback (NO_PROXY): to send this through it, to the host's ${dest(host, port)} ` +
+      "if the policy allows that address, unset NO_PROXY (curl: --noproxy '')"
+    : `send the request through it (HTTP_PROXY/HTTPS_PROXY are set), with the host allowed there (${ALLOW})`;
   return `egress to ${dest(host, port)} was blocked by gatewrap: only the gate (${GATE}) is reachable; ` +
-    'send the request through it (HTTP_PROXY/HTTPS_PROXY are set) or allow the host ' +
-    `(gatewrap run --allow HOST); the audit record: ${audit}`;
+    `${todo}; the audit record: ${audit}`;
 }
 
 function isKernelRefusal(err) {

@@ -18,6 +18,8 @@ _GATE = _os.environ.get("GATEWRAP_GATE", "the gate")
 _RUN = _os.environ.get("GATEWRAP_RUN", "")
 #: The command that shows the run's records (``gatewrap audit --run ID [--log PATH]``).
 _AUDIT = _os.environ.get("GATEWRAP_AUDIT", "")
+#: How to allow a host: gatewrap run's flag, or a container's annotation (``gatewrap.shims.ALLOW_HOST``).
+_ALLOW = _os.environ.get("GATEWRAP_ALLOW") or "gatewrap run --allow HOST"
 
 
 _INET = (_socket.AF_INET, _socket.AF_INET6)
@@ -35,11 +37,28 @@ def _dest(address):
     return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
 
 
-def _explain(address):
+def _loopback(address):
+    """Whether ``address`` is a loopback address (127.0.0.0/8, ::1, ::ffff:127.x.y.z)."""
+    import ipaddress  # not at the top: only a refusal needs it
+
+    try:
+        ip = ipaddress.ip_address(str(address[0]).split("%")[0])
+    except (TypeError, IndexError, ValueError):
+        return False
+    return (getattr(ip, "ipv4_mapped", None) or ip).is_loopback
+
+
+def _explain(address, stream):
     audit = f"{_AUDIT or ('gatewrap audit --run ' + _RUN if _RUN else 'gatewrap audit')} --denied"
+    if stream and _loopback(address):
+        # NO_PROXY names loopback (env.toml), so clients dial it themselves; the sandbox's
+        # loopback holds only the gate, which would send it to the host's loopback.
+        todo = (f"clients skip it for loopback (NO_PROXY): to send this through it, to the host's "
+                f"{_dest(address)} if the policy allows that address, unset NO_PROXY (curl: --noproxy '')")
+    else:
+        todo = f"send the request through it (HTTP_PROXY/HTTPS_PROXY are set), with the host allowed there ({_ALLOW})"
     return (f"egress to {_dest(address)} was blocked by gatewrap: only the gate ({_GATE}) is reachable; "
-            f"send the request through it (HTTP_PROXY/HTTPS_PROXY are set) or allow the host "
-            f"(gatewrap run --allow HOST); the audit record: {audit}")
+            f"{todo}; the audit record: {audit}")
 
 
 def _wrap(name, address_of):
@@ -52,7 +71,7 @@ def _wrap(name, address_of):
             # Only inet sockets pass the cgroup hooks; an EPERM elsewhere (netlink, unix) is not ours.
             if e.errno != _errno.EPERM or isinstance(e, EgressBlocked) or self.family not in _INET:
                 raise
-            raise EgressBlocked(_errno.EPERM, _explain(address_of(args))) from None
+            raise EgressBlocked(_errno.EPERM, _explain(address_of(args), self.type == _socket.SOCK_STREAM)) from None
 
     method.__name__ = name
     method.__qualname__ = f"socket.{name}"
