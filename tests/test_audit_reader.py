@@ -460,3 +460,108 @@ def test_stats_count_a_request_held_with_hold_return_as_held_not_denied(log):
     assert (c["denied"], c["held"]) == (2, 2), c
     assert s["top_denied"] == [{"destination": "http evil.example:80/v1/upload?…", "count": 1},
                                {"destination": "http api.example:80/v1/send", "count": 1}]
+
+
+#: Two container runs whose ids share the 12 characters docker ps shows, and two of gatewrap run's.
+CONTAINER_A, CONTAINER_B = "gw-9a109c573f51" + "a" * 52, "gw-9a109c573f51" + "b" * 52
+#: (run, markers): the first run's records are in a rotated segment, the others in the live file.
+RUNS_LOG = [("gw-aaaaaaaaaa", [0, 1]), (CONTAINER_A, [2, 3]), ("gw-bbbbbbbbbb", [4]), (CONTAINER_B, [5, 6])]
+
+
+@pytest.fixture
+def runs_log(tmp_path):
+    path = tmp_path / "audit.jsonl"
+    lines = [(json.dumps(r, separators=(",", ":")) if n % 2 else json.dumps(r)) + "\n"
+             for run, ns in RUNS_LOG for n in ns for r in [_rec(n, run=run, event="request", decision="allowed")]]
+    Path(ar.segment_path(str(path), 1)).write_text("".join(lines[:2]))
+    path.write_text("".join(lines[2:]))
+    return path
+
+
+RUN_START_CASES = [
+    ("a whole run id", "gw-aaaaaaaaaa", [0, 1], "gw-aaaaaaaaaa"),
+    ("a whole container's run id", CONTAINER_B, [5, 6], CONTAINER_B),
+    ("a start of one run's id, in a rotated segment", "gw-aaaa", [0, 1], "gw-aaaaaaaaaa"),
+    ("a start of one run's id", "gw-bbb", [4], "gw-bbbbbbbbbb"),
+    ("the container's id as far as it is one run's, without gw-", "9a109c573f51a", [2, 3], CONTAINER_A),
+    ("the same with gw-", "gw-9a109c573f51b", [5, 6], CONTAINER_B),
+    ("a start of no run's id: no records", "gw-ffff", [], None),
+    ("too short to be a start: a whole id, of no run", "gw-", [], None),
+]
+
+
+@pytest.mark.parametrize("given,expected,run", [c[1:] for c in RUN_START_CASES], ids=[c[0] for c in RUN_START_CASES])
+def test_run_takes_a_unique_start_of_a_run_id_as_gatewrap_stop_does(runs_log, given, expected, run):
+    p = _gw("audit", "--run", given, "--json", "--log", str(runs_log))
+    assert p.returncode == 0, p.stderr
+    assert [json.loads(line)["n"] for line in p.stdout.splitlines()] == expected
+    stats = json.loads(_gw("audit", "stats", "--json", "--run", given, "--log", str(runs_log)).stdout)
+    assert [r["run"] for r in stats["runs"]] == ([run] if run else [])
+
+
+@pytest.mark.parametrize("given", ["9a109c573f51", "gw-9a109c573f51"], ids=["without gw-", "with gw-"])
+def test_a_start_of_two_runs_ids_is_a_usage_error_that_lists_them(runs_log, given):
+    for cmd in (["audit"], ["audit", "stats"]):
+        p = _gw(*cmd, "--run", given, "--json", "--log", str(runs_log), text=True)
+        assert p.returncode == 125 and p.stdout == "", p.stderr
+        said = " ".join(p.stderr.split())
+        assert f"{given} starts the id of more than one run in {runs_log} ({CONTAINER_A}, {CONTAINER_B}): give more of it" in said
+
+
+@pytest.mark.parametrize("block", [2, 5, 13, 64, 1 << 20])
+def test_the_search_for_a_start_finds_ids_and_keys_across_block_ends(runs_log, monkeypatch, block):
+    monkeypatch.setattr(ar, "BUFFER", block)
+    assert ar.runs_starting(str(runs_log), "gw-") == sorted(run for run, _ in RUNS_LOG)
+    assert ar.runs_starting(str(runs_log), "gw-9a109c573f51") == [CONTAINER_A, CONTAINER_B]
+    assert ar.runs_starting(str(runs_log), "gw-9a109c573f51", most=1) in ([CONTAINER_A], [CONTAINER_B])
+    assert ar.runs_starting(str(runs_log), "gw-aaaa") == ["gw-aaaaaaaaaa"]  # in the rotated segment
+    assert ar.runs_starting(str(runs_log), "n") == []  # a key of another name
+
+
+CONTAINER_RUN = "gw-9a109c573f51" + "c" * 52
+
+
+def test_a_containers_run_id_keeps_the_table_columns_under_their_heads_shortened_as_ps_does(tmp_path):
+    """A container's run id (gw- and 64 characters, gatewrap-oci) beside a gatewrap run's:
+    both tables show it as gatewrap ps does (gw- and 12 characters; --no-trunc whole) and
+    every column stays under its head."""
+    log = tmp_path / "audit.jsonl"
+    log.write_text("".join(json.dumps(_rec(n, run=run, event="direct_egress", decision="denied", pid=7, comm="curl",
+                                           dst_ip="198.51.100.148", dst_port=80, proto="tcp", hook="connect4")) + "\n"
+                           for n, run in enumerate(["gw-aaaaaaaaaa", CONTAINER_RUN])))
+    for cmd, flags, shown, heads in [
+            (["audit", "--format", "table"], [], "gw-9a109c573f51", ["EVENT", "DECISION", "DESTINATION"]),
+            (["audit", "--format", "table"], ["--no-trunc"], CONTAINER_RUN, ["EVENT", "DECISION", "DESTINATION"]),
+            (["audit", "stats"], [], "gw-9a109c573f51", ["ALLOWED", "HELD"]),
+            (["audit", "stats"], ["--no-trunc"], CONTAINER_RUN, ["ALLOWED", "HELD"])]:
+        p = _gw(*cmd, *flags, "--log", str(log))
+        assert p.returncode == 0, p.stderr
+        header, *rows = p.stdout.decode().splitlines()[:3]
+        assert [r.split()[0 if cmd[-1] == "stats" else 1] for r in rows] == ["gw-aaaaaaaaaa", shown], (flags, rows)
+        for head in heads:
+            at = header.index(head)
+            for r in rows:  # each column starts (left-aligned) or ends (right-aligned) where its head does
+                if head in ("ALLOWED", "HELD"):
+                    end = at + len(head)
+                    assert r[end - 1] != " " and r[end:end + 1] in (" ", ""), (cmd, flags, header, r)
+                else:
+                    assert r[at - 1] == " " and r[at] != " ", (cmd, flags, header, r)
+
+
+def test_the_tables_admit_row_says_it_precedes_the_dial_whose_row_run_end_counts(tmp_path):
+    """One https fetch is two rows, admit (before the dial) and connect (its outcome), beside a
+    run_end saying "1 allowed": the admit row says it is not the one counted."""
+    log = tmp_path / "audit.jsonl"
+    fetch = {"decision": "allowed", "dst_host": "allowed.test", "dst_port": 443, "proto": "connect",
+             "reason": "policy: rule --allow allowed.test"}
+    log.write_text("".join(json.dumps(r) + "\n" for r in [
+        _rec(0, event="admit", **fetch), _rec(1, event="connect", **fetch, status=200),
+        _rec(2, event="admit", **{**fetch, "proto": "http", "dst_port": 80}),
+        _rec(3, event="request", **{**fetch, "proto": "http", "dst_port": 80}, method="GET", status=200),
+        _rec(4, event="run_end", exit_code=0, allowed=2, denied=0, failed=0, direct_egress=0)]))
+    rows = _gw("audit", "--format", "table", "--log", str(log)).stdout.decode().splitlines()[1:]
+    why = [r.split(None, 6)[6] for r in rows[:4]]  # time, run, event, decision, proto, host:port, who / why
+    assert why[0] == "before the dial (counted in its connect row); policy: rule --allow allowed.test", why
+    assert why[1] == "policy: rule --allow allowed.test", why
+    assert why[2] == "before the dial (counted in its request row); policy: rule --allow allowed.test", why
+    assert rows[4].endswith("exit 0: 2 allowed, 0 denied, 0 failed, 0 direct egress blocked"), rows[4]

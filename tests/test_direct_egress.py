@@ -70,3 +70,63 @@ def test_a_child_process_and_a_thread_are_refused_too(gatewrap):
     assert len(recs) == 2
     assert recs[0]["tid"] != recs[0]["pid"]          # the thread
     assert recs[1]["pid"] != recs[0]["pid"]          # the child process
+
+
+#: The hint a direct attempt at loopback gets (NO_PROXY names loopback: docs/reference/environment.md).
+LOOPBACK_HINT = ("clients skip it for loopback (NO_PROXY): to send this through it, to the host's 127.0.0.1:{port} "
+                 "if the policy allows that address, use curl --noproxy '' or unset NO_PROXY")
+
+
+@pytest.fixture
+def host_loopback_server():
+    """An HTTP server on the host's 127.0.0.1 (a port of its own), answering 200 "host-loopback"."""
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            self.send_response(200)
+            self.send_header("Content-Length", "13")
+            self.end_headers()
+            self.wfile.write(b"host-loopback")
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server.server_address[1]
+    server.shutdown()
+    server.server_close()
+
+
+def test_curl_to_a_loopback_upstream_the_policy_allows_is_told_how_to_send_it_through_the_gate(
+        gatewrap, host_loopback_server):
+    """NO_PROXY names loopback, so curl dials 127.0.0.1 itself (EPERM: the sandbox's loopback
+    holds only the gate); the notice says how to send it through the gate, which then
+    reaches the host's loopback, as the rule naming 127.0.0.1 allows."""
+    port = host_loopback_server
+    url = f"http://127.0.0.1:{port}/"
+    curl = "curl -sS --max-time 10 -w ' %{http_code}\\n'"
+    r = gatewrap(["/bin/sh", "-c", f"{curl} {url}; {curl} --noproxy '' {url}"], allow=[f"127.0.0.1:{port}"])
+    assert r.stdout.split() == ["000", "host-loopback", "200"], r.stdout + r.stderr
+    (rec,) = r.records(event="direct_egress")
+    assert (rec["dst_ip"], rec["dst_port"], rec["comm"]) == ("127.0.0.1", port, "curl")
+    notice = (f"gatewrap: blocked direct egress: curl (pid {rec['pid']}) -> tcp 127.0.0.1:{port} [connect4]: only the "
+              f"gate (http://127.0.0.1:3128) is reachable; " + LOOPBACK_HINT.format(port=port))
+    assert notice in r.stderr, r.stderr
+    (req,) = r.records(event="request")
+    assert (req["decision"], req["dst_ip"], req["rule"]) == ("allowed", "127.0.0.1", f"--allow 127.0.0.1:{port}")
+
+
+def test_pythons_error_for_a_direct_loopback_attempt_says_how_to_send_it_through_the_gate(gatewrap):
+    r = gatewrap(python="""
+        import urllib.request
+        try:
+            urllib.request.urlopen("http://127.0.0.1:8000/", timeout=5)
+        except OSError as e:
+            print(e)
+    """)
+    assert "egress to 127.0.0.1:8000 was blocked by gatewrap: only the gate (http://127.0.0.1:3128) is reachable; " \
+        "clients skip it for loopback (NO_PROXY): to send this through it, to the host's 127.0.0.1:8000 if the " \
+        "policy allows that address, unset NO_PROXY (curl: --noproxy ''); the audit record: " in r.stdout, r.stdout + r.stderr

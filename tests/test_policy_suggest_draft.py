@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from test_policy_cli import gw
 
 
@@ -123,3 +125,29 @@ def test_suggest_carries_allow_private_where_the_guard_refused_a_name_on_a_priva
     code, out, _ = gw(capsys, "policy", "suggest", "--run", "gw-1", "--log", log, "--json")
     rules = {r["host"]: r for r in json.loads(out)["rules"]}
     assert (rules["mirror.corp.test"]["allow_private"], rules["public.test"]["allow_private"]) == (True, False)
+
+
+#: Runs of one log whose ids share starts, as ``gatewrap audit --run`` takes them.
+STARTS_LOG = ["gw-0123456789", "gw-0123abcdef", "gw-fedcba9876"]
+SUGGEST_RUN_CASES = [
+    ("a whole id", "gw-0123abcdef", 0, "gw-0123abcdef"),
+    ("a start of one run's id", "gw-fed", 0, "gw-fedcba9876"),
+    ("a start of one run's id without gw-", "01234", 0, "gw-0123456789"),
+    ("a start of two runs' ids: both listed", "0123", 125,
+     "0123 starts the id of more than one run in {log} (gw-0123456789, gw-0123abcdef): give more of it"),
+    ("a start of none: what to do", "gw-abcd", 1,
+     "no audit records of run gw-abcd; check the id with `gatewrap audit`, or pass --log PATH"),
+]
+
+
+@pytest.mark.parametrize("given,code,said", [c[1:] for c in SUGGEST_RUN_CASES], ids=[c[0] for c in SUGGEST_RUN_CASES])
+def test_suggest_takes_a_unique_start_of_a_run_id_as_audit_does(capsys, tmp_path, given, code, said):
+    log = tmp_path / "audit.jsonl"
+    log.write_text("".join(json.dumps({"v": 1, "run": run, "event": "request", "method": "GET", "dst_host": "a.test",
+                                       "dst_port": 80, "decision": "allowed"}) + "\n" for run in STARTS_LOG))
+    got, out, err = gw(capsys, "policy", "suggest", "--run", given, "--log", str(log), "--json")
+    assert got == code, err
+    if code == 0:
+        assert json.loads(out)["run"] == said
+    else:
+        assert said.format(log=log) in " ".join(err.split()) and out == ""

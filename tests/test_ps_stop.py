@@ -134,11 +134,23 @@ def test_ps_counts_what_the_run_did_so_far(runs):
     assert (r["allowed"], r["denied"], r["direct_egress"], r["failed"]) == (0, 0, 1, 0)
 
 
+def test_audit_of_a_live_run_in_another_log_says_which_log_it_writes(runs, tmp_path):
+    # The new user's trip: `gatewrap audit --run ID` read the default log, found nothing, and
+    # said only that; the run (ps knows it) writes to the log its --audit-log named.
+    p, audit = runs["busy"]
+    run = _live(p.pid, lambda r: r["argv"] is not None)["run"]
+    other = tmp_path / "other.jsonl"
+    other.write_text("")
+    a = _gw("audit", "--log", str(other), "--run", run[:7])
+    assert a.returncode == 0 and a.stdout == "", a
+    assert f"run {run} writes to {audit}: gatewrap audit --log {audit} --run {run}" in a.stderr, a.stderr
+
+
 def test_stop_ends_the_run_as_sigterm_would_and_it_records_run_end(runs):
     p, audit = runs["sleep"]
     run = _live(p.pid, lambda r: r["argv"] is not None)["run"]
     s = _gw("stop", run, "--json")
-    assert s.returncode == 0, s.stderr
+    assert s.returncode == 0 and s.stderr == "", s.stderr  # ended at once: no line saying it waits
     got = json.loads(s.stdout)
     # sleep dies of SIGTERM (forwarded by gatewrap to the jail's init): 128 + 15
     assert got["run"] == run and got["stopped"] is True and got["exit_code"] == 143, got
@@ -148,6 +160,42 @@ def test_stop_ends_the_run_as_sigterm_would_and_it_records_run_end(runs):
     assert run not in _gw("ps", "--json").stdout
     again = _gw("stop", run)
     assert again.returncode == 1 and f"no live run {run}" in again.stderr
+
+
+#: Ignores SIGTERM (gatewrap forwards it to the agent), then waits to be stopped another way.
+IGNORES_SIGTERM = textwrap.dedent("""
+    import signal, time
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    print("ignoring", flush=True)
+    time.sleep(300)
+""")
+
+
+def test_stop_of_an_agent_that_ignores_sigterm_says_on_stderr_that_it_waits_and_for_how_long(tmp_path):
+    p = _start(tmp_path / "ignores.jsonl", AGENT_PYTHON, "-c", IGNORES_SIGTERM)
+    try:
+        assert p.stdout.readline() == "ignoring\n"
+        run = _live(p.pid, lambda r: r["argv"] is not None)["run"]
+        s = _gw("stop", "--timeout", "2", "--json", run)
+        assert s.returncode == 125 and s.stdout == "", s
+        said = s.stderr.splitlines()
+        assert said[0] == (f"gatewrap: sent SIGTERM to run {run}; waiting up to 2 s (--timeout) for its agent to "
+                           f"exit, then giving up (exit 125) and leaving it running"), said
+        assert f"run {run} is still running 2 s after SIGTERM" in said[1], said
+        with open(f"/sys/fs/cgroup/unified/gatewrap/{run}/cgroup.kill", "w") as f:  # as the error says
+            f.write("1")
+        assert p.wait(timeout=30) != 0
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def test_stop_by_a_start_of_the_id_says_the_whole_id_it_stopped(runs):
+    p, _ = runs["connect"]
+    run = _live(p.pid, lambda r: r["argv"] is not None)["run"]
+    s = _gw("stop", run[:8])
+    assert s.returncode == 0 and s.stdout.startswith(f"gatewrap: stopped {run}: "), s
 
 
 def test_stop_of_an_unknown_run_exits_1():
@@ -163,6 +211,39 @@ def test_without_root_ps_and_stop_exit_125_and_say_to_use_sudo(cmd):
             f"os.setresuid(65534, 65534, 0); main({cmd!r})")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert p.returncode == 125 and f"sudo gatewrap {cmd[0]}" in p.stderr, p.stderr
+
+
+@pytest.mark.parametrize("cmd", ["stop", "reload"])
+def test_stop_and_reload_refuse_a_start_of_two_live_runs_ids_listing_both_and_signal_nothing(tmp_path, cmd):
+    """Two live runs (lock files held by a process of this test's, naming a sleep of its
+    own) whose ids share a start: that start names neither; the error lists both, as
+    ``gatewrap audit --run`` does for the runs of a log."""
+    start = "gw-" + os.urandom(4).hex()
+    ids = [start + "0a", start + "0b"]
+    bystander = subprocess.Popen(["sleep", "60"])
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+            import sys
+            from gatewrap.sandbox import registry
+            fds = [registry.claim(i, {str(tmp_path / 'audit.jsonl')!r}, pid={bystander.pid}) for i in {ids!r}]
+            print("held", flush=True)
+            sys.stdin.read()
+            for i, fd in zip({ids!r}, fds):
+                registry.release(i, fd)
+        """)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        got = [_gw(cmd, name, "--timeout", "1") for name in (start, start[3:])]
+        time.sleep(0.2)
+        bystander_alive = bystander.poll() is None
+    finally:
+        holder.communicate("", timeout=30)
+        bystander.kill()
+        bystander.wait()
+    assert bystander_alive, f"{cmd} signalled the process the runs name"
+    for name, p in zip((start, start[3:]), got):
+        assert p.returncode == 1, p.stderr
+        said = " ".join(p.stderr.split())
+        assert f"{name} starts the id of more than one live run ({ids[0]}, {ids[1]}): give more of it" in said, said
 
 
 def test_stop_refuses_a_run_whose_gatewrap_is_in_another_pid_namespace_and_signals_nothing(tmp_path):

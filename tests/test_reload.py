@@ -107,6 +107,21 @@ def test_reload_puts_the_new_file_in_force_and_a_broken_one_leaves_the_old(net, 
     assert "policy not reloaded, the one in force stays" in err and "policy reloaded from" in err, err
 
 
+def test_reload_takes_a_unique_start_of_a_live_runs_id_and_says_the_whole_id(net, tmp_path):
+    """As ``gatewrap stop`` does: the start of one live run's id, with or without ``gw-``."""
+    a = Agent(net, tmp_path, ["s1"])
+    try:
+        run_id = a.run_id()
+        a.write_policy(DENY)
+        p = reload(run_id[3:10])
+        assert p.returncode == 0, p.stdout + p.stderr
+        assert p.stdout.startswith(f"gatewrap: reloaded {run_id}'s policy from {a.policy}"), p.stdout
+        a.go("s1")
+    finally:
+        out, err = a.finish()
+    assert out.split() == ["s1=403"], out + err
+
+
 @pytest.mark.own_process  # SIGHUP reloads a run's own gatewrap; a shared run's client forwards it to the agent
 def test_sighup_to_a_runs_own_gatewrap_reloads_its_policy(net, tmp_path):
     a = Agent(net, tmp_path, ["h1", "h2"])

@@ -379,6 +379,30 @@ def test_an_audit_log_that_is_a_symlink_is_refused_and_its_target_untouched(tmp_
     assert victim.read_text() == "precious\n"
 
 
+@pytest.mark.parametrize("below", [False, True], ids=["the working folder itself", "a folder above it"])
+def test_an_audit_log_whose_folder_the_agent_writes_is_refused_saying_how(below):
+    """The audit log's folder turns read-only under the agent: refused when it is the agent's
+    working folder, or holds it; the error says which (it said "holds" of the folder itself)."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    top = Path(tempfile.mkdtemp(prefix="gwt-auditdir-", dir="/tmp"))  # not tmp_path: 0700, closed to the agent
+    try:
+        top.chmod(0o755)
+        work = top / "work"
+        work.mkdir(mode=0o755)  # root's: an audit log's folder others can write is refused first
+        log = (top if below else work) / "audit.jsonl"
+        p = subprocess.run(gatewrap_cmd("run", "--audit-log", str(log), "--workdir", str(work), "--", "/bin/true"),
+                           capture_output=True, text=True, timeout=60)
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+    assert p.returncode == 125, p.stderr
+    how = f"holds the agent's writable {work}" if below else "is the agent's writable folder too"
+    assert (f"the audit log's folder {log.parent} is read-only for the agent, and it {how}: put the audit log "
+            "elsewhere (--audit-log)") in p.stderr, p.stderr
+
+
 def test_gc_removes_the_approvals_wake_folder_a_killed_run_left():
     """A run's gate removes /run/gatewrap/<run>/ (its approvals' wake socket) when dropped;
     a gatewrap killed first leaves it, and gc removes it with the rest of the run."""

@@ -52,7 +52,7 @@ def go(url, headers):
     req = urllib.request.Request(url, headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=10) as r:
-            body = json.loads(r.read())
+            body = json.loads(bytes.fromhex(json.loads(r.read())["hex"]))  # what upstream received (servers.py)
             print(json.dumps({"url": url, "status": r.status, "got": {k.lower(): v for k, v in body["headers"].items()}, "path": body["path"]}))
     except urllib.error.HTTPError as e:
         print(json.dumps({"url": url, "status": e.code, "body": e.read().decode()}))
@@ -160,8 +160,8 @@ def test_a_source_that_does_not_resolve_fails_the_start(gatewrap, net, tmp_path)
 
 
 # Real clients, each reading the placeholder from its environment as an SDK would and sending
-# it as a bearer token; each prints the Authorization upstream received (the fake internet's
-# /echo), which must be the real one.
+# it as a bearer token; each prints the fake internet's /echo, whose hex holds the Authorization
+# upstream received, which must be the real one (and whose plain echo of it comes back masked).
 CLIENTS = {
     "curl": ["/bin/sh", "-c", 'curl -sS --max-time 10 -H "Authorization: Bearer $GITHUB_TOKEN" https://allowed.test/echo'],
     "requests": ["PY", "import os, requests; print(requests.get('https://allowed.test/echo', timeout=10, "
@@ -186,8 +186,11 @@ def test_real_clients_send_the_placeholder_and_upstream_gets_the_value(gatewrap,
     env = {"NODE_EXTRA_CA_CERTS": net.ca_path} if client.startswith("node") else None
     r = gatewrap(argv, extra=extra, unnamed={"GW_TEST_SECRET": VALUE}, env=env)
     assert r.returncode == 0, r.stderr
-    got = {k.lower(): v for k, v in json.loads(r.stdout)["headers"].items()}
+    echoed = json.loads(r.stdout)
+    got = {k.lower(): v for k, v in json.loads(bytes.fromhex(echoed["hex"]))["headers"].items()}  # what upstream received
     assert got["authorization"] == f"Bearer {VALUE}", got
+    plain = {k.lower(): v for k, v in echoed["headers"].items()}
+    assert plain["authorization"] == "Bearer " + "*" * len(VALUE), "the echo reaches the agent masked"
     (rec,) = r.records(event="request", proto="https")
     assert (rec["decision"], rec["secret"]) == ("allowed", "github")
     no_value_written(r, tmp_path)

@@ -151,3 +151,36 @@ def test_json_gives_times_in_rfc_3339_as_the_audit_log_does(store_url, asked):
     assert stamp.fullmatch(ok["approval"]["decided_at"]), ok
     (g,) = json.loads(cli("grants", "--state", store_url, "--json").stdout)["grants"]
     assert stamp.fullmatch(g["created"]) and stamp.fullmatch(g["expires"]) and g["revoked"] is None, g
+
+
+#: Runs of one store whose ids share a start.
+RUN_A, RUN_B, RUN_C = "gw-0123456789", "gw-0123abcdef", "gw-fedcba9876"
+STORE_RUN_CASES = [
+    ("a whole id", RUN_B, 0, [RUN_B]),
+    ("a start of one run's id", "gw-fed", 0, [RUN_C]),
+    ("a start of one run's id without gw-", "01234", 0, [RUN_A]),
+    ("a start of two runs' ids: both listed", "0123", 125,
+     f"0123 starts the id of more than one run in the approvals store ({RUN_A}, {RUN_B}): give more of it"),
+    ("a start of none: nothing listed, and the text says what to do", "gw-abcd", 0, []),
+]
+
+
+@pytest.mark.parametrize("given,code,expected", [c[1:] for c in STORE_RUN_CASES], ids=[c[0] for c in STORE_RUN_CASES])
+def test_list_and_grants_take_a_unique_start_of_a_run_id_as_stop_and_audit_do(store_url, store, given, code, expected):
+    for run in (RUN_A, RUN_B, RUN_C):
+        store.start_run(run)
+        a, _ = store.ask(run, rule="policy.toml:rule[1]", method="POST", url="https://mail.test/v3/mail/send",
+                         headers=HEADERS, body=BODY)
+        store.decide(a["id"], version=a["version"], digest=a["digest"], verdict="approve", by="alice",
+                     grant={"method": "POST", "host": "mail.test", "path_prefix": "/v3/", "seconds": 600})
+    for cmd, key in (("list", "approvals"), ("grants", "grants")):
+        r = cli(cmd, "--run", given, "--state", store_url, "--json")
+        assert r.returncode == code, r.stderr
+        if code == 0:
+            assert [x["run_id"] for x in json.loads(r.stdout)[key]] == expected
+        if expected == []:
+            said = " ".join(cli(cmd, "--run", given, "--state", store_url).stderr.split())
+            assert f"of run {given}: the approvals store has no run of that id or starting with it" in said, said
+            assert "--state names another store" in said
+        if code != 0:
+            assert expected in " ".join(r.stderr.split())

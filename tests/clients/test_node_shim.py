@@ -38,6 +38,10 @@ def test_a_no_proxy_host_is_dialled_directly_and_its_eperm_names_gatewrap(gatewr
     r = gatewrap(["/usr/bin/node", "-e", HTTP_GET, "http://localhost:8000/"], allow=["allowed.test"])
     assert re.match(r"error: EPERM: connect EPERM: egress to (127\.0\.0\.1|\[::1\]):8000 was blocked by gatewrap",
                     r.stdout), r.stdout + r.stderr
+    assert re.search(r"was blocked by gatewrap: only the gate \(http://127\.0\.0\.1:3128\) is reachable; clients skip "
+                     r"it for loopback \(NO_PROXY\): to send this through it, to the host's (127\.0\.0\.1|\[::1\]):8000 "
+                     r"if the policy allows that address, unset NO_PROXY \(curl: --noproxy ''\); the audit record: ",
+                     r.stdout), r.stdout
     assert r.records(event="request") == []
     tried = {rec["dst_ip"] for rec in r.records(event="direct_egress", dst_port=8000)}
     assert tried and tried <= {"127.0.0.1", "::1"}, tried

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
 from gatewrap.oci import argv, bundle
@@ -25,9 +27,13 @@ def config(caps=DEFAULT_CAPS, mounts=(), seccomp=None):
     (config(mounts=[{"destination": "/x", "type": "bind", "source": "/srv/data", "options": ["rbind"]}]), False, None),
     (config(mounts=[{"destination": "/b", "type": "bpf", "source": "bpf"}]), False, "a bpf mount"),
     (config(), True, "--systemd-cgroup"),
+    (config(seccomp={"defaultAction": "SCMP_ACT_TRACE"}), False, "default action is SCMP_ACT_TRACE"),
+    (config(seccomp={"defaultAction": "SCMP_ACT_LOG"}), False, "default action is SCMP_ACT_LOG"),
+    (config(seccomp={"defaultAction": "SCMP_ACT_ERRNO"}), False, None),
 ], ids=["default caps pass", "SYS_ADMIN refused", "BPF refused", "host root bound refused",
         "gatewrap runs folder bound refused", "another folder bound passes", "bpffs mount refused",
-        "systemd cgroups refused"])
+        "systemd cgroups refused", "a seccomp default of TRACE refused (a tracer of its own lets every call run)",
+        "a seccomp default of LOG refused", "a seccomp default that refuses passes"])
 def test_a_container_that_could_undo_its_sandbox_is_refused(cfg, systemd, expected):
     got = bundle.refusals(cfg, systemd_cgroup=systemd)
     if expected is None:
@@ -190,3 +196,119 @@ def test_a_policy_file_named_by_the_runtimes_flag_is_said_so_in_its_errors():
 
     with pytest.raises(GatewrapError, match="^--gatewrap-policy: the policy file /nonexistent/p.toml does not exist"):
         runs.checked_policy_file("/nonexistent/p.toml", "--gatewrap-policy")
+
+
+def answer(cfg, name, flags=0):
+    """What the rewritten profile answers syscall ``name`` with ``flags`` as its flags argument:
+    the action (and errno) of the rules that match, which must agree, else the default."""
+    prof = cfg["linux"]["seccomp"]
+    got = {(r["action"], r.get("errnoRet")) for r in prof["syscalls"] if name in r["names"]
+           and all(bundle._holds(a, flags) for a in r.get("args") or [])}
+    assert len(got) <= 1, got
+    return got.pop() if got else (prof["defaultAction"], prof.get("defaultErrnoRet"))
+
+
+ALLOW = ("SCMP_ACT_ALLOW", None)
+EPERM = ("SCMP_ACT_ERRNO", 1)
+#: podman 4.3's profile as the bundle has it: clone, clone3 and unshare in its big allow rule
+PODMAN_NS = {"defaultAction": "SCMP_ACT_ERRNO", "defaultErrnoRet": 38,
+             "syscalls": [{"names": ["read", "clone", "clone3", "unshare", "socket"], "action": "SCMP_ACT_ALLOW"}]}
+#: Docker's for a container without CAP_SYS_ADMIN (moby profiles/seccomp/default.json)
+DOCKER_NS = {"defaultAction": "SCMP_ACT_ERRNO", "defaultErrnoRet": 1, "syscalls": [
+    {"names": ["read", "socket"], "action": "SCMP_ACT_ALLOW"},
+    {"names": ["clone"], "action": "SCMP_ACT_ALLOW", "args": [{"index": 0, "value": 2114060288, "valueTwo": 0,
+                                                                "op": "SCMP_CMP_MASKED_EQ"}]},
+    {"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": 38}]}
+THREAD = 0x3D0F00  # glibc's pthread_create flags (CLONE_VM|FS|FILES|SIGHAND|THREAD|SYSVSEM|SETTLS|...)
+
+
+@pytest.mark.parametrize("profile", [None, PODMAN_NS, DOCKER_NS], ids=["no profile", "podman's", "docker's"])
+@pytest.mark.parametrize("call, flags, expected", [
+    ("clone", THREAD, ALLOW), ("clone", 0x11, ALLOW),
+    ("clone", bundle.CLONE_NEWUSER, EPERM), ("clone", bundle.CLONE_NEWCGROUP | 0x11, EPERM),
+    ("unshare", bundle.CLONE_NEWUSER | bundle.CLONE_NEWCGROUP | 0x20000, EPERM),
+    ("clone3", 0, ("SCMP_ACT_ERRNO", 38)), ("read", 0, ALLOW)],
+    ids=["a thread", "fork", "a user namespace", "a cgroup namespace", "unshare(user, cgroup, mount)",
+         "clone3: ENOSYS, so glibc falls back to clone", "the rest unchanged"])
+def test_the_profile_refuses_a_user_or_cgroup_namespace_of_the_containers_own(profile, call, flags, expected):
+    seccomp = {} if profile is None else {"seccomp": {**profile, "syscalls": [dict(r) for r in profile["syscalls"]]}}
+    cfg = bundle.seal_namespaces(bundle.seal_vsock({"linux": seccomp}))
+    got = answer(cfg, call, flags)
+    if expected == EPERM and profile is not None:
+        assert got[0] == "SCMP_ACT_ERRNO", got  # the engine's default refusal (its errno)
+    else:
+        assert got == expected
+    names = [n for r in cfg["linux"]["seccomp"]["syscalls"] for n in r["names"]]
+    assert names.count("clone3") == 1
+
+
+#: The actions under which a call does not run (config-linux.md, seccomp(2)).
+REFUSING = {"SCMP_ACT_ERRNO", "SCMP_ACT_TRAP", "SCMP_ACT_KILL", "SCMP_ACT_KILL_THREAD", "SCMP_ACT_KILL_PROCESS"}
+#: Engine profiles that let calls through by other actions than SCMP_ACT_ALLOW.
+LETTING_THROUGH = {
+    "LOG rules": {"defaultAction": "SCMP_ACT_ERRNO", "syscalls": [
+        {"names": ["read", "socket"], "action": "SCMP_ACT_ALLOW"},
+        {"names": ["clone", "clone3", "unshare"], "action": "SCMP_ACT_LOG"}]},
+    "TRACE rules": {"defaultAction": "SCMP_ACT_ERRNO", "syscalls": [
+        {"names": ["read"], "action": "SCMP_ACT_ALLOW"},
+        {"names": ["clone", "clone3", "unshare", "socket"], "action": "SCMP_ACT_TRACE"}]},
+    "NOTIFY rules under an ALLOW default": {"defaultAction": "SCMP_ACT_ALLOW", "listenerPath": "/run/x.sock", "syscalls": [
+        {"names": ["clone", "unshare", "socket"], "action": "SCMP_ACT_NOTIFY"}]},
+}
+
+
+@pytest.mark.parametrize("profile", LETTING_THROUGH.values(), ids=LETTING_THROUGH.keys())
+@pytest.mark.parametrize("call, flags, refused", [
+    ("clone", THREAD, False), ("clone", bundle.CLONE_NEWUSER | 0x11, True),
+    ("unshare", bundle.CLONE_NEWCGROUP, True), ("socket", bundle.AF_VSOCK, True), ("socket", 2, False)],
+    ids=["a thread", "a user namespace", "a cgroup namespace", "AF_VSOCK", "AF_INET"])
+def test_a_call_let_through_by_log_trace_or_notify_is_refused_as_one_let_through_by_allow(profile, call, flags, refused):
+    """SCMP_ACT_LOG runs the call; SCMP_ACT_TRACE and SCMP_ACT_NOTIFY let a tracer or a
+    listener run it (the tracer may be the container's own process)."""
+    cfg = bundle.seal_namespaces(bundle.seal_vsock({"linux": {"seccomp": copy.deepcopy(profile)}}))
+    assert (answer(cfg, call, flags)[0] in REFUSING) == refused, cfg["linux"]["seccomp"]
+
+
+@pytest.mark.parametrize("named, deep, refused", [(None, True, True), (None, False, False), ("{sock}", True, False)],
+                         ids=["a socket in a subfolder: refused", "no socket: bound", "the socket named: bound"])
+def test_a_folder_holding_a_host_unix_socket_is_bound_in_only_when_the_annotation_names_it(tmp_path, named, deep, refused):
+    import socket
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    (tmp_path / "a" / "file").write_text("x")
+    sock = tmp_path / "a" / "b" / "daemon.sock"
+    s = socket.socket(socket.AF_UNIX)
+    if deep:
+        s.bind(str(sock))
+    cfg = config(mounts=[{"destination": "/var/run/d", "type": "bind", "source": str(tmp_path), "options": ["rbind"]}])
+    if named is not None:
+        cfg["annotations"] = {bundle.SOCKETS_ANNOTATION: named.format(sock=sock)}
+    got = bundle.refusals(cfg)
+    s.close()
+    assert bool(got) == refused, got
+    if refused:
+        assert f"holds the host's unix socket {sock}" in got[0] and "gatewrap.unix_sockets" in got[0]
+
+
+def test_unshare_of_a_mount_or_uts_namespace_alone_is_left_to_the_engines_profile():
+    cfg = bundle.seal_namespaces(bundle.seal_vsock({"linux": {"seccomp": {**PODMAN_NS, "syscalls": [
+        dict(r) for r in PODMAN_NS["syscalls"]]}}}))
+    assert answer(cfg, "unshare", 0x20000 | 0x04000000) == ALLOW
+
+
+@pytest.mark.parametrize("named, refused", [(None, True), ("{sock}", False), ("/elsewhere.sock, {sock}", False),
+                                            ("/elsewhere.sock", True)],
+                         ids=["not named: refused", "named", "named among others", "another named: refused"])
+def test_a_host_unix_socket_is_bound_in_only_when_the_annotation_names_it(tmp_path, named, refused):
+    import socket
+    sock = tmp_path / "daemon.sock"
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(str(sock))
+    cfg = config(mounts=[{"destination": "/var/run/docker.sock", "type": "bind", "source": str(sock), "options": ["rbind"]}])
+    if named is not None:
+        cfg["annotations"] = {bundle.SOCKETS_ANNOTATION: named.format(sock=sock)}
+    got = bundle.refusals(cfg)
+    s.close()
+    if refused:
+        assert len(got) == 1 and f"unix socket {sock} at /var/run/docker.sock" in got[0] and "gatewrap.unix_sockets" in got[0]
+    else:
+        assert got == []

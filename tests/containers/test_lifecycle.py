@@ -84,10 +84,17 @@ def test_ps_lists_a_containers_run_with_its_container_id_and_no_pid(podman):
         got = _until("the run in gatewrap ps", lambda: _ps(c.run_id))
         assert (got["container"], got["pid"], got["argv"]) == (c.id, 0, TERM_EXITS)
         assert got["procs"] >= 1
-        table = _gw("ps").stdout
-        line, = [x for x in table.splitlines() if x.startswith(c.run_id)]
-        assert f"[container {c.id[:12]}] python3" in line
-        assert line.split()[1] == "-"  # no gatewrap process of its own
+        for flags, shown in [((), c.run_id[:15]), (("--no-trunc",), c.run_id)]:
+            # gw- and the 12 characters docker ps shows (a start gatewrap stop takes); whole with --no-trunc
+            header, *lines = _gw("ps", *flags).stdout.splitlines()
+            line, = [x for x in lines if x.split()[0] == shown]
+            assert f"[container {c.id[:12]}] python3" in line
+            assert line.split()[1] == "-"  # no gatewrap process of its own
+            pid_end, command = header.index("PID") + 3, header.index("COMMAND")
+            for x in lines:  # the columns stay under their heads, however long the ids
+                assert x[pid_end - 1] != " " and x[pid_end] == " ", (header, x)
+                assert x[command - 2:command] == "  " and x[command] != " ", (header, x)
+        assert _gw("stop", "--timeout", "2", c.run_id[:15]).returncode == 0
     finally:
         _rm(c.id)
 
@@ -109,6 +116,9 @@ def test_gatewrap_stop_ends_a_container_as_docker_stop_does_and_its_run_with_it(
         assert p.returncode == 0, p.stderr
         got = json.loads(p.stdout)
         assert (got["run"], got["stopped"], got["signal"]) == (c.run_id, True, signal_name)
+        waits = (f"gatewrap: sent SIGTERM to container run {c.run_id}'s first process; waiting up to 2 s "
+                 f"(--timeout) for the container to exit, then SIGKILL to all of its processes")
+        assert p.stderr.splitlines() == ([waits] if signal_name == "SIGKILL" else []), p.stderr
         assert got["run_end"]["event"] == "run_end"
         assert got["run_end"]["reason"] == "the container was deleted (gatewrap-oci delete)"  # podman's --rm
         assert took < 2 + EXIT_GRACE + 5
@@ -166,6 +176,9 @@ def test_a_restarted_daemon_takes_a_live_containers_run_back_and_its_egress_pass
                lambda: [r for r in c.records()[resumed_at:]
                         if r.get("event") == "request" and r["decision"] == "allowed"])
         assert "took container run" in restarted.log_text() or f"took run {c.run_id} back" in restarted.log_text()
+        denied = subprocess.run([*podman_base(), "exec", c.id, "curl", "-s", "http://denied.test/"],
+                                capture_output=True, text=True, timeout=60)
+        assert "create the container with the annotation gatewrap.allow=denied.test:80" in denied.stdout, denied
         _rm(c.id)
         _until("the run's end", lambda: c.records(event="run_end"))
         end, = c.records(event="run_end")

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from containers.conftest import podman_base
+from containers.conftest import PODMAN_RUN_FLAGS, podman_base, podman_gatewrap
 
 pytestmark = pytest.mark.kernel
 
@@ -70,6 +70,7 @@ def test_a_container_without_annotations_gets_the_default_deny_said_in_its_first
     first = next(r for r in c.records())
     assert first["event"] == "run_start"
     assert first["container"]["policy"].startswith("default (deny everything)")
+    assert "unix_sockets" not in first["container"]  # none named
 
 
 def test_a_policy_file_named_by_annotation_is_the_runs_policy(podman, tmp_path):
@@ -119,6 +120,43 @@ def test_af_vsock_which_no_hook_sees_is_refused_by_the_seccomp_profile(podman, f
     assert c.stdout.strip() == str(errno)
 
 
+#: unshare(1) of a user namespace, then a thread (clone3 refused with ENOSYS: glibc falls back to clone).
+USERNS = ("unshare --user true 2>/dev/null; echo \"unshare $?\"; "
+          "python3 -c \"import threading; t = threading.Thread(target=print, args=('thread',)); t.start(); t.join()\"")
+
+
+@pytest.mark.parametrize("flags", [[], ["--security-opt", "seccomp=unconfined"]], ids=["podman's profile", "no profile"])
+def test_a_container_makes_no_user_namespace_of_its_own_and_its_threads_still_start(podman, flags):
+    c = podman("--network", "none", *flags, cmd=["sh", "-c", USERNS])
+    assert c.returncode == 0, c.stderr
+    assert c.stdout.split("\n")[:2] == ["unshare 1", "thread"], c.stdout
+
+
+def test_a_host_unix_socket_named_by_annotation_is_bound_in(podman, tmp_path):
+    import socket
+    import threading
+    tmp_path.chmod(0o755)
+    path = tmp_path / "daemon.sock"
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(path))
+    server.listen(1)
+    server.settimeout(30)
+    heard = []
+    t = threading.Thread(target=lambda: heard.append(server.accept()[0].recv(100)), daemon=True)
+    t.start()
+    try:
+        c = podman("--network", "none", "--annotation", f"gatewrap.unix_sockets={path}", "-v", f"{path}:/run/d.sock",
+                   cmd=["python3", "-c", "import socket; s = socket.socket(socket.AF_UNIX); s.connect('/run/d.sock'); "
+                        "s.send(b'hello')"])
+    finally:
+        t.join(10)
+        server.close()
+    assert c.returncode == 0, c.stderr
+    assert heard == [b"hello"]
+    start, = c.records(event="run_start")  # what the container was let bind is on the record
+    assert start["container"]["unix_sockets"] == [str(path)], start
+
+
 def test_a_process_podman_exec_starts_gets_the_containers_proxy_and_reaches_allowed_hosts(podman):
     """podman exec passes runc a process file built from podman's own record of the container,
     without gatewrap's variables: gatewrap-oci adds those it lacks (a new user's exec'd curl
@@ -166,3 +204,33 @@ def test_a_breakpoint_holds_a_containers_request_until_it_is_approved(podman, tm
         assert events[:1] == ["approval_asked"] and len(events) >= 2, events
     finally:
         subprocess.run([*podman_base(), "rm", "-f", "-t", "0", c.id], capture_output=True, timeout=60)
+
+
+#: A denied fetch through the gate (curl prints its 403's body), then a direct connect (the
+#: Python shim's message), each as the agent gets it.
+TOLD = ["sh", "-c", "curl -s http://denied.test/; python3 -c 'import socket\ntry:\n"
+        "    socket.create_connection((\"198.51.100.148\", 80), timeout=5)\nexcept OSError as e:\n    print(e)'"]
+
+
+def test_a_containers_refusals_say_how_a_container_allows_a_host_not_gatewrap_runs_flags(podman):
+    c = podman("--network", "none", "--annotation", "gatewrap.allow=allowed.test", cmd=TOLD)
+    assert c.returncode == 0, c.stderr
+    body, told = c.stdout.split("[Errno 1] ")
+    assert body.startswith("gatewrap: egress to denied.test:80 was denied (default deny).\n"), body
+    assert ("To allow it, create the container with the annotation gatewrap.allow=denied.test:80 (or its "
+            "runtime with --gatewrap-allow=denied.test:80) or add to its policy file (annotation gatewrap.policy):") in body
+    assert "egress to 198.51.100.148:80 was blocked by gatewrap" in told
+    assert ("with the host allowed there (the container's annotation gatewrap.allow=HOST, or its runtime's "
+            "--gatewrap-allow=HOST)") in told
+    for text in (body, told):
+        assert "gatewrap run" not in text and "--allow" not in text, text
+
+
+@pytest.mark.parametrize("audit", ["/sys/gatewrap-audit.jsonl", "/proc/1/gatewrap/audit.jsonl"],
+                         ids=["a file that cannot be made", "a folder that cannot be made"])
+def test_an_audit_log_the_runtime_cannot_open_is_said_with_the_runtimes_flag_not_gatewrap_runs(
+        net, oci_daemon, podman_image, audit):
+    p = subprocess.run([*podman_gatewrap(oci_daemon, net, audit), "run", "--rm", *PODMAN_RUN_FLAGS, "--network", "none",
+                        podman_image, "true"], capture_output=True, text=True, timeout=60)
+    assert p.returncode != 0 and os.path.dirname(audit) in p.stderr, p.stderr
+    assert "--gatewrap-audit-log" in p.stderr and " --audit-log" not in p.stderr, p.stderr

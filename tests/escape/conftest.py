@@ -29,7 +29,7 @@ RESULTS = HERE / "results.json"
 #: agent (environment, secrets) and what the agent leaves behind (protected paths) or shows the
 #: human (the review page), then processes and lifetime, the host's resources, then the gate's
 #: own faults (audit log, listeners), and last containers run by gatewrap-oci.
-MODULE_ORDER = ["test_network.py", "test_ssrf_named.py", "test_tamper.py", "test_environment.py", "test_secrets.py",
+MODULE_ORDER = ["test_network.py", "test_dual_stack.py", "test_ssrf_named.py", "test_tamper.py", "test_environment.py", "test_secrets.py",
                 "test_protected.py", "test_review_page.py", "test_lifecycle.py",
                 "test_bounds.py", "test_audit_flood.py",
                 "test_audit_failclosed.py", "test_containers.py", "test_container_runs.py"]

@@ -25,7 +25,7 @@ from containers.conftest import image, oci_daemon, podman, podman_base, podman_i
 from gatewrap.shared import protocol
 
 from .helpers import agent_code, attempts
-from .test_containers import CTYPES
+from .test_containers import CTYPES, OWN_NAMESPACES
 
 pytestmark = pytest.mark.kernel
 
@@ -78,30 +78,7 @@ def test_a_policy_annotation_through_proc_is_refused(oci_daemon, outcome, own_ro
     assert held, got
 
 
-#: The start of the two agents below: a user, cgroup and mount namespace of its own, its
-#: root the host's uid 0 (the container's root).
-OWN_NAMESPACES = """
-CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUSER = 0x20000, 0x02000000, 0x10000000
-check(libc.unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWCGROUP))
-open('/proc/self/setgroups', 'w').write('deny')
-open('/proc/self/uid_map', 'w').write('0 0 1')
-open('/proc/self/gid_map', 'w').write('0 0 1')
-"""
-
-
-# --- a container that hides its processes in a child cgroup of its run's -----------------
-
-#: The container's first process (pid 1 of its pid namespace: SIGTERM ignored), without
-#: seccomp, in a user, cgroup and mount namespace of its own: cgroupfs mounted anew, and
-#: itself moved into a child cgroup, so its run's own cgroup.procs is empty.
-HIDES = OWN_NAMESPACES + """
-os.makedirs('/tmp/cg', exist_ok=True)
-check(libc.mount(b'none', b'/tmp/cg', b'cgroup2', 0, None))
-os.makedirs('/tmp/cg/hidden', exist_ok=True)
-open('/tmp/cg/hidden/cgroup.procs', 'w').write(str(os.getpid()))
-print('moved', flush=True)
-time.sleep(300)
-"""
+# --- a container whose processes are in a child cgroup of its run's ----------------------
 
 EXIT_GRACE = 5.0  # gatewrap.oci.runs.EXIT_GRACE
 
@@ -111,19 +88,23 @@ def _gw(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_a_container_hidden_in_a_child_cgroup_keeps_its_run_and_gatewrap_stop_still_ends_it(podman, outcome):  # noqa: F811
-    """a container that moves its processes into a child cgroup of its run's (the run's cgroup.procs empty)
+    """a container whose processes are in a child cgroup of its run's (the run's cgroup.procs empty)
 
-    Does the daemon's watch take it for dead and remove its sandbox while it runs, or gatewrap stop miss it?"""
-    c = podman("-d", "--network", "none", "--security-opt", "seccomp=unconfined", *CTYPES,
-               cmd=["python3", "-c", agent_code(HIDES)])
+    Does the daemon's watch take it for dead and remove its sandbox while it runs, or gatewrap stop miss it? The
+    container's root could move itself there from its own user and cgroup namespace before seal_namespaces; the
+    host's root does it here (its first process, pid 1 of its pid namespace, ignores SIGTERM)."""
+    c = podman("-d", "--network", "none", cmd=["sleep", "300"])
     assert c.returncode == 0, c.stderr
     leaf = f"/sys/fs/cgroup/unified/gatewrap/{c.run_id}"
     try:
         deadline = time.monotonic() + 30
-        while "moved" not in subprocess.run([*podman_base(), "logs", c.id], capture_output=True, text=True).stdout:
-            assert time.monotonic() < deadline, subprocess.run([*podman_base(), "logs", c.id], capture_output=True,
-                                                               text=True)
+        while not open(f"{leaf}/cgroup.procs").read().split():
+            assert time.monotonic() < deadline, "the container's process never appeared in its run's cgroup"
             time.sleep(0.2)
+        os.makedirs(f"{leaf}/hidden", exist_ok=True)
+        for pid in open(f"{leaf}/cgroup.procs").read().split():
+            with open(f"{leaf}/hidden/cgroup.procs", "w") as f:
+                f.write(pid)
         assert open(f"{leaf}/cgroup.procs").read().strip() == ""
         assert open(f"{leaf}/hidden/cgroup.procs").read().strip()
         time.sleep(EXIT_GRACE + 1.5)
@@ -204,6 +185,8 @@ FORKS = OWN_NAMESPACES + """
 os.makedirs('/tmp/v1', exist_ok=True)
 attempt('mount cgroup v1 pids', lambda: check(libc.mount(b'none', b'/tmp/v1', b'cgroup', 0, b'pids')))
 def write(path, value):
+    if not os.path.ismount(os.path.dirname(path)):  # not cgroupfs: a plain file would be made
+        raise FileNotFoundError(2, 'not mounted', path)
     with open(path, 'w') as f:
         f.write(value)
 attempt('write its own pids.max', write, '/tmp/v1/pids.max', 'max')
@@ -215,9 +198,11 @@ if os.path.exists('/tmp/v1m/memory.memsw.limit_in_bytes'):  # memory's may not g
 attempt('write its own memory.limit_in_bytes', write, '/tmp/v1m/memory.limit_in_bytes', '-1')
 attempt('its own memory.limit_in_bytes', lambda: open('/tmp/v1m/memory.limit_in_bytes').read().strip())
 os.makedirs('/tmp/cg', exist_ok=True)
-check(libc.mount(b'none', b'/tmp/cg', b'cgroup2', 0, None))
-os.makedirs('/tmp/cg/child', exist_ok=True)
-open('/tmp/cg/child/cgroup.procs', 'w').write(str(os.getpid()))
+def child():
+    check(libc.mount(b'none', b'/tmp/cg', b'cgroup2', 0, None))
+    os.makedirs('/tmp/cg/child', exist_ok=True)
+    open('/tmp/cg/child/cgroup.procs', 'w').write(str(os.getpid()))
+attempt('a child cgroup in cgroup2', child)
 def forks():
     kids = []
     try:
@@ -235,12 +220,6 @@ attempt('fork 200 from a child cgroup', forks)
 """
 
 
-@pytest.mark.xfail(strict=True, reason="the run's bounds are written on the container's own cgroup, the root of the "
-                   "cgroup namespace runc gives it; its root (the host's uid 0) unshares a user and cgroup namespace "
-                   "(podman's seccomp profile allows it), mounts cgroup v1's pids and memory and writes them (v1 has "
-                   "no nsdelegate): only the gatewrap/ parent's bounds remain (16384 tasks, 75% of RAM, shared by "
-                   "every run). Fix: the bounds on a per-run cgroup above the container's, or seccomp refusing "
-                   "CLONE_NEWUSER/NEWCGROUP (and clone3 ENOSYS) as docker's profile does without CAP_SYS_ADMIN")
 @pytest.mark.parametrize("flags", [[], ["--security-opt", "seccomp=unconfined"]],
                          ids=["the container's root writes its own cgroup v1 pids.max and memory limit "
                               "(own user and cgroup namespace; podman's seccomp profile)",
@@ -252,14 +231,99 @@ def test_a_containers_root_cannot_loosen_its_own_bounds(podman, outcome, flags):
     c = podman("--network", "none", *flags, "--pids-limit", "64", *CTYPES, cmd=["python3", "-c", agent_code(FORKS)])
     got = {a["step"]: a for a in attempts(c.stdout)}
     forked = next((json.loads(line)["forked"] for line in c.stdout.splitlines() if line.startswith('{"forked"')), None)
-    said = {s: (got.get(s) or {"errno": "no attempt"}) for s in ("mount cgroup v1 pids", "write its own pids.max",
-                                                                 "write its own memory.limit_in_bytes")}
+    said = {s: (got.get(s) or {"errno": "no attempt"}) for s in (
+        "unshare(user, cgroup, mount)", "mount cgroup v1 pids", "write its own pids.max", "write its own memory.limit_in_bytes")}
     said = {s: a["errno"] or "done" for s, a in said.items()}
     held = forked is not None and forked < 64 and said["write its own memory.limit_in_bytes"] != "done"
-    outcome("the run's cgroup v1 bounds (written on the container's own leaf, its cgroupns root)",
+    outcome("gatewrap-oci's seccomp: no user or cgroup namespace of its own (bundle.seal_namespaces); the run's "
+            "cgroup v1 bounds on its leaf",
             "; ".join(f"{s}: {e}" for s, e in said.items()) + f"; forked {forked} of 200", "held" if held else "OPEN")
     assert held, (c.returncode, c.stdout[-2000:], c.stderr[-1000:])
 
+
+
+#: podman's own profile (containers-common), the base of the engine profiles below.
+PODMAN_PROFILE = "/usr/share/containers/seccomp.json"
+
+
+def _podman_profile_with(path: Path, default: str | None = None, moved: tuple[str, ...] = (), action: str = "") -> str:
+    """podman's profile written to ``path``, its default action ``default`` (if given) and
+    the calls ``moved`` taken out of its allowing rules into one rule of ``action``; returns
+    the ``--security-opt`` value."""
+    profile = json.loads(Path(PODMAN_PROFILE).read_text())
+    if default:
+        profile["defaultAction"] = default
+    if moved:
+        for rule in profile["syscalls"]:
+            if rule["action"] == "SCMP_ACT_ALLOW":
+                rule["names"] = [n for n in rule["names"] if n not in moved]
+        profile["syscalls"] = [r for r in profile["syscalls"] if r["names"]] + [{"names": list(moved), "action": action}]
+    path.write_text(json.dumps(profile))
+    return f"seccomp={path}"
+
+
+#: ``BODY`` (an agent's code) in a child under ptrace(2) with PTRACE_O_TRACESECCOMP: a call
+#: the profile answers SCMP_ACT_TRACE stops the child, and the parent lets it go on (seccomp(2)
+#: "SECCOMP_RET_TRACE": the tracer may let the call run); a tracer is any process of the
+#: container that may ptrace the child (its parent: Yama's scope 1).
+TRACED = """
+import signal
+L = ctypes.c_long
+kid = os.fork()
+if kid == 0:
+    libc.ptrace(L(0), L(0), L(0), L(0))  # PTRACE_TRACEME
+    os.kill(os.getpid(), signal.SIGSTOP)
+    exec(compile(BODY, 'traced', 'exec'))
+    sys.stdout.flush()
+    os._exit(0)
+os.waitpid(kid, 0)
+libc.ptrace(L(0x4200), L(kid), L(0), L(0x80 | 0x100000))  # PTRACE_SETOPTIONS: TRACESECCOMP, EXITKILL
+libc.ptrace(L(7), L(kid), L(0), L(0))  # PTRACE_CONT
+while True:
+    _, st = os.waitpid(kid, 0)
+    if os.WIFEXITED(st) or os.WIFSIGNALED(st):
+        break
+    sig = 0 if st >> 8 == (signal.SIGTRAP | (7 << 8)) else os.WSTOPSIG(st)  # PTRACE_EVENT_SECCOMP: let it run
+    libc.ptrace(L(7), L(kid), L(0), L(sig))
+"""
+
+
+@pytest.mark.parametrize("case", ["log-rules", "trace-rules", "trace-default", "vsock-log-default"],
+                         ids=["an engine profile allowing clone, unshare and mount with SCMP_ACT_LOG: the container's "
+                              "root writes its own cgroup v1 pids.max and memory limit",
+                              "the same with SCMP_ACT_TRACE rules for unshare and mount, a tracer in the container",
+                              "an engine profile whose default is SCMP_ACT_TRACE, a tracer in the container: the same",
+                              "an engine profile whose default is SCMP_ACT_LOG: socket(AF_VSOCK)"])
+def test_an_engine_profile_that_lets_calls_through_another_way_does_not_give_a_container_its_own_namespaces(
+        podman, outcome, tmp_path, case):  # noqa: F811
+    """seccomp actions that let a call run other than SCMP_ACT_ALLOW (LOG, TRACE with a tracer of the container's own)."""
+    traced = f"BODY = {FORKS!r}\n{TRACED}"
+    opt, body = {
+        "log-rules": lambda: (_podman_profile_with(tmp_path / "p.json", moved=("clone", "unshare", "mount"),
+                                                   action="SCMP_ACT_LOG"), FORKS),
+        "trace-rules": lambda: (_podman_profile_with(tmp_path / "p.json", moved=("unshare", "mount"),
+                                                     action="SCMP_ACT_TRACE"), traced),
+        "trace-default": lambda: (_podman_profile_with(tmp_path / "p.json", default="SCMP_ACT_TRACE"), traced),
+        "vsock-log-default": lambda: (_podman_profile_with(tmp_path / "p.json", default="SCMP_ACT_LOG"),
+                                      "attempt('socket(AF_VSOCK)', lambda: socket.socket(socket.AF_VSOCK, "
+                                      "socket.SOCK_STREAM).close())"),
+    }[case]()
+    c = podman("--network", "none", "--security-opt", opt, "--pids-limit", "64", *CTYPES,
+               cmd=["python3", "-c", agent_code(body)])
+    got = {a["step"]: a["errno"] or "done" for a in attempts(c.stdout)}
+    forked = next((json.loads(line)["forked"] for line in c.stdout.splitlines() if line.startswith('{"forked"')), None)
+    refused = "seccomp profile whose default action is" in c.stderr
+    if case == "vsock-log-default":
+        held = got.get("socket(AF_VSOCK)") not in (None, "done") or refused
+    else:
+        held = (forked is None or forked < 64) and got.get("write its own memory.limit_in_bytes") != "done"
+    said = "; ".join(f"{s}: {e}" for s, e in got.items()) + (f"; forked {forked} of 200" if forked is not None else "")
+    outcome("gatewrap-oci's seccomp: a rule that lets clone/unshare/socket through in any way is narrowed "
+            "(bundle.seal_namespaces, seal_vsock); a default that does, but ALLOW, is refused at create",
+            said if not refused else "refused at create: " + c.stderr.split("refused: ")[-1][:120],
+            "held" if held else "OPEN")
+    assert held, (c.returncode, c.stdout[-2000:], c.stderr[-1000:])
+    assert refused == (case in ("trace-default", "vsock-log-default")), c.stderr[-1000:]
 
 # --- contrib/kubernetes's installer: what the node's containerd config holds ---------------
 
@@ -287,15 +351,24 @@ def test_gatewrap_stop_signals_only_the_runs_processes_whatever_their_pid_namesp
     """gatewrap stop of a container with a pid namespace of its own inside (a second "first process"), beside a host
     process that is pid 1 of another pid namespace"""
     victim = subprocess.Popen(["unshare", "--pid", "--fork", "--kill-child", "sleep", "120"])
-    c = podman("-d", "--network", "none", "--security-opt", "seccomp=unconfined",
-               cmd=["sh", "-c", "unshare --user --map-root-user --pid --fork sleep 300 & exec sleep 300"])
+    # the run's second "first process": the container's root made it itself with a user namespace
+    # before seal_namespaces; the host's root puts one in the run's cgroup here
+    inner = subprocess.Popen(["unshare", "--pid", "--fork", "--kill-child", "sleep", "300"])
+    c = podman("-d", "--network", "none", cmd=["sleep", "300"])
     assert c.returncode == 0, c.stderr
     try:
         leaf = f"/sys/fs/cgroup/unified/gatewrap/{c.run_id}"
         deadline = time.monotonic() + 30
-        while len(open(f"{leaf}/cgroup.procs").read().split()) < 3:
-            assert time.monotonic() < deadline, open(f"{leaf}/cgroup.procs").read()
+        while not open(f"{leaf}/cgroup.procs").read().split():
+            assert time.monotonic() < deadline, "the container's process never appeared in its run's cgroup"
             time.sleep(0.2)
+        while not open(f"/proc/{inner.pid}/task/{inner.pid}/children").read().split():
+            assert time.monotonic() < deadline, "unshare's child never started"
+            time.sleep(0.05)
+        for pid in [inner.pid, *open(f"/proc/{inner.pid}/task/{inner.pid}/children").read().split()]:
+            with open(f"{leaf}/cgroup.procs", "w") as f:
+                f.write(str(pid))
+        assert len(open(f"{leaf}/cgroup.procs").read().split()) >= 3
         p = _gw("stop", "--timeout", "2", "--json", c.run_id)
         stopped = json.loads(p.stdout) if p.returncode == 0 else {}
         alive = victim.poll() is None
@@ -308,5 +381,6 @@ def test_gatewrap_stop_signals_only_the_runs_processes_whatever_their_pid_namesp
         assert held, (p.stdout, p.stderr[-1000:], alive, gone)
     finally:
         subprocess.run([*podman_base(), "rm", "-f", "-t", "0", c.id], capture_output=True, timeout=60)
-        victim.kill()
-        victim.wait()
+        for p in (victim, inner):
+            p.kill()
+            p.wait()

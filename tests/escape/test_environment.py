@@ -86,7 +86,7 @@ def test_the_callers_variables_do_not_reach_the_agent(host_runs, outcome, name, 
             "absent" + (" (readable /proc/PID/environ too)" if not leaked else f"; but in {leaked}"),
             "OPEN" if leaked else "held")
     assert not leaked, leaked
-    assert not [k for k in env if k.startswith("GATEWRAP_") and k not in ("GATEWRAP_GATE", "GATEWRAP_RUN", "GATEWRAP_AUDIT")]
+    assert not [k for k in env if k.startswith("GATEWRAP_") and k not in ("GATEWRAP_GATE", "GATEWRAP_RUN", "GATEWRAP_AUDIT", "GATEWRAP_ALLOW")]
 
 
 def test_the_agents_home_and_user_are_its_own_not_the_callers(host_runs):

@@ -67,11 +67,6 @@ def run_agent(gatewrap, tmp_path, requests):
     return r, [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
 
 
-@pytest.mark.xfail(strict=True, reason="the gate does not look at responses: a host the rule injects for that "
-                   "reflects the request (an echo endpoint, an error page quoting the header, a debug route) hands "
-                   "the value to the agent. Needs a response screen in the gate (the value and its Basic/base64 "
-                   "forms searched across body chunks, redacted or the connection cut) or rules scoped by path to "
-                   "routes that do not reflect; not small")
 def test_an_injected_host_that_echoes_the_request_hands_the_agent_the_value(gatewrap, tmp_path, outcome):
     """The rule injects into every request to its host; the host's /echo sends the request's
     headers back: the agent reads the real token in the response."""
@@ -80,9 +75,11 @@ def test_an_injected_host_that_echoes_the_request_hands_the_agent_the_value(gate
     (got,) = lines
     assert got["status"] == 200, got
     leaked = VALUE in got["body"]
-    outcome("gate (responses are not screened)", "the value came back in the response body" if leaked
-            else "the value did not reach the agent", "OPEN" if leaked else "held")
+    (rec,) = [x for x in r.records(event="request") if x.get("secret")]
+    outcome("gate: responses masked (gate/secrets/mask.rs)", "the value came back in the response body" if leaked
+            else f"the value masked ({'*' * 8}...), the record's redacted: {rec.get('redacted')}", "OPEN" if leaked else "held")
     assert not leaked, "the agent read the secret's value in the echoed response"
+    assert "*" * len(VALUE) in got["body"] and rec.get("redacted", 0) >= 1, (got, rec)
 
 
 def test_the_placeholder_in_a_request_body_to_another_allowed_host_is_refused(gatewrap, tmp_path, outcome):
@@ -161,3 +158,214 @@ def test_a_from_command_secret_runs_nothing_the_agent_left_in_its_working_direct
         assert runs[1].returncode == 0, runs[1].stderr
     finally:
         shutil.rmtree(top, ignore_errors=True)
+
+
+def _mime_lines(value: str) -> bytes:
+    """The value's base64 in a MIME body (RFC 2045 §6.8: lines of 76), placed so that a line
+    break falls inside the value's encoding (45 bytes before it, 57 bytes a line)."""
+    return base64.encodebytes(b"m" * 45 + value.encode())
+
+
+def _gzip(value: str) -> bytes:
+    import gzip
+    return gzip.compress(b"token: " + value.encode() + b"\n", mtime=0)
+
+
+# (form, the bytes an upstream sends, how the agent gets the value back from the body)
+FORMS = [
+    ("as sent, upper case", VALUE.upper().encode(), lambda b: VALUE.upper().encode() in b),
+    ("base64 in MIME lines of 76", _mime_lines(VALUE),
+     lambda b: VALUE.encode() in base64.decodebytes(b.replace(b"*", b"A"))),
+    ("gzip (a body compressed though identity was asked)", _gzip(VALUE),
+     lambda b: VALUE.encode() in __import__("gzip").decompress(b)),
+    ("split in two halves", (VALUE[:17] + "\n" + VALUE[17:]).encode(), lambda b: VALUE.encode() in b.replace(b"\n", b"")),
+    ("every byte percent-encoded", "".join(f"%{c:02X}" for c in VALUE.encode()).encode(),
+     lambda b: VALUE.encode() in bytes.fromhex(b.decode().replace("%", ""))),
+    ("JSON with every character \\u-escaped", ('"' + "".join(f"\\u{ord(c):04x}" for c in VALUE) + '"').encode(),
+     lambda b: VALUE in json.loads(b)),
+]
+
+# The agent: GET each URL, the status and the body's hex printed as one JSON line.
+RAW_AGENT = """
+import json, sys, urllib.request
+for url in json.loads(sys.argv[1]):
+    with urllib.request.urlopen(urllib.request.Request(url, headers={"Accept-Encoding": "identity"}), timeout=10) as r:
+        print(json.dumps({"status": r.status, "hex": r.read().hex()}))
+"""
+
+OPEN_FORMS = {"base64 in MIME lines of 76", "gzip (a body compressed though identity was asked)", "split in two halves",
+              "every byte percent-encoded", "JSON with every character \\u-escaped"}
+
+
+@pytest.mark.parametrize("form,sent,recover", [
+    pytest.param(f, s, r, id=f, marks=[pytest.mark.xfail(strict=True, reason=(
+        "open: the response mask (gate/secrets/mask.rs) matches the value whole in a few fixed forms; "
+        "an upstream that sends it in another (line-broken base64, compressed, split, fully escaped) "
+        "hands it to the agent"))] if f in OPEN_FORMS else [])
+    for f, s, r in FORMS])
+def test_a_response_with_the_value_in_another_form_is_masked(gatewrap, net, tmp_path, outcome, form, sent, recover):
+    """An upstream the run reaches sends the value back in a form other than those the mask
+    looks for (an echo or a store of the injected request, fetched from any allowed host: every
+    response of the run is masked). Here a static file of other.allowed.test holds it."""
+    site = Path(net.sites_dir) / "other.allowed.test"
+    site.mkdir()
+    try:
+        (site / "leak.bin").write_bytes(sent)
+        policy = tmp_path / "policy.toml"
+        policy.write_text(POLICY)
+        r = gatewrap(["/usr/bin/python3", "-c", RAW_AGENT, json.dumps(["http://other.allowed.test/leak.bin"])],
+                     extra=["--policy", str(policy)], unnamed={"GW_TEST_SECRET": VALUE})
+    finally:
+        shutil.rmtree(site)
+    assert r.returncode == 0, r.stderr
+    (got,) = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
+    body = bytes.fromhex(got["hex"])
+    try:
+        leaked = recover(body)
+    except Exception:  # noqa: BLE001 - a body masked into something undecodable: not read back
+        leaked = False
+    outcome("gate: responses masked (gate/secrets/mask.rs)",
+            f"{form}: the agent decoded the value" if leaked else f"{form}: masked ({body.count(b'*')} '*')",
+            "OPEN" if leaked else "held")
+    assert not leaked, f"{form}: the agent read the value from {body[:120]!r}"
+
+
+SHORT = "hunter2pass"  # 11 characters: a password, not a 40-character token
+
+BASIC_AGENT = """
+import base64, json, os, urllib.request
+auth = base64.b64encode(("bot:" + os.environ["GITHUB_TOKEN"]).encode()).decode()
+req = urllib.request.Request("http://allowed.test/echo", headers={"Authorization": "Basic " + auth})
+with urllib.request.urlopen(req, timeout=10) as r:
+    doc = json.loads(r.read())
+sent = {k.lower(): v for k, v in doc["headers"].items()}.get("authorization") or "-"
+print(json.dumps({"echoed": sent,
+                  "decoded": base64.b64decode(sent.split()[-1] + "==").decode(errors="replace")}))
+"""
+
+
+def test_a_short_password_injected_as_basic_and_echoed_is_masked(gatewrap, tmp_path, outcome):
+    """``as = "basic"`` puts ``base64(user:VALUE)`` upstream; an echo sends that header back.
+    The value's own bytes are masked wherever they are; its base64 was only from 16 characters
+    (MIN_PLACEHOLDER), so an 11-character password came back readable."""
+    policy = tmp_path / "policy.toml"
+    policy.write_text(POLICY.replace('as = "bearer"', 'as = "basic"'))
+    r = gatewrap(["/usr/bin/python3", "-c", BASIC_AGENT], extra=["--policy", str(policy)], unnamed={"GW_TEST_SECRET": SHORT})
+    assert r.returncode == 0, r.stderr
+    (got,) = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
+    leaked = SHORT in got["decoded"]
+    outcome("gate: responses masked (gate/secrets/mask.rs)",
+            f"the echoed Basic credentials decoded to {'the value' if leaked else repr(got['decoded'])}", "OPEN" if leaked else "held")
+    assert not leaked, f"the agent decoded the value from the echoed {got['echoed']!r}"
+    assert got["echoed"].startswith("Basic "), got
+
+
+WS_AGENT = """
+import base64, json, os, socket
+s = socket.create_connection(("127.0.0.1", 3128), timeout=10)
+key = base64.b64encode(os.urandom(16)).decode()
+s.sendall((f"GET http://allowed.test:8080/headers HTTP/1.1\\r\\nHost: allowed.test:8080\\r\\nUpgrade: websocket\\r\\n"
+           f"Connection: Upgrade\\r\\nSec-WebSocket-Key: {key}\\r\\nSec-WebSocket-Version: 13\\r\\n"
+           f"Authorization: Bearer {os.environ['GITHUB_TOKEN']}\\r\\n\\r\\n").encode())
+got = b""
+while got.count(b"}") < 1:
+    c = s.recv(65536)
+    if not c:
+        break
+    got += c
+print(json.dumps({"raw": got.decode(errors="replace")}))
+"""
+
+
+def _websocket_agent(gatewrap, tmp_path, agent: str) -> dict:
+    """What ``agent`` (one of the WebSocket agents above) printed, run with the rule that
+    injects the secret into allowed.test on ports 80 and 8080 (the fake internet's WebSocket
+    server)."""
+    policy = tmp_path / "policy.toml"
+    policy.write_text(POLICY.replace('host = "allowed.test"\nschemes = ["http"]',
+                                     'host = "allowed.test"\nschemes = ["http"]\nports = [80, 8080]'))
+    r = gatewrap(["/usr/bin/python3", "-c", agent], extra=["--policy", str(policy)], unnamed={"GW_TEST_SECRET": VALUE})
+    assert r.returncode == 0, r.stderr
+    (got,) = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
+    return got
+
+
+def test_a_websocket_to_an_injected_host_that_echoes_the_handshake_is_masked(gatewrap, tmp_path, outcome):
+    """The rule injects into the WebSocket's opening handshake (a GET); the server's first
+    message is that handshake's headers: the value in a frame the gate relays unread."""
+    got = _websocket_agent(gatewrap, tmp_path, WS_AGENT)
+    assert " 101 " in got["raw"].split("\r\n")[0], got
+    leaked = VALUE in got["raw"]
+    outcome("gate: WebSocket relayed after 101 (upgrade.rs)",
+            "the value in the server's first message" if leaked else "masked", "OPEN" if leaked else "held")
+    assert not leaked, got["raw"]
+
+
+WS_FRAGMENTS_AGENT = """
+import base64, json, os, socket, struct
+s = socket.create_connection(("127.0.0.1", 3128), timeout=10)
+key = base64.b64encode(os.urandom(16)).decode()
+s.sendall((f"GET http://allowed.test:8080/headers-fragmented HTTP/1.1\\r\\nHost: allowed.test:8080\\r\\n"
+           f"Upgrade: websocket\\r\\nConnection: Upgrade\\r\\nSec-WebSocket-Key: {key}\\r\\n"
+           f"Sec-WebSocket-Version: 13\\r\\nAuthorization: Bearer {os.environ['GITHUB_TOKEN']}\\r\\n\\r\\n").encode())
+f = s.makefile("rb")
+status = f.readline().decode(errors="replace")
+while f.readline() not in (b"\\r\\n", b""):
+    pass
+message = b""
+while True:  # RFC 6455 5.4: a message is its fragments' payloads, in order
+    b0, b1 = f.read(2)
+    n = b1 & 0x7F
+    if n == 126:
+        n = struct.unpack("!H", f.read(2))[0]
+    message += f.read(n)
+    if b0 & 0x80:
+        break
+print(json.dumps({"status": status, "message": message.decode(errors="replace")}))
+"""
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "a WebSocket message the upstream fragments is masked frame by frame (secrets/ws.rs: 'not looked "
+    "into: a value split across two frames'): the value cut at a fragment's end reaches the agent whole "
+    "once its client joins the fragments"))
+def test_a_websocket_message_the_upstream_fragments_is_masked_across_its_fragments(gatewrap, tmp_path, outcome):
+    """The server echoes the injected handshake as one text message in 8-byte fragments (RFC
+    6455 §5.4; servers fragment long messages): each fragment is masked alone, and none holds
+    the whole value."""
+    got = _websocket_agent(gatewrap, tmp_path, WS_FRAGMENTS_AGENT)
+    assert " 101 " in got["status"], got
+    leaked = VALUE in got["message"]
+    outcome("gate: WebSocket relayed after 101 (secrets/ws.rs)",
+            "the value in the server's fragmented message" if leaked else "masked", "OPEN" if leaked else "held")
+    assert not leaked, got["message"]
+
+
+REASON_AGENT = """
+import json, os, socket
+s = socket.create_connection(("127.0.0.1", 3128), timeout=10)
+s.sendall(f"GET http://allowed.test/reason HTTP/1.1\\r\\nHost: allowed.test\\r\\nAuthorization: Bearer {os.environ['GITHUB_TOKEN']}\\r\\nConnection: close\\r\\n\\r\\n".encode())
+got = b""
+while b"\\r\\n\\r\\n" not in got:
+    c = s.recv(65536)
+    if not c:
+        break
+    got += c
+print(json.dumps({"status_line": got.split(b"\\r\\n")[0].decode(errors="replace")}))
+"""
+
+
+def test_a_reason_phrase_that_quotes_the_injected_header_is_masked(gatewrap, tmp_path, outcome):
+    """The status line's reason phrase (RFC 9112 §4) is text the server chooses: an error that
+    quotes the request's Authorization there. hyper keeps a reason that is not the standard
+    one (hyper::ext::ReasonPhrase) and writes it to the agent: it was not masked."""
+    policy = tmp_path / "policy.toml"
+    policy.write_text(POLICY)
+    r = gatewrap(["/usr/bin/python3", "-c", REASON_AGENT], extra=["--policy", str(policy)], unnamed={"GW_TEST_SECRET": VALUE})
+    assert r.returncode == 0, r.stderr
+    (got,) = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
+    assert got["status_line"].startswith("HTTP/1.1 400"), got
+    leaked = VALUE in got["status_line"]
+    outcome("gate: responses masked (gate/secrets/mask.rs)", "the value in the status line's reason phrase" if leaked
+            else f"status line {got['status_line']!r}", "OPEN" if leaked else "held")
+    assert not leaked, got

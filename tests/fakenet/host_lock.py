@@ -5,13 +5,15 @@ The fake internet's addresses are fixed, and the kernel tests share the host's
 test session) on one host would tear down each other's networks. They serialise on an
 abstract unix socket (unix(7), "Abstract sockets"): its name lives in the network
 namespace, so a chroot of this host (tools/fresh-debian) and the host itself see the same
-lock, and the kernel releases it when the holder dies, however it dies.
+lock, and the kernel releases it when the holder dies, however it dies. The holder listens
+on it, so a waiter can name the holder (SO_PEERCRED of a connection, unix(7)).
 """
 
 from __future__ import annotations
 
 import os
 import socket
+import struct
 import sys
 import time
 
@@ -35,6 +37,10 @@ def hold_host_lock(who: str, poll: float = 1.0) -> socket.socket | None:
         s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
         try:
             s.bind(NAME)
+            # Never accepted: a waiter's connect only names the holder. A unix listener keeps
+            # each connection, even one its client closed, until accepted (unix(7)): the
+            # queue is as long as the kernel allows, one slot for each waiter's one look.
+            s.listen(socket.SOMAXCONN)
             os.environ[HELD] = "held"
             return s
         except OSError as e:
@@ -43,6 +49,26 @@ def hold_host_lock(who: str, poll: float = 1.0) -> socket.socket | None:
                 raise
         if not told:
             print(f"gatewrap {who} (pid {os.getpid()}): another gatewrap test session or demo on this "
-                  "host holds the fake internet; waiting for it to finish", file=sys.stderr, flush=True)
+                  f"host holds the fake internet ({holder()}); waiting for it to finish", file=sys.stderr, flush=True)
             told = True
         time.sleep(poll)
+
+
+def holder() -> str:
+    """Who holds the lock: ``pid N: its command line`` (the listener's credentials, SO_PEERCRED
+    in unix(7), and /proc/N/cmdline, at most 160 characters), or what could not be read."""
+    c = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+    try:
+        c.settimeout(1)
+        c.connect(NAME)
+        pid, _, _ = struct.unpack("3i", c.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    except OSError as e:
+        return f"its holder not named: {e.strerror}"
+    finally:
+        c.close()
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmd = " ".join(f.read().decode("utf-8", "replace").replace("\0", " ").split())
+    except OSError:
+        cmd = "gone"
+    return f"pid {pid}: {cmd[:160]}"

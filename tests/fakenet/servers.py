@@ -15,10 +15,13 @@ Listeners (threads in this one process):
 
   - ``/``            200 ``hello from <Host name without port> over <http|https>\\n``
   - ``/echo``        200 JSON ``{"method", "path" (with query), "headers" {name: value},
-    "body" (text), "scheme", "host", "peer", "sni"}``
+    "body" (text), "scheme", "host", "peer", "sni", "hex"}``; ``hex``: the hex of the JSON
+    ``{"path", "headers"}``, what upstream received in a form the gate's response mask of
+    secrets (gate/secrets/mask.rs) does not look for, so that a test sees the injected value
   - ``/status/NNN``  status NNN (200..599), body ``status NNN\\n`` (none for 204/304)
   - ``/bytes/N``     200, N bytes of ``x`` (application/octet-stream)
   - ``/delay/MS``    200 ``delayed MS ms\\n`` after sleeping MS milliseconds
+  - ``/reason``      400 whose reason phrase is the request's ``Authorization``, no body
   - ``/redirect?to=URL``  302 with ``Location: URL`` (e.g. to a private address)
   - anything else    404 ``not found\\n``
   - a Host with a folder under ``sites_root`` (config key): that site (``sites.py``)
@@ -150,6 +153,7 @@ class Handler(BaseHTTPRequestHandler):
                 "host": host,
                 "peer": ends["peer"],
                 "sni": sni,
+                "hex": json.dumps({"path": self.path, "headers": headers}).encode().hex(),
             }
             self._send(200, (json.dumps(doc) + "\n").encode(), "application/json")
         elif len(parts) == 2 and parts[0] == "status" and parts[1].isdigit() and 200 <= int(parts[1]) <= 599:
@@ -164,6 +168,10 @@ class Handler(BaseHTTPRequestHandler):
         elif len(parts) == 2 and parts[0] == "delay" and parts[1].isdigit():
             time.sleep(int(parts[1]) / 1000)
             self._send(200, f"delayed {parts[1]} ms\n".encode())
+        elif route == "/reason":  # an error whose reason phrase quotes the request's Authorization
+            self.send_response(400, self.headers.get("Authorization") or "no authorization")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
         elif route == "/redirect":
             self.send_response(302)
             self.send_header("Location", parse_qs(urlsplit(self.path).query).get("to", ["/"])[0])

@@ -9,7 +9,10 @@ Listeners, dual stack on every address: ``ws`` (plain) on ``ws_port`` and ``wss`
 the fake internet's server certificate) on ``wss_port``. Any path: the opening handshake
 of RFC 6455 §4.2 (``Sec-WebSocket-Accept`` from the key), then every text or binary
 message is sent back as it came (unmasked, §5.1), a ping gets its pong, a close is
-answered with a close. A request without ``Upgrade: websocket`` gets 426.
+answered with a close; on path ``/headers`` the first message is the handshake's headers
+(JSON, names in lower case), an echo of the request; on ``/headers-fragmented`` the same
+message cut in fragments of 8 bytes (§5.4: a text frame without FIN, then continuation frames),
+as a server that fragments its messages sends it. A request without ``Upgrade: websocket`` gets 426.
 
 Log: one JSON line per handshake: ``{"ts", "server": "ws"|"wss", "event": "upgrade",
 "path", "host", "peer", "headers"}``.
@@ -96,6 +99,14 @@ class WsHandler(socketserver.StreamRequestHandler):
             return
         self.wfile.write(("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
                           f"Sec-WebSocket-Accept: {accept_key(headers['sec-websocket-key'])}\r\n\r\n").encode())
+        if path == "/headers":  # an echo of the handshake: its headers as one text message
+            self.wfile.write(frame(1, json.dumps(headers).encode()))
+        elif path == "/headers-fragmented":  # the same message in fragments of 8 bytes
+            text = json.dumps(headers).encode()
+            parts = [text[i:i + 8] for i in range(0, len(text), 8)]
+            for k, part in enumerate(parts):
+                fin = 0x80 if k == len(parts) - 1 else 0
+                self.wfile.write(bytes([fin | (1 if k == 0 else 0), len(part)]) + part)
         self.wfile.flush()
         try:
             while True:

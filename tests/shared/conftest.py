@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import secrets
 import signal
@@ -72,10 +73,35 @@ class Daemon:
             self.proc.wait(timeout=30)
 
     def stop(self) -> None:
+        """Stop the daemon (SIGTERM), and remove what a killed one left of its socket, unless
+        another daemon serves that socket now (one a run started on demand: see
+        :func:`lock_holder`; its files are its own, and whoever made it stops it)."""
         self.kill(signal.SIGTERM)
+        if lock_holder(self.socket) is not None:
+            return
         for leftover in (self.socket, self.socket + ".lock", self.socket + ".start"):
             if os.path.exists(leftover):
                 os.unlink(leftover)
+
+
+def lock_holder(socket_path: str) -> int | None:
+    """The pid of the daemon serving ``socket_path``: the one holding the lock beside it, who
+    wrote its pid there; None when no process holds it (a pid in a file nobody holds may be
+    another process's by now)."""
+    try:
+        fd = os.open(socket_path + ".lock", os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        try:
+            return int(os.pread(fd, 32, 0))
+        except ValueError:
+            return None  # held, its pid not written yet
+    finally:
+        os.close(fd)
+    return None
 
 
 @pytest.fixture(scope="module")

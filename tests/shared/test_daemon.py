@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -20,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from conftest import AGENT_PYTHON, AGENT_UID, PUBLIC_RANGES, gatewrap_cmd
+from gatewrap.shared.daemon import FDS_PER_SANDBOX
 
 from .conftest import Daemon
 
@@ -354,8 +356,8 @@ def test_a_daemon_whose_hooks_were_loaded_again_starts_new_runs_on_the_new_ones(
 
 
 def test_a_daemon_started_with_a_low_open_file_limit_raises_it_and_says_how_many_sandboxes_it_has_room_for():
-    """~15 descriptors an idle sandbox: a daemon started from a shell's soft limit (1,024)
-    would stop near 65 sandboxes; it raises the limit to the hard one (to fs.nr_open where it
+    """FDS_PER_SANDBOX descriptors an idle sandbox: a daemon started from a shell's soft limit
+    (1,024) would stop near a hundred sandboxes; it raises the limit to the hard one (to fs.nr_open where it
     may raise that: CAP_SYS_RESOURCE) and says what room that leaves."""
     d = Daemon()
     with open(d.log, "ab") as log:
@@ -371,7 +373,10 @@ def test_a_daemon_started_with_a_low_open_file_limit_raises_it_and_says_how_many
     finally:
         d.stop()
     assert soft == hard and int(soft) > 1024, (soft, hard)
-    assert f"file descriptor limit {int(soft):,}: room for about {int(soft) // 15:,} idle sandboxes" in d.log_text()
+    said = re.search(r"file descriptor limit ([\d,]+), (\d+) its own: room for about ([\d,]+) idle sandboxes", d.log_text())
+    assert said, d.log_text()
+    limit, own, room = (int(x.replace(",", "")) for x in said.groups())
+    assert limit == int(soft) and 3 < own < 200 and room == (limit - own) // FDS_PER_SANDBOX, said.group(0)
 
 
 def test_daemon_stop_stops_the_daemon_and_says_which_runs_lost_their_gates(tmp_path):
@@ -387,3 +392,39 @@ def test_daemon_stop_stops_the_daemon_and_says_which_runs_lost_their_gates(tmp_p
         assert again.returncode == 1 and "no gatewrap daemon answers" in again.stderr, again.stderr
     finally:
         d.stop()
+
+
+def test_a_sigterm_any_thread_of_the_daemon_takes_stops_it():
+    """kill(2) hands a signal to any thread that does not block it (signal(7)); Python runs
+    its handler on the main thread alone, which sleeps in poll(2): the daemon must wake for a
+    SIGTERM another thread took (on main a daemon went on serving: CI, test_stale_files)."""
+    import ctypes
+
+    d = Daemon().start()
+    try:
+        others = sorted(int(t) for t in os.listdir(f"/proc/{d.proc.pid}/task") if int(t) != d.proc.pid)
+        assert others, "an idle daemon has threads besides its main one"
+        libc = ctypes.CDLL(None, use_errno=True)
+        assert libc.tgkill(d.proc.pid, others[-1], signal.SIGTERM) == 0, os.strerror(ctypes.get_errno())
+        assert d.proc.wait(timeout=10) == 0, d.log_text()
+        assert "stopping; 0 runs lose" in d.log_text()
+        assert not os.path.exists(d.socket) and not os.path.exists(d.socket + ".lock")
+    finally:
+        d.stop()
+
+
+def _soft_nofile(pid: int) -> int:
+    with open(f"/proc/{pid}/limits") as f:
+        return int(next(line for line in f if line.startswith("Max open files")).split()[3])
+
+
+def test_status_says_the_daemons_descriptor_limit_and_the_room_left_for_idle_sandboxes(daemon):
+    got = daemon.status()
+    limit, held = _soft_nofile(got["pid"]), len(os.listdir(f"/proc/{got['pid']}/fd"))
+    fds = got["fds"]
+    assert fds["limit"] == limit and abs(fds["open"] - held) <= 2, (fds, limit, held)  # the asking connection's
+    assert fds["sandbox_room"] == (limit - fds["open"]) // FDS_PER_SANDBOX, fds
+    text = subprocess.run(gatewrap_cmd("daemon", "--socket", daemon.socket, "--status"), capture_output=True, text=True,
+                          timeout=30)
+    assert (f"file descriptor limit {limit:,}, " in text.stdout and " open: room for about " in text.stdout
+            and "more idle sandboxes" in text.stdout), text

@@ -17,8 +17,9 @@ import time
 import pytest
 
 from conftest import AGENT_UID, gatewrap_cmd
+from gatewrap.shared.daemon import FDS_PER_SANDBOX
 
-from .conftest import Daemon
+from .conftest import Daemon, lock_holder
 
 pytestmark = pytest.mark.kernel
 
@@ -63,10 +64,10 @@ def _private_socket():
     try:
         yield d
     finally:
-        with contextlib.suppress(OSError, ValueError):
-            with open(d.socket + ".lock") as f:
-                pid = int(f.read())
-            os.kill(pid, signal.SIGTERM)
+        pid = lock_holder(d.socket)
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
             deadline = time.monotonic() + 30
             while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
                 time.sleep(0.05)
@@ -197,13 +198,86 @@ def _settled(pid: int, fds: int, threads: int) -> tuple[int, int]:
         time.sleep(0.2)
 
 
-def test_the_daemon_keeps_no_descriptor_nor_thread_of_a_finished_run(tmp_path):
+#: What the daemon holds for each idle sandbox, by kind (issue 23, target 4: its descriptors,
+#: against its RLIMIT_NOFILE, bound how many sandboxes one daemon serves): the gate's
+#: listeners in the run's netns (the proxy and the DNS stub's UDP and TCP, each one socket
+#: for 127.0.0.1 and ::1) and the client's connection; the run's lock (it is alive while held:
+#: gatewrap.sandbox.registry); its ring buffer (read through its memory: no epoll of its own);
+#: the client's stderr (the run's notices: the daemon's and the gate's); its audit log (runs
+#: naming the same log share one). Not the netns (the gate's sockets hold it; the client got a
+#: descriptor of its own to join it) nor an eventfd (the daemon's one reader polls every run).
+IDLE_SANDBOX_FDS = {"socket": 4, "run lock": 1, "bpf-map": 1, "terminal": 2, "audit log": 1}
+
+
+def _kind(target: str, audit_dir: str) -> str:
+    """What a descriptor's /proc/PID/fd link ``target`` is, in :data:`IDLE_SANDBOX_FDS`' words."""
+    if target.startswith(audit_dir):
+        return "audit log"
+    if target.startswith("/run/gatewrap/runs/"):
+        return "run lock"
+    if target.startswith("pipe:"):
+        return "terminal"
+    if target.startswith("anon_inode:"):
+        return target.removeprefix("anon_inode:").strip("[]")
+    return target.split(":")[0]
+
+
+def _by_kind(pid: int, audit_dir: str) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for target in _fds(pid).values():
+        kind = _kind(target, audit_dir)
+        out[kind] = out.get(kind, 0) + 1
+    return out
+
+
+#: Idle sandboxes the descriptor count is taken over (each kind's growth must be a multiple).
+IDLE = 3
+
+
+def _agents_running(d: Daemon, n: int) -> list[str]:
+    """The ids of ``d``'s ``n`` runs once each has a process in its cgroup (at most 60 s)."""
+    from gatewrap.sandbox import cgroup
+
+    deadline = time.monotonic() + 60
+    while True:
+        runs = d.status()["runs"]
+        if len(runs) == n and all(cgroup.populated(os.path.join(cgroup.parent_dir(), r)) for r in runs):
+            return runs
+        assert time.monotonic() < deadline, (runs, d.log_text())
+        time.sleep(0.1)
+
+
+def test_an_idle_sandbox_costs_the_daemon_nine_descriptors_no_thread_and_a_finished_run_none(tmp_path):
     d = Daemon().start()
+    idle: list[subprocess.Popen] = []
     try:
         pid = d.proc.pid
         first = _true_run(d, tmp_path / "first.jsonl")  # what a first run makes once (the runtime, the reader)
         assert first.returncode == 0, first.stderr
         fds, threads = _steady(pid)
+        folder = tmp_path / "idle"
+        folder.mkdir()
+        before = _by_kind(pid, str(folder))
+        for i in range(IDLE):
+            idle.append(subprocess.Popen(
+                gatewrap_cmd("run", "--audit-log", str(folder / f"audit-{i}.jsonl"), "--workdir", "/tmp", "--",
+                             "/bin/sleep", "600"),
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=_env(d)))
+        _agents_running(d, IDLE)
+        _steady(pid)
+        now = _by_kind(pid, str(folder))
+        each = {k: (now.get(k, 0) - before.get(k, 0)) / IDLE for k in {*now, *before} if now.get(k, 0) != before.get(k, 0)}
+        assert each == IDLE_SANDBOX_FDS, (each, sorted(_fds(pid).values()))
+        assert sum(IDLE_SANDBOX_FDS.values()) == FDS_PER_SANDBOX  # what the daemon's log says it has room for
+        # Nor a thread: each log's writer thread ends after 5 s without a record (audit/queue.rs).
+        deadline = time.monotonic() + 30
+        while _audit_writers(pid) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert _audit_writers(pid) == 0, f"{IDLE} idle sandboxes with a log each kept writer threads"
+        for p in idle:
+            p.send_signal(signal.SIGTERM)
+        for p in idle:
+            p.communicate(timeout=60)
         logs = [tmp_path / f"audit-{i}.jsonl" for i in range(5)]
         for log in logs:
             r = _true_run(d, log)
@@ -215,7 +289,19 @@ def test_the_daemon_keeps_no_descriptor_nor_thread_of_a_finished_run(tmp_path):
         assert after[0] <= fds, f"open fds {after[0]}, {fds} before the runs: {sorted(_fds(pid).values())}"
         assert after[1] <= threads, f"threads {after[1]}, {threads} before the runs"
     finally:
+        for p in idle:
+            if p.poll() is None:
+                p.kill()
         d.stop()
+
+
+def _audit_writers(pid: int) -> int:
+    """How many of ``pid``'s threads are audit writers (named ``gw-audit``, audit/mod.rs)."""
+    n = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(FileNotFoundError):
+            n += open(f"/proc/{pid}/task/{tid}/comm").read().strip() == "gw-audit"
+    return n
 
 
 def _run_id(audit) -> str:
@@ -235,5 +321,56 @@ def test_a_daemon_stopped_right_after_a_run_leaves_nothing_of_it(tmp_path, sig):
         assert d.proc.returncode is not None, d.log_text()
         run_id = _run_id(audit)
         assert [s for s in os.listdir("/run/gatewrap-staged") if s.startswith(f"{run_id}-")] == [], d.log_text()
+    finally:
+        d.stop()
+
+
+def _files_of(d: Daemon) -> list[str]:
+    """What of ``d``'s socket is in its folder: the socket, its lock, its start lock."""
+    return [p for p in (d.socket, d.socket + ".lock", d.socket + ".start") if os.path.exists(p)]
+
+
+@pytest.mark.parametrize("how", ["SIGTERM", "its idle time"])
+def test_a_daemon_that_stops_leaves_neither_its_socket_nor_its_lock_files(tmp_path, how):
+    # /run/gatewrap would otherwise gather a SOCKET.lock and SOCKET.start per socket path ever served
+    d = Daemon(*(["--idle-exit", "1s"] if how != "SIGTERM" else [])).start()
+    try:
+        r = _true_run(d, tmp_path / "audit.jsonl")
+        assert r.returncode == 0, r.stderr
+        assert d.socket + ".lock" in _files_of(d)
+        if how == "SIGTERM":
+            d.kill(signal.SIGTERM)
+        assert d.proc.wait(timeout=60) == 0, d.log_text()
+        assert _files_of(d) == [], d.log_text()
+    finally:
+        d.stop()
+
+
+def test_a_daemon_out_of_descriptors_tells_the_next_client_and_serves_on_once_it_has_some(tmp_path):
+    # A daemon at its open-file limit (thousands of idle sandboxes, or their agents' connections
+    # to their gates) must not die on the next client's accept(2): every run's gate goes with it.
+    import resource
+
+    d = Daemon().start()
+    try:
+        pid = d.proc.pid
+        limits = resource.prlimit(pid, resource.RLIMIT_NOFILE)
+        # A new descriptor takes the lowest free number, refused (EMFILE) when that is not below
+        # the soft limit (getrlimit(2)): the limit set to it, as the idle daemon leaves it.
+        lowest = []
+        for _ in range(5):
+            time.sleep(0.2)
+            taken = {int(fd) for fd in _fds(pid)}
+            lowest.append(min(set(range(len(taken) + 1)) - taken))
+        resource.prlimit(pid, resource.RLIMIT_NOFILE, (min(lowest), limits[1]))
+        full = subprocess.run(_cmd(tmp_path / "full.jsonl"), capture_output=True, text=True, env={**_env(d), **d.env},
+                              timeout=120)
+        assert d.proc.poll() is None, d.log_text()
+        assert full.returncode == 125, (full.stderr, d.log_text())
+        assert "the gatewrap daemon is out of file descriptors" in full.stderr, full.stderr
+        assert "out of file descriptors" in d.log_text()
+        resource.prlimit(pid, resource.RLIMIT_NOFILE, limits)
+        again = _true_run(d, tmp_path / "again.jsonl", **d.env)
+        assert again.returncode == 0, again.stderr
     finally:
         d.stop()
