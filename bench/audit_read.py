@@ -8,8 +8,9 @@ JSON; cli/gatewrap/kernel_denials.py), for 2000 runs of ~2 MB each, one after an
 queries and ``direct_egress`` kernel denials (pid, comm, cmdline), then a ``run_end``. Then
 runs each case as its own process (the real CLI, output to /dev/null) and reports its wall
 time, MB/s over the log's size and peak RSS (its VmHWM at exit); the log is in the page
-cache (read once first), so the figures are the reader's, not the disk's. The prefilter is
-measured in-process: the same filtered read with and without it.
+cache (read once first), so the figures are the reader's, not the disk's. ``--run`` with a start
+of an id adds a search of the whole log for the runs it starts (audit_reader.runs_starting).
+The prefilter is measured in-process: the same filtered read with and without it.
 
 Usage: .venv/bin/python bench/audit_read.py [SIZE_MB] [--keep]   (the log goes to a temp folder;
 writes bench/results/audit_read.json). No root needed.
@@ -167,6 +168,7 @@ def main() -> None:
         run = runs[len(runs) // 2]
         cases = {
             "--run ID (one run of 2000), json": [*gw, "--run", run, "--json", "--log", path],
+            "--run START (its first 9 digits, without gw-), json": [*gw, "--run", run[3:12], "--json", "--log", path],
             "--denied --host '*.attacker.test', json": [*gw, "--denied", "--host", "*.attacker.test", "--json",
                                                         "--log", path],
             "--event direct_egress --pid 1234, csv": [*gw, "--event", "direct_egress", "--pid", "1234",

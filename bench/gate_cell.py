@@ -7,13 +7,14 @@ gate (this interpreter's ``gatewrap._gate_core``, its listener in a netns of its
 log written) and Squid on the host's loopback; hey as the client (inside the gate's netns
 for the gate). For each of ``--reps`` rounds of ``--secs`` seconds, each proxy in turn:
 requests/s, p50/p99 ms, errors, and CPU microseconds per request (user + system, proc(5)) of
-the proxy, of nginx and of hey. ``--perf DIR``: ``perf record -g`` of the proxy's process
+the proxy, of nginx and of hey; with ``--sockets``, the maxima of the proxy's open sockets
+(ss(8) every 0.1 s). ``--perf DIR``: ``perf record -g`` of the proxy's process
 during its last round, and ``perf report --stdio`` text (``--no-children``, by symbol, and
 with callers) in DIR.
 
 Usage (root; takes no lock itself: run it under ``flock /tmp/gatewrap-kernel.lock``):
   .venv/bin/python bench/gate_cell.py --proto connect_tls --conns 64 [--close] [--secs 5]
-      [--reps 3] [--proxies gate,squid] [--perf DIR] [--url http://denied.test/] [--squid-log none]
+      [--reps 3] [--proxies gate,squid] [--perf DIR] [--url http://denied.test/] [--squid-log none] [--sockets]
 Prints one JSON object. Only loopback and a netns this script makes are used.
 """
 
@@ -27,6 +28,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from contextlib import ExitStack
 
@@ -76,6 +78,25 @@ def passive_opens() -> int:
     return int(rows[1][rows[0].index("PassiveOpens")])
 
 
+def sockets(wrap: list[str], port: int) -> dict[str, int]:
+    """The TCP sockets of the proxy's listener on ``port`` (ss(8) in the netns ``wrap`` runs
+    in): ``held`` the proxy's accepted ones that are still open (an owner, ``ino`` not 0; a
+    closed socket lingers as an orphan), ``close_wait`` those whose client has sent its FIN
+    and the proxy has not closed, ``client_estab`` the clients' established ones."""
+    out = subprocess.run([*wrap, "ss", "-Htane"], capture_output=True, text=True).stdout
+    n = {"held": 0, "close_wait": 0, "client_estab": 0}
+    for line in out.splitlines():
+        f = line.split()
+        if len(f) < 5 or f[0] == "LISTEN":
+            continue
+        if f[3].endswith(f":{port}") and "ino:0 " not in line + " ":
+            n["held"] += 1
+            n["close_wait"] += f[0] == "CLOSE-WAIT"
+        elif f[4].endswith(f":{port}") and f[0] == "ESTAB":
+            n["client_estab"] += 1
+    return n
+
+
 def one_round(name: str, port: int, wrap: list[str], proxy_pids: list[int], args, perf: str | None) -> dict:
     url = args.url or URLS[args.proto]
     nginx = pids_of("nginx")
@@ -86,7 +107,22 @@ def one_round(name: str, port: int, wrap: list[str], proxy_pids: list[int], args
     if perf:
         rec = subprocess.Popen(["perf", "record", "-F", "1999", "-g", "-o", perf, "-p", ",".join(map(str, proxy_pids)),
                                 "--", "sleep", str(args.secs)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    peaks: dict[str, int] = {}
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.1):
+            for k, v in sockets(wrap, port).items():
+                peaks[k] = max(peaks.get(k, 0), v)
+
+    sampler = threading.Thread(target=sample) if args.sockets else None
+    if sampler:
+        sampler.start()
     r = hey(url, port, args.conns, args.secs, not args.close, wrap)
+    if sampler:
+        done.set()
+        sampler.join()
+        r["sockets_max"] = peaks
     if rec:
         rec.wait()
     kids1 = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -114,6 +150,10 @@ def main() -> None:
     ap.add_argument("--proxies", default="gate,squid")
     ap.add_argument("--perf", help="directory for perf data and reports (last round of each proxy)")
     ap.add_argument("--tag", default="", help="prefix of the perf files")
+    ap.add_argument("--sockets", action="store_true",
+                    help="sample ss(8) every 0.1 s during each round: the maxima of the proxy's open accepted "
+                         "sockets (held), of those in CLOSE-WAIT (the client sent its FIN, the proxy has not "
+                         "closed: a tunnel waiting for upstream's end) and of the clients' established ones")
     ap.add_argument("--squid-log", choices=("stdio", "none"), default="stdio",
                     help="Squid's access log: stdio (buffered, as the harness runs it) or none; the difference "
                          "in its CPU per request is what its access-log line costs")

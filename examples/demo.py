@@ -59,6 +59,8 @@ def main(keep: bool = False) -> int:
         subprocess.run(["gatewrap", "audit", "--format", "table", "--log", audit], env=env)
         print(f"\n$ gatewrap audit --denied --json --log {audit}", flush=True)
         subprocess.run(["gatewrap", "audit", "--denied", "--json", "--log", audit], env=env)
+        print(f"\nnext: read the run again with sudo gatewrap audit --log {audit} (--help: its filters); "
+              "wrap an agent of yours: docs/tutorials/wrap-an-agent.md", flush=True)
         if keep:
             _wait_with_the_fake_internet_up(net)
     shutil.rmtree(shown, ignore_errors=True)
@@ -78,4 +80,7 @@ def _wait_with_the_fake_internet_up(net: FakeInternet) -> None:
 
 
 if __name__ == "__main__":
+    if {"-h", "--help"} & set(sys.argv[1:]):
+        print(f"usage: sudo .venv/bin/python examples/demo.py [--keep]\n\n{__doc__}")
+        sys.exit(0)
     sys.exit(main(keep="--keep" in sys.argv[1:]))

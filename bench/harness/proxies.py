@@ -47,13 +47,15 @@ def _cell(rounds: list[dict]) -> dict:
     return {"rps": round(median(rps)) if rps else None,
             "p50_ms": median([r["p50_ms"] for r in rounds if r["p50_ms"] is not None] or [0]),
             "p99_ms": median([r["p99_ms"] for r in rounds if r["p99_ms"] is not None] or [0]),
+            "max_ms": max([r["max_ms"] for r in rounds if r.get("max_ms") is not None] or [0]),
             "errors": sum(r["errors"] for r in rounds),
             "error_sample": next((r["error_sample"] for r in rounds if r.get("error_sample")), None)}
 
 
 def matrix(proxies: dict[str, tuple[int, list[str]]], reps: int, secs: float) -> dict:
     """``{proto: {"keepalive"|"close": {str(conns): {proxy: cell}}}}``; each cell
-    ``{"rps", "p50_ms", "p99_ms", "errors"}`` plus ``gate_vs_squid`` ratios."""
+    ``{"rps", "p50_ms", "p99_ms", "max_ms", "errors"}`` (``max_ms``: the slowest request of
+    all rounds, the others medians) plus ``gate_vs_squid`` ratios."""
     out: dict = {}
     for proto, url in URLS.items():
         for ka in (True, False):

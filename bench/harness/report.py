@@ -60,10 +60,15 @@ def _memory(r: dict) -> list[str]:
     return out + _table(["sandbox", "N", "RSS each", "PSS each", "processes", "1st start", "Nth start"], rows)
 
 
+def _slowest(cell: dict) -> str:
+    """``/MAX`` for a cell that has the slowest request (results before it was kept: none)."""
+    return f"/{cell['max_ms']}" if cell.get("max_ms") is not None else ""
+
+
 def _proxies(r: dict) -> list[str]:
     names = ["gate", "gate (inspect)", "squid", "tinyproxy"]
     out = [f"**Gate vs Squid and tinyproxy** (hey, 100-byte GETs from nginx on loopback; median of "
-           f"{r['reps']} rounds of {r['round_s']} s; req/s, p50/p99 ms).", ""]
+           f"{r['reps']} rounds of {r['round_s']} s; req/s, p50/p99/slowest ms; p99.9: bench/gate_tail.sh).", ""]
     for part in ("matrix", "bulk", "sustained"):
         if "error" in r.get(part, {}):
             out += [f"{part}: not measured: {r[part]['error']}", ""]
@@ -77,7 +82,7 @@ def _proxies(r: dict) -> list[str]:
                 row: list[object] = [proto.replace("_", "+"), ka, int(conns)]
                 for n in names:
                     c = cells.get(n)
-                    row.append("–" if c is None else f"{_f(c['rps'])} ({c['p50_ms']}/{c['p99_ms']})"
+                    row.append("–" if c is None else f"{_f(c['rps'])} ({c['p50_ms']}/{c['p99_ms']}{_slowest(c)})"
                                + (f" **{c['errors']} failed**" if c["errors"] else ""))
                     if c and c.get("error_sample"):
                         failures.append(f"{proto} {ka} {conns} clients, {n}: {c['error_sample']}")
