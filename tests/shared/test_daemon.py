@@ -346,6 +346,11 @@ def test_a_daemon_whose_hooks_were_loaded_again_starts_new_runs_on_the_new_ones(
     p = subprocess.run(_run_cmd(net, audit, [*CURL, "http://allowed.test/"], allow=["allowed.test"]),
                        capture_output=True, text=True, env=_env(daemon), timeout=120)
     assert p.returncode == 0 and p.stdout.strip() == "200", p.stderr
+    # The hooks are the host's: no run of any test may be active while they are unloaded. A
+    # run of an earlier test whose client was killed is torn down by its daemon afterwards.
+    deadline = time.monotonic() + 30
+    while cgroup.list_leaves(cgroup.parent_dir()) and time.monotonic() < deadline:
+        time.sleep(0.1)
     loader.unload(cgroup.parent_dir())
     loader.load_or_reuse(cgroup.parent_dir()).close()
     audit = tmp_path / "after.jsonl"

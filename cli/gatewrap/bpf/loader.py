@@ -731,12 +731,14 @@ def unload(parent_cgroup: str) -> None:
     only ``lo``, so it still reaches nothing, but nothing is audited).
 
     Raises:
-        BpfError: a run is active.
+        BpfError: a run is active (its leaf ``gw-*`` is under ``parent_cgroup``).
     """
     from ..sandbox.cgroup import list_leaves
 
-    if list_leaves(parent_cgroup):
-        raise BpfError(f"runs are active under {parent_cgroup}; not unloading the hooks")
+    leaves = list_leaves(parent_cgroup)
+    if leaves:
+        raise BpfError(f"runs are active under {parent_cgroup} ({', '.join(leaves)}); not unloading the hooks "
+                       "(gatewrap ps lists them; gatewrap gc removes what dead runs left)")
     fd = os.open(parent_cgroup, os.O_RDONLY | os.O_DIRECTORY)
     try:
         _remove_stale(None)
