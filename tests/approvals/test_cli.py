@@ -134,6 +134,10 @@ def test_a_decision_after_gatewrap_was_killed_is_refused_and_nothing_is_sent(run
     assert json.loads(r.stdout)["why"] == "run ended"
     assert run.store.get(a["id"])["status"] == "cancelled"
     assert net.access_entries(method="POST", path="/echo") == []
+    # What the killed gatewrap left (its sandbox, without egress) is gc's to remove, and only
+    # gc's: a run of the session daemon starts no gc, so a test's leftover would outlive it.
+    g = subprocess.run(gatewrap_cmd("gc", "--json"), capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert g.returncode == 0 and a["run_id"] in json.loads(g.stdout)["runs"], g.stdout + g.stderr
 
 
 def test_unknown_ids_exit_1_and_an_unopenable_store_exits_125(store_url, store, tmp_path):
