@@ -15,7 +15,7 @@ import urllib.parse
 from typing import Any, TextIO
 
 from . import run_ids
-from .text import printable
+from .text import command_line, printable
 
 FORMATS = ("table", "json", "csv")
 #: Columns of the table: (header, width); 0: the last, as wide as its cell; None: as wide as
@@ -135,7 +135,7 @@ def who_why(rec: dict[str, Any]) -> str:
             + (f", {rec['unrecorded_events']} kernel events not recorded" if rec.get("unrecorded_events") else "")
         )
     if rec.get("event") == "run_start" and rec.get("argv"):
-        parts.append(" ".join(map(str, rec["argv"])))
+        parts.append(command_line([str(a) for a in rec["argv"]]))
     return "; ".join(parts)
 
 
