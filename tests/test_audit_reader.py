@@ -548,6 +548,32 @@ def test_a_containers_run_id_keeps_the_table_columns_under_their_heads_shortened
                     assert r[at - 1] == " " and r[at] != " ", (cmd, flags, header, r)
 
 
+def test_the_tables_columns_hold_the_longest_event_and_decision_the_schema_names(tmp_path):
+    """A unix socket's ``attempted`` (9 characters) and an ``approval_cancelled`` (18) beside
+    short ones: every row's columns start under their heads, so DECISION and EVENT are as
+    wide as the longest the schema names, and the --decision choices are the schema's."""
+    log = tmp_path / "audit.jsonl"
+    log.write_text("".join(json.dumps(r) + "\n" for r in [
+        _rec(0, event="unix_socket", decision="attempted", pid=7, comm="curl", path="/run/x\x1b[2J.sock",
+             hook="unix_connect"),
+        _rec(1, event="dns", decision="denied", dst_host="a.test", proto="dns"),
+        _rec(2, event="approval_cancelled", approval="ap-" + "a" * 20, rule="r", reason="the run ended"),
+        _rec(3, event="request", decision="failed", dst_host="b.test", dst_port=80, proto="http", error="upstream")]))
+    p = _gw("audit", "--format", "table", "--log", str(log))
+    assert p.returncode == 0, p.stderr
+    header, *rows = p.stdout.decode().splitlines()
+    assert len(rows) == 4 and "\\x1b[2J" in rows[0], rows  # still escaped
+    for head in ("EVENT", "DECISION", "DESTINATION"):
+        at = header.index(head)
+        for r in rows:
+            assert r[at - 1] == " " and r[at] != " ", (head, header, r)
+    assert [r.split()[2:4] for r in rows] == [["unix_socket", "attempted"], ["dns", "denied"],
+                                              ["approval_cancelled", "-"], ["request", "failed"]], rows
+    from gatewrap import audit_schema
+
+    assert audit_schema.decisions() == ("allowed", "denied", "failed", "attempted")
+
+
 def test_the_tables_admit_row_says_it_precedes_the_dial_whose_row_run_end_counts(tmp_path):
     """One https fetch is two rows, admit (before the dial) and connect (its outcome), beside a
     run_end saying "1 allowed": the admit row says it is not the one counted."""

@@ -319,6 +319,78 @@ def test_check_shows_the_sandbox_env_names_but_no_value(capsys, policy_file):
     assert "debug-secret" not in out
 
 
+SECRETS_POLICY = """\
+public_ranges = ["198.18.0.0/15", "2001:DB8::/32"]
+
+[[rule]]
+host = "api.anthropic.com"
+inspect = true
+action = "allow"
+inject = { secret = "anthropic", header = "X-Api-Key" }
+
+[[rule]]
+host = "maps.example.com"
+schemes = ["http"]
+action = "allow"
+inject = { secret = "maps", query = "key" }
+
+[[secret]]
+name = "anthropic"
+from_command = ["pass", "show", "cmd-arg-not-shown"]
+placeholder_env = "ANTHROPIC_API_KEY"
+
+[[secret]]
+name = "maps"
+from_env = "VARIABLE_NOT_SHOWN"
+budget = 20
+
+[[secret]]
+name = "unused"
+from_file = "/etc/gatewrap/secrets/path-not-shown"
+"""
+
+
+def test_check_shows_public_ranges_and_secrets_by_name_kind_and_place_never_where_they_are_read(capsys, policy_file):
+    path = policy_file(SECRETS_POLICY)
+    code, out, err = gw(capsys, "policy", "check", path)
+    assert (code, err) == (0, "")
+    lines = out.splitlines()
+    at = lines.index(next(line for line in lines if line.startswith("public_ranges:")))
+    assert lines[at:] == [
+        "public_ranges: 198.18.0.0/15, 2001:db8::/32 (the SSRF guard counts these addresses as public, as "
+        "--public-range)",
+        "secrets the gate injects where a rule says (by name; sudo gatewrap secrets list shows where each is read, "
+        "secrets check whether it resolves):",
+        "  anthropic  from_command  placeholder in $ANTHROPIC_API_KEY  (line 15)",
+        f"    {path}:rule[1]  api.anthropic.com  into header x-api-key",
+        "  maps  from_env  budget 20 per run  (line 20)",
+        f"    {path}:rule[2]  maps.example.com  into query key",
+        "  unused  from_file  (line 25)",
+        "    (no rule injects it: never read)",
+    ]
+    code, out, _ = gw(capsys, "policy", "check", path, "--json")
+    rec = json.loads(out)
+    assert code == 0 and rec["public_ranges"] == ["198.18.0.0/15", "2001:db8::/32"]
+    assert rec["secrets"] == [
+        {"name": "anthropic", "source": {"kind": "command"}, "placeholder_env": "ANTHROPIC_API_KEY", "budget": None,
+         "origin": f"{path}:15", "rules": [{"rule": f"{path}:rule[1]", "host": "api.anthropic.com",
+                                            "place": "header x-api-key"}]},
+        {"name": "maps", "source": {"kind": "env"}, "placeholder_env": None, "budget": 20, "origin": f"{path}:20",
+         "rules": [{"rule": f"{path}:rule[2]", "host": "maps.example.com", "place": "query key"}]},
+        {"name": "unused", "source": {"kind": "file"}, "placeholder_env": None, "budget": None, "origin": f"{path}:25",
+         "rules": []},
+    ]
+    for text in (out, *lines):
+        assert not any(hidden in text for hidden in ("cmd-arg-not-shown", "VARIABLE_NOT_SHOWN", "path-not-shown"))
+
+
+def test_check_of_a_policy_without_public_ranges_or_secrets_says_nothing_of_them(capsys, policy_file):
+    code, out, _ = gw(capsys, "policy", "check", policy_file())
+    assert code == 0 and "public_ranges" not in out and "secrets" not in out
+    rec = json.loads(gw(capsys, "policy", "check", policy_file(), "--json")[1])
+    assert (rec["public_ranges"], rec["secrets"]) == ([], [])
+
+
 def test_check_json_on_a_bad_file(capsys, policy_file):
     path = policy_file('foo = 1\n', name="bad.toml")
     code, out, _ = gw(capsys, "policy", "check", path, "--json")

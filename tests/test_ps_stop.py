@@ -134,6 +134,16 @@ def test_ps_counts_what_the_run_did_so_far(runs):
     assert (r["allowed"], r["denied"], r["direct_egress"], r["failed"]) == (0, 0, 1, 0)
 
 
+def test_ps_shows_a_multi_line_python_c_script_on_one_line_as_bash_reads_it(runs):
+    """The connecting agent's ``python3 -c SCRIPT``: one row, the script's newlines shown as
+    ``\\n`` inside bash's ``$'...'`` (tests/test_ps_command.py: what bash reads back)."""
+    p, _ = runs["connect"]
+    r = _live(p.pid, lambda r: r["argv"] is not None)
+    assert r["argv"] == [AGENT_PYTHON, "-c", CONNECTS_THEN_WAITS]
+    row = next(line for line in _gw("ps").stdout.splitlines() if line.startswith(r["run"]))
+    assert row.endswith(" -c $'" + CONNECTS_THEN_WAITS.replace("\n", "\\n") + "'"), row
+
+
 def test_audit_of_a_live_run_in_another_log_says_which_log_it_writes(runs, tmp_path):
     # The new user's trip: `gatewrap audit --run ID` read the default log, found nothing, and
     # said only that; the run (ps knows it) writes to the log its --audit-log named.

@@ -8,17 +8,19 @@ everything else, DEL included; a line of the log that already is passes through 
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import re
 import urllib.parse
 from typing import Any, TextIO
 
 from . import run_ids
-from .text import printable
+from .text import command_line, printable
 
 FORMATS = ("table", "json", "csv")
-#: Columns of the table: (header, width); RUN's as :func:`columns` makes it.
-COLUMNS = (("TIME", 27), ("RUN", run_ids.SHORT_ID), ("EVENT", 13), ("DECISION", 8), ("DESTINATION", 34), ("WHO / WHY", 0))
+#: Columns of the table: (header, width); 0: the last, as wide as its cell; None: as wide as
+#: what it must hold, as :func:`columns` makes it.
+COLUMNS = (("TIME", 27), ("RUN", None), ("EVENT", None), ("DECISION", None), ("DESTINATION", 34), ("WHO / WHY", 0))
 #: Columns of CSV, in order: the fields of gate and kernel records that say what, where, who and why.
 CSV_FIELDS = ("time", "run", "event", "decision", "proto", "dst_host", "dst_ip", "dst_port", "method",
               "target", "status", "client", "pid", "uid", "comm", "cmdline", "hook", "rule", "reason", "error")
@@ -133,14 +135,23 @@ def who_why(rec: dict[str, Any]) -> str:
             + (f", {rec['unrecorded_events']} kernel events not recorded" if rec.get("unrecorded_events") else "")
         )
     if rec.get("event") == "run_start" and rec.get("argv"):
-        parts.append(" ".join(map(str, rec["argv"])))
+        parts.append(command_line([str(a) for a in rec["argv"]]))
     return "; ".join(parts)
 
 
+@functools.cache
 def columns(whole_ids: bool = False) -> tuple[tuple[str, int], ...]:
-    """:data:`COLUMNS`, RUN as wide as a container's whole run id when ``whole_ids``
-    (``--no-trunc``): the rows are printed as the log is read, before their widest is known."""
-    return tuple((h, run_ids.CONTAINER_ID if h == "RUN" and whole_ids else w) for h, w in COLUMNS)
+    """:data:`COLUMNS` with the widths of what they must hold, known before the first row (the
+    rows are printed as the log is read, before their widest is known): EVENT and DECISION as
+    wide as the longest event and decision the audit schema names (``approval_cancelled``,
+    ``attempted``: :func:`gatewrap.audit_schema.events`, :func:`~gatewrap.audit_schema.decisions`);
+    RUN as wide as a container's whole run id when ``whole_ids`` (``--no-trunc``). A value
+    the schema does not name (a cut record's) may be wider: it is shown whole, never cut."""
+    from . import audit_schema
+
+    widest = {"EVENT": max(map(len, audit_schema.events())), "DECISION": max(map(len, audit_schema.decisions())),
+              "RUN": run_ids.CONTAINER_ID if whole_ids else run_ids.SHORT_ID}
+    return tuple((h, max(widest[h], len(h)) if w is None else w) for h, w in COLUMNS)
 
 
 def row(rec: dict[str, Any], whole_ids: bool = False) -> str:

@@ -81,7 +81,7 @@ def _elsewhere(run_id: str | None, path: str) -> str:
 @click.option("--event", "events", multiple=True, metavar="EVENT", type=click.Choice(audit_schema.events()),
               help=f"Only EVENT records, one of (schema/audit.schema.json): {', '.join(audit_schema.events())}. "
                    "Repeatable.")
-@click.option("--decision", "decisions", multiple=True, type=click.Choice(["allowed", "denied", "failed", "attempted"]),
+@click.option("--decision", "decisions", multiple=True, type=click.Choice(audit_schema.decisions()),
               help="Only records with this decision (schema/audit.schema.json). Repeatable.")
 @click.option("--denied", is_flag=True, help="Only denials (by policy, at the kernel, rejected, expired).")
 @click.option("--host", "hosts", multiple=True, metavar="GLOB",

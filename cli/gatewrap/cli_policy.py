@@ -24,9 +24,13 @@ def policy_group() -> None:
 @click.option("--unprotect", "unprotect", multiple=True, metavar="PATH",
               help="As in `run`: a protected path left writable. Repeatable.")
 def policy_check(file: str | None, as_json: bool, workdir: str | None, unprotect: tuple[str, ...]) -> int:
-    """Load FILE and summarise it: default, mode, and its rules in evaluation order; with
-    --workdir DIR, the protected paths of a run there (.git's config, hooks and info, .envrc,
-    .vscode/...: read-only for the agent, and any it makes moved aside after the run).
+    """Load FILE and summarise it: default, mode, its rules in evaluation order, its
+    public_ranges, its [[secret]]s and the host's (/etc/gatewrap/secrets.toml) by name, with
+    the kind of source (from_file, from_env, from_command), placeholder variable, budget and
+    the rules that inject each and where (never a value, nor where it is read: sudo gatewrap
+    secrets list), and its [sandbox]; with --workdir DIR, the protected paths of a run there
+    (.git's config, hooks and info, .envrc, .vscode/...: read-only for the agent, and any it
+    makes moved aside after the run).
     Without FILE (--workdir only): those of a run with no policy file (--allow/--deny only).
 
     Exit 0 when FILE is valid (warnings, e.g. a policy that allows everything, go to stderr),

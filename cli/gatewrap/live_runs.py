@@ -34,7 +34,7 @@ from .errors import GatewrapError
 from .oci.argv import RUN_PREFIX
 from .run_usage import Usage, sample
 from .sandbox import registry
-from .text import printable
+from .text import command_line, printable
 
 
 @dataclass
@@ -204,15 +204,16 @@ def uptime(seconds: float | None) -> str:
 
 
 def ps_lines(runs: list[LiveRun], whole_ids: bool = False) -> list[str]:
-    """The table of ``gatewrap ps`` (the agent's command escaped): a run's id as
-    :func:`run_ids.shown` makes it; the column as wide as its widest."""
+    """The table of ``gatewrap ps``: a run's id as :func:`run_ids.shown` makes it, the column
+    as wide as its widest; the agent's command on one line as a shell reads it
+    (:func:`gatewrap.text.command_line`: a ``-c`` script's newlines as ``$'...\\n...'``)."""
     shown = run_ids.shown([r.run for r in runs], whole_ids)
     width = max([len("gw-0123456789"), *map(len, shown.values())])
     out = [f"{'RUN':<{width}} {'PID':>7} {'USER':<10} {'UPTIME':>7} {'CPU%':>6} {'RSS':>6} {'PROCS':>5} "
            f"{'PENDING':>7} {'ALLOWED':>7} {'DENIED':>7} {'DIRECT':>7} {'FAILED':>7}  COMMAND"]
     for r in runs:
         c, u = r.counts, r.usage
-        cmd = " ".join(r.argv) if r.argv else "(starting)"
+        cmd = command_line(r.argv) if r.argv else "(starting)"
         if r.container is not None:
             cmd = f"[container {r.container[:12]}] {cmd}"
         out.append(f"{printable(shown[r.run]):<{width}} {r.pid or '-':>7} {printable(r.user or '-'):<10} "

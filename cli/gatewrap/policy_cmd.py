@@ -44,13 +44,19 @@ class CheckResult:
     #: None when not asked.
     protected: Any = None
     workdir: str | None = None
+    #: The file's top-level ``public_ranges`` (CIDR strings, as the gate normalises them).
+    public_ranges: list[str] = field(default_factory=list)
+    #: The ``[[secret]]``s, the policy's and the host secrets file's (:func:`secret_summary`):
+    #: never a value, nor where one is read beyond its kind.
+    secrets: list[dict[str, Any]] = field(default_factory=list)
 
     def as_record(self) -> dict[str, Any]:
         sandbox = {k: [{"path": p, "line": n} for p, n in v] for k, v in self.sandbox.items() if k != "env"}
         # names only: a value the policy sets may be a secret
         sandbox["env"] = [{"name": e.partition("=")[0], "value": "=" in e, "line": n} for e, n in self.sandbox["env"]]
         out = {"file": self.file, "valid": self.ok, "error": self.error, "default": self.default,
-               "mode": self.mode, "rules": self.rules, "warnings": self.warnings, "sandbox": sandbox}
+               "mode": self.mode, "rules": self.rules, "warnings": self.warnings, "sandbox": sandbox,
+               "public_ranges": self.public_ranges, "secrets": self.secrets}
         if self.protected is not None:
             pr = self.protected
             out["protected"] = {"workdir": self.workdir, "readonly": pr.readonly,
@@ -101,7 +107,8 @@ def check_file(path: str | None, workdir: str | None = None, unprotect: list[str
         return CheckResult(path, False, error=_one_line(str(e)))
     rules = policy.describe()
     res = CheckResult(path, True, default=policy.default, mode=policy.mode, rules=rules,
-                      warnings=_warnings(policy.default, policy.mode, rules), sandbox=policy.sandbox())
+                      warnings=_warnings(policy.default, policy.mode, rules), sandbox=policy.sandbox(),
+                      public_ranges=list(policy.public_ranges), secrets=secret_summary(policy.secrets(), rules))
     if workdir is not None:
         from .sandbox import protect
 
@@ -113,6 +120,21 @@ def check_file(path: str | None, workdir: str | None = None, unprotect: list[str
             res.warnings.append(f"a run in {workdir} would not start: {e}")
         res.workdir = workdir
     return res
+
+
+def secret_summary(secrets: list[dict[str, Any]], rules: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """What ``policy check`` shows of each ``[[secret]]`` (``Policy.secrets()``) and the
+    ``rules`` (``Policy.describe()``) that inject it: ``{"name", "source": {"kind": "file" |
+    "env" | "command"}, "placeholder_env": NAME | None, "budget": requests per run | None,
+    "origin": "FILE:LINE", "rules": [{"rule": id, "host": pattern, "place": "header
+    authorization" | "header NAME" | "query NAME"}]}``, as ``gatewrap secrets list --json``
+    has it without the source's path, variable or command (root's business: ``sudo gatewrap
+    secrets list`` shows them). Never a value."""
+    return [{"name": d["name"], "source": {"kind": d["source"][0]}, "placeholder_env": d["placeholder_env"],
+             "budget": d["budget"], "origin": d["origin"],
+             "rules": [{"rule": r["id"], "host": r["host"], "place": r["inject"][1]}
+                       for r in rules if r.get("inject") and r["inject"][0] == d["name"]]}
+            for d in secrets]
 
 
 def _warnings(default: str, mode: str, rules: list[dict[str, Any]]) -> list[str]:
@@ -167,6 +189,20 @@ def check_lines(res: CheckResult) -> list[str]:
         widths = [max(len(row[i]) for row in rows) for i in range(4)]
         for row in rows:
             lines.append(("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)) + f"  {row[4]}").rstrip())
+    if res.public_ranges:
+        lines.append(f"public_ranges: {', '.join(res.public_ranges)} (the SSRF guard counts these addresses as "
+                     "public, as --public-range)")
+    if res.secrets:
+        lines.append("secrets the gate injects where a rule says (by name; sudo gatewrap secrets list shows where "
+                     "each is read, secrets check whether it resolves):")
+        for d in res.secrets:
+            origin = d["origin"]
+            where = f"line {origin[len(res.file) + 1:]}" if origin.startswith(res.file + ":") else origin
+            extras = (f"  placeholder in ${d['placeholder_env']}" if d["placeholder_env"] else "") + (
+                f"  budget {d['budget']} per run" if d["budget"] is not None else "")
+            lines.append(f"  {d['name']}  from_{d['source']['kind']}{extras}  ({where})")
+            lines += [f"    {r['rule']}  {r['host']}  into {r['place']}" for r in d["rules"]] or [
+                "    (no rule injects it: never read)"]
     shown = [(key, p, n) for key in ("ro_bind", "bind", "unprotect") for p, n in res.sandbox.get(key, [])]
     if shown:
         lines.append("sandbox: host paths shown in the jail, besides the system (read-only) and the workdir")

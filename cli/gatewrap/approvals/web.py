@@ -43,7 +43,6 @@ import html
 import ipaddress
 import re
 import secrets
-import shlex
 import sys
 import time
 import urllib.parse
@@ -53,7 +52,7 @@ from typing import Any
 
 from .. import audit_format
 from ..run_types import DEFAULT_AUDIT_LOG
-from ..text import printable
+from ..text import command_line, printable
 from . import decide as dec
 from . import editor, history, render
 
@@ -466,7 +465,7 @@ def _headline(a: dict[str, Any], run: history.RunHistory) -> str:
     """Who asks what: the run's user and command (from its ``run_start`` record, written by
     gatewrap), the full method and URL, the time left until the hold's deadline."""
     argv = run.command()
-    who = (f"{e(run.user() or 'an unknown user')}'s <code id=\"command\">{e(shlex.join(argv))}</code>"
+    who = (f"{e(run.user() or 'an unknown user')}'s <code id=\"command\">{e(command_line(argv))}</code>"
            if argv else "the agent")
     out = [f"<p class=\"asks\">Run {e(a['run_id'])}: {who} asks to send</p>",
            f"<h1 id=\"headline\">{e(a['method'])} {e(a['url'])}</h1>"]

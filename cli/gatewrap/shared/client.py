@@ -167,7 +167,10 @@ def run(fields: dict[str, Any], summary: str = "text") -> NoReturn | int:
     path = protocol.socket_path()
     sock = connect(path)
     reader = protocol.Reader(sock)
-    protocol.send(sock, {"op": "run", "opts": opts, "summary": summary, "netns_fd": True}, fds=[2])
+    # install: a daemon of another install refuses at once, saying what differs (an older
+    # daemon ignores it); no round trip of its own
+    protocol.send(sock, {"op": "run", "opts": opts, "summary": summary, "netns_fd": True,
+                         "install": protocol.install()}, fds=[2])
     # While the daemon sets the sandbox up (~20 ms), this process readies what the spawn needs
     # (ctypes, the launcher's extension: a few ms off the critical path) and its own state.
     from .. import agent_process
@@ -179,8 +182,7 @@ def run(fields: dict[str, Any], summary: str = "text") -> NoReturn | int:
     agent_process.protect_from_oom()  # the waiter this process becomes: the run's end depends on it
     reply = reader.message()
     if reply is None:
-        raise GatewrapError("the gatewrap daemon closed the connection before the sandbox was up "
-                            f"(see {DAEMON_LOG}, or the journal of gatewrap-daemon)")
+        raise GatewrapError(closed_early(sock, path))
     if "error" in reply:
         raise GatewrapError(str(reply["error"]), exit_code=int(reply.get("exit_code", 125)))
     spec = reply["spawn"]
@@ -211,6 +213,32 @@ def run(fields: dict[str, Any], summary: str = "text") -> NoReturn | int:
         summary = reader.rest()
     sys.stderr.write(summary.decode(errors="replace") or GONE + "\n")
     return code
+
+
+def closed_early(sock: _socket.socket, path: str) -> str:
+    """What to say when the daemon at ``path`` closed run connection ``sock`` without a
+    reply. A daemon that knows installs refuses another's client with a reply
+    (:func:`protocol.mismatch`); one older than that may just fail. So ask the daemon that
+    served ``sock`` (its pid from SO_PEERCRED, unix(7)) for its status, only now, on this
+    failure: if it says no install (older) or another one, say both and what to do."""
+    said = (f"the gatewrap daemon closed the connection before the sandbox was up (see {DAEMON_LOG}, or the "
+            "journal of gatewrap-daemon)")
+    try:
+        pid = protocol.peer(sock)[0]
+        other = connect(path, start=False)
+        try:
+            protocol.send(other, {"op": "status"})
+            status = protocol.Reader(other).message()
+        finally:
+            other.close()
+    except (GatewrapError, OSError, protocol.ProtocolError):
+        return said  # gone, or another daemon's socket now: nothing to compare with
+    if not status or status.get("pid") != pid:
+        return said
+    ours = protocol.install()
+    if "install" in status and not protocol.other_install(status["install"], ours):
+        return said
+    return f"{said}; {protocol.mismatch(path, pid, status.get('install'), ours)}"
 
 
 #: What the client says when the daemon is gone at the run's end (the waiter says the same).

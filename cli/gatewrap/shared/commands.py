@@ -19,8 +19,9 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
               help=f"Listen on PATH, a file in {protocol.SOCKET_DIR} (root's, mode 0600; the folder is hidden from every "
                    f"agent). Default: $GATEWRAP_DAEMON_SOCKET, else {protocol.DEFAULT_SOCKET}.")
 @click.option("--status", is_flag=True,
-              help="Ask the running daemon for its pid, its runs and its file descriptors (limit, open, room for "
-                   "about how many more idle sandboxes), and exit (exit 1 when none answers).")
+              help="Ask the running daemon for its pid, its runs, its file descriptors (limit, open, room for "
+                   "about how many more idle sandboxes) and its install (version, folder), and exit (exit 1 when "
+                   "none answers).")
 @click.option("--stop", is_flag=True,
               help="Stop the running daemon (SIGTERM to the process the socket's peer credentials name) and "
                    "wait for it to exit; its runs lose their gates (no egress) until they end or a daemon on "
@@ -128,7 +129,8 @@ def _status(path: str, as_json: bool) -> None:
         click.echo(f"gatewrap daemon pid {got.get('pid')} on {path}: {len(runs)} run{'' if len(runs) == 1 else 's'}"
                    + (f" ({', '.join(runs)})" if runs else "")
                    + (f"; file descriptor limit {fds['limit']:,}, {fds['open']:,} open: room for about "
-                      f"{fds['sandbox_room']:,} more idle sandboxes" if isinstance(fds, dict) else ""))
+                      f"{fds['sandbox_room']:,} more idle sandboxes" if isinstance(fds, dict) else "")
+                   + (f"; {protocol.shown_install(got['install'])}" if "install" in got else ""))
 
 
 def _stop(path: str, patience: float = 60.0) -> None:

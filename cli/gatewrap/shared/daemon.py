@@ -302,6 +302,9 @@ class Daemon:
         self._lock_fd = -1
         self.log = log or sys.stderr
         self.started = time.time()
+        #: The install this daemon runs (as it started: its files may be written anew since),
+        #: told in status answers and compared with each run's client's (:meth:`_serve_one`).
+        self.install = protocol.install()
         self.runs: dict[str, runner.Sandbox] = {}
         #: Container runs (gatewrap-oci), kept from their create to their delete.
         self.containers: dict[str, Any] = {}
@@ -754,7 +757,14 @@ class Daemon:
                 msg = protocol.parse(line)
                 if msg.get("op") == "status":
                     protocol.send(conn, {"pid": os.getpid(), "started": self.started, "runs": sorted(self.runs),
-                                         "fds": fd_room()})
+                                         "fds": fd_room(), "install": self.install})
+                elif msg.get("op") == "run" and "install" in msg and protocol.other_install(msg["install"], self.install):
+                    # before anything is set up: another install's client may expect another
+                    # spawn spec, launcher or options (an older client sends no install)
+                    self.say(f"refused a run of client pid {pid}: it is {protocol.shown_install(msg['install'])}")
+                    protocol.send(conn, {"error": protocol.mismatch(self.socket_path, os.getpid(), self.install,
+                                                                    msg["install"]),
+                                         "exit_code": 125, "install": self.install})
                 elif msg.get("op") == "run":
                     handed = self._run(conn, reader, msg, pid)
                 elif msg.get("op") == "reload":
