@@ -325,14 +325,10 @@ print(json.dumps({"status": status, "message": message.decode(errors="replace")}
 """
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a WebSocket message the upstream fragments is masked frame by frame (secrets/ws.rs: 'not looked "
-    "into: a value split across two frames'): the value cut at a fragment's end reaches the agent whole "
-    "once its client joins the fragments"))
 def test_a_websocket_message_the_upstream_fragments_is_masked_across_its_fragments(gatewrap, tmp_path, outcome):
     """The server echoes the injected handshake as one text message in 8-byte fragments (RFC
-    6455 §5.4; servers fragment long messages): each fragment is masked alone, and none holds
-    the whole value."""
+    6455 §5.4; servers fragment long messages): no fragment holds the whole value, so the
+    gate carries a fragment's end that may begin one into the next (secrets/ws.rs)."""
     got = _websocket_agent(gatewrap, tmp_path, WS_FRAGMENTS_AGENT)
     assert " 101 " in got["status"], got
     leaked = VALUE in got["message"]

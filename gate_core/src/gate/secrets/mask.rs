@@ -99,13 +99,19 @@ impl Secrets {
         self.mask_starts[usize::from(b >> 6)] & (1 << (b & 63)) != 0
     }
 
+    /// The length of the longest masked form, in bytes (0 without secrets): `pending_tail`
+    /// is at most one less.
+    pub(super) fn longest_mask(&self) -> usize {
+        self.list.iter().flat_map(|s| s.masks.iter().map(Vec::len)).max().unwrap_or(0)
+    }
+
     /// How many bytes at the end of `buf` may begin a masked form that the next bytes would
     /// complete: the longest suffix that is (ASCII case ignored) a proper prefix of a form.
     /// Those alone are held back; the rest can go. An event stream's chunk (`...\n\n`) or a
     /// JSON line is then never held, where holding the longest form's length held the end
     /// of every chunk until the next one came.
     pub(super) fn pending_tail(&self, buf: &[u8]) -> usize {
-        let longest = self.list.iter().flat_map(|s| s.masks.iter().map(Vec::len)).max().unwrap_or(0);
+        let longest = self.longest_mask();
         let from = buf.len().saturating_sub(longest.saturating_sub(1));
         (from..buf.len())
             .find(|&i| {
