@@ -168,6 +168,18 @@ class Handler(BaseHTTPRequestHandler):
         elif len(parts) == 2 and parts[0] == "delay" and parts[1].isdigit():
             time.sleep(int(parts[1]) / 1000)
             self._send(200, f"delayed {parts[1]} ms\n".encode())
+        elif route == "/drip":  # ?data=HEX&pause=MS: those bytes, a pause, then a newline (one response)
+            q = parse_qs(urlsplit(self.path).query)
+            data = bytes.fromhex(q.get("data", [""])[0])
+            self.send_response(200)
+            self.send_header("Content-Type", "application/octet-stream")
+            self.send_header("Content-Length", str(len(data) + 1))
+            self.end_headers()
+            self.wfile.write(data)
+            self.wfile.flush()
+            time.sleep(int(q.get("pause", ["0"])[0]) / 1000)
+            self.wfile.write(b"\n")
+            self.wfile.flush()
         elif route == "/reason":  # an error whose reason phrase quotes the request's Authorization
             self.send_response(400, self.headers.get("Authorization") or "no authorization")
             self.send_header("Content-Length", "0")

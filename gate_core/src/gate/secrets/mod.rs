@@ -28,6 +28,8 @@ mod tests_body;
 mod tests_mask;
 #[cfg(test)]
 mod tests_ws;
+#[cfg(test)]
+mod tests_oracle;
 
 pub use body::{BoxError, InBody, Screened};
 pub use mask::{mask, mask_reason, Masked};

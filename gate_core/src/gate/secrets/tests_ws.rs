@@ -385,3 +385,52 @@ fn a_frame_of_a_reserved_opcode_between_fragments_ends_the_connection() {
     let err = through(&[first, odd, second].concat(), &[]).expect_err("refused");
     assert_eq!(err.kind(), std::io::ErrorKind::InvalidData);
 }
+
+// --- attacks (h-attack-ws) ---------------------------------------------------------------
+
+/// A continuation frame whose 64-bit length has its top bit set (RFC 6455 §5.2: "the most
+/// significant bit MUST be 0"), after a fragment whose end the mask holds back: the carried
+/// bytes plus that length overflow u64 in `begin` (`self.held.len() as u64 + len`). A debug
+/// build panics; a release build (no overflow checks) wraps, writes a FIN header of a few
+/// bytes, then routes every later byte of the frame to `spill`, which grows without bound
+/// (never sent: the frame never ends): memory of the gate (the shared daemon's, every run's
+/// gate) taken by an upstream. Either such a header ends the connection (InvalidData, as a
+/// masked frame does), or the bytes that came go on, but the gate holds no more than a form.
+#[test]
+fn a_length_with_its_top_bit_set_after_held_bytes_neither_panics_nor_piles_up() {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        rt.block_on(async {
+            let (mut server, gate_side) = tokio::io::duplex(1 << 20);
+            let mut masked = WsMasked::new(gate_side, shared());
+            server.write_all(&raw(TEXT, false, b"your token starts ghp_r")).await.expect("write");
+            let _ = read_for(&mut masked, Duration::from_millis(100)).await;
+            // FIN + continuation, 127: an 8-byte length, u64::MAX
+            let mut wire = vec![0x80, 127];
+            wire.extend_from_slice(&u64::MAX.to_be_bytes());
+            let sent = 256 * 1024;
+            wire.extend(std::iter::repeat_n(b'x', sent));
+            let writer = async {
+                let _ = server.write_all(&wire).await;
+                server
+            };
+            let reader = async {
+                let mut got = Vec::new();
+                let mut buf = [0u8; 4096];
+                loop {
+                    match tokio::time::timeout(Duration::from_millis(300), masked.read(&mut buf)).await {
+                        Ok(Ok(0)) | Err(_) => break Ok(got),
+                        Ok(Ok(n)) => got.extend_from_slice(&buf[..n]),
+                        Ok(Err(e)) => break Err(e),
+                    }
+                }
+            };
+            let (_server, got) = tokio::join!(writer, reader);
+            match got {
+                Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::InvalidData),
+                Ok(got) => assert!(got.len() + 4096 >= sent, "the agent read {} of {sent} bytes: the rest piles up in the gate", got.len()),
+            }
+        })
+    }));
+    assert!(outcome.is_ok(), "WsMasked panicked on a frame length with its top bit set");
+}

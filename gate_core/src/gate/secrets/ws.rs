@@ -106,6 +106,11 @@ impl<S> WsMasked<S> {
                     if header.mask.is_some() {
                         return Err(io::Error::new(io::ErrorKind::InvalidData, "a masked frame from the server (RFC 6455 §5.1)"));
                     }
+                    if len > i64::MAX as u64 {
+                        // RFC 6455 §5.2: a 64-bit length's most significant bit MUST be 0; added to
+                        // the bytes carried in (`begin`) it would overflow
+                        return Err(io::Error::new(io::ErrorKind::InvalidData, "a frame length with its most significant bit set (RFC 6455 §5.2)"));
+                    }
                     let as_came = self.input.split_to(cursor.position() as usize);
                     self.begin(&secrets, header, len, &as_came);
                     self.left = Some(len);
