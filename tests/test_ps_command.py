@@ -29,6 +29,7 @@ CASES = [
     ("a byte that was not UTF-8 is that byte", ["cat", "bad\udcff.txt"], "cat $'bad\\xff.txt'"),
     ("letters beyond ASCII are shown as they are", ["echo", "münchen"], "echo 'münchen'"),
     ("a quote beside a control character", ["sh", "-c", "echo 'x'\n"], "sh -c $'echo \\'x\\'\\n'"),
+    ("a word with = after the first stays bare", ["env", "A=1", "x"], "env A=1 x"),
 ]
 
 
@@ -42,6 +43,25 @@ def test_a_command_is_one_line_a_shell_reads_back_to_the_same_argv(argv, shown):
     out = subprocess.run(["bash", "-c", "printf '%s\\0' " + shown], capture_output=True, check=True,
                          env={"LC_ALL": "C.UTF-8", "PATH": os.environ["PATH"]}).stdout
     assert out.split(b"\0")[:-1] == [os.fsencode(a) for a in argv]
+
+
+@pytest.mark.parametrize("argv, shown", [(["A=1", "x"], "'A=1' x"), (["time", "x"], "'time' x"), (["if", "x"], "'if' x")],
+                         ids=["a first word with = (bash: an assignment, then runs x)",
+                              "a reserved word first (bash: its time keyword on x)", "if first"])
+def test_a_first_word_bash_would_read_as_its_own_is_quoted_and_runs_as_that_program(tmp_path, argv, shown):
+    """Found by an attacker: ``A=1 x`` shown bare runs x in bash, ``time x`` bash's keyword."""
+    from gatewrap.text import command_line
+
+    assert command_line(argv) == shown
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in (argv[0], "x"):
+        stub = bin_dir / name
+        stub.write_text('#!/bin/sh\nprintf "%s|" "${0##*/}" "$@"\n')
+        stub.chmod(0o755)
+    ran = subprocess.run(["/bin/bash", "-c", shown], capture_output=True, text=True, timeout=10,
+                         env={"PATH": str(bin_dir), "LC_ALL": "C.UTF-8"}).stdout
+    assert ran == "|".join(argv) + "|", ran
 
 
 def test_the_ps_row_shows_a_multi_line_command_on_one_line():

@@ -21,6 +21,9 @@ def printable(s: str) -> str:
 
 #: What a shell word may hold unquoted (as :func:`shlex.quote` leaves it).
 _BARE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_@%+=:,./-")
+#: Words bash reads as its own when first (bash(1), RESERVED WORDS: ``time x`` times x) and
+#: any first word with ``=`` (an assignment: ``A=1 x`` runs x): quoted there.
+_RESERVED = frozenset("case coproc do done elif else esac fi for function if in select then time until while".split())
 #: How ``$'...'`` writes the controls bash names and C escapes share (the names printable shows).
 _NAMED = {"\n": "\\n", "\t": "\\t", "\r": "\\r", "\\": "\\\\", "'": "\\'"}
 
@@ -43,15 +46,16 @@ def _ansi_c(c: str) -> str:
 def command_line(argv: list[str]) -> str:
     """``argv`` on one line as a shell user reads (and bash reads back) a command line, as
     bash's ``printf %q`` and ``set -x`` show one: a word of letters, digits and ``_@%+=:,./-``
-    as is; one with other printable characters (a space, a quote) in ``'...'``
+    as is (but first: one with ``=`` or a reserved word, :data:`_RESERVED`); one with other
+    printable characters (a space, a quote) in ``'...'``
     (:func:`shlex.quote`); one with a character :func:`printable` escapes (a newline of a
     ``-c`` script, a tab, ESC, a bidi override, a byte that was not UTF-8) in ``$'...'``, each
     such character escaped as printable shows it (``\\n``, ``\\t``, ``\\x1b``; :func:`_ansi_c`),
     so nothing reaches the terminal raw, arguments keep their bounds, and a typed ``\\n`` (in
     ``'...'``) differs from a newline (``$'\\n'``)."""
     words = []
-    for a in argv:
-        if a and _BARE.issuperset(a):
+    for i, a in enumerate(argv):
+        if a and _BARE.issuperset(a) and not (i == 0 and ("=" in a or a in _RESERVED)):
             words.append(a)
         elif a.isprintable():
             words.append("'" + a.replace("'", "'\"'\"'") + "'")

@@ -177,7 +177,7 @@ class Handler(BaseHTTPRequestHandler):
             self.end_headers()
             self.wfile.write(data)
             self.wfile.flush()
-            time.sleep(int(q.get("pause", ["0"])[0]) / 1000)
+            time.sleep(min(int(q.get("pause", ["0"])[0]), 10_000) / 1000)
             self.wfile.write(b"\n")
             self.wfile.flush()
         elif route == "/reason":  # an error whose reason phrase quotes the request's Authorization

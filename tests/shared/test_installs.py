@@ -179,3 +179,13 @@ def test_a_client_whose_older_daemon_closes_the_connection_says_so_and_what_to_d
         listener.close()
         os.unlink(path)
         t.join(timeout=10)
+
+
+def test_an_install_time_past_time_t_is_shown_not_raised():
+    """Found by an attacker: an ``installed`` past time_t raised OverflowError (the daemon
+    answered "the daemon failed" instead of its refusal; ``daemon --status`` a traceback)."""
+    for installed in (10**30, -(10**30), 2**1100):
+        shown = protocol.shown_install({"version": "0.1.0", "path": "/x", "installed": installed})
+        assert shown.startswith("gatewrap 0.1.0 in /x (installed "), shown
+    text = protocol.mismatch("/run/x.sock", 1, {"version": "0", "path": "/a", "installed": 10**30}, protocol.install())
+    assert "another gatewrap install" in text

@@ -124,7 +124,10 @@ def shown_install(inst: Any) -> str:
     if isinstance(installed, int):
         import time
 
-        when = time.strftime(" (installed %Y-%m-%d %H:%M:%S UTC)", time.gmtime(installed / 1e9))
+        try:
+            when = time.strftime(" (installed %Y-%m-%d %H:%M:%S UTC)", time.gmtime(installed / 1e9))
+        except (OverflowError, OSError, ValueError):  # past what time_t holds
+            when = f" (installed {installed} ns after 1970)"
     return printable(f"gatewrap {inst.get('version', '?')} in {inst.get('path', '?')}{when}")
 
 

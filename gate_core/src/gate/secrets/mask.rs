@@ -6,9 +6,11 @@
 //! screen's, see `needles`), the value percent-encoded (as a query injects it) and
 //! JSON-escaped (as an echo of the request in JSON writes it). Each occurrence becomes as
 //! many `*` as it has bytes, so lengths (`Content-Length`) still hold; the request's record
-//! counts them (`redacted`). The body holds back the bytes at a frame's end that may begin a
-//! form (`pending_tail`) until more arrive or it ends, so that a value split across frames
-//! is masked whole. Occurrences are looked for in the bytes as they came, the longest form at
+//! counts them (`redacted`). The body holds back the last `longest form − 1` bytes of what
+//! came (`held_back`) until more arrive or it ends, so that a value split across frames is
+//! masked whole. The hold-back is that many bytes whatever they are: holding back only the
+//! bytes that may begin a form told an agent whose upstream pauses after its guess, by when
+//! the guess reached it, whether it began the value (byte by byte, the value). Occurrences are looked for in the bytes as they came, the longest form at
 //! each place: a value that begins with another secret's, or overlaps it, is masked whole.
 //! A placeholder is no secret:
 //! it passes. A compressed body is not looked into: a request the gate injects a secret
@@ -40,7 +42,7 @@ impl Secrets {
     /// Occurrences are found in the bytes as they came, not as masked so far, and at each
     /// place the longest form: a value that begins with another secret's value, or whose
     /// start is another's end, is masked whole. The caller holds back the bytes from
-    /// `upto` on (`pending_tail` of the bytes as they came): a form that begins there may
+    /// `upto` on (`held_back` of the bytes as they came): a form that begins there may
     /// be completed by the next bytes and is looked for then.
     pub(super) fn mask_before(&self, buf: &mut [u8], upto: usize, covered: usize) -> (u64, usize) {
         let upto = upto.min(buf.len());
@@ -99,28 +101,18 @@ impl Secrets {
         self.mask_starts[usize::from(b >> 6)] & (1 << (b & 63)) != 0
     }
 
-    /// The length of the longest masked form, in bytes (0 without secrets): `pending_tail`
-    /// is at most one less.
+    /// The length of the longest masked form, in bytes (0 without secrets).
     pub(super) fn longest_mask(&self) -> usize {
         self.list.iter().flat_map(|s| s.masks.iter().map(Vec::len)).max().unwrap_or(0)
     }
 
-    /// How many bytes at the end of `buf` may begin a masked form that the next bytes would
-    /// complete: the longest suffix that is (ASCII case ignored) a proper prefix of a form.
-    /// Those alone are held back; the rest can go. An event stream's chunk (`...\n\n`) or a
-    /// JSON line is then never held, where holding the longest form's length held the end
-    /// of every chunk until the next one came.
-    pub(super) fn pending_tail(&self, buf: &[u8]) -> usize {
-        let longest = self.longest_mask();
-        let from = buf.len().saturating_sub(longest.saturating_sub(1));
-        (from..buf.len())
-            .find(|&i| {
-                let tail = &buf[i..];
-                self.may_begin_mask(buf[i])
-                    && self.list.iter().flat_map(|s| s.masks.iter())
-                        .any(|n| n.len() > tail.len() && n[..tail.len()].eq_ignore_ascii_case(tail))
-            })
-            .map_or(0, |i| buf.len() - i)
+    /// How many bytes at the end of `len` bytes that came are held back until more come:
+    /// `longest form − 1` (the most of a form that can be there without the whole of it),
+    /// or all of them when fewer came. It depends on the number of bytes alone, never on
+    /// what they are: a hold-back of the bytes that may begin a form is seen by the agent
+    /// (they reach it later) and tells it whether a guess its upstream sent begins the value.
+    pub(super) fn held_back(&self, len: usize) -> usize {
+        len.min(self.longest_mask().saturating_sub(1))
     }
 }
 
@@ -163,7 +155,7 @@ pub fn mask_reason(secrets: &Shared, extensions: &mut hyper::http::Extensions) -
     n
 }
 
-/// Bytes as they came, held back while they may begin a masked form ([`Secrets::pending_tail`]),
+/// Bytes as they came, the last of them held back ([`Secrets::held_back`]),
 /// and how many of their first bytes an occurrence found already covers
 /// ([`Secrets::mask_before`]): the hold of a streamed body and of a WebSocket's frame.
 #[derive(Default)]
@@ -174,11 +166,11 @@ pub(super) struct Hold {
 
 impl Hold {
     /// Take `data` in; what can go now, masked, and how many occurrences it held: all of the
-    /// held bytes when `end` (the body or the frame ends), else all but those that may begin
-    /// a form the next bytes would complete.
+    /// held bytes when `end` (the body or the frame ends), else all but the last
+    /// [`Secrets::held_back`], which the next bytes may complete a form with.
     pub(super) fn take(&mut self, secrets: &Secrets, data: &[u8], end: bool) -> (Bytes, u64) {
         self.bytes.extend_from_slice(data);
-        let upto = if end { self.bytes.len() } else { self.bytes.len() - secrets.pending_tail(&self.bytes) };
+        let upto = if end { self.bytes.len() } else { self.bytes.len() - secrets.held_back(self.bytes.len()) };
         let (n, reach) = secrets.mask_before(&mut self.bytes, upto, self.covered);
         self.covered = reach.saturating_sub(upto);
         (self.bytes.split_to(upto).freeze(), n)

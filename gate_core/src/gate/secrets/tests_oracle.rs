@@ -1,14 +1,14 @@
-//! Attack (h-attack): the mask's hold-back is an oracle for the value. The mask holds back
-//! the bytes at the end of what came that are a proper prefix of a masked form
-//! (`pending_tail`), until more come or the body/frame ends; which bytes it holds is visible
-//! to the agent (they arrive later, in the next chunk or frame). An upstream the agent
-//! controls (any host the policy allows, over plain http or inspected https, or a WebSocket)
-//! never sees the secret, yet by sending guesses and pausing it learns, byte by byte, the
-//! value (ASCII case aside) and its base64 forms: ~95 guesses a byte.
+//! The mask's hold-back says nothing of the value (found by an attacker, h-attack): which
+//! bytes the mask lets go now and which it holds until more come is visible to the agent
+//! (the held ones arrive later). When the mask held back only the bytes that may begin a
+//! form (a proper prefix of one at the end of what came), an upstream the agent controls
+//! (any host the policy allows, over plain http, inspected https or a WebSocket) that never
+//! sees the secret told the agent, by sending its guesses and pausing, the value byte by
+//! byte (ASCII case aside) and its base64 forms: ~95 guesses a byte. Contract 6: a secret
+//! the gate injects never exists inside the sandbox.
 //!
-//! These tests play the agent: they see only what the mask lets go now, and they recover the
-//! value. They FAIL while the oracle is there (contract 6: a secret the gate injects never
-//! exists inside the sandbox).
+//! These tests play the agent: a guess that begins a form (every masked form of the value,
+//! cut anywhere) and a guess of as many bytes that begins none must come out alike.
 
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -32,39 +32,44 @@ fn let_go_now(s: &Secrets, probe: &[u8]) -> Vec<u8> {
     hold.take(s, probe, false).0.to_vec()
 }
 
-/// The agent's search: every form whose bytes it can extend one guess at a time (a probe held
-/// back whole is a proper prefix of a form; one that comes starred is a form whole).
-fn recover(oracle: impl Fn(&[u8]) -> Vec<u8>) -> Vec<String> {
-    let guesses: Vec<u8> = (0x20u8..0x7f).filter(|b| !b.is_ascii_uppercase()).collect();
-    let mut found = Vec::new();
-    let mut stack = vec![Vec::<u8>::new()];
-    while let Some(prefix) = stack.pop() {
-        for &c in &guesses {
-            let mut probe = prefix.clone();
-            probe.push(c);
-            let now = oracle(&probe);
-            if now.is_empty() {
-                stack.push(probe); // held whole: a proper prefix of a form
-            } else if now.iter().all(|&b| b == b'*') && now.len() == probe.len() {
-                found.push(String::from_utf8_lossy(&probe).into_owned()); // a form whole
-            }
+/// Every masked form's first `n` bytes beside `n` bytes that begin none, for every `n` up
+/// to the form's length and a little past it.
+fn guesses(s: &Secrets) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let forms: Vec<Vec<u8>> = s.list.iter().flat_map(|x| x.masks.iter().cloned()).collect();
+    assert!(forms.len() > 1, "the value and its encodings: {}", forms.len());
+    let mut pairs = Vec::new();
+    for form in &forms {
+        for n in 1..=form.len() + 3 {
+            let mut right = form[..n.min(form.len())].to_vec();
+            right.resize(n, b'.');
+            pairs.push((right, vec![b'~'; n]));
         }
-        assert!(found.len() + stack.len() < 1000, "search ran away");
     }
-    found
+    pairs
+}
+
+/// What the agent sees of each pair: alike, or the pair that differs.
+fn alike(s: &Secrets, oracle: impl Fn(&[u8]) -> Vec<u8>) {
+    for (right, wrong) in guesses(s) {
+        let (a, b) = (oracle(&right), oracle(&wrong));
+        assert_eq!(
+            a.len(),
+            b.len(),
+            "a guess that begins a form ({:?}) came {} bytes, one that begins none {}: the hold-back tells the agent",
+            String::from_utf8_lossy(&right),
+            a.len(),
+            b.len()
+        );
+    }
 }
 
 #[test]
 fn what_the_mask_holds_back_does_not_tell_the_value() {
     let s = secrets();
-    let found = recover(|probe| let_go_now(&s, probe));
-    assert!(
-        !found.iter().any(|f| f.eq_ignore_ascii_case(VALUE)),
-        "the agent recovered the value (ASCII case aside) from the hold-back alone: {found:?}"
-    );
+    alike(&s, |probe| let_go_now(&s, probe));
 }
 
-/// The same through main's WebSocket mask: the upstream sends a frame's header, then a guess,
+/// The same through the WebSocket mask: the upstream sends a frame's header, then a guess,
 /// then pauses; the agent reads what comes within the pause.
 #[test]
 fn what_the_websocket_mask_holds_back_within_a_frame_does_not_tell_the_value() {
@@ -88,9 +93,5 @@ fn what_the_websocket_mask_holds_back_within_a_frame_does_not_tell_the_value() {
             got.split_off(2.min(got.len())) // the header passes as it came
         })
     };
-    let found = recover(oracle);
-    assert!(
-        !found.iter().any(|f| f.eq_ignore_ascii_case(VALUE)),
-        "the agent recovered the value (ASCII case aside) through the WebSocket mask: {found:?}"
-    );
+    alike(&secrets(), oracle);
 }

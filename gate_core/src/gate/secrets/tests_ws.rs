@@ -108,7 +108,7 @@ fn a_value_that_begins_with_another_secrets_value_is_masked_whole_however_cut() 
     }
 }
 
-// A fragmented message (RFC 6455 §5.4): the bytes at a fragment's end that may begin a value
+// A fragmented message (RFC 6455 §5.4): the last bytes of a fragment (held_back)
 // are carried into its next fragment, the gate's frames re-encoded around them.
 
 use std::io::Cursor;
@@ -251,7 +251,9 @@ fn a_ping_between_fragments_passes_as_it_came_and_the_value_comes_masked() {
             assert_eq!(messages(&got, true), vec![(PING, b"are you there".to_vec()), (TEXT, starred(&payload))], "cut {cut}");
             let frames = parse(&got);
             let at = frames.iter().position(|(h, _)| h.opcode == PING).expect("the ping");
-            assert!(frames[at + 1..].iter().any(|(h, _)| h.is_final && h.opcode == MORE), "the ping comes before the message's end");
+            // (the message's first frame too, when the whole first fragment was held back)
+            assert!(frames[at + 1..].iter().any(|(h, _)| h.is_final && (h.opcode == MORE || h.opcode == TEXT)),
+                    "the ping comes before the message's end");
             assert!(got.windows(ping.len()).any(|w| w == ping), "the ping's bytes as they came");
         }
     }
@@ -271,21 +273,24 @@ async fn read_for<R: tokio::io::AsyncRead + Unpin>(masked: &mut R, wait: Duratio
 }
 
 #[test]
-fn a_fragments_end_that_may_begin_a_value_is_held_and_the_fin_fragment_lets_all_go() {
-    // The server sends "... ghp_r" without FIN, then the last fragment, empty, and waits.
+fn a_fragments_last_bytes_are_held_and_the_fin_fragment_lets_all_go() {
+    // The server sends 200 bytes and "ghp_r" without FIN, then the last fragment, empty, and
+    // waits: the fragment's last k bytes (the longest form − 1, whatever they are) wait.
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
     rt.block_on(async {
+        let k = shared().read().expect("secrets").longest_mask() - 1;
         let (mut server, gate_side) = tokio::io::duplex(1 << 16);
         let mut masked = WsMasked::new(gate_side, shared());
-        server.write_all(&raw(TEXT, false, b"your token starts ghp_r")).await.expect("write");
+        let sent = [b"x".repeat(200), b"ghp_r".to_vec()].concat();
+        server.write_all(&raw(TEXT, false, &sent)).await.expect("write");
         let got = read_for(&mut masked, Duration::from_millis(200)).await;
-        assert_eq!(messages(&got, false), vec![(TEXT, b"your token starts ".to_vec())], "held: ghp_r");
+        assert_eq!(messages(&got, false), vec![(TEXT, sent[..sent.len() - k].to_vec())], "held: the last {k}");
         assert!(parse(&got).iter().all(|(h, _)| !h.is_final));
         server.write_all(&raw(MORE, true, b"")).await.expect("write");
         let rest = read_for(&mut masked, Duration::from_millis(200)).await;
         let frames = parse(&rest);
         assert_eq!(frames.len(), 1, "one frame: {frames:?}");
-        assert_eq!((frames[0].0.opcode, frames[0].0.is_final, frames[0].1.as_slice()), (MORE, true, &b"ghp_r"[..]));
+        assert_eq!((frames[0].0.opcode, frames[0].0.is_final, frames[0].1.as_slice()), (MORE, true, &sent[sent.len() - k..]));
     });
 }
 

@@ -1,22 +1,23 @@
 //! The response's mask (`mask`) on a WebSocket after its `101` (RFC 6455): what the upstream
 //! sends is read frame by frame, each header by tungstenite's parser (`FrameHeader::parse`,
 //! RFC 6455 §5.2), and each frame's payload (a data or a control frame: a close reason may
-//! quote the value too) is masked as it streams. Bytes are held back only as far as
-//! `pending_tail` says (at most the longest masked form − 1), and never past a message's end.
+//! quote the value too) is masked as it streams. The last `longest masked form − 1` bytes that
+//! came are held back (`held_back`: their number, never what they are, decides), and never
+//! past a message's end.
 //!
 //! A frame that is a message whole (FIN, §5.4), and a control frame (ping, pong, close: at
 //! most 125 bytes, never fragmented), keeps its header as it came and is masked alone: once
 //! its header came, all of its bytes are on their way, so nothing waits for a message the
 //! server has not sent. A fragmented message (a text or binary frame without FIN, then
-//! continuation frames) is masked as one: the bytes at a fragment's end that may begin a
-//! value are carried into its next fragment, so a value cut at a fragment's boundary is
+//! continuation frames) is masked as one: the last bytes of a fragment (`held_back`) are
+//! carried into its next fragment, so a value cut at a fragment's boundary is
 //! masked whole. The gate re-frames such a message (§5.4 lets an intermediary change the
 //! fragmentation of a message without extensions; `permessage-deflate`'s RSV1 stays on its
 //! first frame only, RFC 7692 §6.1): the headers are written by tungstenite's
 //! `FrameHeader::format`, a fragment's length known before its bytes are:
 //! - a fragment without FIN of `n` bytes, `c` carried in (total `t = c + n`), goes as up to
-//!   two frames without FIN: `t − k` bytes (`k` the longest form − 1, the most a fragment's
-//!   end holds back) as its bytes stream, then at its end what is not carried on;
+//!   two frames without FIN: `t − k` bytes (`k` the longest form − 1, what a fragment's end
+//!   holds back) as its bytes stream, then at its end what is not carried on;
 //! - the last fragment (FIN) goes as one frame of `c + n` bytes, all of them.
 //!
 //! Control frames between fragments pass as they came, where they came; a close frame, or the
@@ -59,7 +60,7 @@ pub struct WsMasked<S> {
     owed: u64,
     /// Bytes let go past `owed` (the last of a fragment without FIN): framed at its end.
     spill: BytesMut,
-    /// The data message's bytes that may begin a value, carried across its fragments.
+    /// The data message's last bytes (`held_back`), carried across its fragments.
     held: Hold,
     /// The control frame's (masked alone).
     ctl: Hold,

@@ -44,8 +44,6 @@ for probe in json.loads(sys.argv[1]):
 """ % PAUSE_MS
 
 
-@pytest.mark.xfail(strict=True, reason="the mask holds back bytes that begin a secret's form (pending_tail): an "
-                                       "agent-controlled upstream's pause tells the agent its guess was right")
 def test_how_soon_the_agents_bytes_come_does_not_say_whether_they_begin_the_secret(gatewrap, net, tmp_path):
     policy = tmp_path / "policy.toml"
     policy.write_text(POLICY.replace("PLACE", 'as = "bearer"'))
@@ -55,5 +53,7 @@ def test_how_soon_the_agents_bytes_come_does_not_say_whether_they_begin_the_secr
     lines = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
     assert r.returncode == 0 and len(lines) == len(probes), (r.stderr, lines)
     assert all(x["status"].endswith("200") for x in lines), lines
-    late = [x["probe"] for x in lines if x["ms"] >= PAUSE_MS * 0.8]
-    assert late == [], f"held until the pause ended (so they begin the secret): {late}; all: {lines}"
+    # Alike: each came after the pause (held: fewer bytes than the longest form came) or
+    # each at once; a bound on the ratio of the two, not a timing assertion.
+    late = {x["probe"]: x["ms"] >= PAUSE_MS * 0.8 for x in lines}
+    assert len(set(late.values())) == 1, f"some came only after the pause (held): {late}; all: {lines}"
